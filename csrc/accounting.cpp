@@ -1,0 +1,72 @@
+// accounting.cpp — how each Event moves the counters (see accounting.h).
+#include "accounting.h"
+
+namespace memalloc {
+
+void Accounting::update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta) {
+  if (delta == 0) return;
+  stat[kStatAll].update(delta);
+  stat[pool == PoolKind::kSmall ? kStatSmall : kStatLarge].update(delta);
+}
+
+void Accounting::apply(const Event& e) {
+  const int64_t size = static_cast<int64_t>(e.size);
+  DeviceStats& s = stats_;
+  switch (e.action) {
+    case Action::kAlloc:
+      update(s.allocation, e.pool, 1);
+      update(s.allocated_bytes, e.pool, size);
+      update(s.requested_bytes, e.pool, static_cast<int64_t>(e.requested));
+      update(s.active, e.pool, 1);
+      update(s.active_bytes, e.pool, size);
+      break;
+    case Action::kFreeRequested:
+      update(s.allocation, e.pool, -1);
+      update(s.allocated_bytes, e.pool, -size);
+      update(s.requested_bytes, e.pool, -static_cast<int64_t>(e.requested));
+      break;
+    case Action::kFreeCompleted:
+      update(s.active, e.pool, -1);
+      update(s.active_bytes, e.pool, -size);
+      break;
+    case Action::kSegmentAlloc:
+      update(s.segment, e.pool, 1);
+      update(s.reserved_bytes, e.pool, size);
+      s.num_device_alloc += 1;
+      break;
+    case Action::kSegmentFree:
+      update(s.segment, e.pool, -1);
+      update(s.reserved_bytes, e.pool, -size);
+      s.num_device_free += 1;
+      break;
+    case Action::kAllocRetry:
+      s.num_alloc_retries += 1;
+      break;
+    case Action::kOom:
+      s.num_ooms += 1;
+      break;
+    case Action::kEmptyCache:
+      break;
+  }
+  update(s.inactive_split, e.pool, e.inactive_split_count_delta);
+  update(s.inactive_split_bytes, e.pool, e.inactive_split_bytes_delta);
+}
+
+void Accounting::reset_peak() {
+#define MEMALLOC_RESET_PEAK(name) \
+  for (Stat & st : stats_.name) st.peak = st.current;
+  MEMALLOC_POOL_STATS(MEMALLOC_RESET_PEAK)
+#undef MEMALLOC_RESET_PEAK
+}
+
+void Accounting::reset_accumulated() {
+#define MEMALLOC_RESET_ACC(name) \
+  for (Stat & st : stats_.name) st.allocated = st.freed = 0;
+  MEMALLOC_POOL_STATS(MEMALLOC_RESET_ACC)
+#undef MEMALLOC_RESET_ACC
+#define MEMALLOC_RESET_SCALAR(name) stats_.name = 0;
+  MEMALLOC_SCALAR_STATS(MEMALLOC_RESET_SCALAR)
+#undef MEMALLOC_RESET_SCALAR
+}
+
+}  // namespace memalloc

@@ -1,0 +1,82 @@
+// accounting.h — torch-compatible memory counters, driven only by Events.
+//
+// One counter type (Stat: current/peak/allocated/freed); the list of
+// per-pool stats is written once (MEMALLOC_POOL_STATS) and drives the C++
+// struct, the Python bindings and the memory_stats() key names
+// ("<name>.<all|small_pool|large_pool>.<current|peak|allocated|freed>").
+//
+// Invariants (per device, for each pool index p in {all, small, large}):
+//   stat[all] == stat[small] + stat[large]      (current, allocated, freed)
+//   current == allocated - freed;  peak >= current
+//   reserved_bytes == allocated_bytes + (free and pending block bytes)
+//   active_bytes   == allocated_bytes + (pending block bytes)
+#pragma once
+
+#include <cstdint>
+
+#include "events.h"
+
+namespace memalloc {
+
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;  // total ever added
+  int64_t freed = 0;      // total ever removed
+
+  void update(int64_t delta) {
+    current += delta;
+    if (delta > 0) allocated += delta; else freed -= delta;
+    if (current > peak) peak = current;
+  }
+};
+
+// Indices of the per-pool arrays (torch's "all", "small_pool", "large_pool").
+constexpr int kStatAll = 0;
+constexpr int kStatSmall = 1;
+constexpr int kStatLarge = 2;
+constexpr int kNumStatTypes = 3;
+
+#define MEMALLOC_POOL_STATS(X) \
+  X(allocation)                \
+  X(segment)                   \
+  X(active)                    \
+  X(inactive_split)            \
+  X(allocated_bytes)           \
+  X(reserved_bytes)            \
+  X(active_bytes)              \
+  X(inactive_split_bytes)      \
+  X(requested_bytes)
+
+#define MEMALLOC_SCALAR_STATS(X) \
+  X(num_alloc_retries)           \
+  X(num_ooms)                    \
+  X(num_device_alloc)            \
+  X(num_device_free)
+
+struct DeviceStats {
+#define MEMALLOC_DECLARE_POOL_STAT(name) Stat name[kNumStatTypes];
+  MEMALLOC_POOL_STATS(MEMALLOC_DECLARE_POOL_STAT)
+#undef MEMALLOC_DECLARE_POOL_STAT
+#define MEMALLOC_DECLARE_SCALAR_STAT(name) int64_t name = 0;
+  MEMALLOC_SCALAR_STATS(MEMALLOC_DECLARE_SCALAR_STAT)
+#undef MEMALLOC_DECLARE_SCALAR_STAT
+};
+
+class Accounting {
+ public:
+  // Applies one event to the counters. O(1), no allocation.
+  void apply(const Event& e);
+  const DeviceStats& stats() const { return stats_; }
+  // peak = current for every per-pool stat (torch.cuda.reset_peak_memory_stats).
+  void reset_peak();
+  // allocated = freed = 0 and the scalar counts = 0
+  // (torch.cuda.reset_accumulated_memory_stats).
+  void reset_accumulated();
+
+ private:
+  void update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta);
+  DeviceStats stats_;
+};
+
+}  // namespace memalloc

@@ -1,0 +1,144 @@
+// allocator.cpp — the fast path of DeviceAllocator: take the device lock,
+// take a cached block (splitting it), account, return; and the reverse.
+// Misses go to pool.cpp (malloc_slow_locked). Invariants: device_allocator.h.
+#include <new>
+
+#include "device_allocator.h"
+#include "errors.h"
+
+namespace memalloc {
+namespace {
+// Bytes and blocks a free block contributes to inactive_split_*.
+inline int64_t split_bytes(const Block* b) { return b->is_split() ? static_cast<int64_t>(b->size) : 0; }
+inline int64_t split_count(const Block* b) { return b->is_split() ? 1 : 0; }
+}  // namespace
+
+DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& config)
+    : device_(device),
+      backend_(backend),
+      config_(config),
+      small_(&mr_),
+      large_(&mr_),
+      live_(&mr_),
+      segments_(&mr_),
+      pending_(&mr_),
+      spare_events_(&mr_) {
+  live_.reserve(4096);
+}
+
+Block* DeviceAllocator::new_block() {
+  std::pmr::polymorphic_allocator<Block> alloc(&mr_);
+  Block* b = alloc.allocate(1);
+  return new (b) Block(&mr_);
+}
+
+void DeviceAllocator::delete_block(Block* b) {
+  std::pmr::polymorphic_allocator<Block> alloc(&mr_);
+  b->~Block();
+  alloc.deallocate(b, 1);
+}
+
+void* DeviceAllocator::malloc(size_t size, Stream stream) {
+  if (size == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pending_.empty()) process_events_locked();
+  if (size > kMaxRequest) return alloc_found_locked(malloc_slow_locked(size, size, stream), false, size, size);
+  size_t rounded = round_size(size, config_.roundup_power2_divisions);
+  Block* b = free_list(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
+  if (b != nullptr) return alloc_found_locked(b, true, rounded, size);
+  return alloc_found_locked(malloc_slow_locked(rounded, size, stream), false, rounded, size);
+}
+
+void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested) {
+  Event e;
+  e.action = Action::kAlloc;
+  if (from_cache) {
+    free_list(b->pool).erase(b);
+    e.inactive_split_bytes_delta -= split_bytes(b);
+    e.inactive_split_count_delta -= split_count(b);
+  }
+  if (should_split(*b, size, config_.max_split_size)) {
+    Block* rest = new_block();
+    rest->addr = b->addr + size;
+    rest->size = b->size - size;
+    rest->stream = b->stream;
+    rest->pool = b->pool;
+    rest->prev = b;
+    rest->next = b->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    free_list(rest->pool).insert(rest);
+    e.inactive_split_bytes_delta += split_bytes(rest);
+    e.inactive_split_count_delta += split_count(rest);
+  }
+  b->allocated = true;
+  b->requested = requested;
+  live_.emplace(b->addr, b);
+  e.pool = b->pool;
+  e.stream = b->stream;
+  e.addr = b->addr;
+  e.size = b->size;
+  e.requested = requested;
+  record_locked(e);
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void DeviceAllocator::free(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end())
+    throw InvalidPointer(unknown_pointer_message_locked(reinterpret_cast<std::uintptr_t>(ptr)));
+  Block* b = it->second;
+  live_.erase(it);
+  b->allocated = false;
+  Event e;
+  e.action = Action::kFreeRequested;
+  e.pool = b->pool;
+  e.stream = b->stream;
+  e.addr = b->addr;
+  e.size = b->size;
+  e.requested = b->requested;
+  record_locked(e);
+  if (b->stream_uses.empty()) {
+    free_block_locked(b);
+  } else {
+    insert_events_locked(b);
+  }
+}
+
+// Returns a no-longer-active block to its free list, merging free neighbours.
+void DeviceAllocator::free_block_locked(Block* b) {
+  FreeList& list = free_list(b->pool);
+  Event e;
+  e.action = Action::kFreeCompleted;
+  e.pool = b->pool;
+  e.stream = b->stream;
+  e.addr = b->addr;
+  e.size = b->size;
+  e.requested = b->requested;
+  for (Block* n : {b->prev, b->next}) {
+    if (n == nullptr || n->allocated || n->event_count > 0) continue;
+    list.erase(n);
+    e.inactive_split_bytes_delta -= split_bytes(n);
+    e.inactive_split_count_delta -= split_count(n);
+    if (n == b->prev) {
+      b->addr = n->addr;
+      b->prev = n->prev;
+      if (b->prev != nullptr) b->prev->next = b;
+    } else {
+      b->next = n->next;
+      if (b->next != nullptr) b->next->prev = b;
+    }
+    b->size += n->size;
+    delete_block(n);
+  }
+  b->requested = 0;
+  e.inactive_split_bytes_delta += split_bytes(b);
+  e.inactive_split_count_delta += split_count(b);
+  list.insert(b);
+  record_locked(e);
+}
+
+}  // namespace memalloc

@@ -1,0 +1,91 @@
+// backend.h — the bottom layer: the only code that obtains device memory.
+//
+// Two implementations: backend_cuda.cpp (CUDA driver API through dlopen) and
+// backend_host.cpp (a simulated device: host memory behind a capacity limit,
+// streams whose work completes only when synchronized).
+//
+// Invariants:
+//   * allocate() returns nullptr exactly when the device is out of memory;
+//     any other failure throws DriverError.
+//   * release() never throws; it returns false when the device refused.
+//   * Calls for one device are serialised by that device's allocator lock;
+//     a backend guards any state it shares across devices itself.
+//   * Events: record_event(e, s) marks the work queued on stream s so far;
+//     query_event(e) is true once that work has completed;
+//     synchronize_event(e) waits for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config.h"
+
+namespace memalloc {
+
+// A stream handle as torch passes it (cudaStream_t == CUstream); 0 is the
+// default stream.
+using Stream = std::uintptr_t;
+using EventHandle = void*;
+
+struct MemInfo {
+  size_t free = 0;   // bytes the device could still hand out
+  size_t total = 0;  // bytes of device memory in all
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int device_count() const = 0;
+
+  virtual void* allocate(int device, size_t size) = 0;
+  virtual bool release(int device, void* ptr, size_t size) noexcept = 0;
+  virtual MemInfo mem_get_info(int device) = 0;
+
+  virtual EventHandle create_event(int device) = 0;
+  virtual void destroy_event(int device, EventHandle event) noexcept = 0;
+  virtual void record_event(int device, EventHandle event, Stream stream) = 0;
+  virtual bool query_event(int device, EventHandle event) = 0;
+  virtual void synchronize_event(int device, EventHandle event) = 0;
+};
+
+// The simulated device: `config.host_devices` devices of
+// `config.host_capacity` bytes each.
+class HostBackend : public Backend {
+ public:
+  explicit HostBackend(const Config& config);
+  ~HostBackend() override;
+  const char* name() const override { return "host"; }
+  int device_count() const override;
+
+  void* allocate(int device, size_t size) override;
+  bool release(int device, void* ptr, size_t size) noexcept override;
+  MemInfo mem_get_info(int device) override;
+
+  EventHandle create_event(int device) override;
+  void destroy_event(int device, EventHandle event) noexcept override;
+  void record_event(int device, EventHandle event, Stream stream) override;
+  bool query_event(int device, EventHandle event) override;
+  void synchronize_event(int device, EventHandle event) override;
+
+  // Simulation controls (tests): complete all work queued on `stream`.
+  void synchronize_stream(int device, Stream stream);
+  // Number of live segments obtained from the simulated device.
+  size_t live_segments(int device);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// The CUDA driver API, loaded with dlopen("libcuda.so.1"). Throws DriverError
+// when no driver or no device is usable.
+std::unique_ptr<Backend> make_cuda_backend();
+
+// True when a CUDA driver with at least one device is usable; otherwise
+// false and *why says what is missing.
+bool cuda_available(std::string* why);
+
+}  // namespace memalloc

@@ -1,0 +1,235 @@
+// backend_cuda.cpp — device memory from the CUDA driver API, loaded at run
+// time with dlopen("libcuda.so.1").
+//
+// Why the driver API through dlopen: the same build then works on machines
+// without a CUDA toolkit (CI) and with any CUDA 12/13 torch was built for;
+// where there is no driver the backend reports "unavailable".
+//
+// Invariants:
+//   * Every driver call runs with the device's primary context current (the
+//     one torch's runtime uses); ScopedContext pushes it only when another
+//     context is current and pops it afterwards, so the caller's thread state
+//     is unchanged.
+//   * allocate() maps CUDA_ERROR_OUT_OF_MEMORY to nullptr; other errors throw
+//     DriverError with the driver's own error string.
+//   * The library handle and the function table are immutable once loaded.
+#include <dlfcn.h>
+
+#include <mutex>
+#include <vector>
+
+#include "backend.h"
+#include "errors.h"
+
+namespace memalloc {
+namespace {
+
+// The few driver types used here, declared as the driver's ABI defines them.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = void*;
+using CUdeviceptr = unsigned long long;
+using CUevent = void*;
+using CUstream = void*;
+
+constexpr CUresult kSuccess = 0;
+constexpr CUresult kErrorOutOfMemory = 2;
+constexpr CUresult kErrorNotReady = 600;
+constexpr unsigned kEventDisableTiming = 0x2;
+
+struct DriverApi {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemGetInfo)(size_t*, size_t*);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventQuery)(CUevent);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+};
+
+template <typename F>
+bool load(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  return fn != nullptr;
+}
+
+// Loads the driver once per process; returns nullptr and sets *why on failure.
+const DriverApi* driver(std::string* why) {
+  static std::once_flag once;
+  static DriverApi api;
+  static std::string error;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      error = "no CUDA driver: dlopen(libcuda.so.1) failed";
+      return;
+    }
+    bool ok = load(lib, "cuInit", api.cuInit) &&
+              load(lib, "cuDeviceGetCount", api.cuDeviceGetCount) &&
+              load(lib, "cuDeviceGet", api.cuDeviceGet) &&
+              load(lib, "cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain) &&
+              load(lib, "cuCtxGetCurrent", api.cuCtxGetCurrent) &&
+              load(lib, "cuCtxPushCurrent_v2", api.cuCtxPushCurrent) &&
+              load(lib, "cuCtxPopCurrent_v2", api.cuCtxPopCurrent) &&
+              load(lib, "cuMemAlloc_v2", api.cuMemAlloc) &&
+              load(lib, "cuMemFree_v2", api.cuMemFree) &&
+              load(lib, "cuMemGetInfo_v2", api.cuMemGetInfo) &&
+              load(lib, "cuEventCreate", api.cuEventCreate) &&
+              load(lib, "cuEventDestroy_v2", api.cuEventDestroy) &&
+              load(lib, "cuEventRecord", api.cuEventRecord) &&
+              load(lib, "cuEventQuery", api.cuEventQuery) &&
+              load(lib, "cuEventSynchronize", api.cuEventSynchronize) &&
+              load(lib, "cuGetErrorString", api.cuGetErrorString);
+    if (!ok) {
+      error = "the CUDA driver lacks a required entry point (driver too old?)";
+      return;
+    }
+    CUresult r = api.cuInit(0);
+    if (r != kSuccess) error = "cuInit failed with CUDA error " + std::to_string(r);
+  });
+  if (!error.empty()) {
+    if (why) *why = error;
+    return nullptr;
+  }
+  return &api;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const DriverApi* api) : api_(api) {
+    int n = 0;
+    check(api_->cuDeviceGetCount(&n), "cuDeviceGetCount");
+    contexts_.assign(n, nullptr);
+  }
+  const char* name() const override { return "cuda"; }
+  int device_count() const override { return static_cast<int>(contexts_.size()); }
+
+  void* allocate(int device, size_t size) override {
+    ScopedContext ctx(this, device);
+    CUdeviceptr p = 0;
+    CUresult r = api_->cuMemAlloc(&p, size);
+    if (r == kErrorOutOfMemory) return nullptr;
+    check(r, "cuMemAlloc");
+    return reinterpret_cast<void*>(p);
+  }
+
+  bool release(int device, void* ptr, size_t) noexcept override {
+    try {
+      ScopedContext ctx(this, device);
+      return api_->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr)) == kSuccess;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  MemInfo mem_get_info(int device) override {
+    ScopedContext ctx(this, device);
+    MemInfo info;
+    check(api_->cuMemGetInfo(&info.free, &info.total), "cuMemGetInfo");
+    return info;
+  }
+
+  EventHandle create_event(int device) override {
+    ScopedContext ctx(this, device);
+    CUevent e = nullptr;
+    check(api_->cuEventCreate(&e, kEventDisableTiming), "cuEventCreate");
+    return e;
+  }
+  void destroy_event(int, EventHandle event) noexcept override {
+    api_->cuEventDestroy(static_cast<CUevent>(event));
+  }
+  void record_event(int device, EventHandle event, Stream stream) override {
+    ScopedContext ctx(this, device);
+    check(api_->cuEventRecord(static_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)),
+          "cuEventRecord");
+  }
+  bool query_event(int, EventHandle event) override {
+    CUresult r = api_->cuEventQuery(static_cast<CUevent>(event));
+    if (r == kErrorNotReady) return false;
+    check(r, "cuEventQuery");
+    return true;
+  }
+  void synchronize_event(int, EventHandle event) override {
+    check(api_->cuEventSynchronize(static_cast<CUevent>(event)), "cuEventSynchronize");
+  }
+
+ private:
+  // Makes the device's primary context current for one scope.
+  class ScopedContext {
+   public:
+    ScopedContext(CudaBackend* b, int device) : api_(b->api_) {
+      CUcontext want = b->primary_context(device);
+      CUcontext cur = nullptr;
+      b->check(api_->cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
+      if (cur != want) {
+        b->check(api_->cuCtxPushCurrent(want), "cuCtxPushCurrent");
+        pushed_ = true;
+      }
+    }
+    ~ScopedContext() {
+      CUcontext ignored = nullptr;
+      if (pushed_) api_->cuCtxPopCurrent(&ignored);
+    }
+    ScopedContext(const ScopedContext&) = delete;
+    ScopedContext& operator=(const ScopedContext&) = delete;
+
+   private:
+    const DriverApi* api_;
+    bool pushed_ = false;
+  };
+
+  CUcontext primary_context(int device) {
+    MEMALLOC_EXPECTS(device >= 0 && device < device_count(),
+                     "CUDA device " + std::to_string(device) + " does not exist (" +
+                         std::to_string(device_count()) + " visible)");
+    std::lock_guard<std::mutex> g(ctx_mu_);
+    if (contexts_[device] == nullptr) {
+      CUdevice dev = 0;
+      check(api_->cuDeviceGet(&dev, device), "cuDeviceGet");
+      check(api_->cuDevicePrimaryCtxRetain(&contexts_[device], dev), "cuDevicePrimaryCtxRetain");
+    }
+    return contexts_[device];
+  }
+
+  void check(CUresult r, const char* what) const {
+    if (r == kSuccess) return;
+    const char* msg = nullptr;
+    api_->cuGetErrorString(r, &msg);
+    throw DriverError(std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" +
+                      (msg ? msg : "unknown") + ")");
+  }
+
+  const DriverApi* api_;
+  std::mutex ctx_mu_;  // guards contexts_ (filled lazily, one entry per device)
+  std::vector<CUcontext> contexts_;
+};
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  const DriverApi* api = driver(why);
+  if (api == nullptr) return false;
+  int n = 0;
+  if (api->cuDeviceGetCount(&n) != kSuccess || n == 0) {
+    if (why) *why = "the CUDA driver reports no device";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  std::string why;
+  if (!cuda_available(&why)) throw DriverError("CUDA backend unavailable: " + why);
+  return std::unique_ptr<Backend>(new CudaBackend(driver(nullptr)));
+}
+
+}  // namespace memalloc

@@ -1,0 +1,138 @@
+// backend_host.cpp — a simulated device for tests, replay and the CPU demo.
+//
+// Invariants (per device d):
+//   used[d] == sum of sizes of live segments[d]  <=  capacity
+//   For every stream s: completed[s] <= submitted[s]; an event recorded on
+//   s holds ticket t = ++submitted[s] and is complete iff completed[s] >= t.
+//   Work on a simulated stream never completes by itself: only
+//   synchronize_event / synchronize_stream advance `completed`. That makes
+//   cross-stream tests deterministic (no timing, no sleeps).
+//   All state is guarded by one mutex: the host backend serves every device.
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend.h"
+#include "errors.h"
+
+namespace memalloc {
+
+namespace {
+constexpr size_t kSegmentAlignment = 512;
+
+struct HostEvent {
+  int device = 0;
+  Stream stream = 0;
+  uint64_t ticket = 0;  // 0 = never recorded: complete
+};
+
+struct StreamClock {
+  uint64_t submitted = 0;
+  uint64_t completed = 0;
+};
+}  // namespace
+
+struct HostBackend::State {
+  std::mutex mu;
+  size_t capacity = 0;
+  std::vector<size_t> used;
+  std::vector<std::unordered_map<void*, size_t>> segments;
+  std::vector<std::map<Stream, StreamClock>> streams;
+
+  void check_device(int device) const {
+    MEMALLOC_EXPECTS(device >= 0 && device < static_cast<int>(used.size()),
+                     "device " + std::to_string(device) + " does not exist: the host backend "
+                     "simulates " + std::to_string(used.size()) +
+                     " device(s); set host_devices in the config for more");
+  }
+};
+
+HostBackend::HostBackend(const Config& config) : state_(new State) {
+  state_->capacity = config.host_capacity;
+  state_->used.assign(config.host_devices, 0);
+  state_->segments.resize(config.host_devices);
+  state_->streams.resize(config.host_devices);
+}
+
+HostBackend::~HostBackend() {
+  for (auto& segs : state_->segments)
+    for (auto& kv : segs) std::free(kv.first);
+}
+
+int HostBackend::device_count() const { return static_cast<int>(state_->used.size()); }
+
+void* HostBackend::allocate(int device, size_t size) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  if (size > state_->capacity - state_->used[device]) return nullptr;
+  size_t rounded = (size + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment;
+  void* p = std::aligned_alloc(kSegmentAlignment, rounded);
+  if (p == nullptr) throw DriverError("host backend: the host itself is out of memory");
+  state_->used[device] += size;
+  state_->segments[device].emplace(p, size);
+  return p;
+}
+
+bool HostBackend::release(int device, void* ptr, size_t size) noexcept {
+  std::lock_guard<std::mutex> g(state_->mu);
+  if (device < 0 || device >= static_cast<int>(state_->used.size())) return false;
+  auto it = state_->segments[device].find(ptr);
+  if (it == state_->segments[device].end() || it->second != size) return false;
+  state_->used[device] -= size;
+  state_->segments[device].erase(it);
+  std::free(ptr);
+  return true;
+}
+
+MemInfo HostBackend::mem_get_info(int device) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  return MemInfo{state_->capacity - state_->used[device], state_->capacity};
+}
+
+EventHandle HostBackend::create_event(int device) {
+  state_->check_device(device);
+  return new HostEvent{device, 0, 0};
+}
+
+void HostBackend::destroy_event(int, EventHandle event) noexcept {
+  delete static_cast<HostEvent*>(event);
+}
+
+void HostBackend::record_event(int device, EventHandle event, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto* e = static_cast<HostEvent*>(event);
+  e->device = device;
+  e->stream = stream;
+  e->ticket = ++state_->streams[device][stream].submitted;
+}
+
+bool HostBackend::query_event(int device, EventHandle event) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto* e = static_cast<HostEvent*>(event);
+  return e->ticket == 0 || state_->streams[device][e->stream].completed >= e->ticket;
+}
+
+void HostBackend::synchronize_event(int device, EventHandle event) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto* e = static_cast<HostEvent*>(event);
+  auto& clock = state_->streams[device][e->stream];
+  if (clock.completed < e->ticket) clock.completed = e->ticket;
+}
+
+void HostBackend::synchronize_stream(int device, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  auto& clock = state_->streams[device][stream];
+  clock.completed = clock.submitted;
+}
+
+size_t HostBackend::live_segments(int device) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  return state_->segments[device].size();
+}
+
+}  // namespace memalloc

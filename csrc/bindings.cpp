@@ -1,0 +1,266 @@
+// bindings.cpp — the Python module memalloc._C (pybind11).
+//
+// Invariants:
+//   * Every function that can take a device lock releases the GIL first
+//     (py::call_guard<py::gil_scoped_release>): an allocation arriving
+//     without the GIL on another thread can then never deadlock against it.
+//   * Errors: OutOfMemory -> torch.OutOfMemoryError (through c10), memalloc
+//     errors -> the exception classes registered below.
+//   * Host tensors: a DLPack capsule whose deleter frees through the
+//     allocator; it holds a shared_ptr, so the allocator outlives the tensor.
+#include <ATen/dlpack.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdio>
+
+#include "errors.h"
+#include "pluggable.h"
+#include "registry.h"
+
+namespace py = pybind11;
+using namespace memalloc;
+
+namespace {
+
+using AllocatorPtr = std::shared_ptr<CachingAllocator>;
+using NoGil = py::call_guard<py::gil_scoped_release>;
+
+// Runs f; memalloc::OutOfMemory leaves as c10::OutOfMemoryError so Python
+// sees torch.OutOfMemoryError, like a CUDA allocation would.
+template <typename F>
+auto oom_as_torch(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const OutOfMemory&) {
+    rethrow_for_torch("memalloc");
+  }
+}
+
+py::dict stat_dict(const Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+// {"allocated_bytes": {"all": {...}, "small_pool": {...}, "large_pool": {...}}, ..., "num_ooms": n}
+py::dict stats_dict(const DeviceStats& s) {
+  static const char* kPools[kNumStatTypes] = {"all", "small_pool", "large_pool"};
+  py::dict out;
+#define MEMALLOC_POOL_STAT_TO_PY(name)                                    \
+  {                                                                       \
+    py::dict per_pool;                                                    \
+    for (int i = 0; i < kNumStatTypes; ++i) per_pool[kPools[i]] = stat_dict(s.name[i]); \
+    out[#name] = per_pool;                                                \
+  }
+  MEMALLOC_POOL_STATS(MEMALLOC_POOL_STAT_TO_PY)
+#undef MEMALLOC_POOL_STAT_TO_PY
+#define MEMALLOC_SCALAR_STAT_TO_PY(name) out[#name] = s.name;
+  MEMALLOC_SCALAR_STATS(MEMALLOC_SCALAR_STAT_TO_PY)
+#undef MEMALLOC_SCALAR_STAT_TO_PY
+  return out;
+}
+
+py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
+  py::list out;
+  for (const auto& s : segs) {
+    py::list blocks;
+    for (const auto& b : s.blocks) {
+      py::dict bd;
+      bd["address"] = b.addr;
+      bd["size"] = b.size;
+      bd["requested_size"] = b.requested;
+      bd["state"] = b.state;
+      blocks.append(bd);
+    }
+    py::dict sd;
+    sd["device"] = device;
+    sd["address"] = s.addr;
+    sd["total_size"] = s.size;
+    sd["stream"] = s.stream;
+    sd["segment_type"] = s.pool == PoolKind::kSmall ? "small" : "large";
+    sd["blocks"] = blocks;
+    out.append(sd);
+  }
+  return out;
+}
+
+// ---- host tensors through DLPack -------------------------------------------
+struct HostTensorCtx {
+  AllocatorPtr allocator;
+  int device = 0;
+  int64_t shape[1] = {0};
+  DLManagedTensor managed{};
+};
+
+void host_tensor_deleter(DLManagedTensor* m) {
+  auto* ctx = static_cast<HostTensorCtx*>(m->manager_ctx);
+  try {
+    ctx->allocator->device(ctx->device).free(m->dl_tensor.data);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memalloc: host tensor free failed: %s\n", e.what());
+  }
+  delete ctx;
+}
+
+void capsule_destructor(PyObject* capsule) {
+  // Not consumed by a consumer (name unchanged): we still own it.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    m->deleter(m);
+  }
+}
+
+// A 1-D uint8 DLPack capsule over `nbytes` (> 0) of allocator memory.
+py::capsule host_buffer(const AllocatorPtr& a, size_t nbytes, int device, Stream stream) {
+  void* p = nullptr;
+  {
+    py::gil_scoped_release nogil;
+    p = oom_as_torch([&] { return a->device(device).malloc(nbytes, stream); });
+  }
+  auto* ctx = new HostTensorCtx;
+  ctx->allocator = a;
+  ctx->device = device;
+  ctx->shape[0] = static_cast<int64_t>(nbytes);
+  DLTensor& t = ctx->managed.dl_tensor;
+  t.data = p;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = DLDataType{kDLUInt, 8, 1};
+  t.shape = ctx->shape;
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  ctx->managed.manager_ctx = ctx;
+  ctx->managed.deleter = host_tensor_deleter;
+  return py::capsule(&ctx->managed, "dltensor", capsule_destructor);
+}
+
+uint64_t fn_addr(void* f) { return reinterpret_cast<uint64_t>(f); }
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "memalloc core: caching allocator, host/CUDA backends, pluggable entry points";
+
+  // Translators are tried newest first: register the base class first.
+  auto& error = py::register_exception<Error>(m, "MemallocError", PyExc_RuntimeError);
+  py::register_exception<InvalidArgument>(m, "InvalidArgumentError", PyExc_ValueError);
+  py::register_exception<InvalidPointer>(m, "InvalidPointerError", PyExc_ValueError);
+  py::register_exception<DriverError>(m, "DriverError", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OutOfMemory& e) {
+      // Reached only where oom_as_torch was not used; keep torch's type.
+      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
+      PyErr_SetString(oom.ptr(), e.what());
+    }
+  });
+
+  m.def("parse_config", [](const std::string& text) { return parse_config(text).to_string(); },
+        "Validates MEMALLOC_CONF-style text; returns its canonical form.");
+  m.def("config_keys", &config_keys);
+  m.def("cuda_available", [] {
+    std::string why;
+    bool ok = cuda_available(&why);
+    return py::make_tuple(ok, why);
+  });
+
+  py::class_<CachingAllocator, AllocatorPtr>(m, "Allocator")
+      .def(py::init([](const std::string& backend, const std::string& config) {
+             return make_allocator(backend, parse_config(config));
+           }),
+           py::arg("backend"), py::arg("config") = "", NoGil())
+      .def_property_readonly("backend_name", [](CachingAllocator& a) { return std::string(a.backend().name()); })
+      .def_property_readonly("config", [](CachingAllocator& a) { return a.config().to_string(); })
+      .def_property_readonly("device_count", &CachingAllocator::device_count)
+      .def("malloc",
+           [](CachingAllocator& a, size_t size, int device, Stream stream) {
+             return reinterpret_cast<std::uintptr_t>(
+                 oom_as_torch([&] { return a.device(device).malloc(size, stream); }));
+           },
+           py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0, NoGil())
+      .def("free",
+           [](CachingAllocator& a, std::uintptr_t ptr, int device) {
+             a.device(device).free(reinterpret_cast<void*>(ptr));
+           },
+           py::arg("ptr"), py::arg("device") = 0, NoGil())
+      .def("record_stream",
+           [](CachingAllocator& a, std::uintptr_t ptr, Stream stream, int device) {
+             a.device(device).record_stream(reinterpret_cast<void*>(ptr), stream);
+           },
+           py::arg("ptr"), py::arg("stream"), py::arg("device") = 0, NoGil())
+      .def("empty_cache", [](CachingAllocator& a, int device) { return a.device(device).empty_cache(); },
+           py::arg("device") = 0, NoGil())
+      .def("set_memory_fraction",
+           [](CachingAllocator& a, double f, int device) { a.device(device).set_memory_fraction(f); },
+           py::arg("fraction"), py::arg("device") = 0, NoGil())
+      .def("memory_fraction", [](CachingAllocator& a, int device) { return a.device(device).memory_fraction(); },
+           py::arg("device") = 0, NoGil())
+      .def("stats",
+           [](CachingAllocator& a, int device) {
+             DeviceStats s;
+             {
+               py::gil_scoped_release nogil;
+               s = a.device(device).stats();
+             }
+             return stats_dict(s);
+           },
+           py::arg("device") = 0)
+      .def("reset_peak_stats", [](CachingAllocator& a, int device) { a.device(device).reset_peak_stats(); },
+           py::arg("device") = 0, NoGil())
+      .def("reset_accumulated_stats",
+           [](CachingAllocator& a, int device) { a.device(device).reset_accumulated_stats(); },
+           py::arg("device") = 0, NoGil())
+      .def("mem_get_info",
+           [](CachingAllocator& a, int device) {
+             MemInfo i = a.device(device).mem_get_info();
+             return std::make_pair(i.free, i.total);
+           },
+           py::arg("device") = 0, NoGil())
+      .def("segments",
+           [](CachingAllocator& a, int device) {
+             std::vector<SegmentInfo> segs;
+             {
+               py::gil_scoped_release nogil;
+               segs = a.device(device).segments();
+             }
+             return segments_list(segs, device);
+           },
+           py::arg("device") = 0)
+      .def("validate", [](CachingAllocator& a, int device) { a.device(device).validate(); },
+           py::arg("device") = 0, NoGil())
+      .def("host_synchronize_stream",
+           [](CachingAllocator& a, Stream stream, int device) {
+             auto* host = dynamic_cast<HostBackend*>(&a.backend());
+             MEMALLOC_EXPECTS(host != nullptr, "host_synchronize_stream needs the host backend");
+             host->synchronize_stream(device, stream);
+           },
+           py::arg("stream"), py::arg("device") = 0, NoGil())
+      .def("host_live_segments",
+           [](CachingAllocator& a, int device) {
+             auto* host = dynamic_cast<HostBackend*>(&a.backend());
+             MEMALLOC_EXPECTS(host != nullptr, "host_live_segments needs the host backend");
+             return host->live_segments(device);
+           },
+           py::arg("device") = 0, NoGil())
+      .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
+           "A DLPack capsule (1-D uint8, CPU) over nbytes of this allocator's memory; "
+           "the memory returns to the allocator when the consuming tensor dies.");
+
+  m.def("install", [](AllocatorPtr a) { AllocatorRegistry::instance().install(std::move(a)); });
+  m.def("installed", [] { return AllocatorRegistry::instance().installed_shared(); });
+  m.def("hook_addresses", [] {
+    py::dict d;
+    d["alloc"] = fn_addr(reinterpret_cast<void*>(&memalloc_alloc));
+    d["free"] = fn_addr(reinterpret_cast<void*>(&memalloc_free));
+    d["init"] = fn_addr(reinterpret_cast<void*>(&memalloc_init));
+    d["reset"] = fn_addr(reinterpret_cast<void*>(&memalloc_reset));
+    d["memory_fraction"] = fn_addr(reinterpret_cast<void*>(&memalloc_memory_fraction));
+    d["record_stream"] = fn_addr(reinterpret_cast<void*>(&memalloc_record_stream));
+    return d;
+  });
+}

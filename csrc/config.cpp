@@ -1,0 +1,112 @@
+// config.cpp — parsing of MEMALLOC_CONF-style text into an immutable Config.
+//
+// Invariants: parse_config(c.to_string()) == c for every valid Config c;
+// a rejected text leaves nothing behind (parsing has no side effects).
+#include "config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+#include "errors.h"
+
+namespace memalloc {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kMinMaxSplitMiB = 20;  // native: must exceed kLargeBuffer
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::string join_keys() {
+  std::string out;
+  for (const auto& k : config_keys()) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+// Parses a non-negative decimal integer or throws naming key and value.
+size_t parse_uint(const std::string& key, const std::string& value) {
+  bool ok = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+  errno = 0;
+  unsigned long long v = ok ? std::strtoull(value.c_str(), nullptr, 10) : 0;
+  MEMALLOC_EXPECTS(ok && errno == 0,
+                   "MEMALLOC_CONF: value '" + value + "' of key '" + key +
+                       "' is not a non-negative integer; write e.g. '" + key + ":256'");
+  return static_cast<size_t>(v);
+}
+
+void apply(Config& c, const std::string& key, const std::string& value) {
+  if (key == "backend") {
+    MEMALLOC_EXPECTS(value == "auto" || value == "cuda" || value == "host",
+                     "MEMALLOC_CONF: backend '" + value +
+                         "' is unknown; use one of auto, cuda, host");
+    c.backend = value;
+  } else if (key == "max_split_size_mb") {
+    size_t mb = parse_uint(key, value);
+    MEMALLOC_EXPECTS(mb > kMinMaxSplitMiB,
+                     "MEMALLOC_CONF: max_split_size_mb must be greater than " +
+                         std::to_string(kMinMaxSplitMiB) + " (got " + value + ")");
+    c.max_split_size = mb * kMiB;
+  } else if (key == "roundup_power2_divisions") {
+    size_t d = parse_uint(key, value);
+    MEMALLOC_EXPECTS(d <= 64 && (d & (d - 1)) == 0,
+                     "MEMALLOC_CONF: roundup_power2_divisions must be a power of two "
+                     "between 1 and 64, or 0 to disable (got " + value + ")");
+    c.roundup_power2_divisions = d <= 1 ? 0 : d;
+  } else if (key == "host_capacity_mb") {
+    size_t mb = parse_uint(key, value);
+    MEMALLOC_EXPECTS(mb > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
+    c.host_capacity = mb * kMiB;
+  } else if (key == "host_devices") {
+    size_t n = parse_uint(key, value);
+    MEMALLOC_EXPECTS(n >= 1 && n <= 64,
+                     "MEMALLOC_CONF: host_devices must be between 1 and 64 (got " + value + ")");
+    c.host_devices = static_cast<int>(n);
+  } else {
+    MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: unknown key '" + key +
+                                "'; valid keys are: " + join_keys());
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& config_keys() {
+  static const std::vector<std::string> keys = {
+      "backend", "max_split_size_mb", "roundup_power2_divisions",
+      "host_capacity_mb", "host_devices"};
+  return keys;
+}
+
+Config parse_config(const std::string& text) {
+  Config c;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (trim(item).empty()) continue;
+    size_t colon = item.find(':');
+    MEMALLOC_EXPECTS(colon != std::string::npos,
+                     "MEMALLOC_CONF: entry '" + trim(item) +
+                         "' has no ':'; write key:value pairs separated by commas, "
+                         "e.g. 'max_split_size_mb:256,backend:host'");
+    apply(c, trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
+  }
+  return c;
+}
+
+std::string Config::to_string() const {
+  std::string s = "backend:" + backend;
+  if (max_split_size != static_cast<size_t>(-1))
+    s += ",max_split_size_mb:" + std::to_string(max_split_size / kMiB);
+  if (roundup_power2_divisions)
+    s += ",roundup_power2_divisions:" + std::to_string(roundup_power2_divisions);
+  s += ",host_capacity_mb:" + std::to_string(host_capacity / kMiB);
+  s += ",host_devices:" + std::to_string(host_devices);
+  return s;
+}
+
+}  // namespace memalloc

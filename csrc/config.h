@@ -1,0 +1,45 @@
+// config.h — the allocator's configuration, parsed once, immutable after.
+//
+// Invariants:
+//   * A Config is built only by parse_config() (or default-constructed) and
+//     is handed by value to constructors; policy code never reads the
+//     environment or a global.
+//   * Every field below has exactly one key in kConfigKeys; parse_config()
+//     rejects any other key with the list of valid ones.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace memalloc {
+
+struct Config {
+  // "auto" | "cuda" | "host". Read by the Python layer (enable()); the core
+  // is told which backend to build explicitly.
+  std::string backend = "auto";
+  // Blocks of at least this many bytes are never split (native:
+  // max_split_size_mb). SIZE_MAX = unlimited.
+  size_t max_split_size = static_cast<size_t>(-1);
+  // Round requests up to one of N divisions of the enclosing power of two
+  // (native: roundup_power2_divisions). 0 = off (plain 512 B rounding).
+  size_t roundup_power2_divisions = 0;
+  // Host backend only: simulated capacity of each device, in bytes.
+  size_t host_capacity = size_t{1} << 30;
+  // Host backend only: number of simulated devices.
+  int host_devices = 1;
+
+  // The canonical "key:value,..." text of this config (round-trips through
+  // parse_config).
+  std::string to_string() const;
+};
+
+// Valid keys, in documentation order.
+const std::vector<std::string>& config_keys();
+
+// Parses "key:value,key:value" (PYTORCH_CUDA_ALLOC_CONF style). Whitespace
+// around keys and values is ignored; an empty string gives the defaults.
+// Throws InvalidArgument naming the bad key or value and the valid choices.
+Config parse_config(const std::string& text);
+
+}  // namespace memalloc

@@ -1,0 +1,137 @@
+// device_allocator.h — the caching allocator of one device.
+//
+// Layers inside: Backend (memory) -> FreeList/Block (caching policy) ->
+// Accounting (counters, fed by record_locked) -> this facade (the lock).
+//
+// Locking: one plain std::mutex per device, taken only by the public member
+// functions below. Every *_locked helper assumes it is held. No recursion,
+// no other lock is taken while holding it except the backend's own (leaf).
+// The GIL is never taken here.
+//
+// Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
+// pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
+// segments), stream_uses.cpp the cross-stream rules (record_stream, events).
+//
+// Invariants (checked by validate()):
+//   reserved_bytes  == sum of segment sizes
+//   allocated_bytes == sum of live block sizes;  requested_bytes likewise
+//   active_bytes    == allocated_bytes + pending block bytes
+//   reserved_bytes  == active_bytes + free block bytes
+//   inactive_split_bytes == bytes of free blocks inside split segments
+//   a segment is obtained only while reserved + segment <= allowed_max_
+//   (memory fraction); lowering the fraction later releases nothing.
+// plus the tiling and coalescing invariants of block.h.
+#pragma once
+
+#include <map>
+#include <memory_resource>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "accounting.h"
+#include "backend.h"
+#include "block.h"
+#include "config.h"
+#include "events.h"
+
+namespace memalloc {
+
+struct BlockInfo {
+  std::uintptr_t addr;
+  size_t size;
+  size_t requested;
+  const char* state;  // "active_allocated" | "active_pending_free" | "inactive"
+};
+
+struct SegmentInfo {
+  std::uintptr_t addr;
+  size_t size;
+  Stream stream;
+  PoolKind pool;
+  std::vector<BlockInfo> blocks;
+};
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, Backend& backend, const Config& config);
+  ~DeviceAllocator();  // returns every segment to the backend
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // Returns a block of at least `size` bytes usable on `stream`; nullptr for
+  // size 0 (counted nowhere). Throws OutOfMemory when even a released cache
+  // cannot satisfy it.
+  void* malloc(size_t size, Stream stream);
+  // Frees a pointer returned by malloc. Throws InvalidPointer for a pointer
+  // that is not live here (double free, unknown, interior); counters are
+  // unchanged then. free(nullptr) does nothing.
+  void free(void* ptr);
+  // Marks a live block as used on `stream`; its memory is reused only after
+  // the work queued on `stream` when it is freed has completed.
+  void record_stream(void* ptr, Stream stream);
+  // True when `ptr` is the start of a live block of this device.
+  bool owns(void* ptr);
+
+  // Waits for pending cross-stream frees, then returns every fully free
+  // segment to the backend. Returns the bytes released.
+  size_t empty_cache();
+  // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
+  void set_memory_fraction(double fraction);
+  double memory_fraction();
+
+  DeviceStats stats();
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  MemInfo mem_get_info();
+  std::vector<SegmentInfo> segments();
+  // Throws memalloc::Error naming the first broken invariant.
+  void validate();
+
+  int device() const { return device_; }
+
+ private:
+  struct Pending {
+    EventHandle event;
+    Block* block;
+  };
+
+  // allocator.cpp
+  void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
+  void free_block_locked(Block* b);
+  void record_locked(const Event& e) { accounting_.apply(e); }
+  FreeList& free_list(PoolKind k) { return k == PoolKind::kSmall ? small_ : large_; }
+  Block* new_block();
+  void delete_block(Block* b);
+  // pool.cpp
+  Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream);
+  Block* grow_locked(size_t rounded, Stream stream);
+  size_t release_cached_locked();
+  void release_segment_locked(Block* b);
+  std::string oom_message_locked(size_t requested, size_t rounded);
+  std::string unknown_pointer_message_locked(std::uintptr_t addr);
+  // stream_uses.cpp
+  void insert_events_locked(Block* b);
+  void process_events_locked();
+  void synchronize_events_locked();
+
+  const int device_;
+  Backend& backend_;
+  const Config config_;
+
+  std::mutex mu_;
+  // Declared before every container that uses it: destroyed last.
+  std::pmr::unsynchronized_pool_resource mr_;
+  FreeList small_;
+  FreeList large_;
+  std::pmr::unordered_map<std::uintptr_t, Block*> live_;
+  std::pmr::map<std::uintptr_t, size_t> segments_;  // addr -> bytes
+  std::pmr::vector<Pending> pending_;
+  std::pmr::vector<EventHandle> spare_events_;
+  Accounting accounting_;
+  double fraction_ = 0.0;  // 0 = no limit set
+  size_t allowed_max_ = static_cast<size_t>(-1);
+};
+
+}  // namespace memalloc

@@ -1,0 +1,50 @@
+// events.h — the one record of a state change. Every allocator state change
+// is described by exactly one Event and goes through
+// DeviceAllocator::record_locked(); the counters (accounting.h) and, later,
+// the ring buffer and live table consume it. Policy code never updates a
+// counter by hand.
+//
+// Field meanings per action:
+//   kAlloc          a block became live: size = block bytes, requested = asked
+//   kFreeRequested  the caller freed a live block (allocated/requested drop)
+//   kFreeCompleted  the block stopped being active (its stream events done)
+//   kSegmentAlloc   size = bytes obtained from the backend
+//   kSegmentFree    size = bytes returned to the backend
+//   kAllocRetry     the backend refused; the cache is released and retried
+//   kOom            size = rounded request that could not be satisfied
+//   kEmptyCache     size = bytes returned by an explicit empty_cache
+// inactive_split_{bytes,count}_delta: change of the free bytes/blocks that
+// sit inside split segments, caused by this event (kAlloc, kFreeCompleted).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend.h"
+#include "block.h"
+
+namespace memalloc {
+
+enum class Action : uint8_t {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kAllocRetry,
+  kOom,
+  kEmptyCache,
+};
+
+struct Event {
+  Action action = Action::kAlloc;
+  PoolKind pool = PoolKind::kSmall;
+  Stream stream = 0;
+  std::uintptr_t addr = 0;
+  size_t size = 0;
+  size_t requested = 0;
+  int64_t inactive_split_bytes_delta = 0;
+  int64_t inactive_split_count_delta = 0;
+};
+
+}  // namespace memalloc

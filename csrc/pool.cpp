@@ -1,0 +1,229 @@
+// pool.cpp — the slow path of DeviceAllocator: growth from the backend,
+// release of cached segments, the OOM retry and message, empty_cache, the
+// memory fraction, and the read-only views (stats, segments, validate).
+// Invariants: device_allocator.h and block.h.
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "device_allocator.h"
+#include "errors.h"
+
+namespace memalloc {
+namespace {
+
+std::string format_bytes(size_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  else if (bytes < (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
+  else if (bytes < (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  return buf;
+}
+
+std::string hex(std::uintptr_t addr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(addr));
+  return buf;
+}
+
+}  // namespace
+
+DeviceAllocator::~DeviceAllocator() {
+  for (auto& p : pending_) backend_.destroy_event(device_, p.event);
+  for (EventHandle e : spare_events_) backend_.destroy_event(device_, e);
+  for (auto& seg : segments_) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second);
+  // Block objects live in mr_, which releases them all when destroyed.
+}
+
+// Obtains a new segment big enough for `rounded` bytes; nullptr when the
+// backend or the memory fraction refuses.
+Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
+  const size_t bytes = segment_size_for(rounded);
+  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
+  if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
+  void* p = backend_.allocate(device_, bytes);
+  if (p == nullptr) return nullptr;
+  Block* b = new_block();
+  b->addr = reinterpret_cast<std::uintptr_t>(p);
+  b->size = bytes;
+  b->stream = stream;
+  b->pool = pool_kind_for(rounded);
+  segments_.emplace(b->addr, bytes);
+  Event e;
+  e.action = Action::kSegmentAlloc;
+  e.pool = b->pool;
+  e.stream = stream;
+  e.addr = b->addr;
+  e.size = bytes;
+  record_locked(e);
+  return b;
+}
+
+// Cache miss: grow; on refusal release the whole cache and retry once; then
+// raise OutOfMemory (after recording it).
+Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Stream stream) {
+  Block* b = rounded <= kMaxRequest ? grow_locked(rounded, stream) : nullptr;
+  if (b == nullptr && rounded <= kMaxRequest) {
+    Event retry;
+    retry.action = Action::kAllocRetry;
+    retry.pool = pool_kind_for(rounded);
+    retry.size = rounded;
+    record_locked(retry);
+    release_cached_locked();
+    b = grow_locked(rounded, stream);
+  }
+  if (b != nullptr) return b;
+  Event oom;
+  oom.action = Action::kOom;
+  oom.pool = pool_kind_for(rounded);
+  oom.stream = stream;
+  oom.size = rounded;
+  oom.requested = requested;
+  record_locked(oom);
+  throw OutOfMemory(oom_message_locked(requested, rounded));
+}
+
+void DeviceAllocator::release_segment_locked(Block* b) {
+  free_list(b->pool).erase(b);
+  segments_.erase(b->addr);
+  if (!backend_.release(device_, reinterpret_cast<void*>(b->addr), b->size)) {
+    std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d\n",
+                 backend_.name(), hex(b->addr).c_str(), b->size, device_);
+  }
+  Event e;
+  e.action = Action::kSegmentFree;
+  e.pool = b->pool;
+  e.stream = b->stream;
+  e.addr = b->addr;
+  e.size = b->size;
+  record_locked(e);
+  delete_block(b);
+}
+
+// Completes pending frees, then returns every fully free segment.
+size_t DeviceAllocator::release_cached_locked() {
+  synchronize_events_locked();
+  std::vector<Block*> whole;
+  for (FreeList* list : {&small_, &large_})
+    for (Block* b : list->blocks())
+      if (!b->is_split()) whole.push_back(b);
+  size_t released = 0;
+  for (Block* b : whole) {
+    released += b->size;
+    release_segment_locked(b);
+  }
+  return released;
+}
+
+size_t DeviceAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t released = release_cached_locked();
+  Event e;
+  e.action = Action::kEmptyCache;
+  e.size = released;
+  record_locked(e);
+  return released;
+}
+
+void DeviceAllocator::set_memory_fraction(double fraction) {
+  MEMALLOC_EXPECTS(fraction > 0.0 && fraction <= 1.0,
+                   "invalid memory fraction " + std::to_string(fraction) +
+                       ": set a value in (0, 1]");
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t total = backend_.mem_get_info(device_).total;
+  fraction_ = fraction;
+  allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(total));
+}
+
+double DeviceAllocator::memory_fraction() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fraction_;
+}
+
+std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded) {
+  const DeviceStats& s = accounting_.stats();
+  const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
+  const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
+  const MemInfo info = backend_.mem_get_info(device_);
+  const bool cuda = std::string(backend_.name()) == "cuda";
+  std::string dev = (cuda ? "GPU " : "Host-backend device ") + std::to_string(device_);
+  std::string msg = std::string(cuda ? "CUDA" : "Device") + " out of memory. Tried to allocate " +
+                    format_bytes(rounded > kMaxRequest ? requested : rounded) + ". " + dev +
+                    " has a total capacity of " + format_bytes(info.total) + " of which " +
+                    format_bytes(info.free) + " is free. ";
+  if (fraction_ > 0.0) {
+    msg += "This process has a memory fraction limit of " + format_bytes(allowed_max_) + " (fraction " +
+           std::to_string(fraction_) + "). ";
+  }
+  msg += "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch, and " +
+         format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. "
+         "If reserved but unallocated memory is large try setting "
+         "MEMALLOC_CONF=max_split_size_mb:<N> to avoid fragmentation. (memalloc)";
+  return msg;
+}
+
+std::string DeviceAllocator::unknown_pointer_message_locked(std::uintptr_t addr) {
+  auto it = segments_.upper_bound(addr);
+  bool inside = it != segments_.begin() && addr < std::prev(it)->first + std::prev(it)->second;
+  if (inside) {
+    return "free of " + hex(addr) + " on device " + std::to_string(device_) +
+           ": no live allocation starts there. It lies inside a memalloc segment, so it was "
+           "already freed (double free) or is not a pointer that malloc returned; free each "
+           "pointer exactly once";
+  }
+  return "free of " + hex(addr) + " on device " + std::to_string(device_) +
+         ": unknown pointer, not allocated by memalloc on this device; free only pointers "
+         "that memalloc's malloc returned, on the device they came from";
+}
+
+DeviceStats DeviceAllocator::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return accounting_.stats();
+}
+
+void DeviceAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accounting_.reset_peak();
+}
+
+void DeviceAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accounting_.reset_accumulated();
+}
+
+MemInfo DeviceAllocator::mem_get_info() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backend_.mem_get_info(device_);
+}
+
+bool DeviceAllocator::owns(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
+}
+
+std::vector<SegmentInfo> DeviceAllocator::segments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::uintptr_t, const Block*> blocks;
+  for (auto& kv : live_) blocks.emplace(kv.first, kv.second);
+  for (auto& p : pending_) blocks.emplace(p.block->addr, p.block);
+  for (FreeList* list : {&small_, &large_})
+    for (const Block* b : list->blocks()) blocks.emplace(b->addr, b);
+  std::vector<SegmentInfo> out;
+  for (auto& seg : segments_) {
+    SegmentInfo info{seg.first, seg.second, 0, PoolKind::kSmall, {}};
+    for (auto it = blocks.lower_bound(seg.first); it != blocks.end() && it->first < seg.first + seg.second; ++it) {
+      const Block* b = it->second;
+      info.stream = b->stream;
+      info.pool = b->pool;
+      const char* state = b->allocated ? "active_allocated"
+                          : b->event_count > 0 ? "active_pending_free" : "inactive";
+      info.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state});
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace memalloc

@@ -1,0 +1,119 @@
+// validate.cpp — checks every invariant of device_allocator.h and block.h
+// against the live state. For tests (called after every operation) and
+// debugging; O(blocks), takes the device lock.
+#include <map>
+#include <set>
+
+#include "device_allocator.h"
+#include "errors.h"
+
+namespace memalloc {
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Error("memalloc invariant broken: " + what);
+}
+
+struct Totals {
+  int64_t allocated[kNumStatTypes] = {};
+  int64_t requested[kNumStatTypes] = {};
+  int64_t active[kNumStatTypes] = {};
+  int64_t active_count[kNumStatTypes] = {};
+  int64_t live_count[kNumStatTypes] = {};
+  int64_t reserved[kNumStatTypes] = {};
+  int64_t segments[kNumStatTypes] = {};
+  int64_t split_bytes[kNumStatTypes] = {};
+  int64_t split_count[kNumStatTypes] = {};
+
+  static void add(int64_t (&a)[kNumStatTypes], PoolKind k, int64_t v) {
+    a[kStatAll] += v;
+    a[k == PoolKind::kSmall ? kStatSmall : kStatLarge] += v;
+  }
+};
+
+void check_stat(const Stat (&s)[kNumStatTypes], const int64_t (&want)[kNumStatTypes], const char* name) {
+  for (int i = 0; i < kNumStatTypes; ++i) {
+    check(s[i].current == want[i], std::string(name) + "[" + std::to_string(i) + "].current == " +
+                                       std::to_string(s[i].current) + ", expected " + std::to_string(want[i]));
+    check(s[i].peak >= s[i].current, std::string(name) + " peak < current");
+  }
+}
+
+}  // namespace
+
+void DeviceAllocator::validate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::uintptr_t, const Block*> blocks;
+  for (auto& kv : live_) {
+    check(kv.first == kv.second->addr && kv.second->allocated, "live table entry is not a live block");
+    blocks.emplace(kv.first, kv.second);
+  }
+  std::set<const Block*> pending;
+  for (auto& p : pending_) {
+    check(!p.block->allocated && p.block->event_count > 0, "pending entry names a non-pending block");
+    pending.insert(p.block);
+    blocks.emplace(p.block->addr, p.block);
+  }
+  for (const Block* b : pending) {
+    size_t n = 0;
+    for (auto& p : pending_) n += p.block == b;
+    check(static_cast<int>(n) == b->event_count, "event_count differs from pending entries");
+  }
+  for (FreeList* list : {&small_, &large_}) {
+    for (const Block* b : list->blocks()) {
+      check(!b->allocated && b->event_count == 0, "free list holds a non-free block");
+      check(&free_list(b->pool) == list, "free block in the wrong pool's list");
+      check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
+    }
+  }
+  Totals t;
+  size_t covered = 0;
+  for (auto& seg : segments_) {
+    auto it = blocks.find(seg.first);
+    check(it != blocks.end(), "segment has no block at its start");
+    const Block* first = it->second;
+    check(first->prev == nullptr, "first block of a segment has a prev");
+    Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second));
+    Totals::add(t.segments, first->pool, 1);
+    std::uintptr_t end = seg.first;
+    for (const Block* b = first; b != nullptr; b = b->next) {
+      check(b->addr == end, "blocks of a segment are not contiguous");
+      check(blocks.count(b->addr) && blocks[b->addr] == b, "a segment's block is in no table");
+      check(b->stream == first->stream && b->pool == first->pool, "blocks of a segment differ in stream/pool");
+      check(b->size % kMinBlockSize == 0 && b->size > 0, "block size is not a positive multiple of 512");
+      if (b->next) check(b->next->prev == b, "next->prev link broken");
+      bool is_free = !b->allocated && b->event_count == 0;
+      if (is_free && b->next) {
+        check(b->next->allocated || b->next->event_count > 0, "two adjacent free blocks are not coalesced");
+      }
+      if (b->allocated) {
+        Totals::add(t.allocated, b->pool, static_cast<int64_t>(b->size));
+        Totals::add(t.requested, b->pool, static_cast<int64_t>(b->requested));
+        Totals::add(t.live_count, b->pool, 1);
+      }
+      if (!is_free) {
+        Totals::add(t.active, b->pool, static_cast<int64_t>(b->size));
+        Totals::add(t.active_count, b->pool, 1);
+      } else if (b->is_split()) {
+        Totals::add(t.split_bytes, b->pool, static_cast<int64_t>(b->size));
+        Totals::add(t.split_count, b->pool, 1);
+      }
+      end += b->size;
+      ++covered;
+    }
+    check(end == seg.first + seg.second, "blocks do not tile their segment");
+  }
+  check(covered == blocks.size(), "a block lies outside every segment");
+  const DeviceStats& s = accounting_.stats();
+  check_stat(s.allocated_bytes, t.allocated, "allocated_bytes");
+  check_stat(s.requested_bytes, t.requested, "requested_bytes");
+  check_stat(s.allocation, t.live_count, "allocation");
+  check_stat(s.active_bytes, t.active, "active_bytes");
+  check_stat(s.active, t.active_count, "active");
+  check_stat(s.reserved_bytes, t.reserved, "reserved_bytes");
+  check_stat(s.segment, t.segments, "segment");
+  check_stat(s.inactive_split_bytes, t.split_bytes, "inactive_split_bytes");
+  check_stat(s.inactive_split, t.split_count, "inactive_split");
+}
+
+}  // namespace memalloc
