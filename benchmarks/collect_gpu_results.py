@@ -1,0 +1,72 @@
+"""Collects one device run (GPU test outcomes + scenario figures + machine
+facts) into the JSON committed under benchmarks/results/."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import xml.etree.ElementTree as ET
+
+
+def machine() -> dict:
+    import torch
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        info["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["driver"] = None
+    return info
+
+
+def outcomes(junit: str) -> dict:
+    result = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        status = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = child.tag if child.tag != "failure" else "failed"
+        result[case.get("name")] = {"status": status, "seconds": float(case.get("time", 0))}
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--junit", required=True)
+    p.add_argument("--scenarios", required=True)
+    p.add_argument("--command", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    scenarios = []
+    try:
+        with open(args.scenarios) as f:
+            scenarios = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        pass
+    tests = outcomes(args.junit)
+    doc = {
+        "machine": machine(),
+        "command": args.command,
+        "tests": tests,
+        "summary": {s: sum(1 for t in tests.values() if t["status"] == s)
+                    for s in ("passed", "failed", "error", "skipped")},
+        "scenarios": scenarios,
+    }
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(json.dumps(doc["summary"]), "->", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every GPU step in one device call: build, GPU tests, CPU tests, results file.
+#   bash benchmarks/device_run.sh            (OUT=dir for logs; default /tmp/memalloc-out)
+# Writes $OUT/gpu-results.json (the file committed under benchmarks/results/).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/memalloc-out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+
+echo "== build"
+if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"; exit 1
+fi
+grep -i "warning" "$OUT/build.log" | grep -v -i setuptools | head -20
+
+echo "== GPU tests"
+export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
+rm -f "$MEMALLOC_GPU_RESULTS"
+python3 -m pytest -m gpu -v -rs tests/gpu --junitxml="$OUT/gpu_junit.xml" 2>&1 | tee "$OUT/gpu_tests.log"
+gpu_rc=${PIPESTATUS[0]}
+
+echo "== CPU tests on the device machine"
+python3 -m pytest -q tests --ignore=tests/gpu 2>&1 | tail -5 | tee "$OUT/cpu_tests.log"
+
+echo "== results"
+python3 benchmarks/collect_gpu_results.py --junit "$OUT/gpu_junit.xml" \
+  --scenarios "$MEMALLOC_GPU_RESULTS" --command "bash benchmarks/device_run.sh" \
+  --out "$OUT/gpu-results.json"
+exit "$gpu_rc"

@@ -1,0 +1,25 @@
+"""``python -m memalloc info``: which backend ``enable()`` would pick, and the config keys."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .. import _C
+from .._config import config_text
+from .._install import cuda_usable, resolve_backend
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="show the backend enable() would choose and the config")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    text = config_text()
+    ok, why = cuda_usable()
+    print(f"torch {torch.__version__}; CUDA usable: {'yes' if ok else 'no (' + why + ')'}")
+    print(f"enable() would use the {resolve_backend('auto', text)} backend")
+    print(f"config: {text}")
+    print(f"config keys: {', '.join(_C.config_keys())}")
+    return 0

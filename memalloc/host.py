@@ -1,0 +1,70 @@
+"""Real torch tensors whose storage comes from memalloc's host backend.
+
+The host backend is a simulated device (a capacity limit, host memory behind
+it). :func:`empty` returns an ordinary CPU tensor whose bytes were allocated
+by memalloc; when the last view of it dies, its memory goes back to the
+allocator (a DLPack capsule with a deleter). Python lifetimes, loops and
+leaks are therefore real in tests that run without a GPU.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _C
+
+ShapeLike = Union[int, Sequence[int], torch.Size]
+
+
+def _shape(shape: ShapeLike) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise TypeError(f"shape entries must be ints, got {d!r} in {shape!r}")
+        if d < 0:
+            raise ValueError(f"negative dimension {d} in shape {tuple(dims)}: sizes must be >= 0")
+    return dims
+
+
+def _host_allocator(allocator: Optional[_C.Allocator]) -> _C.Allocator:
+    if allocator is not None:
+        return allocator
+    a = _C.installed()
+    if a is None or a.backend_name != "host":
+        raise RuntimeError(
+            "memalloc.host.empty needs a host-backend allocator: call "
+            "memalloc.enable(backend='host') first, or pass allocator=memalloc.Allocator('host')"
+        )
+    return a
+
+
+def empty(
+    shape: ShapeLike,
+    dtype: torch.dtype = torch.float32,
+    device: int = 0,
+    *,
+    allocator: Optional[_C.Allocator] = None,
+    stream: int = 0,
+) -> torch.Tensor:
+    """An uninitialised CPU tensor of ``shape`` and ``dtype`` whose
+    ``numel * element_size`` bytes come from memalloc's simulated ``device``.
+
+    Uses the installed host allocator unless ``allocator`` is given. Raises
+    torch.OutOfMemoryError when the simulated device is full. Tensors with no
+    elements do not touch the allocator (as with CUDA).
+    """
+    dims = _shape(shape)
+    nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(dims, dtype=dtype)
+    capsule = _host_allocator(allocator).host_buffer(nbytes, device, stream)
+    raw = torch.utils.dlpack.from_dlpack(capsule)
+    return raw.view(dtype).view(dims)
+
+
+def zeros(shape: ShapeLike, dtype: torch.dtype = torch.float32, device: int = 0, *,
+          allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+    """Like :func:`empty`, filled with zeros."""
+    return empty(shape, dtype, device, allocator=allocator).zero_()

@@ -1,0 +1,258 @@
+"""GPU scenarios, each run in a fresh interpreter (the allocator is chosen
+once per process): ``python tests/gpu/scenarios.py NAME {memalloc|native}``.
+Each prints one JSON object on its last line; tests/gpu/test_cuda.py asserts
+on it. Kept free of pytest so that a scenario can also be run by hand.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+import memalloc  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def setup(mode: str) -> None:
+    if mode == "memalloc":
+        assert memalloc.enable(backend="cuda") == "cuda"
+    elif mode != "native":
+        raise SystemExit(f"mode must be memalloc or native, not {mode}")
+
+
+def stats() -> dict:
+    return memalloc.memory_stats_raw(0) if memalloc.is_enabled() else {}
+
+
+def train20(mode: str) -> dict:
+    """20 deterministic fp32 training steps of a small MLP; the losses."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    setup(mode)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
+        torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 256, device="cuda")
+    y = torch.randint(0, 10, (512,), device="cuda")
+    losses = []
+    for _ in range(20):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {"losses": losses}
+    if mode == "memalloc":
+        s = stats()
+        out["allocations"] = s["allocation"]["all"]["allocated"]
+        out["device_allocs"] = s["num_device_alloc"]
+        out["peak_allocated"] = s["allocated_bytes"]["all"]["peak"]
+        out["peak_reserved"] = s["reserved_bytes"]["all"]["peak"]
+    torch.cuda.synchronize()
+    memalloc_validate()
+    return out
+
+
+class HugeInBackward(torch.autograd.Function):
+    """Identity forward; its backward asks for 2**46 floats (256 TiB)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.empty(1 << 46, device=grad.device)
+        return grad
+
+
+def oom(mode: str) -> dict:
+    """torch.empty(1<<46) in forward and inside backward raise
+    torch.OutOfMemoryError; training continues afterwards."""
+    setup(mode)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 512, device="cuda")
+    out: dict = {}
+
+    def step(extra=None):
+        h = model(x)
+        if extra is not None:
+            h = extra(h)
+        loss = h.square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    out["loss_before"] = step()
+    reserved_before = stats().get("reserved_bytes", {}).get("all", {}).get("current")
+    try:
+        torch.empty(1 << 46, device="cuda")
+        out["forward"] = "no error"
+    except torch.OutOfMemoryError as e:
+        out["forward"] = "OutOfMemoryError"
+        out["forward_message"] = str(e)
+    except Exception as e:  # noqa: BLE001 - report what was raised instead
+        out["forward"] = f"{type(e).__name__}: {e}"
+    try:
+        step(HugeInBackward.apply)
+        out["backward"] = "no error"
+    except torch.OutOfMemoryError as e:
+        out["backward"] = "OutOfMemoryError"
+        out["backward_message"] = str(e)
+    except Exception as e:  # noqa: BLE001
+        out["backward"] = f"{type(e).__name__}: {e}"
+    out["losses_after"] = [step() for _ in range(5)]
+    if mode == "memalloc":
+        s = stats()
+        out["num_ooms"] = s["num_ooms"]
+        out["num_alloc_retries"] = s["num_alloc_retries"]
+        out["reserved_before"] = reserved_before
+        out["reserved_after"] = s["reserved_bytes"]["all"]["current"]
+    torch.cuda.synchronize()
+    memalloc_validate()
+    return out
+
+
+def record_stream(mode: str) -> dict:
+    """A tensor used on a side stream and freed with record_stream is not
+    handed out again until that stream's work has completed."""
+    setup(mode)
+    n = 8 * MiB
+    side = torch.cuda.Stream()
+    x = torch.ones(n, dtype=torch.uint8, device="cuda")
+    # Load the kernels first: a kernel's first launch loads its module, which
+    # waits for the device (CUDA lazy loading) and would end the sleep early.
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        del_me = x * 2
+    del del_me
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time on the side stream
+        y = x * 2
+    x.record_stream(side)
+    ptr = x.data_ptr()
+    del x
+    out: dict = {"side_done_before": side.query()}
+    z = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out["reused_early"] = z.data_ptr() == ptr
+    if mode == "memalloc":
+        states = [b["state"] for seg in installed().segments(0) for b in seg["blocks"]
+                  if b["address"] == ptr]
+        out["state_while_pending"] = states
+    side.synchronize()
+    w = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out["reused_after_sync"] = w.data_ptr() == ptr
+    out["y_ok"] = bool((y == 2).all().item())
+    del y, z, w
+    torch.cuda.synchronize()
+    memalloc_validate()
+    return out
+
+
+def empty_cache(mode: str) -> dict:
+    """torch.cuda.empty_cache() returns freed memory to the driver."""
+    setup(mode)
+    x = torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    torch.cuda.synchronize()
+    del x
+    free_cached, _ = torch.cuda.mem_get_info()
+    out = {"reserved_cached": memalloc.memory_reserved(0) if mode == "memalloc" else None}
+    torch.cuda.empty_cache()
+    free_after, total = torch.cuda.mem_get_info()
+    out.update(free_cached=free_cached, free_after=free_after, total=total,
+               returned=free_after - free_cached)
+    if mode == "memalloc":
+        out["reserved_after"] = memalloc.memory_reserved(0)
+    memalloc_validate()
+    return out
+
+
+def fraction(mode: str) -> dict:
+    """set_per_process_memory_fraction caps what the allocator may reserve."""
+    setup(mode)
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction(0.02)  # ~2.8 GiB of an H200
+    out: dict = {"total": total, "limit": int(0.02 * total)}
+    small = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
+        out["over_limit"] = "no error"
+    except torch.OutOfMemoryError as e:
+        out["over_limit"] = "OutOfMemoryError"
+        out["message"] = str(e)
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    big = torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
+    out["after_reset"] = big.numel() == 4 * GiB
+    del small, big
+    memalloc_validate()
+    return out
+
+
+def accounting(mode: str) -> dict:
+    """memalloc's counters for tensors of known sizes (rounding rules)."""
+    setup(mode)
+    sizes = [1, 511, 512, 513, 100_000, MiB, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 3]
+    ts = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
+    out = {"sizes": sizes, "allocated": memalloc.memory_allocated(0),
+           "reserved": memalloc.memory_reserved(0),
+           "torch_reports": None}
+    try:
+        out["torch_reports"] = torch.cuda.memory_allocated(0)
+    except RuntimeError as e:  # torch's own query raises under a pluggable allocator (issue 4)
+        out["torch_error"] = str(e)[:200]
+    out["requested"] = memalloc.memory_stats_raw(0)["requested_bytes"]["all"]["current"]
+    del ts
+    out["allocated_after_free"] = memalloc.memory_allocated(0)
+    memalloc_validate()
+    return out
+
+
+def pair_cost(mode: str) -> dict:
+    """Host cost of torch.empty + del through torch, microseconds per pair
+    (informational; the benchmark harness of issue 3 measures properly)."""
+    setup(mode)
+    out = {}
+    for n in (512, 64 * 1024, MiB, 16 * MiB, 256 * MiB):
+        t = torch.empty(n, dtype=torch.uint8, device="cuda")
+        del t
+        reps = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(20000):
+                t = torch.empty(n, dtype=torch.uint8, device="cuda")
+                del t
+            reps.append((time.perf_counter() - t0) / 20000 * 1e6)
+        out[str(n)] = sorted(reps)[2]
+    return out
+
+
+def installed():
+    return memalloc.installed_allocator()
+
+
+def memalloc_validate() -> None:
+    if memalloc.is_enabled():
+        installed().validate(0)
+
+
+SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting, pair_cost)}
+
+if __name__ == "__main__":
+    name, mode = sys.argv[1], sys.argv[2]
+    result = SCENARIOS[name](mode)
+    print(json.dumps(result))
