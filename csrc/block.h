@@ -9,8 +9,8 @@
 //   pending   (!allocated, event_count > 0)       -> waiting on stream events
 //   free      (!allocated, event_count == 0)      -> in its pool's FreeList
 // Free neighbours are always coalesced: no free block has a free prev/next.
-// All Block objects and container nodes come from the owning device's pool
-// memory resource (no host allocation in steady state).
+// All Block objects and container nodes come from the owning device's
+// NodeCache (node_cache.h): no host allocation in steady state.
 #pragma once
 
 #include <cstddef>

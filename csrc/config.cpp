@@ -15,6 +15,7 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kMinMaxSplitMiB = 20;  // native: must exceed kLargeBuffer
+constexpr size_t kMaxMiB = size_t{1} << 40;  // 1 EiB: mb * kMiB cannot overflow
 
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\n");
@@ -40,6 +41,15 @@ size_t parse_uint(const std::string& key, const std::string& value) {
   return static_cast<size_t>(v);
 }
 
+// Parses a size in MiB and returns bytes; rejects values whose byte count
+// would not fit (so to_string() round-trips).
+size_t parse_mib(const std::string& key, const std::string& value) {
+  size_t mb = parse_uint(key, value);
+  MEMALLOC_EXPECTS(mb <= kMaxMiB, "MEMALLOC_CONF: value " + value + " of key '" + key +
+                                      "' is too large (at most " + std::to_string(kMaxMiB) + ")");
+  return mb * kMiB;
+}
+
 void apply(Config& c, const std::string& key, const std::string& value) {
   if (key == "backend") {
     MEMALLOC_EXPECTS(value == "auto" || value == "cuda" || value == "host",
@@ -47,11 +57,11 @@ void apply(Config& c, const std::string& key, const std::string& value) {
                          "' is unknown; use one of auto, cuda, host");
     c.backend = value;
   } else if (key == "max_split_size_mb") {
-    size_t mb = parse_uint(key, value);
-    MEMALLOC_EXPECTS(mb > kMinMaxSplitMiB,
+    size_t bytes = parse_mib(key, value);
+    MEMALLOC_EXPECTS(bytes > kMinMaxSplitMiB * kMiB,
                      "MEMALLOC_CONF: max_split_size_mb must be greater than " +
                          std::to_string(kMinMaxSplitMiB) + " (got " + value + ")");
-    c.max_split_size = mb * kMiB;
+    c.max_split_size = bytes;
   } else if (key == "roundup_power2_divisions") {
     size_t d = parse_uint(key, value);
     MEMALLOC_EXPECTS(d <= 64 && (d & (d - 1)) == 0,
@@ -59,9 +69,9 @@ void apply(Config& c, const std::string& key, const std::string& value) {
                      "between 1 and 64, or 0 to disable (got " + value + ")");
     c.roundup_power2_divisions = d <= 1 ? 0 : d;
   } else if (key == "host_capacity_mb") {
-    size_t mb = parse_uint(key, value);
-    MEMALLOC_EXPECTS(mb > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
-    c.host_capacity = mb * kMiB;
+    size_t bytes = parse_mib(key, value);
+    MEMALLOC_EXPECTS(bytes > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
+    c.host_capacity = bytes;
   } else if (key == "host_devices") {
     size_t n = parse_uint(key, value);
     MEMALLOC_EXPECTS(n >= 1 && n <= 64,

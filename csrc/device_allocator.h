@@ -35,6 +35,7 @@
 #include "block.h"
 #include "config.h"
 #include "events.h"
+#include "node_cache.h"
 
 namespace memalloc {
 
@@ -122,7 +123,7 @@ class DeviceAllocator {
 
   std::mutex mu_;
   // Declared before every container that uses it: destroyed last.
-  std::pmr::unsynchronized_pool_resource mr_;
+  NodeCache mr_;
   FreeList small_;
   FreeList large_;
   std::pmr::unordered_map<std::uintptr_t, Block*> live_;

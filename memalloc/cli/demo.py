@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from .. import _install, host
-from ._format import fmt_bytes
+from ._common import enable_or_exit, fmt_bytes
 
 HOST_CAPACITY_MB = 256
 
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
-    backend = _install.enable(args.backend, f"host_capacity_mb:{HOST_CAPACITY_MB}")
+    backend = enable_or_exit(args.backend, f"host_capacity_mb:{HOST_CAPACITY_MB}")
     a = _install.installed_allocator()
     where = "CUDA GPU" if backend == "cuda" else f"host backend (simulated {HOST_CAPACITY_MB} MiB device)"
     print(f"memalloc demo on the {where}")

@@ -16,7 +16,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    text = config_text()
+    try:
+        text = config_text()
+    except ValueError as e:
+        raise SystemExit(f"memalloc: {e}") from None
     ok, why = cuda_usable()
     print(f"torch {torch.__version__}; CUDA usable: {'yes' if ok else 'no (' + why + ')'}")
     print(f"enable() would use the {resolve_backend('auto', text)} backend")

@@ -3,11 +3,12 @@ script starts, run it as ``__main__``, print the memory totals at exit."""
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
 from .. import _install
-from ._format import fmt_bytes
+from ._common import enable_or_exit, fmt_bytes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,8 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    backend = _install.enable(args.backend, args.config)
+    backend = enable_or_exit(args.backend, args.config)
     sys.argv = [args.script, *args.script_args]
+    # As `python script.py` does: the script's folder first on sys.path.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     try:
         runpy.run_path(args.script, run_name="__main__")
     finally:

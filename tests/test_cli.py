@@ -1,0 +1,184 @@
+"""The command line, ``python -m memalloc {demo,run,info}``, each in a fresh
+interpreter (enable() runs once per process). No GPU here: the host backend."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = ["backend", "max_split_size_mb", "roundup_power2_divisions", "host_capacity_mb", "host_devices"]
+
+
+def memalloc_cli(*args: str, conf: Optional[str] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("MEMALLOC_CONF", None)
+    if conf is not None:
+        env["MEMALLOC_CONF"] = conf
+    # The package is found through PYTHONPATH when cwd is not the repository.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, "-m", "memalloc", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+ROW = re.compile(r"^\s*(\d+)\s+(-?\d+\.\d{4})\s+(.+?B)\s+(.+?B)\s+(.+?B)\s+(\d+)\s+(\d+)\s*$")
+
+
+def test_demo_runs_on_host_and_prints_table_oom_and_validate():
+    p = memalloc_cli("demo", "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "host backend" in out
+    lines = out.splitlines()
+    header = [i for i, l in enumerate(lines) if l.split()[:2] == ["step", "loss"]]
+    assert len(header) == 1, out
+    rows = [ROW.match(l) for l in lines]
+    rows = [m for m in rows if m]
+    assert [int(m.group(1)) for m in rows] == [1, 2, 3], out
+    # The rows follow the header directly.
+    assert ROW.match(lines[header[0] + 1]) and ROW.match(lines[header[0] + 3])
+    loss = [float(m.group(2)) for m in rows]
+    assert loss[2] < loss[0], loss
+    # 4 setup tensors (x, y, w1, w2) + 5 per step (h, out, g_w2, g_h, g_w1).
+    allocs = [int(m.group(6)) for m in rows]
+    assert allocs == [4 + 5 * i for i in (1, 2, 3)]
+    # After the first step everything comes from the cache.
+    from_device = [int(m.group(7)) for m in rows]
+    assert from_device[0] > 0 and len(set(from_device)) == 1
+    # Live memory is the same after every step: the step's temporaries died.
+    assert len({m.group(3) for m in rows}) == 1
+    summary = re.search(r"(\d+) of (\d+) allocations were served from the cache; (\d+) segments", out)
+    assert summary, out
+    hits, total, segs = map(int, summary.groups())
+    assert total == allocs[-1] and segs == from_device[-1] and hits == total - segs
+    oom = [l for l in lines if l.startswith("caught torch.OutOfMemoryError")]
+    assert len(oom) == 1, out
+    assert "Tried to allocate 1.00 GiB" in oom[0]
+    assert "training continued after the OOM" in out
+    assert "num_ooms=1" in out
+    assert "empty_cache(): returned" in out
+    assert "validate() passed" in lines[-1]
+    assert "unexpected" not in out
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("steps", ["0"])
+def test_demo_rejects_zero_steps(steps):
+    p = memalloc_cli("demo", "--steps", steps)
+    assert p.returncode != 0
+    assert "--steps must be at least 1" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert "step" not in p.stdout.split()
+
+
+SCRIPT = """
+import json, sys
+import torch
+import memalloc
+from memalloc import host
+
+info = {
+    "argv": sys.argv,
+    "name": __name__,
+    "enabled": memalloc.is_enabled(),
+    "backend": memalloc.enabled_backend(),
+    "enable_again": memalloc.enable(),   # same backend and config: a no-op
+}
+big = host.empty(3 << 20, torch.uint8)   # 3 MiB: a 20 MiB segment
+small = host.empty(256, torch.float32)   # 1 KiB: a 2 MiB segment
+big.fill_(1)
+small.fill_(2.0)
+info["sums"] = [int(big.sum()), float(small.sum())]
+info["allocated"] = memalloc.memory_allocated()
+print("SCRIPT", json.dumps(info))
+"""
+
+
+def test_run_executes_script_with_memalloc_enabled(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    p = memalloc_cli("run", str(script), "a", "b")
+    assert p.returncode == 0, p.stderr
+    lines = [l for l in p.stdout.splitlines() if l.startswith("SCRIPT ")]
+    assert len(lines) == 1, p.stdout
+    info = json.loads(lines[0][len("SCRIPT "):])
+    assert info["argv"] == [str(script), "a", "b"]
+    assert info["name"] == "__main__"
+    assert info["enabled"] is True
+    assert info["backend"] == "host"
+    assert info["enable_again"] == "host"
+    assert info["sums"] == [3 << 20, 512.0]
+    assert info["allocated"] == (3 << 20) + 1024
+    # Summary on stderr: peak allocated 3 MiB + 1 KiB, peak reserved 20 + 2 MiB.
+    summary = [l for l in p.stderr.splitlines() if l.startswith("memalloc (host, device 0)")]
+    assert len(summary) == 1, p.stderr
+    assert "peak allocated 3.00 MiB" in summary[0]
+    assert "peak reserved 22.00 MiB" in summary[0]
+    assert "2 allocations" in summary[0]
+    assert "2 device allocations" in summary[0]
+    assert "0 OOMs" in summary[0]
+
+
+def test_run_passes_option_like_arguments_to_the_script(tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text("import sys, memalloc\nprint('ARGV', sys.argv[1:], memalloc.is_enabled())\n")
+    p = memalloc_cli("run", "--config", "host_capacity_mb:64", str(script), "--config", "x", "-v")
+    assert p.returncode == 0, p.stderr
+    assert "ARGV ['--config', 'x', '-v'] True" in p.stdout
+
+
+def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent(
+        """
+        import memalloc, torch
+        from memalloc import host
+        t = host.empty((512, 512), torch.float32)   # 1 MiB
+        print("TOTAL", memalloc.mem_get_info()[1])
+        raise ValueError("boom from the script")
+        """
+    ))
+    p = memalloc_cli("run", "--config", "host_capacity_mb:64", str(script))
+    assert p.returncode != 0
+    assert f"TOTAL {64 << 20}" in p.stdout  # --config reached the allocator
+    assert "ValueError: boom from the script" in p.stderr
+    summary = [l for l in p.stderr.splitlines() if l.startswith("memalloc (host, device 0)")]
+    assert len(summary) == 1, p.stderr
+    assert "peak allocated 1.00 MiB" in summary[0]
+    assert "1 allocations" in summary[0]
+
+
+def test_run_script_can_import_its_sibling_modules(tmp_path):
+    (tmp_path / "helper_mod_for_memalloc_test.py").write_text("VALUE = 41\n")
+    script = tmp_path / "main.py"
+    script.write_text("import helper_mod_for_memalloc_test as h\nprint('VALUE', h.VALUE + 1)\n")
+    p = memalloc_cli("run", str(script))
+    assert p.returncode == 0, p.stderr
+    assert "VALUE 42" in p.stdout
+
+
+def test_info_prints_backend_and_config_keys():
+    p = memalloc_cli("info", conf="host_capacity_mb:48")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "CUDA usable: no" in out
+    assert "enable() would use the host backend" in out
+    config = [l for l in out.splitlines() if l.startswith("config: ")]
+    assert len(config) == 1
+    assert "host_capacity_mb:48" in config[0]
+    keys_line = [l for l in out.splitlines() if l.startswith("config keys: ")]
+    assert len(keys_line) == 1
+    assert keys_line[0][len("config keys: "):].split(", ") == KEYS
+
+
+def test_info_reports_a_bad_environment_config():
+    p = memalloc_cli("info", conf="no_such_key:1")
+    assert p.returncode != 0
+    assert "unknown key 'no_such_key'" in p.stderr
