@@ -21,7 +21,7 @@ python3 -m pytest -m gpu -v -rs tests/gpu --junitxml="$OUT/gpu_junit.xml" 2>&1 |
 gpu_rc=${PIPESTATUS[0]}
 
 echo "== CPU tests on the device machine"
-python3 -m pytest -q tests --ignore=tests/gpu 2>&1 | tail -5 | tee "$OUT/cpu_tests.log"
+python3 -m pytest -q -rf tests --ignore=tests/gpu 2>&1 | tail -30 | tee "$OUT/cpu_tests.log"
 
 echo "== results"
 python3 benchmarks/collect_gpu_results.py --junit "$OUT/gpu_junit.xml" \

@@ -18,22 +18,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Optional
 
 import pytest
 
 import memalloc
-
-REPO = Path(__file__).resolve().parents[1]
-MiB = 1 << 20
-SMALL_SEGMENT = 2 * MiB
-LARGE_SEGMENT = 20 * MiB
-
-
-def rounded(nbytes: int) -> int:
-    return max(512, -(-nbytes // 512) * 512)
-
+from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
 
 PRELUDE = """
 import json, sys
@@ -55,6 +45,9 @@ def run_child(code: str, conf: Optional[str] = None) -> tuple[subprocess.Complet
     RESULT dict (the child must end with ``print("RESULT", json.dumps(R))``)."""
     env = dict(os.environ)
     env.pop("MEMALLOC_CONF", None)
+    # These tests describe a machine without a GPU (CI); hide any GPU so that
+    # "auto" means the host backend on the device machine too.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     if conf is not None:
         env["MEMALLOC_CONF"] = conf
     src = textwrap.dedent(PRELUDE) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
@@ -178,7 +171,7 @@ def test_memory_functions_track_host_tensors_exactly():
         memalloc.installed_allocator().validate()
         """
     )
-    b1, b2, big = rounded(4000), rounded(600), 4 * MiB
+    b1, b2, big = rnd(4000), rnd(600), 4 * MiB
     assert r["start"] == [0, 0]
     assert r["t1"] == [b1, SMALL_SEGMENT]
     assert r["devices"] == [b1, b1, b1, b1, SMALL_SEGMENT, SMALL_SEGMENT]
@@ -243,7 +236,7 @@ def test_capacity_from_env_raises_torch_oom_and_recovers():
         conf="host_capacity_mb:16",
     )
     assert r["total"] == 16 * MiB
-    b = rounded(4000)
+    b = rnd(4000)
     assert r["before"] == [b, SMALL_SEGMENT]
     assert r["oom"] is not None, "a 32 MiB tensor fit in a 16 MiB device"
     name, is_runtime, msg = r["oom"]
@@ -282,7 +275,7 @@ def test_free_of_unknown_pointer_and_double_free_raise_invalid_pointer_error():
 
     a = memalloc.Allocator("host")
     p = a.malloc(1000)
-    assert a.stats()["allocated_bytes"]["all"]["current"] == rounded(1000)
+    assert a.stats()["allocated_bytes"]["all"]["current"] == rnd(1000)
     before = a.stats()
 
     with pytest.raises(memalloc.InvalidPointerError, match="unknown pointer"):

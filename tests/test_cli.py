@@ -20,6 +20,9 @@ KEYS = ["backend", "max_split_size_mb", "roundup_power2_divisions", "host_capaci
 def memalloc_cli(*args: str, conf: Optional[str] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("MEMALLOC_CONF", None)
+    # These tests describe a machine without a GPU (CI); hide any GPU so that
+    # "auto" means the host backend on the device machine too.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     if conf is not None:
         env["MEMALLOC_CONF"] = conf
     # The package is found through PYTHONPATH when cwd is not the repository.

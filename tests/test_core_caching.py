@@ -18,95 +18,10 @@ import pytest
 import torch
 
 from memalloc import _C
-
-KiB = 1 << 10
-MiB = 1 << 20
-SMALL_SEGMENT = 2 * MiB
-LARGE_SEGMENT = 20 * MiB
-
-STAT_KEYS = (
-    "allocation", "segment", "active", "inactive_split", "allocated_bytes",
-    "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+from memtest_helpers import (
+    KiB, LARGE_SEGMENT, MiB, SCALAR_KEYS, SMALL_SEGMENT, STAT_KEYS, Checked, block_of, cur,
+    live_block_bytes, rnd, rnd_pow2, segment_of, segment_size, stat,
 )
-SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
-
-
-# ---------------------------------------------------------------- helpers ----
-def rnd(size):
-    """Native round_size without roundup_power2_divisions."""
-    if size < 512:
-        return 512
-    return -(-size // 512) * 512
-
-
-def segment_size(rounded):
-    if rounded <= MiB:
-        return SMALL_SEGMENT
-    if rounded < 10 * MiB:
-        return LARGE_SEGMENT
-    return -(-rounded // (2 * MiB)) * (2 * MiB)
-
-
-def rnd_pow2(size, divisions):
-    """Native round_size with roundup_power2_divisions (c10 formula)."""
-    if size < 512:
-        return 512
-    if divisions > 1 and size > 512 * divisions:
-        if size & (size - 1) == 0:
-            return size
-        floor = 1 << (size.bit_length() - 1)
-        step = floor >> (divisions.bit_length() - 1)
-        low = size & ~(step - 1)
-        return size if low == size else low + step
-    return rnd(size)
-
-
-class Checked:
-    """Proxy of an Allocator that validates every device after each call."""
-
-    def __init__(self, conf="host_capacity_mb:64"):
-        self.a = _C.Allocator("host", conf)
-
-    def __getattr__(self, name):
-        attr = getattr(self.a, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                for d in range(self.a.device_count):
-                    self.a.validate(d)
-
-        return call
-
-
-def cur(a, key, pool="all", device=0):
-    return a.stats(device)[key][pool]["current"]
-
-
-def stat(a, key, field, pool="all", device=0):
-    return a.stats(device)[key][pool][field]
-
-
-def segment_of(a, ptr, device=0):
-    for seg in a.segments(device):
-        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
-            return seg
-    raise AssertionError(f"{ptr:#x} lies in no segment")
-
-
-def block_of(a, ptr, device=0):
-    for blk in segment_of(a, ptr, device)["blocks"]:
-        if blk["address"] == ptr:
-            return blk
-    raise AssertionError(f"no block starts at {ptr:#x}")
-
-
-def live_block_bytes(a, device=0):
-    return sum(b["size"] for s in a.segments(device) for b in s["blocks"]
-               if b["state"] == "active_allocated")
 
 
 # --------------------------------------------------------------- rounding ----
@@ -216,8 +131,8 @@ def test_big_request_segment_rounded_to_2mib(size, segment, block):
     a.free(p)
     assert cur(a, "allocated_bytes") == 0
     assert cur(a, "active_bytes") == 0
-    assert stat(a, "allocated_bytes", "allocated") == block
-    assert stat(a, "allocated_bytes", "freed") == block
+    assert stat(a, "allocated_bytes", field="allocated") == block
+    assert stat(a, "allocated_bytes", field="freed") == block
 
 
 @pytest.mark.parametrize("divisions", [2, 4, 8])
@@ -401,7 +316,7 @@ def test_best_fit_across_large_segments():
     u = a.malloc(7 * MiB)
     assert u == y
     assert cur(a, "segment") == n
-    assert stat(a, "segment", "allocated") == 2
+    assert stat(a, "segment", field="allocated") == 2
 
 
 # ------------------------------------------------------------ coalescing ----
@@ -462,7 +377,7 @@ def test_freed_block_reused_by_same_stream_only(size):
     p = a.malloc(size, 0, 0)
     a.free(p)
     assert a.malloc(size, 0, 0) == p  # same stream: cached block reused
-    assert stat(a, "segment", "allocated") == 1
+    assert stat(a, "segment", field="allocated") == 1
     a.free(p)
     q = a.malloc(size, 0, 7)  # other stream: never the stream-0 block
     assert q != p
@@ -470,7 +385,7 @@ def test_freed_block_reused_by_same_stream_only(size):
     assert segment_of(a, q)["stream"] == 7
     assert segment_of(a, p)["stream"] == 0
     assert a.host_live_segments() == 2
-    assert stat(a, "segment", "allocated") == 2
+    assert stat(a, "segment", field="allocated") == 2
     a.free(q)
     # each stream keeps finding its own block
     assert a.malloc(size, 0, 7) == q
@@ -769,8 +684,8 @@ def test_devices_are_accounted_separately():
     a.free(big1, 1)
     a.free(p1, 1)
     a.reset_peak_stats(1)
-    assert stat(a, "allocated_bytes", "peak", device=0) == rnd(1000) + 60 * MiB
-    assert stat(a, "allocated_bytes", "peak", device=1) == rnd(3000)
+    assert stat(a, "allocated_bytes", field="peak", device=0) == rnd(1000) + 60 * MiB
+    assert stat(a, "allocated_bytes", field="peak", device=1) == rnd(3000)
     assert a.empty_cache(1) == LARGE_SEGMENT + 40 * MiB
     assert a.host_live_segments(0) == 2
     a.free(q1, 1)

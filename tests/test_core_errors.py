@@ -9,41 +9,9 @@ import pytest
 import torch
 
 from memalloc import _C
+from memtest_helpers import MiB, SMALL_SEGMENT, Checked, cur, rnd
 
-KiB = 1 << 10
-MiB = 1 << 20
-SMALL_SEGMENT = 2 * MiB
-LARGE_SEGMENT = 20 * MiB
 VALID_KEYS = ["backend", "max_split_size_mb", "roundup_power2_divisions", "host_capacity_mb", "host_devices"]
-
-
-def rnd(size):
-    return 512 if size < 512 else -(-size // 512) * 512
-
-
-class Checked:
-    """Proxy of an Allocator that validates every device after each call."""
-
-    def __init__(self, conf="host_capacity_mb:64"):
-        self.a = _C.Allocator("host", conf)
-
-    def __getattr__(self, name):
-        attr = getattr(self.a, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                for d in range(self.a.device_count):
-                    self.a.validate(d)
-
-        return call
-
-
-def cur(a, key, pool="all", device=0):
-    return a.stats(device)[key][pool]["current"]
 
 
 def without(stats, *keys):

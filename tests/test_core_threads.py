@@ -16,22 +16,7 @@ import pytest
 import torch
 
 from memalloc import _C
-
-KiB = 1 << 10
-MiB = 1 << 20
-POOLS = ("all", "small_pool", "large_pool")
-STAT_KEYS = (
-    "allocation", "segment", "active", "inactive_split", "allocated_bytes",
-    "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
-)
-
-
-def rnd(size):
-    return 512 if size < 512 else -(-size // 512) * 512
-
-
-def pool_of(size):
-    return "small_pool" if rnd(size) <= MiB else "large_pool"
+from memtest_helpers import KiB, MiB, POOLS, STAT_KEYS, pool_of, rnd
 
 
 def random_size(rng):

@@ -19,32 +19,17 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 
 import memalloc
 from memalloc import host
-
-REPO = Path(__file__).resolve().parents[1]
-KiB = 1 << 10
-MiB = 1 << 20
-SMALL_SEGMENT = 2 * MiB
-LARGE_SEGMENT = 20 * MiB
-
-
-def rounded(nbytes: int) -> int:
-    """Block size the allocator hands out for a request of ``nbytes``."""
-    return max(512, -(-nbytes // 512) * 512)
+from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, stat
 
 
 def nbytes_of(shape, dtype) -> int:
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-
-
-def stat(a, name, pool="all", field="current", device=0):
-    return a.stats(device)[name][pool][field]
 
 
 @pytest.fixture
@@ -105,7 +90,7 @@ def test_empty_shape_dtype_values_and_placement(a, dtype, shape):
     assert t.view(-1)[-1].item() == ref.view(-1)[0].item()
 
     # The accounting grew by the rounded size, with the exact request recorded.
-    assert stat(a, "allocated_bytes") == rounded(nbytes)
+    assert stat(a, "allocated_bytes") == rnd(nbytes)
     assert stat(a, "requested_bytes") == nbytes
     assert stat(a, "allocation") == 1
 
@@ -119,7 +104,7 @@ def test_empty_shape_dtype_values_and_placement(a, dtype, shape):
     live = [b for b in seg["blocks"] if b["state"] == "active_allocated"]
     assert len(live) == 1
     assert live[0]["address"] == ptr
-    assert live[0]["size"] == rounded(nbytes)
+    assert live[0]["size"] == rnd(nbytes)
     assert live[0]["requested_size"] == nbytes
     assert t.untyped_storage().data_ptr() == ptr
 
@@ -153,7 +138,7 @@ def test_large_requests_use_large_segments(a):
     # over is too small to split off a large block (<= 1 MiB), so the whole
     # 12 MiB segment is the block and counts as allocated.
     huge = host.empty(11 * MiB + 1, torch.uint8, allocator=a)
-    assert rounded(11 * MiB + 1) == 11 * MiB + 512
+    assert rnd(11 * MiB + 1) == 11 * MiB + 512
     assert stat(a, "allocated_bytes", "large_pool") == 12 * MiB
     assert stat(a, "requested_bytes") == 11 * MiB + 1
     assert stat(a, "reserved_bytes", "large_pool") == 12 * MiB

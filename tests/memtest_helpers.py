@@ -1,0 +1,110 @@
+"""Native size rules and test utilities shared by the host-backend tests.
+
+The size rules mirror c10/cuda/CUDACachingAllocator.cpp (DESIGN.md section 3);
+the utilities wrap and inspect a host-backend ``_C.Allocator``. Test files
+import what they need: ``from memtest_helpers import ...`` (pytest puts tests/
+on sys.path, as tests/ has no __init__.py).
+"""
+from pathlib import Path
+
+from memalloc import _C
+
+REPO = Path(__file__).resolve().parents[1]
+
+KiB = 1 << 10
+MiB = 1 << 20
+SMALL_SEGMENT = 2 * MiB
+LARGE_SEGMENT = 20 * MiB
+
+POOLS = ("all", "small_pool", "large_pool")
+STAT_KEYS = (
+    "allocation", "segment", "active", "inactive_split", "allocated_bytes",
+    "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+)
+SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+
+
+# ------------------------------------------------------------ size rules ----
+def rnd(size):
+    """Native round_size without roundup_power2_divisions: the block size the
+    allocator hands out for a request of ``size`` bytes."""
+    if size < 512:
+        return 512
+    return -(-size // 512) * 512
+
+
+def rnd_pow2(size, divisions):
+    """Native round_size with roundup_power2_divisions (c10 formula)."""
+    if size < 512:
+        return 512
+    if divisions > 1 and size > 512 * divisions:
+        if size & (size - 1) == 0:
+            return size
+        floor = 1 << (size.bit_length() - 1)
+        step = floor >> (divisions.bit_length() - 1)
+        low = size & ~(step - 1)
+        return size if low == size else low + step
+    return rnd(size)
+
+
+def segment_size(rounded):
+    """Size of the segment a fresh block of ``rounded`` bytes is carved from."""
+    if rounded <= MiB:
+        return SMALL_SEGMENT
+    if rounded < 10 * MiB:
+        return LARGE_SEGMENT
+    return -(-rounded // (2 * MiB)) * (2 * MiB)
+
+
+def pool_of(size):
+    """The pool ("small_pool" / "large_pool") a request of ``size`` bytes uses."""
+    return "small_pool" if rnd(size) <= MiB else "large_pool"
+
+
+# ------------------------------------------------------- test utilities ----
+class Checked:
+    """Proxy of an Allocator that validates every device after each call."""
+
+    def __init__(self, conf="host_capacity_mb:64"):
+        self.a = _C.Allocator("host", conf)
+
+    def __getattr__(self, name):
+        attr = getattr(self.a, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                for d in range(self.a.device_count):
+                    self.a.validate(d)
+
+        return call
+
+
+def cur(a, key, pool="all", device=0):
+    return a.stats(device)[key][pool]["current"]
+
+
+def stat(a, key, pool="all", field="current", device=0):
+    return a.stats(device)[key][pool][field]
+
+
+def segment_of(a, ptr, device=0):
+    for seg in a.segments(device):
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return seg
+    raise AssertionError(f"{ptr:#x} lies in no segment")
+
+
+def block_of(a, ptr, device=0):
+    for blk in segment_of(a, ptr, device)["blocks"]:
+        if blk["address"] == ptr:
+            return blk
+    raise AssertionError(f"no block starts at {ptr:#x}")
+
+
+def live_block_bytes(a, device=0):
+    return sum(b["size"] for s in a.segments(device) for b in s["blocks"]
+               if b["state"] == "active_allocated")
