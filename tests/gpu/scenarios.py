@@ -241,6 +241,16 @@ def pair_cost(mode: str) -> dict:
     return out
 
 
+def late_enable(mode: str) -> dict:
+    """enable() after CUDA initialisation is refused with an explanation."""
+    torch.zeros(1, device="cuda")
+    try:
+        memalloc.enable(backend="cuda")
+        return {"error": None}
+    except RuntimeError as e:
+        return {"error": str(e), "enabled": memalloc.is_enabled()}
+
+
 def installed():
     return memalloc.installed_allocator()
 
@@ -250,7 +260,8 @@ def memalloc_validate() -> None:
         installed().validate(0)
 
 
-SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting, pair_cost)}
+SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
+                                     pair_cost, late_enable)}
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]

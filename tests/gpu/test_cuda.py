@@ -123,6 +123,25 @@ def test_accounting_follows_native_rounding():
     assert r["allocated_after_free"] == 0
 
 
+def test_enable_after_cuda_init_is_refused_with_the_fix():
+    r = scenario("late_enable", "native")
+    assert r["error"] is not None
+    assert "after CUDA was initialised" in r["error"] and "python -m memalloc run" in r["error"]
+    assert r["enabled"] is False
+
+
+def test_demo_runs_on_cuda():
+    proc = subprocess.run([sys.executable, "-m", "memalloc", "demo", "--steps", "3"],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(HERE)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "memalloc demo on the CUDA GPU" in out
+    assert "caught torch.OutOfMemoryError: CUDA out of memory" in out
+    assert "training continued after the OOM" in out
+    assert "validate() passed" in out
+
+
 def test_pair_cost_informational():
     """Records µs per torch.empty+del pair for memalloc and native side by
     side; asserts only that memalloc is not grossly slower (the real

@@ -1,0 +1,224 @@
+"""One allocator, one benchmark group, one fresh process:
+``python -m benchmarks.gpu_worker ALLOCATOR GROUP`` prints one JSON object.
+
+The allocator is chosen once per process (torch cannot swap an initialised
+allocator), so the orchestrator (gpu_suite.py) starts one worker per
+(allocator, group, repeat). Groups: ``pair`` (torch.empty+del cost per size),
+``random`` (lognormal fragmentation workload), ``transformer`` (fp32 and bf16
+training steps), ``resnet50`` (training steps).
+
+Memory figures: peaks come from memalloc's own accounting under memalloc,
+from torch.cuda.max_memory_* for native, expandable and cudaMallocAsync, and
+are absent for RMM (its pool keeps no such counters without a slower
+statistics adaptor); "device_used" is total - free from cudaMemGetInfo for all,
+and "context_used" is the same before the first allocation, so the
+difference is what the allocator took.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import time
+
+ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc")
+GROUPS = ("pair", "random", "transformer", "resnet50")
+PAIR_SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
+GiB = 1 << 30
+
+
+def setup(name: str):
+    """Installs allocator `name` before CUDA is initialised; returns a
+    function giving (peak_allocated, peak_reserved) or None."""
+    if name == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif name == "cudaMallocAsync":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    import torch
+
+    if name == "rmm":
+        import rmm
+        from rmm.allocators.torch import rmm_torch_allocator
+
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=GiB)
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+        return lambda: None
+    if name == "memalloc":
+        import memalloc
+
+        memalloc.enable(backend="cuda")
+
+        def peaks():
+            s = memalloc.memory_stats_raw(0)
+            return s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"]
+
+        return peaks
+    return lambda: (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+
+
+def reset_peaks(name: str) -> None:
+    import torch
+
+    if name == "memalloc":
+        import memalloc
+
+        memalloc.installed_allocator().reset_peak_stats(0)
+    elif name != "rmm":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def device_used() -> int:
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def run_pair(name: str) -> dict:
+    """µs per `t = torch.empty(n, uint8, cuda); del t`, median of 5 x 10,000."""
+    import torch
+
+    out = {}
+    for n in PAIR_SIZES:
+        for _ in range(100):
+            t = torch.empty(n, dtype=torch.uint8, device="cuda")
+            del t
+        reps = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(10_000):
+                t = torch.empty(n, dtype=torch.uint8, device="cuda")
+                del t
+            reps.append((time.perf_counter() - t0) / 10_000 * 1e6)
+        out[f"pair_us_{n}"] = sorted(reps)[len(reps) // 2]
+    return out
+
+
+def random_plan(n_allocs: int = 50_000, live: int = 64, seed: int = 7):
+    """Sizes e^N(11,3) bytes capped at 512 MiB, and which live slot to free
+    after each allocation (fixed seed: identical for every allocator)."""
+    rng = random.Random(seed)
+    cap = 512 << 20
+    sizes = [max(1, min(cap, int(math.exp(rng.gauss(11, 3))))) for _ in range(n_allocs)]
+    victims = [rng.randrange(live) for _ in range(n_allocs)]
+    return sizes, victims, live
+
+
+def run_random(name: str, peaks) -> dict:
+    import torch
+
+    sizes, victims, live = random_plan()
+    slots = [None] * live
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for size, victim in zip(sizes, victims):
+        slots[victim] = None  # free a random live tensor (or nothing yet)
+        slots[victim] = torch.empty(size, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    out = {"random_ns_per_op": elapsed / len(sizes) * 1e9, "random_device_used": device_used()}
+    p = peaks()
+    if p is not None:
+        out["random_peak_allocated"], out["random_peak_reserved"] = p
+        out["random_reserved_over_allocated"] = p[1] / p[0]
+    del slots
+    return out
+
+
+def timed_steps(step, warmup: int, steps: int) -> float:
+    """Median ms per step, each step timed between two synchronisations."""
+    import torch
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_transformer(name: str, peaks) -> dict:
+    """12-layer, 768-wide pre-norm encoder, batch 16x512, AdamW; fp32, then
+    bf16 autocast (the allocator-bound one)."""
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.1, batch_first=True, norm_first=True)
+    model = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(16, 512, 768, device="cuda")
+    out = {}
+    for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        def step():
+            ctx = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+            with ctx:
+                loss = model(x).float().square().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        reset_peaks(name)
+        out[f"transformer_{label}_ms"] = timed_steps(step, warmup=3, steps=15)
+        out[f"transformer_{label}_device_used"] = device_used()
+        p = peaks()
+        if p is not None:
+            out[f"transformer_{label}_peak_allocated"], out[f"transformer_{label}_peak_reserved"] = p
+    return out
+
+
+def run_resnet50(name: str, peaks) -> dict:
+    """torchvision ResNet-50, batch 64 at 224x224, SGD with momentum, fp32."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(64, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (64,), device="cuda")
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    reset_peaks(name)
+    out = {"resnet50_ms": timed_steps(step, warmup=3, steps=15), "resnet50_device_used": device_used()}
+    p = peaks()
+    if p is not None:
+        out["resnet50_peak_allocated"], out["resnet50_peak_reserved"] = p
+    return out
+
+
+def main(argv) -> int:
+    name, group = argv
+    if name not in ALLOCATORS or group not in GROUPS:
+        raise SystemExit(f"usage: gpu_worker {{{','.join(ALLOCATORS)}}} {{{','.join(GROUPS)}}}")
+    peaks = setup(name)
+    import torch
+
+    torch.cuda.init()
+    result = {"context_used": device_used()}
+    if group == "pair":
+        result.update(run_pair(name))
+    elif group == "random":
+        result.update(run_random(name, peaks))
+    elif group == "transformer":
+        result.update(run_transformer(name, peaks))
+    else:
+        result.update(run_resnet50(name, peaks))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main(sys.argv[1:]))
