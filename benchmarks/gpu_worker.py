@@ -3,8 +3,8 @@
 
 The allocator is chosen once per process (torch cannot swap an initialised
 allocator), so the orchestrator (gpu_suite.py) starts one worker per
-(allocator, group, repeat). Groups: ``pair`` (torch.empty+del cost per size),
-``random`` (lognormal fragmentation workload), ``transformer`` (fp32 and bf16
+(allocator, group, repeat). Groups: ``micro`` (the lognormal random workload,
+then the torch.empty+del cost per size), ``transformer`` (fp32 and bf16
 training steps), ``resnet50`` (training steps).
 
 Memory figures: peaks come from memalloc's own accounting under memalloc,
@@ -25,7 +25,7 @@ import sys
 import time
 
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc")
-GROUPS = ("pair", "random", "transformer", "resnet50")
+GROUPS = ("micro", "transformer", "resnet50")
 PAIR_SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 GiB = 1 << 30
 
@@ -165,7 +165,7 @@ def run_transformer(name: str, peaks) -> dict:
             opt.step()
 
         reset_peaks(name)
-        out[f"transformer_{label}_ms"] = timed_steps(step, warmup=3, steps=15)
+        out[f"transformer_{label}_ms"] = timed_steps(step, warmup=3, steps=10)
         out[f"transformer_{label}_device_used"] = device_used()
         p = peaks()
         if p is not None:
@@ -191,7 +191,7 @@ def run_resnet50(name: str, peaks) -> dict:
         opt.step()
 
     reset_peaks(name)
-    out = {"resnet50_ms": timed_steps(step, warmup=3, steps=15), "resnet50_device_used": device_used()}
+    out = {"resnet50_ms": timed_steps(step, warmup=3, steps=10), "resnet50_device_used": device_used()}
     p = peaks()
     if p is not None:
         out["resnet50_peak_allocated"], out["resnet50_peak_reserved"] = p
@@ -207,10 +207,9 @@ def main(argv) -> int:
 
     torch.cuda.init()
     result = {"context_used": device_used()}
-    if group == "pair":
+    if group == "micro":
+        result.update(run_random(name, peaks))  # first: its memory figures start clean
         result.update(run_pair(name))
-    elif group == "random":
-        result.update(run_random(name, peaks))
     elif group == "transformer":
         result.update(run_transformer(name, peaks))
     else:
