@@ -1,0 +1,105 @@
+"""Renders the README "Performance" section from benchmark results files:
+``python -m benchmarks.report --gpu FILE --cpu FILE [--readme README.md]``.
+
+The section sits between the markers ``<!-- PERF-START -->`` and
+``<!-- PERF-END -->``; without --readme it is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import cpu_suite, gpu_suite
+
+START, END = "<!-- PERF-START -->", "<!-- PERF-END -->"
+# Rows whose run-to-run range is shown next to the medians.
+SPREAD_ROWS = ("pair_us_512", "pair_us_1048576", "random_ns_per_op", "transformer_bf16_ms", "resnet50_ms")
+
+
+def spread_table(doc: dict) -> str:
+    allocs = [a for a in doc["allocators"] if a in doc["raw"]]
+    labels = {m: (label, unit) for m, label, unit, _ in gpu_suite.ROWS}
+    lines = ["| case (min – max over repeats) | unit | " + " | ".join(allocs) + " |",
+             "|" + "---|" * (len(allocs) + 2)]
+    for metric in SPREAD_ROWS:
+        cells = []
+        label, unit = labels[metric]
+        for a in allocs:
+            vals = [r[metric] for r in doc["raw"][a] if metric in r]
+            cells.append(f"{gpu_suite.fmt(unit, min(vals))} – {gpu_suite.fmt(unit, max(vals))}" if vals else "—")
+        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def max_spread(doc: dict) -> float:
+    """Largest max/min over repeats of one allocator's figure, across SPREAD_ROWS."""
+    worst = 1.0
+    for runs in doc["raw"].values():
+        for metric in SPREAD_ROWS:
+            vals = [r[metric] for r in runs if metric in r]
+            if vals and min(vals) > 0:
+                worst = max(worst, max(vals) / min(vals))
+    return worst
+
+
+def gpu_section(path: str) -> str:
+    with open(path) as f:
+        doc = json.load(f)
+    m = doc["machine"]
+    notes = "".join(f"\n\nNote: {n}" for n in doc.get("notes", []))
+    return (
+        f"GPU suite, {m['date'][:10]}, {m.get('gpu')} (driver {m.get('driver')}), torch {m['torch']}, "
+        f"{doc['repeats']} repeats, each allocator in its own process per group, order rotated per repeat "
+        f"(`{os.path.relpath(path)}`), produced on the device by\n\n"
+        f"    bash benchmarks/device_bench.sh --repeats {doc['repeats']}   # = {doc['command']}\n\n"
+        "Medians over repeats; in parentheses the ratio to native from the same run (lower is better). "
+        "memalloc's peaks come from its own accounting; device used is total − free from "
+        "`cudaMemGetInfo` (CUDA context included, ~0.5 GiB). RMM keeps no peak counters.\n\n"
+        + gpu_suite.markdown_table(doc)
+        + "\n\nRun-to-run spread on this machine is large for the host-bound cases (the same allocator "
+        f"differs by up to {max_spread(doc):.1f}x between processes), so ratios inside the ranges below "
+        "are not significant:\n\n" + spread_table(doc) + notes
+    )
+
+
+def cpu_section(path: str) -> str:
+    with open(path) as f:
+        doc = json.load(f)
+    comparison = doc.get("baseline")  # {"rows": [...]} from the --check comparison
+    table = cpu_suite.format_table(doc["timings"]["medians"], doc["callgrind"]["workloads"], comparison)
+    m = doc["machine"]
+    return (
+        f"CPU suite (the C++ core on the host backend, no torch), {doc['date'][:10]}, {m['cpu_model']}, "
+        f"{m['nproc']} cores, {doc['compiler']} (`{os.path.relpath(path)}`):\n\n"
+        f"    {doc['command']}\n\n```\n{table}\n```\n\n"
+        "CI runs `python -m benchmarks.run --suite cpu --check --quick`: it fails when a callgrind "
+        "instructions-per-op figure rises more than 10% above `benchmarks/baselines/cpu_instructions.json`."
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report")
+    p.add_argument("--gpu", required=True)
+    p.add_argument("--cpu", required=True)
+    p.add_argument("--readme", default=None)
+    args = p.parse_args(argv)
+    section = f"{START}\n{gpu_section(args.gpu)}\n\n{cpu_section(args.cpu)}\n{END}"
+    if not args.readme:
+        print(section)
+        return 0
+    with open(args.readme) as f:
+        text = f.read()
+    if START not in text or END not in text:
+        raise SystemExit(f"{args.readme} has no {START} ... {END} markers")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    with open(args.readme, "w") as f:
+        f.write(head + section + tail)
+    print(f"updated the Performance section of {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
