@@ -88,6 +88,13 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
   return out;
 }
 
+// Sizes arrive as Python ints: a negative one is a caller error, not a
+// huge unsigned request.
+size_t checked_size(int64_t size) {
+  MEMALLOC_EXPECTS(size >= 0, "negative size " + std::to_string(size) + " bytes: sizes must be >= 0");
+  return static_cast<size_t>(size);
+}
+
 // ---- host tensors through DLPack -------------------------------------------
 struct HostTensorCtx {
   AllocatorPtr allocator;
@@ -115,7 +122,9 @@ void capsule_destructor(PyObject* capsule) {
 }
 
 // A 1-D uint8 DLPack capsule over `nbytes` (> 0) of allocator memory.
-py::capsule host_buffer(const AllocatorPtr& a, size_t nbytes, int device, Stream stream) {
+py::capsule host_buffer(const AllocatorPtr& a, int64_t size, int device, Stream stream) {
+  const size_t nbytes = checked_size(size);
+  MEMALLOC_EXPECTS(nbytes > 0, "host_buffer: nbytes must be positive (zero-element tensors need no memory)");
   void* p = nullptr;
   {
     py::gil_scoped_release nogil;
@@ -178,9 +187,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("config", [](CachingAllocator& a) { return a.config().to_string(); })
       .def_property_readonly("device_count", &CachingAllocator::device_count)
       .def("malloc",
-           [](CachingAllocator& a, size_t size, int device, Stream stream) {
+           [](CachingAllocator& a, int64_t size, int device, Stream stream) {
+             const size_t bytes = checked_size(size);
              return reinterpret_cast<std::uintptr_t>(
-                 oom_as_torch([&] { return a.device(device).malloc(size, stream); }));
+                 oom_as_torch([&] { return a.device(device).malloc(bytes, stream); }));
            },
            py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0, NoGil())
       .def("free",

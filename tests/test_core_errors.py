@@ -345,3 +345,16 @@ def test_parse_config_megabyte_overflow(key, value):
     # accepted: it must then mean what was written and round-trip
     assert f"{key}:{value}" in canon
     assert _C.parse_config(canon) == canon
+
+
+@pytest.mark.parametrize("size", [-1, -512, -(1 << 40)])
+def test_negative_size_is_rejected_and_counts_nothing(size):
+    a = Checked()
+    keep = a.malloc(4096)
+    before = a.stats(0)
+    with pytest.raises(ValueError, match="negative size"):
+        a.malloc(size)
+    with pytest.raises(ValueError, match="negative size"):
+        a.host_buffer(size)
+    assert a.stats(0) == before
+    a.free(keep)
