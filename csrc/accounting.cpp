@@ -14,6 +14,7 @@ void Accounting::apply(const Event& e) {
   DeviceStats& s = stats_;
   switch (e.action) {
     case Action::kAlloc:
+      if (oversize(e.size)) s.oversize_allocations.update(1);
       update(s.allocation, e.pool, 1);
       update(s.allocated_bytes, e.pool, size);
       update(s.requested_bytes, e.pool, static_cast<int64_t>(e.requested));
@@ -21,6 +22,7 @@ void Accounting::apply(const Event& e) {
       update(s.active_bytes, e.pool, size);
       break;
     case Action::kFreeRequested:
+      if (oversize(e.size)) s.oversize_allocations.update(-1);
       update(s.allocation, e.pool, -1);
       update(s.allocated_bytes, e.pool, -size);
       update(s.requested_bytes, e.pool, -static_cast<int64_t>(e.requested));
@@ -30,11 +32,13 @@ void Accounting::apply(const Event& e) {
       update(s.active_bytes, e.pool, -size);
       break;
     case Action::kSegmentAlloc:
+      if (oversize(e.size)) s.oversize_segments.update(1);
       update(s.segment, e.pool, 1);
       update(s.reserved_bytes, e.pool, size);
       s.num_device_alloc += 1;
       break;
     case Action::kSegmentFree:
+      if (oversize(e.size)) s.oversize_segments.update(-1);
       update(s.segment, e.pool, -1);
       update(s.reserved_bytes, e.pool, -size);
       s.num_device_free += 1;
@@ -44,6 +48,12 @@ void Accounting::apply(const Event& e) {
       break;
     case Action::kOom:
       s.num_ooms += 1;
+      break;
+    case Action::kSyncAllStreams:
+      s.num_sync_all_streams += 1;
+      break;
+    case Action::kGcRelease:
+      s.num_gc_releases += 1;
       break;
     case Action::kEmptyCache:
       break;
@@ -57,6 +67,9 @@ void Accounting::reset_peak() {
   for (Stat & st : stats_.name) st.peak = st.current;
   MEMALLOC_POOL_STATS(MEMALLOC_RESET_PEAK)
 #undef MEMALLOC_RESET_PEAK
+#define MEMALLOC_RESET_FLAT_PEAK(name) stats_.name.peak = stats_.name.current;
+  MEMALLOC_FLAT_STATS(MEMALLOC_RESET_FLAT_PEAK)
+#undef MEMALLOC_RESET_FLAT_PEAK
 }
 
 void Accounting::reset_accumulated() {
@@ -64,6 +77,9 @@ void Accounting::reset_accumulated() {
   for (Stat & st : stats_.name) st.allocated = st.freed = 0;
   MEMALLOC_POOL_STATS(MEMALLOC_RESET_ACC)
 #undef MEMALLOC_RESET_ACC
+#define MEMALLOC_RESET_FLAT_ACC(name) stats_.name.allocated = stats_.name.freed = 0;
+  MEMALLOC_FLAT_STATS(MEMALLOC_RESET_FLAT_ACC)
+#undef MEMALLOC_RESET_FLAT_ACC
 #define MEMALLOC_RESET_SCALAR(name) stats_.name = 0;
   MEMALLOC_SCALAR_STATS(MEMALLOC_RESET_SCALAR)
 #undef MEMALLOC_RESET_SCALAR

@@ -9,6 +9,8 @@
 //   stat[all] == stat[small] + stat[large]      (current, allocated, freed)
 //   current == allocated - freed;  peak >= current
 //   reserved_bytes == allocated_bytes + (free and pending block bytes)
+//   oversize_allocations.current == live blocks of >= max_split_size bytes
+//   oversize_segments.current    == segments of >= max_split_size bytes
 //   active_bytes   == allocated_bytes + (pending block bytes)
 #pragma once
 
@@ -48,16 +50,26 @@ constexpr int kNumStatTypes = 3;
   X(inactive_split_bytes)      \
   X(requested_bytes)
 
+// Stats without a pool breakdown (torch: "oversize_allocations.current"...).
+#define MEMALLOC_FLAT_STATS(X) \
+  X(oversize_allocations)      \
+  X(oversize_segments)
+
 #define MEMALLOC_SCALAR_STATS(X) \
   X(num_alloc_retries)           \
   X(num_ooms)                    \
+  X(num_sync_all_streams)        \
   X(num_device_alloc)            \
-  X(num_device_free)
+  X(num_device_free)             \
+  X(num_gc_releases)
 
 struct DeviceStats {
 #define MEMALLOC_DECLARE_POOL_STAT(name) Stat name[kNumStatTypes];
   MEMALLOC_POOL_STATS(MEMALLOC_DECLARE_POOL_STAT)
 #undef MEMALLOC_DECLARE_POOL_STAT
+#define MEMALLOC_DECLARE_FLAT_STAT(name) Stat name;
+  MEMALLOC_FLAT_STATS(MEMALLOC_DECLARE_FLAT_STAT)
+#undef MEMALLOC_DECLARE_FLAT_STAT
 #define MEMALLOC_DECLARE_SCALAR_STAT(name) int64_t name = 0;
   MEMALLOC_SCALAR_STATS(MEMALLOC_DECLARE_SCALAR_STAT)
 #undef MEMALLOC_DECLARE_SCALAR_STAT
@@ -65,6 +77,9 @@ struct DeviceStats {
 
 class Accounting {
  public:
+  // Blocks and segments of at least max_split_size bytes count as "oversize"
+  // (native semantics; never, when max_split_size is unlimited).
+  explicit Accounting(size_t max_split_size) : max_split_size_(max_split_size) {}
   // Applies one event to the counters. O(1), no allocation.
   void apply(const Event& e);
   const DeviceStats& stats() const { return stats_; }
@@ -76,6 +91,8 @@ class Accounting {
 
  private:
   void update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta);
+  bool oversize(size_t bytes) const { return bytes >= max_split_size_; }
+  const size_t max_split_size_;
   DeviceStats stats_;
 };
 

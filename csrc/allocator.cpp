@@ -22,7 +22,9 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       live_(&mr_),
       segments_(&mr_),
       pending_(&mr_),
-      spare_events_(&mr_) {
+      spare_events_(&mr_),
+      accounting_(config.max_split_size),
+      gc_threshold_(config.garbage_collection_threshold) {
   live_.reserve(4096);
 }
 

@@ -58,6 +58,9 @@ py::dict stats_dict(const DeviceStats& s) {
   }
   MEMALLOC_POOL_STATS(MEMALLOC_POOL_STAT_TO_PY)
 #undef MEMALLOC_POOL_STAT_TO_PY
+#define MEMALLOC_FLAT_STAT_TO_PY(name) out[#name] = stat_dict(s.name);
+  MEMALLOC_FLAT_STATS(MEMALLOC_FLAT_STAT_TO_PY)
+#undef MEMALLOC_FLAT_STAT_TO_PY
 #define MEMALLOC_SCALAR_STAT_TO_PY(name) out[#name] = s.name;
   MEMALLOC_SCALAR_STATS(MEMALLOC_SCALAR_STAT_TO_PY)
 #undef MEMALLOC_SCALAR_STAT_TO_PY
@@ -210,6 +213,17 @@ PYBIND11_MODULE(_C, m) {
            py::arg("fraction"), py::arg("device") = 0, NoGil())
       .def("memory_fraction", [](CachingAllocator& a, int device) { return a.device(device).memory_fraction(); },
            py::arg("device") = 0, NoGil())
+      .def("set_gc_threshold",
+           [](CachingAllocator& a, double t, int device) { a.device(device).set_gc_threshold(t); },
+           py::arg("threshold"), py::arg("device") = 0, NoGil())
+      .def("gc_threshold", [](CachingAllocator& a, int device) { return a.device(device).gc_threshold(); },
+           py::arg("device") = 0, NoGil())
+      .def_property_readonly("max_split_size",
+                             [](CachingAllocator& a) {
+                               // torch reports an unlimited max_split_size as -1
+                               size_t m = a.config().max_split_size;
+                               return m == static_cast<size_t>(-1) ? int64_t{-1} : static_cast<int64_t>(m);
+                             })
       .def("stats",
            [](CachingAllocator& a, int device) {
              DeviceStats s;

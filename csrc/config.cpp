@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -50,6 +51,35 @@ size_t parse_mib(const std::string& key, const std::string& value) {
   return mb * kMiB;
 }
 
+// Parses a real number in [lo, hi) or throws naming key and value.
+double parse_real(const std::string& key, const std::string& value, double lo, double hi,
+                  const std::string& expected) {
+  char* end = nullptr;
+  errno = 0;
+  double v = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
+  bool ok = !value.empty() && end == value.c_str() + value.size() && errno == 0 && v >= lo && v < hi;
+  MEMALLOC_EXPECTS(ok, "MEMALLOC_CONF: value '" + value + "' of key '" + key + "' is invalid; " + expected);
+  return v;
+}
+
+bool parse_bool(const std::string& key, const std::string& value) {
+  if (value == "1" || value == "true" || value == "True") return true;
+  if (value == "0" || value == "false" || value == "False") return false;
+  MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: value '" + value + "' of key '" + key +
+                              "' is not a boolean; write " + key + ":True or " + key + ":False");
+  return false;
+}
+
+// Shortest decimal text that parses back to exactly v.
+std::string real_text(double v) {
+  char buf[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
 void apply(Config& c, const std::string& key, const std::string& value) {
   if (key == "backend") {
     MEMALLOC_EXPECTS(value == "auto" || value == "cuda" || value == "host",
@@ -68,6 +98,13 @@ void apply(Config& c, const std::string& key, const std::string& value) {
                      "MEMALLOC_CONF: roundup_power2_divisions must be a power of two "
                      "between 1 and 64, or 0 to disable (got " + value + ")");
     c.roundup_power2_divisions = d <= 1 ? 0 : d;
+  } else if (key == "garbage_collection_threshold") {
+    c.garbage_collection_threshold =
+        parse_real(key, value, 0.0, 1.0, "use a fraction in (0, 1), e.g. 0.8, or 0 for off");
+  } else if (key == "patch_torch") {
+    c.patch_torch = parse_bool(key, value);
+  } else if (key == "empty_cache_every_n_steps") {
+    c.empty_cache_every_n_steps = parse_uint(key, value);
   } else if (key == "host_capacity_mb") {
     size_t bytes = parse_mib(key, value);
     MEMALLOC_EXPECTS(bytes > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
@@ -88,6 +125,7 @@ void apply(Config& c, const std::string& key, const std::string& value) {
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "backend", "max_split_size_mb", "roundup_power2_divisions",
+      "garbage_collection_threshold", "empty_cache_every_n_steps", "patch_torch",
       "host_capacity_mb", "host_devices"};
   return keys;
 }
@@ -114,6 +152,10 @@ std::string Config::to_string() const {
     s += ",max_split_size_mb:" + std::to_string(max_split_size / kMiB);
   if (roundup_power2_divisions)
     s += ",roundup_power2_divisions:" + std::to_string(roundup_power2_divisions);
+  if (garbage_collection_threshold > 0.0)
+    s += ",garbage_collection_threshold:" + real_text(garbage_collection_threshold);
+  if (empty_cache_every_n_steps) s += ",empty_cache_every_n_steps:" + std::to_string(empty_cache_every_n_steps);
+  if (!patch_torch) s += ",patch_torch:False";
   s += ",host_capacity_mb:" + std::to_string(host_capacity / kMiB);
   s += ",host_devices:" + std::to_string(host_devices);
   return s;

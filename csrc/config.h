@@ -24,6 +24,13 @@ struct Config {
   // Round requests up to one of N divisions of the enclosing power of two
   // (native: roundup_power2_divisions). 0 = off (plain 512 B rounding).
   size_t roundup_power2_divisions = 0;
+  // Empty-cache policy "threshold": 0 < t < 1 releases unused cached
+  // segments before reserved memory would exceed t * limit; 0 = off.
+  double garbage_collection_threshold = 0.0;
+  // Python layer: answer torch.cuda.memory_allocated & co. from memalloc.
+  bool patch_torch = true;
+  // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
+  size_t empty_cache_every_n_steps = 0;
   // Host backend only: simulated capacity of each device, in bytes.
   size_t host_capacity = size_t{1} << 30;
   // Host backend only: number of simulated devices.

@@ -81,6 +81,12 @@ class DeviceAllocator {
   // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction();
+  // Empty-cache policy "threshold": before a new segment would take reserved
+  // bytes above threshold * limit (the memory-fraction limit when one is set,
+  // else the device capacity), every fully free cached segment is released.
+  // 0 disables (0 <= threshold < 1). Starts at config.garbage_collection_threshold.
+  void set_gc_threshold(double threshold);
+  double gc_threshold();
 
   DeviceStats stats();
   void reset_peak_stats();
@@ -108,6 +114,7 @@ class DeviceAllocator {
   // pool.cpp
   Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream);
   Block* grow_locked(size_t rounded, Stream stream);
+  void maybe_collect_locked(size_t bytes);
   size_t release_cached_locked();
   void release_segment_locked(Block* b);
   std::string oom_message_locked(size_t requested, size_t rounded);
@@ -133,6 +140,8 @@ class DeviceAllocator {
   Accounting accounting_;
   double fraction_ = 0.0;  // 0 = no limit set
   size_t allowed_max_ = static_cast<size_t>(-1);
+  double gc_threshold_ = 0.0;  // 0 = policy off
+  size_t capacity_ = 0;        // device total bytes, read once when first needed
 };
 
 }  // namespace memalloc

@@ -13,6 +13,8 @@
 //   kAllocRetry     the backend refused; the cache is released and retried
 //   kOom            size = rounded request that could not be satisfied
 //   kEmptyCache     size = bytes returned by an explicit empty_cache
+//   kSyncAllStreams pending cross-stream frees were waited for (release path)
+//   kGcRelease      size = bytes the garbage-collection threshold released
 // inactive_split_{bytes,count}_delta: change of the free bytes/blocks that
 // sit inside split segments, caused by this event (kAlloc, kFreeCompleted).
 #pragma once
@@ -34,6 +36,8 @@ enum class Action : uint8_t {
   kAllocRetry,
   kOom,
   kEmptyCache,
+  kSyncAllStreams,
+  kGcRelease,
 };
 
 struct Event {

@@ -41,6 +41,7 @@ DeviceAllocator::~DeviceAllocator() {
 // backend or the memory fraction refuses.
 Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
   const size_t bytes = segment_size_for(rounded);
+  if (gc_threshold_ > 0.0) maybe_collect_locked(bytes);
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
   void* p = backend_.allocate(device_, bytes);
@@ -59,6 +60,18 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
   e.size = bytes;
   record_locked(e);
   return b;
+}
+
+// The "threshold" empty-cache policy (see set_gc_threshold).
+void DeviceAllocator::maybe_collect_locked(size_t bytes) {
+  if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
+  const size_t limit = fraction_ > 0.0 ? allowed_max_ : capacity_;
+  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
+  if (static_cast<double>(reserved + bytes) <= gc_threshold_ * static_cast<double>(limit)) return;
+  Event e;
+  e.action = Action::kGcRelease;
+  e.size = release_cached_locked();
+  record_locked(e);
 }
 
 // Cache miss: grow; on refusal release the whole cache and retry once; then
@@ -104,6 +117,9 @@ void DeviceAllocator::release_segment_locked(Block* b) {
 
 // Completes pending frees, then returns every fully free segment.
 size_t DeviceAllocator::release_cached_locked() {
+  Event sync;
+  sync.action = Action::kSyncAllStreams;
+  record_locked(sync);
   synchronize_events_locked();
   std::vector<Block*> whole;
   for (FreeList* list : {&small_, &large_})
@@ -135,6 +151,19 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
   const size_t total = backend_.mem_get_info(device_).total;
   fraction_ = fraction;
   allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(total));
+}
+
+void DeviceAllocator::set_gc_threshold(double threshold) {
+  MEMALLOC_EXPECTS(threshold >= 0.0 && threshold < 1.0,
+                   "invalid garbage_collection_threshold " + std::to_string(threshold) +
+                       ": set a value in (0, 1), or 0 to turn the threshold policy off");
+  std::lock_guard<std::mutex> lock(mu_);
+  gc_threshold_ = threshold;
+}
+
+double DeviceAllocator::gc_threshold() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gc_threshold_;
 }
 
 double DeviceAllocator::memory_fraction() {

@@ -21,7 +21,13 @@ STAT_KEYS = (
     "allocation", "segment", "active", "inactive_split", "allocated_bytes",
     "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
 )
-SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+               "num_device_free", "num_gc_releases")
+# The keys MEMALLOC_CONF accepts, in documentation order.
+CONFIG_KEYS = [
+    "backend", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
+    "empty_cache_every_n_steps", "patch_torch", "host_capacity_mb", "host_devices",
+]
 
 
 # ------------------------------------------------------------ size rules ----

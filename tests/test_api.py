@@ -23,7 +23,7 @@ from typing import Optional
 import pytest
 
 import memalloc
-from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
+from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
 
 PRELUDE = """
 import json, sys
@@ -324,7 +324,5 @@ def test_allocator_object_basics():
 def test_public_names_exist():
     for name in memalloc.__all__:
         assert hasattr(memalloc, name), name
-    assert memalloc.config_keys() == [
-        "backend", "max_split_size_mb", "roundup_power2_divisions", "host_capacity_mb", "host_devices"
-    ]
+    assert memalloc.config_keys() == CONFIG_KEYS
     gc.collect()

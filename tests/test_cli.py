@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from memtest_helpers import CONFIG_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
-KEYS = ["backend", "max_split_size_mb", "roundup_power2_divisions", "host_capacity_mb", "host_devices"]
+KEYS = CONFIG_KEYS
 
 
 def memalloc_cli(*args: str, conf: Optional[str] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -3,11 +3,12 @@ and the one parser behind it, memalloc._C.parse_config."""
 from __future__ import annotations
 
 import pytest
+from memtest_helpers import CONFIG_KEYS
 
 import memalloc
 from memalloc import _C
 
-KEYS = ["backend", "max_split_size_mb", "roundup_power2_divisions", "host_capacity_mb", "host_devices"]
+KEYS = CONFIG_KEYS
 # Defaults documented in csrc/config.h: auto backend, 1 GiB capacity, one device,
 # no split limit, no power-of-two rounding.
 DEFAULT = "backend:auto,host_capacity_mb:1024,host_devices:1"

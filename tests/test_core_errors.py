@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from memalloc import _C
-from memtest_helpers import MiB, SMALL_SEGMENT, Checked, cur, rnd
+from memtest_helpers import CONFIG_KEYS, MiB, SMALL_SEGMENT, Checked, cur, rnd
 
-VALID_KEYS = ["backend", "max_split_size_mb", "roundup_power2_divisions", "host_capacity_mb", "host_devices"]
+VALID_KEYS = CONFIG_KEYS
 
 
 def without(stats, *keys):
