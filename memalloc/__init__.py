@@ -13,11 +13,9 @@ whose storage comes from it.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+import torch  # noqa: F401 - loads libc10, which memalloc._C links against
 
-import torch
-
-from . import _C, host
+from . import _C, host, stats
 from ._C import (
     Allocator,
     DriverError,
@@ -27,10 +25,26 @@ from ._C import (
 )
 from ._config import config_text
 from ._install import cuda_usable, enable, enabled_backend, installed_allocator, is_enabled
+from ._policy import empty_cache_policy, set_empty_cache_policy, step
+from ._torch_patch import is_patched as torch_is_patched
+from .stats import (
+    get_per_process_memory_fraction,
+    list_gpu_processes,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_stats_as_nested_dict,
+    memory_stats_raw,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+)
 
 __version__ = "0.1.0"
-
-DeviceLike = Union[int, str, torch.device, None]
 
 __all__ = [
     "Allocator",
@@ -42,15 +56,31 @@ __all__ = [
     "config_text",
     "cuda_usable",
     "empty_cache",
+    "empty_cache_policy",
     "enable",
     "enabled_backend",
+    "get_per_process_memory_fraction",
     "host",
     "installed_allocator",
     "is_enabled",
+    "list_gpu_processes",
+    "max_memory_allocated",
+    "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
     "memory_reserved",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
     "memory_stats_raw",
+    "memory_summary",
+    "patch_torch",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_empty_cache_policy",
+    "set_per_process_memory_fraction",
+    "step",
+    "torch_is_patched",
+    "unpatch_torch",
 ]
 
 
@@ -59,51 +89,24 @@ def config_keys() -> list[str]:
     return list(_C.config_keys())
 
 
-def _device_index(device: DeviceLike) -> int:
-    """Device index for ``device`` (None = torch's current CUDA device on the
-    CUDA backend, 0 on the host backend)."""
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.index is not None:
-            return device.index
-        device = None
-    if device is None:
-        return torch.cuda.current_device() if enabled_backend() == "cuda" else 0
-    raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
-
-
-def memory_allocated(device: DeviceLike = None) -> int:
-    """Bytes held by live tensors on ``device`` as torch counts them (block
-    sizes after rounding), like ``torch.cuda.memory_allocated``."""
-    stats = installed_allocator().stats(_device_index(device))
-    return int(stats["allocated_bytes"]["all"]["current"])
-
-
-def memory_reserved(device: DeviceLike = None) -> int:
-    """Bytes obtained from the device and held by memalloc (live + cached)
-    on ``device``, like ``torch.cuda.memory_reserved``."""
-    stats = installed_allocator().stats(_device_index(device))
-    return int(stats["reserved_bytes"]["all"]["current"])
-
-
-def memory_stats_raw(device: DeviceLike = None) -> dict:
-    """memalloc's counters for ``device`` as nested dicts
-    (``stats[name][pool][current|peak|allocated|freed]``, bytes or counts)."""
-    return installed_allocator().stats(_device_index(device))
-
-
-def empty_cache(device: DeviceLike = None) -> int:
+def empty_cache(device: "stats.DeviceLike" = None) -> int:
     """Returns every fully free cached segment of ``device`` to the driver
     (all devices when ``device`` is None); returns the bytes released."""
     a = installed_allocator()
-    devices = range(a.device_count) if device is None else [_device_index(device)]
+    devices = range(a.device_count) if device is None else [stats.device_index(device)]
     return sum(a.empty_cache(d) for d in devices)
 
 
-def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
-    """(free, total) bytes of the device as the backend reports them."""
-    free, total = installed_allocator().mem_get_info(_device_index(device))
-    return int(free), int(total)
+def patch_torch() -> None:
+    """Makes torch.cuda's memory queries answer from memalloc (done by
+    :func:`enable` unless ``patch_torch=False``)."""
+    from . import _torch_patch
+
+    _torch_patch.patch(enabled_backend() or "host")
+
+
+def unpatch_torch() -> None:
+    """Restores torch.cuda's own memory queries."""
+    from . import _torch_patch
+
+    _torch_patch.unpatch()

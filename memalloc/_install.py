@@ -47,7 +47,8 @@ def resolve_backend(requested: str, text: str) -> str:
     return requested
 
 
-def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False) -> str:
+def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
+           patch_torch: Optional[bool] = None) -> str:
     """Installs memalloc as this process's allocator and returns the backend
     used ("cuda" or "host").
 
@@ -57,6 +58,10 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         config: ``key:value,...`` text or a mapping, applied after
             ``$MEMALLOC_CONF``. Keys: ``memalloc.config_keys()``.
         verbose: print which backend was chosen and why.
+        patch_torch: make ``torch.cuda.memory_allocated``, ``memory_stats``,
+            ``memory_summary``, ``reset_peak_memory_stats``... answer from
+            memalloc (default: the ``patch_torch`` config key, True).
+            ``memalloc.unpatch_torch()`` undoes it.
 
     Must run before CUDA is initialised (before the first CUDA tensor).
     Calling it again with the same backend and config is a no-op; with a
@@ -78,6 +83,10 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         else:
             _C.install(_C.Allocator("host", text))
         _state["backend"], _state["config"] = chosen, text
+    from . import _torch_patch
+
+    if patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False":
+        _torch_patch.patch(chosen)
     if verbose:
         why = "" if chosen == "cuda" or backend == "host" else f" ({cuda_usable()[1]})"
         print(f"memalloc: enabled on the {chosen} backend{why}")
@@ -97,6 +106,9 @@ def _install_cuda(text: str) -> None:
         )
     from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
 
+    from . import _torch_patch
+
+    _torch_patch.install_guards()  # refuses cudnn.benchmark=True before anything changes
     allocator = _C.Allocator("cuda", text)
     pluggable = CUDAPluggableAllocator(_C.__file__, "memalloc_alloc", "memalloc_free")
     hooks = _C.hook_addresses()
@@ -118,6 +130,11 @@ def is_enabled() -> bool:
 def enabled_backend() -> Optional[str]:
     """"cuda", "host", or None when memalloc is not enabled."""
     return _state["backend"]
+
+
+def installed_config() -> Optional[str]:
+    """The canonical config text memalloc was enabled with, or None."""
+    return _state["config"]
 
 
 def installed_allocator() -> _C.Allocator:

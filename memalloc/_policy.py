@@ -1,0 +1,90 @@
+"""Empty-cache policies.
+
+- manual: ``memalloc.empty_cache()`` and ``torch.cuda.empty_cache()``
+  return every fully free cached segment to the device (always available).
+- on-OOM: before raising an out-of-memory error the allocator releases the
+  cache and retries once (always on; in C++).
+- threshold: before a new segment would take reserved memory above
+  ``threshold`` x limit (the memory-fraction limit, else the device
+  capacity), unused cached segments are released (C++, per device;
+  ``garbage_collection_threshold`` in MEMALLOC_CONF).
+- every N steps: :func:`step` empties the cache every N calls
+  (``empty_cache_every_n_steps`` in MEMALLOC_CONF).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from . import _install
+from ._config import config_value
+
+_lock = threading.Lock()
+_every_n: Optional[int] = None  # None: not read from the config yet
+_steps = 0
+
+
+def _every() -> int:
+    global _every_n
+    if _every_n is None:
+        text = _install.installed_config() or ""
+        _every_n = int(config_value(text, "empty_cache_every_n_steps") or 0)
+    return _every_n
+
+
+def set_empty_cache_policy(*, threshold: Optional[float] = None, every_n_steps: Optional[int] = None) -> None:
+    """Changes the automatic empty-cache policies at run time.
+
+    Args:
+        threshold: 0 < threshold < 1 releases unused cached segments before
+            reserved memory would exceed that share of the limit; 0 turns the
+            policy off. Applies to every device.
+        every_n_steps: N > 0 empties the cache on every N-th
+            :func:`memalloc.step`; 0 turns it off.
+    """
+    global _every_n
+    a = _install.installed_allocator()
+    if threshold is not None:
+        for d in range(a.device_count):
+            a.set_gc_threshold(float(threshold), d)
+    if every_n_steps is not None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
+        with _lock:
+            _every_n = every_n_steps
+
+
+def empty_cache_policy(device: int = 0) -> dict:
+    """The active policies: {"manual": True, "on_oom": True,
+    "threshold": float (0 = off), "every_n_steps": int (0 = off)}."""
+    a = _install.installed_allocator()
+    return {"manual": True, "on_oom": True, "threshold": a.gc_threshold(device), "every_n_steps": _every()}
+
+
+def describe(device: int = 0) -> str:
+    p = empty_cache_policy(device)
+    parts = ["manual", "on-OOM"]
+    if p["threshold"] > 0:
+        parts.append(f"threshold {p['threshold']:g} of the limit")
+    if p["every_n_steps"]:
+        parts.append(f"every {p['every_n_steps']} steps")
+    return " + ".join(parts)
+
+
+def step() -> int:
+    """Marks the end of one training iteration; returns the number of steps
+    so far. Empties the cache when the every-N-steps policy says so."""
+    global _steps
+    with _lock:
+        _steps += 1
+        n, due = _steps, _every() > 0 and _steps % _every() == 0
+    if due:
+        a = _install.installed_allocator()
+        for d in range(a.device_count):
+            a.empty_cache(d)
+    return n
+
+
+def steps() -> int:
+    """How many times :func:`step` has been called."""
+    return _steps
