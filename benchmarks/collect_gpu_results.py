@@ -1,33 +1,12 @@
-"""Collects one device run (GPU test outcomes + scenario figures + machine
+"""``python -m benchmarks.collect_gpu_results``: collects one device run (GPU test outcomes + scenario figures + machine
 facts) into the JSON committed under benchmarks/results/."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import subprocess
 import xml.etree.ElementTree as ET
 
-
-def machine() -> dict:
-    import torch
-
-    info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        info["driver"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        info["driver"] = None
-    return info
+from .gpu_suite import machine
 
 
 def outcomes(junit: str) -> dict:

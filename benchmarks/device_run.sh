@@ -24,7 +24,7 @@ echo "== CPU tests on the device machine"
 python3 -m pytest -q -rf tests --ignore=tests/gpu 2>&1 | tail -30 | tee "$OUT/cpu_tests.log"
 
 echo "== results"
-python3 benchmarks/collect_gpu_results.py --junit "$OUT/gpu_junit.xml" \
+python3 -m benchmarks.collect_gpu_results --junit "$OUT/gpu_junit.xml" \
   --scenarios "$MEMALLOC_GPU_RESULTS" --command "bash benchmarks/device_run.sh" \
   --out "$OUT/gpu-results.json"
 exit "$gpu_rc"

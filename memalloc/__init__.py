@@ -28,6 +28,7 @@ from ._install import cuda_usable, enable, enabled_backend, installed_allocator,
 from ._policy import empty_cache_policy, set_empty_cache_policy, step
 from ._torch_patch import is_patched as torch_is_patched
 from .stats import (
+    empty_cache,
     get_per_process_memory_fraction,
     list_gpu_processes,
     max_memory_allocated,
@@ -87,14 +88,6 @@ __all__ = [
 def config_keys() -> list[str]:
     """The keys accepted in ``MEMALLOC_CONF`` and ``enable(config=...)``."""
     return list(_C.config_keys())
-
-
-def empty_cache(device: "stats.DeviceLike" = None) -> int:
-    """Returns every fully free cached segment of ``device`` to the driver
-    (all devices when ``device`` is None); returns the bytes released."""
-    a = installed_allocator()
-    devices = range(a.device_count) if device is None else [stats.device_index(device)]
-    return sum(a.empty_cache(d) for d in devices)
 
 
 def patch_torch() -> None:

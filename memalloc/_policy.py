@@ -79,9 +79,9 @@ def step() -> int:
         _steps += 1
         n, due = _steps, _every() > 0 and _steps % _every() == 0
     if due:
-        a = _install.installed_allocator()
-        for d in range(a.device_count):
-            a.empty_cache(d)
+        from .stats import empty_cache
+
+        empty_cache()
     return n
 
 

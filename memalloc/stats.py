@@ -118,6 +118,14 @@ def reset_accumulated_memory_stats(device: DeviceLike = None) -> None:
     _install.installed_allocator().reset_accumulated_stats(device_index(device))
 
 
+def empty_cache(device: DeviceLike = None) -> int:
+    """Returns every fully free cached segment of ``device`` to the device
+    (all devices when ``device`` is None); returns the bytes released."""
+    a = _install.installed_allocator()
+    devices = range(a.device_count) if device is None else [device_index(device)]
+    return sum(a.empty_cache(d) for d in devices)
+
+
 def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
     """(free, total) bytes of the device as the backend reports them."""
     free, total = _install.installed_allocator().mem_get_info(device_index(device))

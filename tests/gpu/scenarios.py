@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -223,22 +222,12 @@ def accounting(mode: str) -> dict:
 
 
 def pair_cost(mode: str) -> dict:
-    """Host cost of torch.empty + del through torch, microseconds per pair
-    (informational; the benchmark harness of issue 3 measures properly)."""
+    """Host cost of torch.empty + del through torch, microseconds per pair,
+    measured by the benchmark harness's own loop (informational here)."""
+    from benchmarks.gpu_worker import run_pair
+
     setup(mode)
-    out = {}
-    for n in (512, 64 * 1024, MiB, 16 * MiB, 256 * MiB):
-        t = torch.empty(n, dtype=torch.uint8, device="cuda")
-        del t
-        reps = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(20000):
-                t = torch.empty(n, dtype=torch.uint8, device="cuda")
-                del t
-            reps.append((time.perf_counter() - t0) / 20000 * 1e6)
-        out[str(n)] = sorted(reps)[2]
-    return out
+    return run_pair(mode)
 
 
 def late_enable(mode: str) -> dict:
