@@ -40,9 +40,10 @@ void DeviceAllocator::delete_block(Block* b) {
   alloc.deallocate(b, 1);
 }
 
-void* DeviceAllocator::malloc(size_t size, Stream stream) {
+void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx) {
   if (size == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
+  ctx_ = ctx;
   if (!pending_.empty()) process_events_locked();
   if (size > kMaxRequest) return alloc_found_locked(malloc_slow_locked(size, size, stream), false, size, size);
   size_t rounded = round_size(size, config_.roundup_power2_divisions);
@@ -76,7 +77,11 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   }
   b->allocated = true;
   b->requested = requested;
+  b->stack_id = ctx_.stack_id;
+  b->tag_id = ctx_.tag_id;
   live_.emplace(b->addr, b);
+  e.stack_id = b->stack_id;
+  e.tag_id = b->tag_id;
   e.pool = b->pool;
   e.stream = b->stream;
   e.addr = b->addr;
@@ -86,9 +91,10 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   return reinterpret_cast<void*>(b->addr);
 }
 
-void DeviceAllocator::free(void* ptr) {
+void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
+  ctx_ = ctx;
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end())
     throw InvalidPointer(unknown_pointer_message_locked(reinterpret_cast<std::uintptr_t>(ptr)));
@@ -102,6 +108,8 @@ void DeviceAllocator::free(void* ptr) {
   e.addr = b->addr;
   e.size = b->size;
   e.requested = b->requested;
+  e.stack_id = b->stack_id;
+  e.tag_id = b->tag_id;
   record_locked(e);
   if (b->stream_uses.empty()) {
     free_block_locked(b);
@@ -120,6 +128,8 @@ void DeviceAllocator::free_block_locked(Block* b) {
   e.addr = b->addr;
   e.size = b->size;
   e.requested = b->requested;
+  e.stack_id = b->stack_id;
+  e.tag_id = b->tag_id;
   for (Block* n : {b->prev, b->next}) {
     if (n == nullptr || n->allocated || n->event_count > 0) continue;
     list.erase(n);
@@ -137,6 +147,7 @@ void DeviceAllocator::free_block_locked(Block* b) {
     delete_block(n);
   }
   b->requested = 0;
+  b->stack_id = b->tag_id = 0;
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);

@@ -41,6 +41,8 @@ struct Block {
   PoolKind pool = PoolKind::kSmall;
   bool allocated = false;
   int event_count = 0;  // outstanding cross-stream events (pending state)
+  uint32_t stack_id = 0;  // who allocated it (live blocks; recorder.h)
+  uint32_t tag_id = 0;
   Block* prev = nullptr;
   Block* next = nullptr;
   std::pmr::vector<Stream> stream_uses;  // other streams that used it (record_stream)

@@ -36,6 +36,7 @@
 #include "config.h"
 #include "events.h"
 #include "node_cache.h"
+#include "recorder.h"
 
 namespace memalloc {
 
@@ -44,6 +45,8 @@ struct BlockInfo {
   size_t size;
   size_t requested;
   const char* state;  // "active_allocated" | "active_pending_free" | "inactive"
+  uint32_t stack_id;  // who allocated it (live and pending blocks)
+  uint32_t tag_id;
 };
 
 struct SegmentInfo {
@@ -64,11 +67,11 @@ class DeviceAllocator {
   // Returns a block of at least `size` bytes usable on `stream`; nullptr for
   // size 0 (counted nowhere). Throws OutOfMemory when even a released cache
   // cannot satisfy it.
-  void* malloc(size_t size, Stream stream);
+  void* malloc(size_t size, Stream stream, const CallContext& ctx = CallContext{});
   // Frees a pointer returned by malloc. Throws InvalidPointer for a pointer
   // that is not live here (double free, unknown, interior); counters are
   // unchanged then. free(nullptr) does nothing.
-  void free(void* ptr);
+  void free(void* ptr, const CallContext& ctx = CallContext{});
   // Marks a live block as used on `stream`; its memory is reused only after
   // the work queued on `stream` when it is freed has completed.
   void record_stream(void* ptr, Stream stream);
@@ -98,6 +101,14 @@ class DeviceAllocator {
 
   int device() const { return device_; }
 
+  // Event recording into the ring (recorder.h): capacity 0 turns it off.
+  // Enabling allocates the ring once; recording itself never allocates.
+  void set_recording(size_t capacity);
+  // Stored records oldest first, and how many were overwritten.
+  std::vector<TraceRecord> trace(uint64_t* dropped);
+  // (stack_id, tag_id) of the live block at ptr; false when none.
+  bool block_origin(void* ptr, uint32_t* stack_id, uint32_t* tag_id);
+
  private:
   struct Pending {
     EventHandle event;
@@ -107,7 +118,11 @@ class DeviceAllocator {
   // allocator.cpp
   void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
   void free_block_locked(Block* b);
-  void record_locked(const Event& e) { accounting_.apply(e); }
+  void record_locked(const Event& e) {
+    accounting_.apply(e);
+    if (ring_.enabled()) trace_locked(e);
+  }
+  void trace_locked(const Event& e) noexcept;
   FreeList& free_list(PoolKind k) { return k == PoolKind::kSmall ? small_ : large_; }
   Block* new_block();
   void delete_block(Block* b);
@@ -138,6 +153,8 @@ class DeviceAllocator {
   std::pmr::vector<Pending> pending_;
   std::pmr::vector<EventHandle> spare_events_;
   Accounting accounting_;
+  TraceRing ring_;
+  CallContext ctx_;  // the public call in progress (valid under mu_)
   double fraction_ = 0.0;  // 0 = no limit set
   size_t allowed_max_ = static_cast<size_t>(-1);
   double gc_threshold_ = 0.0;  // 0 = policy off

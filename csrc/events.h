@@ -49,6 +49,10 @@ struct Event {
   size_t requested = 0;
   int64_t inactive_split_bytes_delta = 0;
   int64_t inactive_split_count_delta = 0;
+  // Attribution (recorder.h): alloc events carry the caller's; free events
+  // the allocation's; segment events the triggering call's.
+  uint32_t stack_id = 0;
+  uint32_t tag_id = 0;
 };
 
 }  // namespace memalloc

@@ -58,6 +58,8 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
   e.stream = stream;
   e.addr = b->addr;
   e.size = bytes;
+  e.stack_id = ctx_.stack_id;
+  e.tag_id = ctx_.tag_id;
   record_locked(e);
   return b;
 }
@@ -94,6 +96,8 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.stream = stream;
   oom.size = rounded;
   oom.requested = requested;
+  oom.stack_id = ctx_.stack_id;
+  oom.tag_id = ctx_.tag_id;
   record_locked(oom);
   throw OutOfMemory(oom_message_locked(requested, rounded));
 }
@@ -135,6 +139,7 @@ size_t DeviceAllocator::release_cached_locked() {
 
 size_t DeviceAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  ctx_ = CallContext{};
   size_t released = release_cached_locked();
   Event e;
   e.action = Action::kEmptyCache;
@@ -248,7 +253,7 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
       info.pool = b->pool;
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state});
+      info.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->stack_id, b->tag_id});
     }
     out.push_back(std::move(info));
   }

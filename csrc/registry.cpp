@@ -48,6 +48,19 @@ void AllocatorRegistry::install(std::shared_ptr<CachingAllocator> a) {
   installed_.store(owner_.get(), std::memory_order_release);
 }
 
+namespace {
+thread_local uint32_t t_tag = 0;
+thread_local uint32_t t_index = 0;
+std::atomic<uint32_t> g_next_thread_index{0};
+}  // namespace
+
+uint32_t AllocatorRegistry::thread_tag() { return t_tag; }
+void AllocatorRegistry::set_thread_tag(uint32_t tag) { t_tag = tag; }
+uint32_t AllocatorRegistry::thread_index() {
+  if (t_index == 0) t_index = g_next_thread_index.fetch_add(1, std::memory_order_relaxed) + 1;
+  return t_index;
+}
+
 std::shared_ptr<CachingAllocator> AllocatorRegistry::installed_shared() {
   std::lock_guard<std::mutex> g(mu_);
   return owner_;

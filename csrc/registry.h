@@ -10,6 +10,12 @@
 //   * installed() is one atomic load: the pluggable hot path pays nothing else.
 //   * A CachingAllocator owns its backend and one DeviceAllocator per device,
 //     created up front; the set of devices never changes.
+//   * Attribution state lives here too: the stack mode, the stack and tag
+//     tables, the step counter, the backward context (tag and stack of the
+//     thread that called backward, used by threads with no Python frames),
+//     and two per-thread slots (thread_local): the current tag and a small
+//     thread index. Atomics are read with relaxed ordering: attribution is
+//     advisory, never used for memory safety.
 #pragma once
 
 #include <atomic>
@@ -20,6 +26,8 @@
 #include "backend.h"
 #include "config.h"
 #include "device_allocator.h"
+#include "recorder.h"
+#include "stacks.h"
 
 namespace memalloc {
 
@@ -46,9 +54,28 @@ class CachingAllocator {
 // Builds the backend named by `backend` ("cuda" or "host") and its allocator.
 std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config);
 
+enum class StackMode : int { kNone = 0, kTags = 1, kPython = 2 };
+
 class AllocatorRegistry {
  public:
   static AllocatorRegistry& instance();
+
+  // ---- attribution (read on every allocation; see pystacks.cpp) ----------
+  StackMode stack_mode() const { return static_cast<StackMode>(stack_mode_.load(std::memory_order_relaxed)); }
+  void set_stack_mode(StackMode m) { stack_mode_.store(static_cast<int>(m), std::memory_order_relaxed); }
+  StackTable& stacks() { return stacks_; }
+  TagTable& tags() { return tags_; }
+  uint32_t step() const { return step_.load(std::memory_order_relaxed); }
+  uint32_t next_step() { return step_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  void set_backward_context(uint32_t tag, uint32_t stack) {
+    backward_tag_.store(tag, std::memory_order_relaxed);
+    backward_stack_.store(stack, std::memory_order_relaxed);
+  }
+  uint32_t backward_tag() const { return backward_tag_.load(std::memory_order_relaxed); }
+  uint32_t backward_stack() const { return backward_stack_.load(std::memory_order_relaxed); }
+  static uint32_t thread_tag();
+  static void set_thread_tag(uint32_t tag);
+  static uint32_t thread_index();
   // Installs `a` as the process's allocator. Throws InvalidArgument when one
   // is already installed.
   void install(std::shared_ptr<CachingAllocator> a);
@@ -60,6 +87,12 @@ class AllocatorRegistry {
   std::mutex mu_;
   std::shared_ptr<CachingAllocator> owner_;
   std::atomic<CachingAllocator*> installed_{nullptr};
+  std::atomic<int> stack_mode_{0};
+  StackTable stacks_;
+  TagTable tags_;
+  std::atomic<uint32_t> step_{0};
+  std::atomic<uint32_t> backward_tag_{0};
+  std::atomic<uint32_t> backward_stack_{0};
 };
 
 }  // namespace memalloc

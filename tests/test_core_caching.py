@@ -43,7 +43,7 @@ def test_small_request_rounding_and_segment(size):
     assert seg["total_size"] == SMALL_SEGMENT
     assert seg["address"] == p
     first = seg["blocks"][0]
-    assert first == {"address": p, "size": want, "requested_size": size, "state": "active_allocated"}
+    assert first == {"address": p, "size": want, "requested_size": size, "state": "active_allocated", "stack_id": 0, "tag_id": 0}
     rest = SMALL_SEGMENT - want
     # remainder >= 512 always splits in the small pool
     assert [b["size"] for b in seg["blocks"][1:]] == [rest]
@@ -283,7 +283,7 @@ def test_best_fit_picks_smallest_adequate_block():
     # 3 KiB: the 4 KiB hole (smallest adequate), split: 1 KiB stays free there
     assert a.malloc(3 * KiB) == a4
     assert block_of(a, a4 + 3 * KiB) == {
-        "address": a4 + 3 * KiB, "size": KiB, "requested_size": 0, "state": "inactive"}
+        "address": a4 + 3 * KiB, "size": KiB, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}
     # 6 KiB: neither the 1 KiB leftover nor the tail (bigger) but the 8 KiB hole
     assert a.malloc(6 * KiB) == a8
     # 1 KiB: the 1 KiB leftover, not the 2 KiB leftover of the 8 KiB hole
@@ -336,7 +336,7 @@ def test_coalescing_restores_whole_segment(order):
         assert cur(a, "inactive_split_bytes") == (SMALL_SEGMENT - live_block_bytes(a) if live else 0)
     (seg,) = a.segments()
     assert seg["blocks"] == [
-        {"address": ptrs[0], "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive"}]
+        {"address": ptrs[0], "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
     assert tail > 0
     assert cur(a, "inactive_split") == 0
     assert cur(a, "inactive_split_bytes") == 0
@@ -523,7 +523,7 @@ def test_max_split_oversize_block_not_used_for_smaller_request():
     assert cur(a, "reserved_bytes") == 80 * MiB
     # the 50 MiB block is still one unsplit free block
     assert segment_of(a, p)["blocks"] == [
-        {"address": p, "size": 50 * MiB, "requested_size": 0, "state": "inactive"}]
+        {"address": p, "size": 50 * MiB, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
 
 
 def test_max_split_oversize_block_serves_big_request_unsplit():

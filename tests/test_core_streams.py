@@ -78,7 +78,7 @@ def test_completion_drops_active_counters():
     a.free(q)
     (seg0,) = [s for s in a.segments() if s["address"] == p]
     assert seg0["blocks"] == [
-        {"address": p, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive"}]
+        {"address": p, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
 
 
 def test_record_stream_on_own_stream_is_noop():
@@ -151,7 +151,7 @@ def test_pending_block_does_not_coalesce_until_complete():
     a.malloc(512, 0, 1)  # other stream: just processes events
     seg = [s for s in a.segments() if s["address"] == x][0]
     assert seg["blocks"] == [
-        {"address": x, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive"}]
+        {"address": x, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
     assert cur(a, "inactive_split", "small_pool") == 1  # only the stream-1 segment's tail
     assert cur(a, "active_bytes") == 512
 

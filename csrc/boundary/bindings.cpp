@@ -16,6 +16,7 @@
 
 #include "errors.h"
 #include "pluggable.h"
+#include "pystacks.h"
 #include "registry.h"
 
 namespace py = pybind11;
@@ -77,6 +78,8 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
       bd["size"] = b.size;
       bd["requested_size"] = b.requested;
       bd["state"] = b.state;
+      bd["stack_id"] = b.stack_id;
+      bd["tag_id"] = b.tag_id;
       blocks.append(bd);
     }
     py::dict sd;
@@ -128,10 +131,11 @@ void capsule_destructor(PyObject* capsule) {
 py::capsule host_buffer(const AllocatorPtr& a, int64_t size, int device, Stream stream) {
   const size_t nbytes = checked_size(size);
   MEMALLOC_EXPECTS(nbytes > 0, "host_buffer: nbytes must be positive (zero-element tensors need no memory)");
+  const CallContext who = current_context();  // may walk Python frames: GIL held here
   void* p = nullptr;
   {
     py::gil_scoped_release nogil;
-    p = oom_as_torch([&] { return a->device(device).malloc(nbytes, stream); });
+    p = oom_as_torch([&] { return a->device(device).malloc(nbytes, stream, who); });
   }
   auto* ctx = new HostTensorCtx;
   ctx->allocator = a;
@@ -151,6 +155,20 @@ py::capsule host_buffer(const AllocatorPtr& a, int64_t size, int device, Stream 
 }
 
 uint64_t fn_addr(void* f) { return reinterpret_cast<uint64_t>(f); }
+
+// Symbolises an interned stack (GIL held): code objects were kept alive when
+// the stack was interned (pystacks.cpp).
+py::list stack_frames(uint32_t id) {
+  py::list out;
+  for (const RawFrame& f : AllocatorRegistry::instance().stacks().frames(id)) {
+    auto* code = reinterpret_cast<PyCodeObject*>(const_cast<void*>(f.code));
+    py::handle h(reinterpret_cast<PyObject*>(code));
+    int line = PyCode_Addr2Line(code, f.lasti);
+    py::object name = py::hasattr(h, "co_qualname") ? h.attr("co_qualname") : h.attr("co_name");
+    out.append(py::make_tuple(h.attr("co_filename"), line, name));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -192,10 +210,12 @@ PYBIND11_MODULE(_C, m) {
       .def("malloc",
            [](CachingAllocator& a, int64_t size, int device, Stream stream) {
              const size_t bytes = checked_size(size);
+             const CallContext ctx = current_context();  // GIL held here
+             py::gil_scoped_release nogil;
              return reinterpret_cast<std::uintptr_t>(
-                 oom_as_torch([&] { return a.device(device).malloc(bytes, stream); }));
+                 oom_as_torch([&] { return a.device(device).malloc(bytes, stream, ctx); }));
            },
-           py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0, NoGil())
+           py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0)
       .def("free",
            [](CachingAllocator& a, std::uintptr_t ptr, int device) {
              a.device(device).free(reinterpret_cast<void*>(ptr));
@@ -257,6 +277,22 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device") = 0)
       .def("validate", [](CachingAllocator& a, int device) { a.device(device).validate(); },
            py::arg("device") = 0, NoGil())
+      .def("set_recording",
+           [](CachingAllocator& a, size_t capacity, int device) { a.device(device).set_recording(capacity); },
+           py::arg("capacity"), py::arg("device") = 0, NoGil(),
+           "Records every event of `device` into a ring of `capacity` 64-byte records (0 = off).")
+      .def("trace",
+           [](CachingAllocator& a, int device) {
+             uint64_t dropped = 0;
+             std::vector<TraceRecord> records;
+             {
+               py::gil_scoped_release nogil;
+               records = a.device(device).trace(&dropped);
+             }
+             py::bytes raw(reinterpret_cast<const char*>(records.data()), records.size() * sizeof(TraceRecord));
+             return py::make_tuple(raw, dropped);
+           },
+           py::arg("device") = 0, "(records as bytes, 64 per record; dropped count), oldest first.")
       .def("host_synchronize_stream",
            [](CachingAllocator& a, Stream stream, int device) {
              auto* host = dynamic_cast<HostBackend*>(&a.backend());
@@ -274,6 +310,31 @@ PYBIND11_MODULE(_C, m) {
       .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
            "A DLPack capsule (1-D uint8, CPU) over nbytes of this allocator's memory; "
            "the memory returns to the allocator when the consuming tensor dies.");
+
+  // ---- attribution ---------------------------------------------------------
+  m.def("set_stack_mode", [](int mode) {
+    MEMALLOC_EXPECTS(mode >= 0 && mode <= 2, "stack mode must be 0 (none), 1 (tags) or 2 (python)");
+    AllocatorRegistry::instance().set_stack_mode(static_cast<StackMode>(mode));
+  });
+  m.def("stack_mode", [] { return static_cast<int>(AllocatorRegistry::instance().stack_mode()); });
+  m.def("intern_tag", [](const std::string& name) { return AllocatorRegistry::instance().tags().intern(name); });
+  m.def("tag_names", [] { return AllocatorRegistry::instance().tags().names(); });
+  m.def("thread_tag", &AllocatorRegistry::thread_tag);
+  m.def("set_thread_tag", &AllocatorRegistry::set_thread_tag);
+  m.def("set_backward_context", [](uint32_t tag, uint32_t stack) {
+    AllocatorRegistry::instance().set_backward_context(tag, stack);
+  });
+  m.def("backward_context", [] {
+    auto& r = AllocatorRegistry::instance();
+    return py::make_tuple(r.backward_tag(), r.backward_stack());
+  });
+  m.def("capture_stack", &capture_stack_now, "The calling thread's Python stack id (interned).");
+  m.def("next_step", [] { return AllocatorRegistry::instance().next_step(); });
+  m.def("step", [] { return AllocatorRegistry::instance().step(); });
+  m.def("stack_count", [] { return AllocatorRegistry::instance().stacks().size(); });
+  m.def("stack_frames", &stack_frames, py::arg("stack_id"),
+        "[(filename, line, function)] of an interned stack, innermost first.");
+  m.def("record_size", [] { return sizeof(TraceRecord); });
 
   m.def("install", [](AllocatorPtr a) { AllocatorRegistry::instance().install(std::move(a)); });
   m.def("installed", [] { return AllocatorRegistry::instance().installed_shared(); });

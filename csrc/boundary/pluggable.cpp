@@ -10,13 +10,15 @@
 //     nothing). The message is built as a std::string first: formatting
 //     inside TORCH_CHECK_WITH segfaulted on the H200 (DESIGN.md §1).
 //   * free never throws into torch: errors are printed to stderr.
-//   * No entry point takes the GIL.
+//   * Only current_context() (pystacks.cpp) may take the GIL, in Python
+//     stacks mode, and it does so before any device lock.
 #include <c10/util/Exception.h>
 
 #include <cstdio>
 
 #include "errors.h"
 #include "pluggable.h"
+#include "pystacks.h"
 #include "registry.h"
 
 namespace memalloc {
@@ -51,7 +53,8 @@ extern "C" {
 
 void* memalloc_alloc(size_t size, int device, void* stream) {
   try {
-    return memalloc::installed_or_throw().device(device).malloc(size, reinterpret_cast<Stream>(stream));
+    auto& a = memalloc::installed_or_throw();
+    return a.device(device).malloc(size, reinterpret_cast<Stream>(stream), memalloc::current_context());
   } catch (...) {
     memalloc::rethrow_for_torch(__func__);
   }

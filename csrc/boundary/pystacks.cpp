@@ -1,0 +1,76 @@
+// pystacks.cpp — who is allocating: the CallContext of the calling thread
+// (tag, Python call stack, thread index, step), built by the entry points
+// before they take a device lock.
+//
+// Invariants:
+//   * Called without any device lock held; it may take the GIL (Python
+//     stacks mode), and the GIL is released before returning. The allocator
+//     lock is therefore never held while waiting for the GIL.
+//   * A thread that never ran Python (no thread state), or whose Python
+//     stack is empty (autograd engine workers), is attributed to the
+//     backward context: the tag and stack of the thread that called
+//     backward (set by memalloc's wrapper of torch.autograd.backward).
+//   * A new stack's code objects are INCREF'd once and kept for the life of
+//     the process, so the table's raw pointers stay valid for symbolising.
+#include <Python.h>
+
+#include "pystacks.h"
+#include "registry.h"
+
+namespace memalloc {
+namespace {
+
+// Walks the current thread's Python frames (GIL held), innermost first.
+size_t walk_frames(RawFrame* out, size_t max_depth) {
+  size_t n = 0;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr && n < max_depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    out[n++] = RawFrame{code, PyFrame_GetLasti(frame)};
+    Py_DECREF(code);  // the frame keeps it alive while we walk
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  return n;
+}
+
+uint32_t python_stack(AllocatorRegistry& reg) {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return 0;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  RawFrame frames[StackTable::kMaxDepth];
+  size_t n = walk_frames(frames, StackTable::kMaxDepth);
+  uint32_t id = 0;
+  if (n > 0) {
+    bool is_new = false;
+    id = reg.stacks().intern(frames, n, &is_new);
+    if (is_new)
+      for (size_t i = 0; i < n; ++i) Py_INCREF(static_cast<PyObject*>(const_cast<void*>(frames[i].code)));
+  }
+  PyGILState_Release(gil);
+  return id;
+}
+
+}  // namespace
+
+CallContext current_context() {
+  AllocatorRegistry& reg = AllocatorRegistry::instance();
+  CallContext ctx;
+  ctx.thread = AllocatorRegistry::thread_index();
+  ctx.step = reg.step();
+  const StackMode mode = reg.stack_mode();
+  if (mode == StackMode::kNone) return ctx;
+  ctx.tag_id = AllocatorRegistry::thread_tag();
+  if (mode == StackMode::kPython) ctx.stack_id = python_stack(reg);
+  if (ctx.stack_id == 0 && ctx.tag_id == 0) {
+    ctx.tag_id = reg.backward_tag();
+    ctx.stack_id = reg.backward_stack();
+  }
+  return ctx;
+}
+
+uint32_t capture_stack_now() { return python_stack(AllocatorRegistry::instance()); }
+
+}  // namespace memalloc

@@ -1,0 +1,50 @@
+// recording.cpp — DeviceAllocator's side of the event ring (recorder.h):
+// turning Events into TraceRecords, enabling, reading back.
+// Invariant: trace_locked runs under the device lock, after accounting, for
+// every Event while recording is on; it allocates nothing and cannot throw.
+#include <chrono>
+
+#include "device_allocator.h"
+
+namespace memalloc {
+
+void DeviceAllocator::trace_locked(const Event& e) noexcept {
+  TraceRecord r{};
+  r.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now().time_since_epoch())
+                  .count();
+  r.addr = e.addr;
+  r.size = e.size;
+  r.requested = e.requested;
+  r.stream = e.stream;
+  r.stack_id = e.stack_id;
+  r.tag_id = e.tag_id;
+  r.thread = ctx_.thread;
+  r.step = ctx_.step;
+  r.action = static_cast<uint8_t>(e.action);
+  r.device = static_cast<uint8_t>(device_);
+  r.pool = static_cast<uint8_t>(e.pool);
+  ring_.push(r);
+}
+
+void DeviceAllocator::set_recording(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ring_.reset(capacity);
+}
+
+std::vector<TraceRecord> DeviceAllocator::trace(uint64_t* dropped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dropped) *dropped = ring_.dropped();
+  return ring_.in_order();
+}
+
+bool DeviceAllocator::block_origin(void* ptr, uint32_t* stack_id, uint32_t* tag_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return false;
+  *stack_id = it->second->stack_id;
+  *tag_id = it->second->tag_id;
+  return true;
+}
+
+}  // namespace memalloc
