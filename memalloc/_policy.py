@@ -16,18 +16,19 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from . import _install
+from . import _C, _install
 from ._config import config_value
 
 _lock = threading.Lock()
 _every_n: Optional[int] = None  # None: not read from the config yet
-_steps = 0
 
 
 def _every() -> int:
     global _every_n
     if _every_n is None:
-        text = _install.installed_config() or ""
+        text = _install.installed_config()
+        if text is None:
+            return 0  # not enabled yet: read the config once it is
         _every_n = int(config_value(text, "empty_cache_every_n_steps") or 0)
     return _every_n
 
@@ -44,12 +45,17 @@ def set_empty_cache_policy(*, threshold: Optional[float] = None, every_n_steps: 
     """
     global _every_n
     a = _install.installed_allocator()
+    # Validate everything before changing anything.
+    if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
+                                      or every_n_steps < 0):
+        raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
+    if threshold is not None and not 0.0 <= float(threshold) < 1.0:
+        raise ValueError(f"invalid garbage_collection_threshold {threshold!r}: set a value in (0, 1), "
+                         "or 0 to turn the threshold policy off")
     if threshold is not None:
         for d in range(a.device_count):
             a.set_gc_threshold(float(threshold), d)
     if every_n_steps is not None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0:
-            raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
         with _lock:
             _every_n = every_n_steps
 
@@ -73,12 +79,11 @@ def describe(device: int = 0) -> str:
 
 def step() -> int:
     """Marks the end of one training iteration; returns the number of steps
-    so far. Empties the cache when the every-N-steps policy says so."""
-    global _steps
-    with _lock:
-        _steps += 1
-        n, due = _steps, _every() > 0 and _steps % _every() == 0
-    if due:
+    so far (recorded events carry it). Empties the cache when the
+    every-N-steps policy says so."""
+    n = _C.next_step()
+    every = _every()
+    if every > 0 and n % every == 0:
         from .stats import empty_cache
 
         empty_cache()
@@ -87,4 +92,4 @@ def step() -> int:
 
 def steps() -> int:
     """How many times :func:`step` has been called."""
-    return _steps
+    return int(_C.step())
