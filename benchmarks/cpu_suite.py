@@ -102,6 +102,9 @@ def callgrind_workloads(ops: int = CALLGRIND_OPS) -> Dict[str, List[str]]:
     w = {"random": ["random", str(ops)]}
     for s in PAIR_SIZES:
         w[pair_name(s)] = ["pair", str(s), str(ops)]
+    # The same with the event ring on: the difference is the recording cost.
+    w["random_recording"] = ["random", str(ops), "record"]
+    w["pair_64KiB_recording"] = ["pair", str(64 << 10), str(ops), "record"]
     return w
 
 
@@ -231,6 +234,11 @@ def summarize_timings(raw: dict) -> dict:
             "threads_1dev": threaded(th["pair_1dev"][i]),
             "threads_2dev": threaded(th["pair_2dev"][i]),
         }
+    if "pair_recording" in raw:  # same as "pair 64 KiB" with the event ring on (3 events a pair)
+        rec = raw["pair_recording"]
+        plain = rows[pair_name(rec["size"])]["ns_per_op"]
+        rows["pair_64KiB_recording"] = {"size": rec["size"], "ns_per_op": median(rec["ns_per_pair"]),
+                                        "ns_per_event_added": (median(rec["ns_per_pair"]) - plain) / 3}
     r = raw["random"]
     rows["random"] = {
         "ns_per_op": median(r["ns_per_op"]),
@@ -436,6 +444,10 @@ def format_table(summary: Optional[dict], callgrind: Optional[Dict[str, dict]],
         lines.append("op = one malloc + one free; medians of "
                      f"{summary['repeats']} repeats; ns/op/thread = wall time / ops of one thread; "
                      "Mops/s = all threads' ops / wall time.")
+        rec = summary["rows"].get("pair_64KiB_recording")
+        if rec:
+            lines.append(f"event recording on (ring of 64 Ki records): pair 64 KiB {rec['ns_per_op']:.1f} ns/op, "
+                         f"{rec['ns_per_event_added']:.1f} ns added per event (3 events a pair)")
         lines.append(f"random workload fragmentation (peak reserved / peak allocated): "
                      f"1 thread {r['peak_reserved'] / MiB:.0f} / {r['peak_allocated'] / MiB:.0f} MiB = "
                      f"{r['fragmentation']:.2f}")

@@ -40,6 +40,16 @@ enum class Action : uint8_t {
   kGcRelease,
 };
 
+// Names by Action value (exported as memalloc.recording.ACTIONS; torch's
+// trace names where torch has the action).
+inline const char* const* action_names(size_t* count) {
+  static const char* const names[] = {"alloc",       "free_requested", "free_completed",   "segment_alloc",
+                                      "segment_free", "alloc_retry",    "oom",              "empty_cache",
+                                      "sync_all_streams", "gc_release"};
+  *count = sizeof(names) / sizeof(names[0]);
+  return names;
+}
+
 struct Event {
   Action action = Action::kAlloc;
   PoolKind pool = PoolKind::kSmall;

@@ -27,6 +27,16 @@ from ._config import config_text
 from ._install import cuda_usable, enable, enabled_backend, installed_allocator, is_enabled
 from ._policy import empty_cache_policy, set_empty_cache_policy, step
 from ._torch_patch import is_patched as torch_is_patched
+from .recording import (
+    dump_snapshot,
+    events,
+    events_array,
+    load_trace,
+    record_memory_history,
+    save_trace,
+    snapshot,
+    tag,
+)
 from .stats import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -55,6 +65,14 @@ __all__ = [
     "MemallocError",
     "config_keys",
     "config_text",
+    "dump_snapshot",
+    "events",
+    "events_array",
+    "load_trace",
+    "record_memory_history",
+    "save_trace",
+    "snapshot",
+    "tag",
     "cuda_usable",
     "empty_cache",
     "empty_cache_policy",

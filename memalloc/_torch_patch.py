@@ -48,6 +48,35 @@ def _empty_cache() -> None:
     stats.empty_cache()  # torch.cuda.empty_cache() returns nothing
 
 
+def _torch_record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all",
+                                 max_entries: int = 100_000, device: Any = None, **_: Any) -> None:
+    from . import recording
+
+    if enabled is None or enabled is False:
+        recording.record_memory_history(False, device=device)
+        return
+    mode = "python" if stacks in ("python", "all") and context is not None else "tags"
+    recording.record_memory_history(True, max_entries=min(int(max_entries), 1 << 28), stacks=mode, device=device)
+
+
+def _torch_snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
+    from . import recording
+
+    return recording.snapshot(device)
+
+
+def _torch_dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+    from . import recording
+
+    recording.dump_snapshot(filename)
+
+
+_QUERIES.update({
+    "_record_memory_history": _torch_record_memory_history,
+    "_snapshot": _torch_snapshot,
+    "_dump_snapshot": _torch_dump_snapshot,
+})
+
 # Only on the host backend: on CUDA torch's own versions reach memalloc
 # through the pluggable hooks (reset, memory fraction) or the driver.
 _HOST_ONLY: dict[str, Callable[..., Any]] = {

@@ -273,9 +273,10 @@ std::string peaks_json(const Peaks& p) {
 }
 
 // --------------------------------------------------------- single thread ----
-std::string bench_pair(size_t size, size_t iters, size_t warmup, int repeats) {
+std::string bench_pair(size_t size, size_t iters, size_t warmup, int repeats, size_t record_capacity = 0) {
   Bench b;
   DeviceAllocator& dev = b.alloc.device(0);
+  if (record_capacity) dev.set_recording(record_capacity);
   PairRun warm{&dev, size, warmup};
   warm.run_ops();
   std::vector<double> ns;
@@ -458,7 +459,8 @@ int mode_timing(int argc, char** argv) {
   o << "\"mode\": \"timing\", \"config\": " << quote(kConfig) << ", \"repeats\": " << R << ", \"pair\": [";
   for (size_t i = 0; i < sizeof kPairSizes / sizeof kPairSizes[0]; ++i)
     o << (i ? ", " : "") << bench_pair(kPairSizes[i], pair_iters, warmup, R);
-  o << "], \"random\": " << bench_random(random_ops, R);
+  o << "], \"pair_recording\": " << bench_pair(size_t{64} << 10, pair_iters, warmup, R, size_t{1} << 16);
+  o << ", \"random\": " << bench_random(random_ops, R);
   o << ", \"threads\": {\"threads\": " << T;
   for (int devices : {1, 2}) {
     o << ", \"pair_" << devices << "dev\": [";
@@ -477,6 +479,13 @@ int mode_callgrind(int argc, char** argv) {
   DeviceAllocator& dev = b.alloc.device(0);
   std::ostringstream o;
   o << "\"mode\": \"callgrind\", \"workload\": " << quote(workload) << ", \"config\": " << quote(kConfig);
+  // A trailing "record" turns the event ring on (64 Ki records): the Ir
+  // difference to the same workload without it is the recording cost.
+  const bool record = std::string(argv[argc - 1]) == "record";
+  if (record) {
+    dev.set_recording(size_t{1} << 16);
+    --argc;
+  }
   if (workload == "random" && argc == 4) {
     size_t ops;
     if (!parse_count(argv[3], &ops)) return usage("bad op count");
@@ -502,6 +511,8 @@ int mode_callgrind(int argc, char** argv) {
   } else {
     return usage("unknown callgrind workload");
   }
+  uint64_t dropped = 0;
+  o << ", \"recorded\": " << dev.trace(&dropped).size() + dropped;
   check_clean(b, "callgrind " + workload);
   return finish(o.str());
 }

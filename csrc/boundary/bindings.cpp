@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdio>
+#include <thread>
 
 #include "errors.h"
 #include "pluggable.h"
@@ -335,6 +336,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("stack_frames", &stack_frames, py::arg("stack_id"),
         "[(filename, line, function)] of an interned stack, innermost first.");
   m.def("record_size", [] { return sizeof(TraceRecord); });
+  m.def("action_names", [] {
+    size_t n = 0;
+    const char* const* names = action_names(&n);
+    return std::vector<std::string>(names, names + n);
+  });
+
+  m.def("_malloc_on_native_thread",
+        [](AllocatorPtr a, int64_t size, int device) {
+          // Test hook: allocate from a thread that never ran Python, as
+          // autograd's engine workers do; returns the pointer.
+          const size_t bytes = checked_size(size);
+          void* p = nullptr;
+          std::exception_ptr error;
+          py::gil_scoped_release nogil;
+          std::thread t([&] {
+            try {
+              p = a->device(device).malloc(bytes, 0, current_context());
+            } catch (...) {
+              error = std::current_exception();
+            }
+          });
+          t.join();
+          if (error) std::rethrow_exception(error);
+          return reinterpret_cast<std::uintptr_t>(p);
+        },
+        py::arg("allocator"), py::arg("size"), py::arg("device") = 0);
 
   m.def("install", [](AllocatorPtr a) { AllocatorRegistry::instance().install(std::move(a)); });
   m.def("installed", [] { return AllocatorRegistry::instance().installed_shared(); });
