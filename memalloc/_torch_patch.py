@@ -48,15 +48,21 @@ def _empty_cache() -> None:
     stats.empty_cache()  # torch.cuda.empty_cache() returns nothing
 
 
+DEFAULT_TORCH_ENTRIES = 1_000_000
+
+
 def _torch_record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all",
-                                 max_entries: int = 100_000, device: Any = None, **_: Any) -> None:
+                                 max_entries: int = sys.maxsize, device: Any = None, **_: Any) -> None:
     from . import recording
 
     if enabled is None or enabled is False:
         recording.record_memory_history(False, device=device)
         return
     mode = "python" if stacks in ("python", "all") and context is not None else "tags"
-    recording.record_memory_history(True, max_entries=min(int(max_entries), 1 << 28), stacks=mode, device=device)
+    # torch's default max_entries is sys.maxsize (an unbounded deque); memalloc's
+    # ring is preallocated, so "unbounded" becomes DEFAULT_TORCH_ENTRIES (64 MB).
+    entries = int(max_entries) if int(max_entries) < (1 << 31) else DEFAULT_TORCH_ENTRIES
+    recording.record_memory_history(True, max_entries=entries, stacks=mode, device=device)
 
 
 def _torch_snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
