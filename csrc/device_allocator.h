@@ -80,7 +80,7 @@ class DeviceAllocator {
 
   // Waits for pending cross-stream frees, then returns every fully free
   // segment to the backend. Returns the bytes released.
-  size_t empty_cache();
+  size_t empty_cache(const CallContext& ctx = CallContext{});
   // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction();

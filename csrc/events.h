@@ -11,7 +11,8 @@
 //   kSegmentAlloc   size = bytes obtained from the backend
 //   kSegmentFree    size = bytes returned to the backend
 //   kAllocRetry     the backend refused; the cache is released and retried
-//   kOom            size = rounded request that could not be satisfied
+//   kOom            size = rounded request that could not be satisfied;
+//                   addr = free bytes the device reported at that moment
 //   kEmptyCache     size = bytes returned by an explicit empty_cache
 //   kSyncAllStreams pending cross-stream frees were waited for (release path)
 //   kGcRelease      size = bytes the garbage-collection threshold released

@@ -98,6 +98,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.requested = requested;
   oom.stack_id = ctx_.stack_id;
   oom.tag_id = ctx_.tag_id;
+  oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
   record_locked(oom);
   throw OutOfMemory(oom_message_locked(requested, rounded));
 }
@@ -115,6 +116,8 @@ void DeviceAllocator::release_segment_locked(Block* b) {
   e.stream = b->stream;
   e.addr = b->addr;
   e.size = b->size;
+  e.stack_id = ctx_.stack_id;
+  e.tag_id = ctx_.tag_id;
   record_locked(e);
   delete_block(b);
 }
@@ -137,9 +140,9 @@ size_t DeviceAllocator::release_cached_locked() {
   return released;
 }
 
-size_t DeviceAllocator::empty_cache() {
+size_t DeviceAllocator::empty_cache(const CallContext& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
-  ctx_ = CallContext{};
+  ctx_ = ctx;
   size_t released = release_cached_locked();
   Event e;
   e.action = Action::kEmptyCache;

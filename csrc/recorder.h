@@ -3,7 +3,7 @@
 //
 // Record layout (64 bytes, little-endian, no padding surprises):
 //   int64  time_ns    steady clock, nanoseconds
-//   uint64 addr       block or segment address
+//   uint64 addr       block or segment address (oom: device free bytes)
 //   uint64 size       bytes (block size, segment size, or released bytes)
 //   uint64 requested  bytes the caller asked for (alloc/free) else 0
 //   uint64 stream     cudaStream_t value

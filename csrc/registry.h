@@ -76,6 +76,14 @@ class AllocatorRegistry {
   static uint32_t thread_tag();
   static void set_thread_tag(uint32_t tag);
   static uint32_t thread_index();
+  // Thread index and step of the calling thread: the context of calls that
+  // need no stack (frees, empty_cache). No GIL, no allocation.
+  CallContext thread_context() const {
+    CallContext ctx;
+    ctx.thread = thread_index();
+    ctx.step = step();
+    return ctx;
+  }
   // Installs `a` as the process's allocator. Throws InvalidArgument when one
   // is already installed.
   void install(std::shared_ptr<CachingAllocator> a);

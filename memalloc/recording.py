@@ -70,6 +70,8 @@ class Event:
 
 
 # ---- turning recording on ---------------------------------------------------
+_recording: set[int] = set()  # devices whose ring is on
+
 def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python",
                           device: DeviceLike = None) -> None:
     """Starts (or with ``enabled=False`` stops) recording allocator events.
@@ -90,7 +92,12 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
     devices = range(a.device_count) if device is None else [device_index(device)]
     for d in devices:
         a.set_recording(max_entries if enabled else 0, d)
-    _C.set_stack_mode(STACK_MODES[stacks] if enabled else 0)
+        (_recording.add if enabled else _recording.discard)(d)
+    # The stack mode is process-wide: it stays on while any device records.
+    if enabled:
+        _C.set_stack_mode(STACK_MODES[stacks])
+    elif not _recording:
+        _C.set_stack_mode(0)
     if enabled and stacks != "none":
         _install_backward_context()
 
@@ -245,19 +252,19 @@ def snapshot(device: DeviceLike = None) -> dict:
                 "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
                 "stream": seg["stream"], "segment_type": seg["segment_type"], "segment_pool_id": (0, 0),
                 "is_expandable": False, "frames": [], "blocks": blocks})
-        traces.append([_trace_entry(e, a, d) for e in _decode(_raw(d)[0], tags) if e.action in _TORCH_ACTIONS])
+        traces.append([_trace_entry(e) for e in _decode(_raw(d)[0], tags) if e.action in _TORCH_ACTIONS])
     return {"segments": segments, "device_traces": traces}
 
 
 _TORCH_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
 
 
-def _trace_entry(e: Event, a: Any, device: int) -> dict:
+def _trace_entry(e: Event) -> dict:
     entry = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream,
              "time_us": e.time_ns // 1000, "frames": _frames_json(e.stack_id),
              "requested_size": e.requested, "tag": e.tag, "step": e.step, "thread": e.thread}
-    if e.action == "oom":
-        entry["device_free"] = a.mem_get_info(device)[0]
+    if e.action == "oom":  # the record keeps the device's free bytes in addr
+        entry["device_free"], entry["addr"] = e.addr, 0
     return entry
 
 

@@ -113,7 +113,7 @@ struct HostTensorCtx {
 void host_tensor_deleter(DLManagedTensor* m) {
   auto* ctx = static_cast<HostTensorCtx*>(m->manager_ctx);
   try {
-    ctx->allocator->device(ctx->device).free(m->dl_tensor.data);
+    ctx->allocator->device(ctx->device).free(m->dl_tensor.data, AllocatorRegistry::instance().thread_context());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: host tensor free failed: %s\n", e.what());
   }
@@ -219,7 +219,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0)
       .def("free",
            [](CachingAllocator& a, std::uintptr_t ptr, int device) {
-             a.device(device).free(reinterpret_cast<void*>(ptr));
+             a.device(device).free(reinterpret_cast<void*>(ptr), AllocatorRegistry::instance().thread_context());
            },
            py::arg("ptr"), py::arg("device") = 0, NoGil())
       .def("record_stream",
@@ -227,7 +227,10 @@ PYBIND11_MODULE(_C, m) {
              a.device(device).record_stream(reinterpret_cast<void*>(ptr), stream);
            },
            py::arg("ptr"), py::arg("stream"), py::arg("device") = 0, NoGil())
-      .def("empty_cache", [](CachingAllocator& a, int device) { return a.device(device).empty_cache(); },
+      .def("empty_cache",
+           [](CachingAllocator& a, int device) {
+             return a.device(device).empty_cache(AllocatorRegistry::instance().thread_context());
+           },
            py::arg("device") = 0, NoGil())
       .def("set_memory_fraction",
            [](CachingAllocator& a, double f, int device) { a.device(device).set_memory_fraction(f); },

@@ -63,7 +63,7 @@ void* memalloc_alloc(size_t size, int device, void* stream) {
 void memalloc_free(void* ptr, size_t /*size*/, int device, void* /*stream*/) noexcept {
   try {
     auto* a = AllocatorRegistry::instance().installed();
-    if (a != nullptr) a->device(device).free(ptr);
+    if (a != nullptr) a->device(device).free(ptr, AllocatorRegistry::instance().thread_context());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: free ignored: %s\n", e.what());
   }
@@ -75,7 +75,8 @@ void memalloc_reset() noexcept {
   try {
     auto* a = AllocatorRegistry::instance().installed();
     if (a == nullptr) return;
-    for (int d = 0; d < a->device_count(); ++d) a->device(d).empty_cache();
+    const memalloc::CallContext ctx = AllocatorRegistry::instance().thread_context();
+    for (int d = 0; d < a->device_count(); ++d) a->device(d).empty_cache(ctx);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: empty_cache failed: %s\n", e.what());
   }

@@ -10,6 +10,8 @@
 //     stack is empty (autograd engine workers), is attributed to the
 //     backward context: the tag and stack of the thread that called
 //     backward (set by memalloc's wrapper of torch.autograd.backward).
+//     In tags mode no frames are walked (no GIL), so any untagged thread
+//     gets the backward context while a backward() runs.
 //   * A new stack's code objects are INCREF'd once and kept for the life of
 //     the process, so the table's raw pointers stay valid for symbolising.
 #include <Python.h>
@@ -57,9 +59,7 @@ uint32_t python_stack(AllocatorRegistry& reg) {
 
 CallContext current_context() {
   AllocatorRegistry& reg = AllocatorRegistry::instance();
-  CallContext ctx;
-  ctx.thread = AllocatorRegistry::thread_index();
-  ctx.step = reg.step();
+  CallContext ctx = reg.thread_context();
   const StackMode mode = reg.stack_mode();
   if (mode == StackMode::kNone) return ctx;
   ctx.tag_id = AllocatorRegistry::thread_tag();
