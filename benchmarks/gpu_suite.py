@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Optional
 
-from .gpu_worker import ALLOCATORS, GROUPS, PAIR_SIZES
+from .gpu_worker import ALLOCATORS, DEFAULT_ALLOCATORS, GROUPS, PAIR_SIZES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
@@ -135,7 +135,8 @@ def machine() -> dict:
 def main(argv, command: str) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run --suite gpu")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--allocators", default=",".join(ALLOCATORS))
+    p.add_argument("--allocators", default=",".join(DEFAULT_ALLOCATORS),
+                   help=f"comma-separated, from {','.join(ALLOCATORS)}")
     p.add_argument("--groups", default=",".join(GROUPS))
     p.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<date>-gpu-bench.json)")

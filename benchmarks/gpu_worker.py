@@ -24,7 +24,10 @@ import random
 import sys
 import time
 
-ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc")
+ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
+              # recording on: torch's own history (Python stacks) and memalloc's modes
+              "native_history", "memalloc_tags", "memalloc_stacks")
+DEFAULT_ALLOCATORS = ALLOCATORS[:5]
 GROUPS = ("micro", "transformer", "resnet50")
 PAIR_SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 GiB = 1 << 30
@@ -46,10 +49,15 @@ def setup(name: str):
         rmm.reinitialize(pool_allocator=True, initial_pool_size=GiB)
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
         return lambda: None
-    if name == "memalloc":
+    if name == "native_history":
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+    if name.startswith("memalloc"):
         import memalloc
 
         memalloc.enable(backend="cuda")
+        stacks = {"memalloc_tags": "tags", "memalloc_stacks": "python"}.get(name)
+        if stacks:
+            memalloc.record_memory_history(max_entries=1 << 20, stacks=stacks)
 
         def peaks():
             s = memalloc.memory_stats_raw(0)
@@ -62,7 +70,7 @@ def setup(name: str):
 def reset_peaks(name: str) -> None:
     import torch
 
-    if name == "memalloc":
+    if name.startswith("memalloc"):
         import memalloc
 
         memalloc.installed_allocator().reset_peak_stats(0)

@@ -105,6 +105,12 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.patch_torch = parse_bool(key, value);
   } else if (key == "empty_cache_every_n_steps") {
     c.empty_cache_every_n_steps = parse_uint(key, value);
+  } else if (key == "record_history") {
+    c.record_history = parse_uint(key, value);
+  } else if (key == "record_stacks") {
+    MEMALLOC_EXPECTS(value == "none" || value == "tags" || value == "python",
+                     "MEMALLOC_CONF: record_stacks '" + value + "' is unknown; use one of none, tags, python");
+    c.record_stacks = value;
   } else if (key == "host_capacity_mb") {
     size_t bytes = parse_mib(key, value);
     MEMALLOC_EXPECTS(bytes > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
@@ -126,6 +132,7 @@ const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "backend", "max_split_size_mb", "roundup_power2_divisions",
       "garbage_collection_threshold", "empty_cache_every_n_steps", "patch_torch",
+      "record_history", "record_stacks",
       "host_capacity_mb", "host_devices"};
   return keys;
 }
@@ -156,6 +163,8 @@ std::string Config::to_string() const {
     s += ",garbage_collection_threshold:" + real_text(garbage_collection_threshold);
   if (empty_cache_every_n_steps) s += ",empty_cache_every_n_steps:" + std::to_string(empty_cache_every_n_steps);
   if (!patch_torch) s += ",patch_torch:False";
+  if (record_history) s += ",record_history:" + std::to_string(record_history);
+  if (record_stacks != "python") s += ",record_stacks:" + record_stacks;
   s += ",host_capacity_mb:" + std::to_string(host_capacity / kMiB);
   s += ",host_devices:" + std::to_string(host_devices);
   return s;

@@ -31,6 +31,10 @@ struct Config {
   bool patch_torch = true;
   // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
   size_t empty_cache_every_n_steps = 0;
+  // Python layer: record events from enable() on, in a ring of this many
+  // records per device (0 = off), with this stack mode.
+  size_t record_history = 0;
+  std::string record_stacks = "python";
   // Host backend only: simulated capacity of each device, in bytes.
   size_t host_capacity = size_t{1} << 30;
   // Host backend only: number of simulated devices.

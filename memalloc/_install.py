@@ -87,6 +87,12 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
 
     if patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False":
         _torch_patch.patch(chosen)
+    entries = int(config_value(text, "record_history") or 0)
+    if entries:
+        from . import recording
+
+        recording.record_memory_history(True, max_entries=entries,
+                                        stacks=config_value(text, "record_stacks") or "python")
     if verbose:
         why = "" if chosen == "cuda" or backend == "host" else f" ({cuda_usable()[1]})"
         print(f"memalloc: enabled on the {chosen} backend{why}")

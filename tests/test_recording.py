@@ -1095,3 +1095,27 @@ def test_stopping_one_device_keeps_the_others_stacks_and_tags(trace_file):
     ev0, ev1, p1, mode = trace_file["one_off"]
     last = ev1[-1]
     assert (last["tag"], mode) == ("still", 2) and last["stack_id"] != 0
+
+
+def test_recording_from_memalloc_conf():
+    """MEMALLOC_CONF=record_history:N,record_stacks:tags turns recording on at enable()."""
+    code = """
+import json, os
+os.environ["MEMALLOC_CONF"] = "record_history:3,record_stacks:tags"
+import torch, memalloc
+memalloc.enable(backend="host")
+with memalloc.tag("conf"):
+    ts = [memalloc.host.empty(1000 + i) for i in range(4)]
+evs = memalloc.events()
+print("RESULT", json.dumps({"n": len(evs), "dropped": memalloc.recording.dropped(),
+                            "tags": [e.tag for e in evs], "stacks": [e.stack_id for e in evs],
+                            "mode": memalloc._C.stack_mode()}))
+"""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("MEMALLOC_CONF", None)
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = json.loads([l for l in p.stdout.splitlines() if l.startswith("RESULT ")][0][7:])
+    # 1 segment_alloc + 4 allocs = 5 events into a ring of 3
+    assert r["n"] == 3 and r["dropped"] == 2
+    assert r["tags"] == ["conf"] * 3 and r["stacks"] == [0, 0, 0] and r["mode"] == 1

@@ -240,6 +240,49 @@ def late_enable(mode: str) -> dict:
         return {"error": str(e), "enabled": memalloc.is_enabled()}
 
 
+def record_training(mode: str) -> dict:
+    """A real training loop recorded with Python stacks and tags; the
+    snapshot must open in torch.cuda._memory_viz."""
+    import tempfile
+
+    from torch.cuda import _memory_viz
+
+    setup(mode)
+    memalloc.record_memory_history(max_entries=200_000, stacks="python")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(256, 512, device="cuda")
+    for _ in range(3):
+        with memalloc.tag("forward"):
+            loss = model(x).square().mean()  # FORWARD-LINE
+        loss.backward()  # BACKWARD-LINE
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        memalloc.step()
+    torch.cuda.synchronize()
+    evs = memalloc.events()
+    allocs = [e for e in evs if e.action == "alloc"]
+    here = os.path.abspath(__file__)
+    user_lines = set()
+    for e in allocs:
+        frames = memalloc.recording.stack(e.stack_id, user_only=True)
+        if frames and os.path.abspath(frames[0].filename) == here:
+            user_lines.add(frames[0].line)
+    src = open(here).read().splitlines()
+    marker = {name: next(i + 1 for i, l in enumerate(src) if f"# {name}" in l and "marker" not in l)
+              for name in ("FORWARD-LINE", "BACKWARD-LINE")}
+    snap = memalloc.snapshot()
+    with tempfile.TemporaryDirectory() as d:
+        path = memalloc.dump_snapshot(os.path.join(d, "snap.pickle"))
+        html = _memory_viz.trace_plot(snap)
+        size = os.path.getsize(path)
+    return {"events": len(evs), "dropped": memalloc.recording.dropped(), "allocs": len(allocs),
+            "tags": sorted({e.tag for e in allocs}), "user_lines": sorted(user_lines), "markers": marker,
+            "steps": sorted({e.step for e in evs}), "trace_entries": len(snap["device_traces"][0]),
+            "html_bytes": len(html), "pickle_bytes": size}
+
+
 def installed():
     return memalloc.installed_allocator()
 
@@ -250,7 +293,7 @@ def memalloc_validate() -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
-                                     pair_cost, late_enable)}
+                                     pair_cost, late_enable, record_training)}
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]

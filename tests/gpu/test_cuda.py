@@ -150,3 +150,15 @@ def test_pair_cost_informational():
     mem = scenario("pair_cost", "memalloc")
     for size, us in mem.items():
         assert us < 3 * native[size] + 2.0, (size, us, native[size])
+
+
+def test_recording_a_training_loop_opens_in_memory_viz():
+    r = scenario("record_training", "memalloc")
+    assert r["dropped"] == 0 and r["allocs"] > 0
+    assert "forward" in r["tags"]
+    assert any(t.startswith("<backward>") for t in r["tags"]), r["tags"]
+    # Forward allocations point at the forward line; engine-thread ones at backward()'s call.
+    assert r["markers"]["FORWARD-LINE"] in r["user_lines"]
+    assert r["markers"]["BACKWARD-LINE"] in r["user_lines"]
+    assert r["steps"][:3] == [0, 1, 2]
+    assert r["trace_entries"] > 0 and r["html_bytes"] > 1000 and r["pickle_bytes"] > 0
