@@ -55,6 +55,9 @@ void Accounting::apply(const Event& e) {
     case Action::kGcRelease:
       s.num_gc_releases += 1;
       break;
+    case Action::kSegmentFreeFailed:
+      s.num_device_free_failures += 1;
+      break;
     case Action::kEmptyCache:
       break;
   }

@@ -61,7 +61,8 @@ constexpr int kNumStatTypes = 3;
   X(num_sync_all_streams)        \
   X(num_device_alloc)            \
   X(num_device_free)             \
-  X(num_gc_releases)
+  X(num_gc_releases)             \
+  X(num_device_free_failures)
 
 struct DeviceStats {
 #define MEMALLOC_DECLARE_POOL_STAT(name) Stat name[kNumStatTypes];

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "config.h"
 
@@ -74,6 +75,19 @@ class HostBackend : public Backend {
   void synchronize_stream(int device, Stream stream);
   // Number of live segments obtained from the simulated device.
   size_t live_segments(int device);
+
+  // Fault injection (tests). After `skip` more successful calls, the next
+  // `count` allocate() calls on `device` fail: as out-of-memory (nullptr),
+  // or with DriverError when `driver_error`.
+  void inject_allocate_faults(int device, size_t skip, size_t count, bool driver_error);
+  // After `skip` more successful calls, the next `count` release() calls on
+  // `device` fail (return false; the memory stays with the caller).
+  void inject_release_faults(int device, size_t skip, size_t count);
+  // Random faults: each allocate()/release() fails (as OOM / refusal) with
+  // the given probability, from a generator seeded with `seed`.
+  void set_fault_rates(int device, double allocate_rate, double release_rate, uint64_t seed);
+  // Faults injected so far on `device`: {allocate, release}.
+  std::pair<size_t, size_t> faults_injected(int device);
 
  private:
   struct State;

@@ -8,8 +8,11 @@
 //   synchronize_event / synchronize_stream advance `completed`. That makes
 //   cross-stream tests deterministic (no timing, no sleeps).
 //   All state is guarded by one mutex: the host backend serves every device.
+//   Injected faults (tests) fail a call before it touches any state, so a
+//   failed allocate obtains nothing and a failed release keeps the segment.
 #include <cstdlib>
 #include <map>
+#include <random>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +35,29 @@ struct StreamClock {
   uint64_t submitted = 0;
   uint64_t completed = 0;
 };
+
+// Injected faults of one device (tests only; all zero by default).
+struct Faults {
+  size_t alloc_skip = 0, alloc_count = 0;
+  bool alloc_driver_error = false;
+  size_t release_skip = 0, release_count = 0;
+  double alloc_rate = 0.0, release_rate = 0.0;
+  std::mt19937_64 rng;
+  size_t alloc_injected = 0, release_injected = 0;
+
+  // Consumes one scheduled or random fault; true when this call must fail.
+  static bool take(size_t& skip, size_t& count, double rate, std::mt19937_64& rng) {
+    if (count > 0) {
+      if (skip > 0) {
+        --skip;
+        return false;
+      }
+      --count;
+      return true;
+    }
+    return rate > 0.0 && std::uniform_real_distribution<double>(0.0, 1.0)(rng) < rate;
+  }
+};
 }  // namespace
 
 struct HostBackend::State {
@@ -40,6 +66,7 @@ struct HostBackend::State {
   std::vector<size_t> used;
   std::vector<std::unordered_map<void*, size_t>> segments;
   std::vector<std::map<Stream, StreamClock>> streams;
+  std::vector<Faults> faults;
 
   void check_device(int device) const {
     MEMALLOC_EXPECTS(device >= 0 && device < static_cast<int>(used.size()),
@@ -54,6 +81,7 @@ HostBackend::HostBackend(const Config& config) : state_(new State) {
   state_->used.assign(config.host_devices, 0);
   state_->segments.resize(config.host_devices);
   state_->streams.resize(config.host_devices);
+  state_->faults.resize(config.host_devices);
 }
 
 HostBackend::~HostBackend() {
@@ -66,6 +94,12 @@ int HostBackend::device_count() const { return static_cast<int>(state_->used.siz
 void* HostBackend::allocate(int device, size_t size) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
+  Faults& f = state_->faults[device];
+  if (Faults::take(f.alloc_skip, f.alloc_count, f.alloc_rate, f.rng)) {
+    ++f.alloc_injected;
+    if (f.alloc_driver_error) throw DriverError("host backend: injected device error on allocate");
+    return nullptr;
+  }
   if (size > state_->capacity - state_->used[device]) return nullptr;
   size_t rounded = (size + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment;
   void* p = std::aligned_alloc(kSegmentAlignment, rounded);
@@ -80,6 +114,11 @@ bool HostBackend::release(int device, void* ptr, size_t size) noexcept {
   if (device < 0 || device >= static_cast<int>(state_->used.size())) return false;
   auto it = state_->segments[device].find(ptr);
   if (it == state_->segments[device].end() || it->second != size) return false;
+  Faults& f = state_->faults[device];
+  if (Faults::take(f.release_skip, f.release_count, f.release_rate, f.rng)) {
+    ++f.release_injected;
+    return false;
+  }
   state_->used[device] -= size;
   state_->segments[device].erase(it);
   std::free(ptr);
@@ -133,6 +172,40 @@ size_t HostBackend::live_segments(int device) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
   return state_->segments[device].size();
+}
+
+void HostBackend::inject_allocate_faults(int device, size_t skip, size_t count, bool driver_error) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Faults& f = state_->faults[device];
+  f.alloc_skip = skip;
+  f.alloc_count = count;
+  f.alloc_driver_error = driver_error;
+}
+
+void HostBackend::inject_release_faults(int device, size_t skip, size_t count) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Faults& f = state_->faults[device];
+  f.release_skip = skip;
+  f.release_count = count;
+}
+
+void HostBackend::set_fault_rates(int device, double allocate_rate, double release_rate, uint64_t seed) {
+  MEMALLOC_EXPECTS(allocate_rate >= 0.0 && allocate_rate <= 1.0 && release_rate >= 0.0 && release_rate <= 1.0,
+                   "fault rates are probabilities in [0, 1]");
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Faults& f = state_->faults[device];
+  f.alloc_rate = allocate_rate;
+  f.release_rate = release_rate;
+  f.rng.seed(seed);
+}
+
+std::pair<size_t, size_t> HostBackend::faults_injected(int device) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  return {state_->faults[device].alloc_injected, state_->faults[device].release_injected};
 }
 
 }  // namespace memalloc

@@ -131,7 +131,7 @@ class DeviceAllocator {
   Block* grow_locked(size_t rounded, Stream stream);
   void maybe_collect_locked(size_t bytes);
   size_t release_cached_locked();
-  void release_segment_locked(Block* b);
+  bool release_segment_locked(Block* b);
   std::string oom_message_locked(size_t requested, size_t rounded);
   std::string unknown_pointer_message_locked(std::uintptr_t addr);
   // stream_uses.cpp

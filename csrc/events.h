@@ -16,6 +16,8 @@
 //   kEmptyCache     size = bytes returned by an explicit empty_cache
 //   kSyncAllStreams pending cross-stream frees were waited for (release path)
 //   kGcRelease      size = bytes the garbage-collection threshold released
+//   kSegmentFreeFailed the backend refused to take a segment back; it stays
+//                   cached and reserved
 // inactive_split_{bytes,count}_delta: change of the free bytes/blocks that
 // sit inside split segments, caused by this event (kAlloc, kFreeCompleted).
 #pragma once
@@ -39,6 +41,7 @@ enum class Action : uint8_t {
   kEmptyCache,
   kSyncAllStreams,
   kGcRelease,
+  kSegmentFreeFailed,
 };
 
 // Names by Action value (exported as memalloc.recording.ACTIONS; torch's
@@ -46,7 +49,7 @@ enum class Action : uint8_t {
 inline const char* const* action_names(size_t* count) {
   static const char* const names[] = {"alloc",       "free_requested", "free_completed",   "segment_alloc",
                                       "segment_free", "alloc_retry",    "oom",              "empty_cache",
-                                      "sync_all_streams", "gc_release"};
+                                      "sync_all_streams", "gc_release", "segment_free_failed"};
   *count = sizeof(names) / sizeof(names[0]);
   return names;
 }

@@ -103,13 +103,24 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   throw OutOfMemory(oom_message_locked(requested, rounded));
 }
 
-void DeviceAllocator::release_segment_locked(Block* b) {
+// Returns a whole free segment to the backend. When the backend refuses, the
+// segment stays cached (still counted as reserved) and a later release
+// retries it: nothing is lost from the books.
+bool DeviceAllocator::release_segment_locked(Block* b) {
+  if (!backend_.release(device_, reinterpret_cast<void*>(b->addr), b->size)) {
+    std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
+                 "it stays cached\n", backend_.name(), hex(b->addr).c_str(), b->size, device_);
+    Event failed;
+    failed.action = Action::kSegmentFreeFailed;
+    failed.pool = b->pool;
+    failed.stream = b->stream;
+    failed.addr = b->addr;
+    failed.size = b->size;
+    record_locked(failed);
+    return false;
+  }
   free_list(b->pool).erase(b);
   segments_.erase(b->addr);
-  if (!backend_.release(device_, reinterpret_cast<void*>(b->addr), b->size)) {
-    std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d\n",
-                 backend_.name(), hex(b->addr).c_str(), b->size, device_);
-  }
   Event e;
   e.action = Action::kSegmentFree;
   e.pool = b->pool;
@@ -120,6 +131,7 @@ void DeviceAllocator::release_segment_locked(Block* b) {
   e.tag_id = ctx_.tag_id;
   record_locked(e);
   delete_block(b);
+  return true;
 }
 
 // Completes pending frees, then returns every fully free segment.
@@ -134,8 +146,8 @@ size_t DeviceAllocator::release_cached_locked() {
       if (!b->is_split()) whole.push_back(b);
   size_t released = 0;
   for (Block* b : whole) {
-    released += b->size;
-    release_segment_locked(b);
+    const size_t bytes = b->size;
+    if (release_segment_locked(b)) released += bytes;
   }
   return released;
 }

@@ -21,7 +21,7 @@ DeviceLike = Union[int, str, torch.device, None]
 
 # memalloc's own counters that torch does not have: kept out of the
 # torch-format dictionaries, available through memory_stats_raw().
-_MEMALLOC_ONLY = ("num_gc_releases",)
+_MEMALLOC_ONLY = ("num_gc_releases", "num_device_free_failures")
 _summary_lock = threading.Lock()
 
 

@@ -22,7 +22,7 @@ STAT_KEYS = (
     "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
 )
 SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-               "num_device_free", "num_gc_releases")
+               "num_device_free", "num_gc_releases", "num_device_free_failures")
 # The keys MEMALLOC_CONF accepts, in documentation order.
 CONFIG_KEYS = [
     "backend", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",

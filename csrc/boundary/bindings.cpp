@@ -155,6 +155,12 @@ py::capsule host_buffer(const AllocatorPtr& a, int64_t size, int device, Stream 
   return py::capsule(&ctx->managed, "dltensor", capsule_destructor);
 }
 
+HostBackend& host_backend(CachingAllocator& a) {
+  auto* host = dynamic_cast<HostBackend*>(&a.backend());
+  MEMALLOC_EXPECTS(host != nullptr, "this method needs an allocator on the host backend (the simulated device)");
+  return *host;
+}
+
 uint64_t fn_addr(void* f) { return reinterpret_cast<uint64_t>(f); }
 
 // Symbolises an interned stack (GIL held): code objects were kept alive when
@@ -299,16 +305,31 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device") = 0, "(records as bytes, 64 per record; dropped count), oldest first.")
       .def("host_synchronize_stream",
            [](CachingAllocator& a, Stream stream, int device) {
-             auto* host = dynamic_cast<HostBackend*>(&a.backend());
-             MEMALLOC_EXPECTS(host != nullptr, "host_synchronize_stream needs the host backend");
-             host->synchronize_stream(device, stream);
+             host_backend(a).synchronize_stream(device, stream);
            },
            py::arg("stream"), py::arg("device") = 0, NoGil())
+      .def("host_inject_allocate_faults",
+           [](CachingAllocator& a, size_t skip, size_t count, bool driver_error, int device) {
+             host_backend(a).inject_allocate_faults(device, skip, count, driver_error);
+           },
+           py::arg("skip"), py::arg("count"), py::arg("driver_error") = false, py::arg("device") = 0, NoGil(),
+           "After `skip` more successful device allocations, fail the next `count` (as OOM, or DriverError).")
+      .def("host_inject_release_faults",
+           [](CachingAllocator& a, size_t skip, size_t count, int device) {
+             host_backend(a).inject_release_faults(device, skip, count);
+           },
+           py::arg("skip"), py::arg("count"), py::arg("device") = 0, NoGil())
+      .def("host_set_fault_rates",
+           [](CachingAllocator& a, double alloc_rate, double release_rate, uint64_t seed, int device) {
+             host_backend(a).set_fault_rates(device, alloc_rate, release_rate, seed);
+           },
+           py::arg("allocate_rate"), py::arg("release_rate"), py::arg("seed") = 0, py::arg("device") = 0, NoGil())
+      .def("host_faults_injected",
+           [](CachingAllocator& a, int device) { return host_backend(a).faults_injected(device); },
+           py::arg("device") = 0, NoGil())
       .def("host_live_segments",
            [](CachingAllocator& a, int device) {
-             auto* host = dynamic_cast<HostBackend*>(&a.backend());
-             MEMALLOC_EXPECTS(host != nullptr, "host_live_segments needs the host backend");
-             return host->live_segments(device);
+             return host_backend(a).live_segments(device);
            },
            py::arg("device") = 0, NoGil())
       .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
