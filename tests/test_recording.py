@@ -195,7 +195,8 @@ def test_action_names_are_torch_trace_names():
 
     r = {"actions": list(recording.ACTIONS), "record_size": _C.record_size()}
     assert r["actions"] == ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-                            "alloc_retry", "oom", "empty_cache", "sync_all_streams", "gc_release"]
+                            "alloc_retry", "oom", "empty_cache", "sync_all_streams", "gc_release",
+                            "segment_free_failed"]
     assert r["record_size"] == 64
 
 
