@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "errors.h"
+#include "recorder.h"
 
 namespace memalloc {
 namespace {
@@ -107,6 +108,9 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.empty_cache_every_n_steps = parse_uint(key, value);
   } else if (key == "record_history") {
     c.record_history = parse_uint(key, value);
+    MEMALLOC_EXPECTS(c.record_history <= kMaxTraceRecords,
+                     "MEMALLOC_CONF: record_history " + value + " is too large: at most " +
+                         std::to_string(kMaxTraceRecords) + " records per device");
   } else if (key == "record_stacks") {
     MEMALLOC_EXPECTS(value == "none" || value == "tags" || value == "python",
                      "MEMALLOC_CONF: record_stacks '" + value + "' is unknown; use one of none, tags, python");

@@ -45,6 +45,9 @@ struct TraceRecord {
 };
 static_assert(sizeof(TraceRecord) == 64, "TraceRecord is a 64-byte wire format");
 
+// The largest ring: 2^28 records (16 GiB per device).
+constexpr size_t kMaxTraceRecords = size_t{1} << 28;
+
 class TraceRing {
  public:
   // capacity 0 disables recording and frees the buffer.

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "device_allocator.h"
+#include "errors.h"
 
 namespace memalloc {
 
@@ -28,6 +29,9 @@ void DeviceAllocator::trace_locked(const Event& e) noexcept {
 }
 
 void DeviceAllocator::set_recording(size_t capacity) {
+  MEMALLOC_EXPECTS(capacity <= kMaxTraceRecords,
+                   "recording capacity " + std::to_string(capacity) + " records is too large: at most " +
+                       std::to_string(kMaxTraceRecords) + " (64 bytes each) per device");
   std::lock_guard<std::mutex> lock(mu_);
   ring_.reset(capacity);
 }

@@ -88,6 +88,9 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
         raise ValueError(f"stacks must be one of {', '.join(STACK_MODES)}, not {stacks!r}")
     if enabled and (isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries <= 0):
         raise ValueError(f"max_entries must be a positive int (events per device), not {max_entries!r}")
+    if enabled and max_entries > _C.max_trace_records():
+        raise ValueError(f"max_entries {max_entries} is too large: at most {_C.max_trace_records()} "
+                         "records (64 bytes each) per device")
     a = _install.installed_allocator()
     devices = range(a.device_count) if device is None else [device_index(device)]
     for d in devices:
@@ -234,6 +237,8 @@ def snapshot(device: DeviceLike = None) -> dict:
     [[...] per device]}. ``device`` None = every device."""
     a = _install.installed_allocator()
     devices = range(a.device_count) if device is None else [device_index(device)]
+    for d in devices:
+        a.stats(d)  # raises "device N does not exist" for a bad index
     tags = _C.tag_names()
     segments, traces = [], []
     for d in range(a.device_count):
@@ -271,8 +276,9 @@ def _trace_entry(e: Event) -> dict:
 def dump_snapshot(filename: str = "dump_snapshot.pickle") -> str:
     """Writes :func:`snapshot` as the pickle pytorch.org/memory_viz opens;
     returns the path."""
+    snap = snapshot()  # before opening: an error must not truncate an existing file
     with open(filename, "wb") as f:
-        pickle.dump(snapshot(), f)
+        pickle.dump(snap, f)
     return filename
 
 

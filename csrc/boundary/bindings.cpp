@@ -360,6 +360,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("stack_frames", &stack_frames, py::arg("stack_id"),
         "[(filename, line, function)] of an interned stack, innermost first.");
   m.def("record_size", [] { return sizeof(TraceRecord); });
+  m.def("max_trace_records", [] { return kMaxTraceRecords; });
   m.def("action_names", [] {
     size_t n = 0;
     const char* const* names = action_names(&n);

@@ -16,6 +16,19 @@ def fmt_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def check_or_exit(backend: str, config: Optional[str]) -> None:
+    """The checks enable() makes before changing anything (config text,
+    backend name, CUDA usable), without enabling; exits with the message."""
+    from .._config import config_text
+
+    try:
+        chosen = _install.resolve_backend(backend, config_text(config))
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"memalloc: {e}") from None
+    if chosen == "cuda" and not _install.cuda_usable()[0]:
+        raise SystemExit(f"memalloc: CUDA is not usable: {_install.cuda_usable()[1]}")
+
+
 def enable_or_exit(backend: str, config: Optional[str]) -> str:
     """memalloc.enable(); a bad backend/config/state exits with its message."""
     try:

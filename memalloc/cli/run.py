@@ -8,7 +8,7 @@ import runpy
 import sys
 
 from .. import _install
-from ._common import enable_or_exit, fmt_bytes
+from ._common import check_or_exit, enable_or_exit, fmt_bytes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_or_exit(args.backend, args.config)
+    if not os.path.isfile(args.script):
+        raise SystemExit(f"memalloc: no such script: {args.script}")
     backend = enable_or_exit(args.backend, args.config)
     sys.argv = [args.script, *args.script_args]
     # As `python script.py` does: the script's folder first on sys.path.

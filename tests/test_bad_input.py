@@ -1,0 +1,974 @@
+"""Bad-input sweep: every public entry point of memalloc fed wrong types,
+negative and huge sizes, unknown / freed / interior pointers, invalid devices
+and streams, malformed MEMALLOC_CONF, corrupt files, and calls made before
+enable().
+
+The sweep is data: CASES below. A case names the area, the exact call (run as
+written), what is wrong with its input, and the answer it must get: an
+exception type (a subclass also matches) and a fragment its message must
+contain. Every case also checks that nothing changed: the allocator's counters
+and settings, recording, the files in the scratch folder, whether memalloc is
+enabled. The one allowed change: an out-of-memory error adds one to the
+device's num_ooms, as in torch.
+
+A case that does not get such an answer today is a finding: it carries
+``bug="..."`` and runs as a strict xfail, so fixing the bug turns it into an
+XPASS failure until the marker is removed.
+
+Where the cases run (``env``):
+  inproc    this process: a fresh host-backend Allocator per case; no enable().
+  before    a fresh interpreter in which memalloc is not enabled.
+  conf      a fresh interpreter; MEMALLOC_CONF set per case; enable() must fail.
+  cli       a fresh interpreter; ``python -m memalloc ...`` through
+            memalloc.__main__.main, MEMALLOC_CONF set per case.
+  enabled   a fresh interpreter after memalloc.enable(backend="host", ...).
+  fresh:*   one interpreter for one case that may enable memalloc.
+before, conf and cli share one interpreter (none of them may enable memalloc).
+Each interpreter runs all of its cases and prints one ``CASE <json>`` line per
+case; the interpreters run in parallel.
+
+docs/bad-input.md is rendered from CASES: ``python tests/test_bad_input.py
+--write-doc`` writes it and test_doc_is_current fails when it differs.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "bad-input.md"
+MiB = 1 << 20
+HOST_CONFIG = "host_capacity_mb:64,host_devices:2"  # the inproc allocator and the enabled process
+RAW_PYBIND = ("incompatible function arguments", "incompatible constructor arguments")
+STDERR = "STDERR"  # expected "error" of entry points that must not raise: a message on stderr
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    area: str                             # the function or surface under test
+    call: str                             # exact Python (or `python -m memalloc ...` command line) run
+    input: str                            # what is wrong with the input
+    expect: tuple[tuple[str, str], ...]   # alternatives: (exception type name, message fragment)
+    env: str = "inproc"
+    conf: Optional[str] = None            # MEMALLOC_CONF while the case runs
+    bug: Optional[str] = None             # a finding: why it does not get a clear error today
+
+    @property
+    def id(self) -> str:
+        conf = f" [MEMALLOC_CONF={self.conf}]" if self.conf is not None else ""
+        return f"{self.env}: {self.call}{conf}"
+
+
+CASES: list[Case] = []
+
+
+def add(area: str, call: str, input: str, error: str, fragment: str, *, env: str = "inproc",
+        conf: Optional[str] = None, bug: Optional[str] = None, alt: tuple[tuple[str, str], ...] = ()) -> None:
+    CASES.append(Case(area, call, input, ((error, fragment),) + tuple(alt), env, conf, bug))
+
+
+def raw(arg: str) -> str:
+    return (f"a {arg} of the wrong type or range gets pybind11's raw 'incompatible function arguments' "
+            f"TypeError (a list of C++ signatures) instead of a message naming {arg}")
+
+
+# =============================================================================
+# inproc: memalloc.Allocator (host backend), parse_config, config_text.
+# Names: a = Allocator("host", HOST_CONFIG) with live blocks p (1000 B, small
+# pool) and q (3 MiB, large pool) on device 0, f = a freed pointer whose
+# segment is still held by p.
+# =============================================================================
+A = "Allocator.malloc"
+add(A, 'a.malloc(-1)', "negative size", "InvalidArgumentError", "negative size -1 bytes")
+add(A, 'a.malloc("10")', "str size", "TypeError", "size must be", bug=raw("size"))
+add(A, 'a.malloc(1.5)', "float size", "TypeError", "size must be", bug=raw("size"))
+add(A, 'a.malloc(None)', "None size", "TypeError", "size must be", bug=raw("size"))
+add(A, 'a.malloc(True)', "bool size", "TypeError", "size must be",
+    bug="a bool size is taken as 1: allocates a 512-byte block silently (the Python layer refuses bools)")
+add(A, 'a.malloc(2**62)', "huge size (2**62)", "OutOfMemoryError", "Tried to allocate")
+add(A, 'a.malloc(2**63)', "size above int64 (2**63)", "OutOfMemoryError", "Tried to allocate",
+    alt=(("ValueError", "too large"),), bug=raw("size"))
+add(A, 'a.malloc(2**64)', "size above size_t (2**64)", "OutOfMemoryError", "Tried to allocate",
+    alt=(("ValueError", "too large"),), bug=raw("size"))
+add(A, 'a.malloc(1000, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.malloc(1000, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.malloc(1000, 2**40)', "device beyond int (2**40)", "InvalidArgumentError",
+    "device 1099511627776 does not exist", alt=(("TypeError", "device must be"),), bug=raw("device"))
+add(A, 'a.malloc(1000, "cuda:7")', 'device "cuda:7"', "InvalidArgumentError", "device 7 does not exist",
+    alt=(("TypeError", "device must be"),), bug=raw("device"))
+add(A, 'a.malloc(1000, 1.5)', "float device", "TypeError", "device must be", bug=raw("device"))
+add(A, 'a.malloc(1000, 0, -1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
+
+A = "Allocator.free"
+add(A, 'a.free(0xdead000)', "unknown pointer", "InvalidPointerError", "unknown pointer")
+add(A, 'a.free(f)', "double free", "InvalidPointerError", "double free")
+add(A, 'a.free(p + 512)', "interior pointer", "InvalidPointerError", "no live allocation starts there")
+add(A, 'a.free(p, 1)', "pointer of another device", "InvalidPointerError",
+    "not allocated by memalloc on this device")
+add(A, 'a.free(p, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.free(-1)', "negative pointer", "InvalidPointerError", "unknown pointer",
+    alt=(("ValueError", "ptr -1"),), bug=raw("ptr"))
+add(A, 'a.free("p")', "str pointer", "TypeError", "ptr must be", bug=raw("ptr"))
+
+A = "Allocator.record_stream"
+add(A, 'a.record_stream(0xdead000, 1)', "unknown pointer", "InvalidPointerError", "unknown pointer")
+add(A, 'a.record_stream(p + 512, 1)', "interior pointer", "InvalidPointerError", "no live allocation starts there")
+add(A, 'a.record_stream(f, 1)', "freed pointer", "InvalidPointerError", "record_stream of 0x",
+    bug="the message describes a free ('record_stream: free of 0x...: ... already freed (double free) ...; "
+        "free each pointer exactly once'), not the record_stream call that failed")
+add(A, 'a.record_stream(p, 1, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.record_stream(p, -1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
+add(A, 'a.record_stream(p, "1")', "str stream", "TypeError", "stream must be", bug=raw("stream"))
+
+A = "Allocator.empty_cache"
+add(A, 'a.empty_cache(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.empty_cache(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.empty_cache("0")', "str device", "TypeError", "device must be", bug=raw("device"))
+add(A, 'a.empty_cache(1.5)', "float device", "TypeError", "device must be", bug=raw("device"))
+
+A = "Allocator.set_memory_fraction"
+for v, what in (("0", "zero"), ("-0.5", "negative"), ("1.5", "above 1"), ('float("nan")', "NaN")):
+    add(A, f'a.set_memory_fraction({v})', f"{what} fraction", "InvalidArgumentError", "set a value in (0, 1]")
+add(A, 'a.set_memory_fraction(0.5, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.set_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be", bug=raw("fraction"))
+add(A, 'a.set_memory_fraction(None)', "None fraction", "TypeError", "fraction must be", bug=raw("fraction"))
+
+A = "Allocator.set_gc_threshold"
+for v, what in (("1.0", "1"), ("-0.1", "negative"), ('float("nan")', "NaN"), ('float("inf")', "infinite")):
+    add(A, f'a.set_gc_threshold({v})', f"{what} threshold", "InvalidArgumentError",
+        "invalid garbage_collection_threshold")
+add(A, 'a.set_gc_threshold(0.5, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.set_gc_threshold("0.5")', "str threshold", "TypeError", "threshold must be", bug=raw("threshold"))
+
+A = "Allocator queries"
+add(A, 'a.stats(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.stats(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.stats("0")', "str device", "TypeError", "device must be", bug=raw("device"))
+add(A, 'a.stats(True)', "bool device", "TypeError", "device must be",
+    bug="a bool device is taken as 1: returns device 1's statistics silently (the Python layer refuses bools)")
+add(A, 'a.segments(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.segments(1.5)', "float device", "TypeError", "device must be", bug=raw("device"))
+add(A, 'a.trace(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.mem_get_info(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.memory_fraction(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.gc_threshold(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.reset_peak_stats(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.reset_accumulated_stats(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.validate(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+
+A = "Allocator.set_recording"
+add(A, 'a.set_recording(10, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.set_recording(-1)', "negative capacity", "ValueError", "capacity -1", bug=raw("capacity"))
+add(A, 'a.set_recording(2**62)', "huge capacity (2**62)", "ValueError", "capacity")
+add(A, 'a.set_recording(2**64)', "capacity above size_t (2**64)", "ValueError", "capacity", bug=raw("capacity"))
+add(A, 'a.set_recording("10")', "str capacity", "TypeError", "capacity must be", bug=raw("capacity"))
+
+A = "Allocator.host_* faults"
+add(A, 'a.host_inject_allocate_faults(0, 1, False, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
+add(A, 'a.host_inject_allocate_faults(-1, 1)', "negative skip", "ValueError", "skip -1", bug=raw("skip"))
+add(A, 'a.host_inject_allocate_faults(0, -1)', "negative count", "ValueError", "count -1", bug=raw("count"))
+add(A, 'a.host_inject_allocate_faults("0", 1)', "str skip", "TypeError", "skip must be", bug=raw("skip"))
+add(A, 'a.host_inject_release_faults(0, 1, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.host_inject_release_faults(0, -1)', "negative count", "ValueError", "count -1", bug=raw("count"))
+add(A, 'a.host_set_fault_rates(2.0, 0.0)', "allocate rate above 1", "InvalidArgumentError",
+    "fault rates are probabilities in [0, 1]")
+add(A, 'a.host_set_fault_rates(0.0, -0.5)', "negative release rate", "InvalidArgumentError",
+    "fault rates are probabilities in [0, 1]")
+add(A, 'a.host_set_fault_rates(float("nan"), 0.0)', "NaN rate", "InvalidArgumentError",
+    "fault rates are probabilities in [0, 1]")
+add(A, 'a.host_set_fault_rates(0.0, 0.0, 0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.host_set_fault_rates(0.0, 0.0, -1)', "negative seed", "ValueError", "seed -1", bug=raw("seed"))
+add(A, 'a.host_faults_injected(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.host_live_segments(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.host_synchronize_stream(0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.host_synchronize_stream(-1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
+
+A = "Allocator.host_buffer"
+add(A, 'a.host_buffer(0)', "zero bytes", "InvalidArgumentError", "nbytes must be positive")
+add(A, 'a.host_buffer(-5)', "negative size", "InvalidArgumentError", "negative size -5 bytes")
+add(A, 'a.host_buffer(2**62)', "huge size (2**62)", "OutOfMemoryError", "Tried to allocate")
+add(A, 'a.host_buffer(2**64)', "size above size_t (2**64)", "OutOfMemoryError", "Tried to allocate",
+    alt=(("ValueError", "too large"),), bug=raw("nbytes"))
+add(A, 'a.host_buffer(10, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+
+A = "memalloc.Allocator()"
+add(A, 'memalloc.Allocator("bogus")', "unknown backend", "InvalidArgumentError", "unknown backend 'bogus'")
+add(A, 'memalloc.Allocator("host", "host_devices:0")', "bad config value", "InvalidArgumentError",
+    "host_devices must be between 1 and 64")
+add(A, 'memalloc.Allocator("cuda")', "CUDA backend without a GPU", "DriverError", "CUDA backend unavailable")
+add(A, 'memalloc.Allocator(None)', "None backend", "TypeError", "backend must be", bug=raw("backend"))
+add(A, 'memalloc.Allocator("host", 5)', "int config", "TypeError", "config must be", bug=raw("config"))
+
+A = "parse_config"
+add(A, 'memalloc._C.parse_config("host_devices")', "missing colon", "InvalidArgumentError", "has no ':'")
+add(A, 'memalloc._C.parse_config("host_devices=2")', "'=' instead of ':'", "InvalidArgumentError", "has no ':'")
+add(A, 'memalloc._C.parse_config("bogus:1")', "unknown key", "InvalidArgumentError", "unknown key 'bogus'; valid keys are")
+add(A, 'memalloc._C.parse_config(":1")', "empty key", "InvalidArgumentError", "unknown key ''")
+add(A, 'memalloc._C.parse_config("Host_Devices:2")', "key in the wrong case", "InvalidArgumentError",
+    "unknown key 'Host_Devices'")
+add(A, 'memalloc._C.parse_config("host_devices:2;host_capacity_mb:4")', "';' instead of ','",
+    "InvalidArgumentError", "value '2;host_capacity_mb:4' of key 'host_devices'")
+add(A, 'memalloc._C.parse_config("host_devices:1:2")', "two colons", "InvalidArgumentError",
+    "value '1:2' of key 'host_devices'")
+add(A, f'memalloc._C.parse_config("record_history:{2**62}")', "record_history too large to allocate",
+    "InvalidArgumentError", "record_history")
+add(A, 'memalloc._C.parse_config(None)', "None text", "TypeError", "must be a", bug=raw("the config text"))
+
+A = "config_text"
+add(A, 'memalloc.config_text(123)', "int config", "TypeError", "config must be a 'key:value,...' string")
+add(A, 'memalloc.config_text({"nope": 1}, use_env=False)', "mapping with an unknown key", "InvalidArgumentError",
+    "unknown key 'nope'")
+add(A, 'memalloc.config_text({"host_devices": None}, use_env=False)', "mapping value None", "InvalidArgumentError",
+    "value 'None' of key 'host_devices'")
+add(A, 'memalloc.config_text({"host_devices": "2,host_capacity_mb:1"}, use_env=False)',
+    "mapping value containing ',' and ':'", "InvalidArgumentError", "host_devices",
+    bug="the value is pasted into the text unescaped: returns '...host_capacity_mb:1,host_devices:2', i.e. "
+        "silently sets a second key (enable(config=mapping) goes through this)")
+add(A, 'memalloc.config_text({"host_capacity_mb:1,host_devices": 2}, use_env=False)',
+    "mapping key containing ',' and ':'", "InvalidArgumentError", "host_capacity_mb:1,host_devices",
+    bug="the key is pasted into the text unescaped: silently sets host_capacity_mb:1 and host_devices:2")
+
+A = "host.empty"
+add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be",
+    bug="AttributeError \"'str' object has no attribute 'host_buffer'\" instead of a TypeError naming allocator")
+
+# =============================================================================
+# before: memalloc not enabled. Names: scratch = an empty scratch folder.
+# =============================================================================
+NOT_ENABLED = "call memalloc.enable() first"
+for call in ("memory_allocated()", "max_memory_allocated()", "memory_reserved()", "max_memory_reserved()",
+             "memory_stats()", "memory_stats_raw()", "memory_stats_as_nested_dict()", "memory_summary()",
+             "reset_peak_memory_stats()", "reset_accumulated_memory_stats()", "empty_cache()", "mem_get_info()",
+             "get_per_process_memory_fraction()", "set_per_process_memory_fraction(0.5)",
+             "list_gpu_processes()", "set_empty_cache_policy(threshold=0.5)", "empty_cache_policy()",
+             "record_memory_history()", "events()", "events_array()", "snapshot()",
+             'save_trace(scratch + "/run.trace")', "installed_allocator()", "memory_allocated(99)"):
+    add("before enable()", f"memalloc.{call}", "not enabled yet", "RuntimeError", NOT_ENABLED, env="before")
+add("before enable()", 'memalloc.dump_snapshot(scratch + "/snap.pickle")', "not enabled yet", "RuntimeError",
+    NOT_ENABLED, env="before")
+for call in ("host.empty(10)", "host.zeros(10)"):
+    add("before enable()", call, "no host allocator installed", "RuntimeError",
+        "call memalloc.enable(backend='host') first", env="before")
+
+# =============================================================================
+# conf: MEMALLOC_CONF per case, then memalloc.enable(); nothing may be enabled.
+# =============================================================================
+BAD_CONF = [
+    ("bogus:1", "unknown key", "InvalidArgumentError", "unknown key 'bogus'; valid keys are"),
+    ("host_devices", "missing colon", "InvalidArgumentError", "has no ':'"),
+    ("backend:gpu", "backend", "InvalidArgumentError", "backend 'gpu' is unknown; use one of auto, cuda, host"),
+    ("backend:cuda", "backend cuda without a GPU", "RuntimeError", "CUDA is not usable"),
+    ("max_split_size_mb:20", "max_split_size_mb", "InvalidArgumentError", "max_split_size_mb must be greater than 20"),
+    ("max_split_size_mb:abc", "max_split_size_mb", "InvalidArgumentError",
+     "value 'abc' of key 'max_split_size_mb'"),
+    ("max_split_size_mb:-1", "max_split_size_mb", "InvalidArgumentError", "value '-1' of key 'max_split_size_mb'"),
+    (f"max_split_size_mb:{2**41}", "max_split_size_mb", "InvalidArgumentError", "is too large"),
+    ("roundup_power2_divisions:3", "roundup_power2_divisions", "InvalidArgumentError", "must be a power of two"),
+    ("roundup_power2_divisions:128", "roundup_power2_divisions", "InvalidArgumentError", "must be a power of two"),
+    ("garbage_collection_threshold:1", "garbage_collection_threshold", "InvalidArgumentError",
+     "value '1' of key 'garbage_collection_threshold' is invalid"),
+    ("garbage_collection_threshold:-0.5", "garbage_collection_threshold", "InvalidArgumentError",
+     "value '-0.5' of key 'garbage_collection_threshold' is invalid"),
+    ("garbage_collection_threshold:nan", "garbage_collection_threshold", "InvalidArgumentError",
+     "value 'nan' of key 'garbage_collection_threshold' is invalid"),
+    ("garbage_collection_threshold:abc", "garbage_collection_threshold", "InvalidArgumentError",
+     "value 'abc' of key 'garbage_collection_threshold' is invalid"),
+    ("empty_cache_every_n_steps:-1", "empty_cache_every_n_steps", "InvalidArgumentError",
+     "value '-1' of key 'empty_cache_every_n_steps'"),
+    ("empty_cache_every_n_steps:1.5", "empty_cache_every_n_steps", "InvalidArgumentError",
+     "value '1.5' of key 'empty_cache_every_n_steps'"),
+    ("patch_torch:yes", "patch_torch", "InvalidArgumentError", "value 'yes' of key 'patch_torch' is not a boolean"),
+    ("record_history:x", "record_history", "InvalidArgumentError", "value 'x' of key 'record_history'"),
+    ("record_history:-5", "record_history", "InvalidArgumentError", "value '-5' of key 'record_history'"),
+    ("record_stacks:all", "record_stacks", "InvalidArgumentError", "record_stacks 'all' is unknown"),
+    ("host_capacity_mb:0", "host_capacity_mb", "InvalidArgumentError", "host_capacity_mb must be positive"),
+    ("host_capacity_mb:1e3", "host_capacity_mb", "InvalidArgumentError", "value '1e3' of key 'host_capacity_mb'"),
+    ("host_devices:0", "host_devices", "InvalidArgumentError", "host_devices must be between 1 and 64 (got 0)"),
+    ("host_devices:65", "host_devices", "InvalidArgumentError", "host_devices must be between 1 and 64 (got 65)"),
+    ("host_devices:", "host_devices (empty value)", "InvalidArgumentError", "value '' of key 'host_devices'"),
+]
+for conf, what, error, fragment in BAD_CONF:
+    add("MEMALLOC_CONF", "memalloc.enable()", f"bad {what}", error, fragment, env="conf", conf=conf)
+add("MEMALLOC_CONF", 'memalloc.enable(backend="host", config="host_devices:2")',
+    "bad environment, valid argument", "InvalidArgumentError", "unknown key 'bogus'", env="conf", conf="bogus:1")
+
+A = "enable"
+add(A, 'memalloc.enable(backend="bogus")', "unknown backend", "ValueError",
+    "unknown backend 'bogus': use one of auto, cuda, host", env="conf")
+add(A, 'memalloc.enable(backend=None)', "None backend", "ValueError", "unknown backend None", env="conf")
+add(A, 'memalloc.enable(backend="cuda")', "CUDA without a GPU", "RuntimeError", "CUDA is not usable", env="conf")
+add(A, 'memalloc.enable(config=123)', "int config", "TypeError", "config must be a 'key:value,...' string",
+    env="conf")
+add(A, 'memalloc.enable(config=["host_devices:2"])', "list config", "TypeError", "not list", env="conf")
+add(A, 'memalloc.enable(config={"host_devices": 0})', "mapping with a bad value", "InvalidArgumentError",
+    "host_devices must be between 1 and 64", env="conf")
+add(A, f'memalloc.enable(backend="host", config="record_history:{2**62}")', "record_history too large",
+    "InvalidArgumentError", "record_history", env="fresh:record_history")
+
+# =============================================================================
+# cli: python -m memalloc ... (MEMALLOC_CONF per case)
+# =============================================================================
+A = "python -m memalloc"
+add(A, "python -m memalloc info", "bad MEMALLOC_CONF", "SystemExit", "memalloc: MEMALLOC_CONF: unknown key 'bogus'",
+    env="cli", conf="bogus:1")
+add(A, "python -m memalloc demo", "bad MEMALLOC_CONF", "SystemExit", "memalloc: MEMALLOC_CONF: backend 'gpu' is unknown",
+    env="cli", conf="backend:gpu")
+add(A, "python -m memalloc run --config host_devices:0 script.py", "bad --config", "SystemExit",
+    "host_devices must be between 1 and 64", env="cli")
+add(A, "python -m memalloc run --backend cuda script.py", "CUDA without a GPU", "SystemExit",
+    "CUDA is not usable", env="cli")
+add(A, "python -m memalloc run --backend gpu script.py", "unknown --backend", "SystemExit",
+    "invalid choice: 'gpu'", env="cli")
+add(A, "python -m memalloc demo --steps 0", "--steps 0", "SystemExit", "--steps must be at least 1", env="cli")
+add(A, "python -m memalloc demo --steps x", "non-integer --steps", "SystemExit", "invalid int value: 'x'", env="cli")
+add(A, "python -m memalloc", "no command", "SystemExit", "the following arguments are required: command", env="cli")
+add(A, "python -m memalloc run", "no script", "SystemExit", "the following arguments are required: script", env="cli")
+add(A, "python -m memalloc bogus", "unknown command", "SystemExit", "invalid choice: 'bogus'", env="cli")
+add(A, "python -m memalloc run /nonexistent/script.py", "missing script", "SystemExit", "/nonexistent/script.py",
+    env="fresh:run_missing_script")
+
+# =============================================================================
+# enabled: memalloc.enable(backend="host", config=HOST_CONFIG) in a fresh
+# interpreter. Names: a = memalloc.installed_allocator(); t = a live
+# host.empty(1000) tensor; lib = ctypes.CDLL(memalloc._C.__file__) with
+# argtypes set; LIVE = lib.memalloc_alloc(4096, 0, None); FREED = a 3 MiB
+# pointer from lib.memalloc_alloc already given back with lib.memalloc_free;
+# scratch = a scratch folder; fd = a file descriptor opened on a scratch file
+# for the case; not_a_trace, empty_file, magic_only, bad_json, no_devices,
+# short_records, bad_action, huge_header = corrupt trace files in scratch.
+# =============================================================================
+E = "enabled"
+DEVICE_QUERIES = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                  "memory_stats", "memory_stats_raw", "memory_stats_as_nested_dict", "memory_summary",
+                  "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
+                  "get_per_process_memory_fraction", "list_gpu_processes", "events", "events_array", "snapshot")
+for fn in DEVICE_QUERIES:
+    for dev, what, error, fragment in (
+            ("-1", "device -1", "InvalidArgumentError", "device -1 does not exist"),
+            ("99", "device 99", "InvalidArgumentError", "device 99 does not exist"),
+            ('"cuda:7"', 'device "cuda:7"', "InvalidArgumentError", "device 7 does not exist"),
+            ("1.5", "float device", "TypeError", "device must be an int"),
+            ("True", "bool device", "TypeError", "not bool")):
+        add(fn, f"memalloc.{fn}({dev})", what, error, fragment, env=E)
+add("memory_allocated", 'memalloc.memory_allocated(torch.device("cuda", 5))', "torch.device cuda:5",
+    "InvalidArgumentError", "device 5 does not exist", env=E)
+add("memory_allocated", "memalloc.memory_allocated([0])", "list device", "TypeError", "not list", env=E)
+add("memory_allocated", 'memalloc.memory_allocated("xyz")', "unparsable device string", "RuntimeError",
+    "device string: xyz", env=E)
+add("memory_allocated", 'memalloc.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E,
+    bug="a non-CUDA device string is taken as device 0: answers silently (torch.cuda.memory_allocated('cpu') "
+        "raises 'Expected a cuda device'); the same for every query taking a device, including "
+        "empty_cache('cpu') and reset_peak_memory_stats('cpu'), which then act on device 0")
+add("memory_allocated", "memalloc.memory_allocated(2**64)", "device beyond int (2**64)", "InvalidArgumentError",
+    "does not exist", env=E,
+    bug=raw("device") + "; the same for every query taking a device (the Python layer passes big ints through)")
+
+A = "set_per_process_memory_fraction"
+for v, what in (("0", "zero"), ("-0.5", "negative"), ("1.5", "above 1"), ('float("nan")', "NaN")):
+    add(A, f"memalloc.set_per_process_memory_fraction({v})", f"{what} fraction", "InvalidArgumentError",
+        "set a value in (0, 1]", env=E)
+add(A, "memalloc.set_per_process_memory_fraction(0.5, 99)", "device 99", "InvalidArgumentError",
+    "device 99 does not exist", env=E)
+add(A, 'memalloc.set_per_process_memory_fraction(0.5, "cuda:7")', 'device "cuda:7"', "InvalidArgumentError",
+    "device 7 does not exist", env=E)
+add(A, "memalloc.set_per_process_memory_fraction(0.5, 1.5)", "float device", "TypeError", "device must be an int",
+    env=E)
+FRACTION_COERCED = ("float(fraction) accepts it: the fraction is set silently (torch's "
+                    "set_per_process_memory_fraction raises TypeError for a non-float)")
+add(A, 'memalloc.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be",
+    env=E, bug=FRACTION_COERCED + "; here the limit becomes 0.5")
+add(A, "memalloc.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be",
+    env=E, bug=FRACTION_COERCED + "; here the limit becomes 1.0")
+FRACTION_MSG = "the error comes from float() and does not name the fraction argument: "
+add(A, "memalloc.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be",
+    env=E, bug=FRACTION_MSG + "\"float() argument must be a string or a real number, not 'NoneType'\"")
+add(A, 'memalloc.set_per_process_memory_fraction("abc")', "non-numeric str fraction", "TypeError",
+    "fraction must be", env=E, bug=FRACTION_MSG + "ValueError \"could not convert string to float: 'abc'\"")
+
+A = "set_empty_cache_policy"
+for kw, what in (("threshold=1.0", "threshold 1"), ("threshold=-0.1", "negative threshold"),
+                 ('threshold=float("nan")', "NaN threshold")):
+    add(A, f"memalloc.set_empty_cache_policy({kw})", what, "ValueError", "invalid garbage_collection_threshold",
+        env=E)
+for kw, what in (("every_n_steps=-1", "negative every_n_steps"), ("every_n_steps=1.5", "float every_n_steps"),
+                 ("every_n_steps=True", "bool every_n_steps"), ('every_n_steps="3"', "str every_n_steps"),
+                 ("threshold=0.5, every_n_steps=-1", "valid threshold, bad every_n_steps")):
+    add(A, f"memalloc.set_empty_cache_policy({kw})", what, "ValueError", "every_n_steps must be an int >= 0", env=E)
+add(A, "memalloc.set_empty_cache_policy(0.5)", "positional argument", "TypeError",
+    "takes 0 positional arguments", env=E)
+add(A, 'memalloc.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E,
+    bug="the error comes from float() and does not name the threshold: ValueError "
+        "\"could not convert string to float: 'x'\"")
+add(A, 'memalloc.set_empty_cache_policy(threshold="0.5")', "numeric str threshold", "TypeError",
+    "threshold must be", env=E,
+    bug="float(threshold) accepts it: the threshold policy is set to 0.5 on every device silently")
+
+A = "empty_cache_policy"
+add(A, "memalloc.empty_cache_policy(99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
+add(A, 'memalloc.empty_cache_policy("cuda:7")', 'device "cuda:7"', "InvalidArgumentError",
+    "device 7 does not exist", alt=(("TypeError", "device must be"),), env=E,
+    bug=raw("device") + " (unlike every other query, it passes the device to C++ without device_index())")
+
+add("step", "memalloc.step(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
+
+A = "record_memory_history"
+for kw, what in (("max_entries=0", "zero max_entries"), ("max_entries=-5", "negative max_entries"),
+                 ("max_entries=1.5", "float max_entries"), ("max_entries=True", "bool max_entries"),
+                 ('max_entries="10"', "str max_entries")):
+    add(A, f"memalloc.record_memory_history({kw})", what, "ValueError",
+        "max_entries must be a positive int", env=E)
+add(A, "memalloc.record_memory_history(max_entries=2**62)", "huge max_entries (2**62)", "ValueError",
+    "max_entries", env=E)
+add(A, "memalloc.record_memory_history(max_entries=2**64)", "max_entries above size_t (2**64)", "ValueError",
+    "max_entries", env=E)
+for kw, what in (('stacks="all"', "unknown stacks mode"), ("stacks=None", "None stacks mode")):
+    add(A, f"memalloc.record_memory_history({kw})", what, "ValueError", "stacks must be one of none, tags, python",
+        env=E)
+add(A, "memalloc.record_memory_history(device=99)", "device 99", "InvalidArgumentError", "device 99 does not exist",
+    env=E)
+add(A, 'memalloc.record_memory_history(device="cuda:7")', 'device "cuda:7"', "InvalidArgumentError",
+    "device 7 does not exist", env=E)
+add(A, "memalloc.record_memory_history(device=1.5)", "float device", "TypeError", "device must be an int", env=E)
+
+for arg, what in (('""', "empty tag"), ('"a/b"', "tag with '/'"), ("1", "int tag"), ("None", "None tag")):
+    add("tag", f"with memalloc.tag({arg}): pass", what, "ValueError", "a tag is a non-empty str without '/'", env=E)
+
+FD_BUG = ("an int is taken as a file descriptor by open(): the {what} the descriptor and closes it "
+          "(the caller's descriptor is gone afterwards)")
+for fn, ext in (("dump_snapshot", "pickle"), ("save_trace", "trace")):
+    add(fn, f'memalloc.{fn}("/nonexistent/out.{ext}")', "folder that does not exist", "FileNotFoundError",
+        "No such file or directory", env=E)
+    add(fn, f"memalloc.{fn}(scratch)", "a folder, not a file", "IsADirectoryError", "Is a directory", env=E)
+    add(fn, f"memalloc.{fn}(None)", "None path", "TypeError", "expected str, bytes or os.PathLike object", env=E)
+    add(fn, f"memalloc.{fn}(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E,
+        bug=FD_BUG.format(what="file is written into"))
+
+A = "load_trace"
+add(A, "memalloc.load_trace(not_a_trace)", "not a trace file", "ValueError",
+    "is not a memalloc trace file (bad magic)", env=E)
+add(A, "memalloc.load_trace(empty_file)", "empty file", "ValueError", "is not a memalloc trace file", env=E)
+add(A, 'memalloc.load_trace("/nonexistent/run.trace")', "missing file", "FileNotFoundError",
+    "No such file or directory", env=E)
+add(A, "memalloc.load_trace(scratch)", "a folder, not a file", "IsADirectoryError", "Is a directory", env=E)
+add(A, "memalloc.load_trace(None)", "None path", "TypeError", "expected str, bytes or os.PathLike object", env=E)
+CORRUPT = "a corrupt trace file gets a raw {got} instead of a ValueError saying the file is not a valid trace file"
+for name, what, got in (
+        ("magic_only", "magic line only (truncated header)", "struct.error 'unpack requires a buffer of 8 bytes'"),
+        ("bad_json", "metadata that is not JSON", "json.JSONDecodeError"),
+        ("no_devices", "metadata without 'devices'", "KeyError 'devices'"),
+        ("short_records", "fewer record bytes than the header says",
+         "struct.error 'iterative unpacking requires a buffer of a multiple of 64 bytes'"),
+        ("bad_action", "a record with action 255", "IndexError 'tuple index out of range'"),
+        ("huge_header", "metadata length 2**62", "MemoryError with an empty message (it tries to read 4 EiB)")):
+    add(A, f"memalloc.load_trace({name})", what, "ValueError", "trace file", env=E, bug=CORRUPT.format(got=got))
+add(A, "memalloc.load_trace(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E,
+    bug=FD_BUG.format(what="trace is read from"))
+
+A = "host.empty"
+add(A, "host.empty(-1)", "negative size", "ValueError", "negative dimension -1", env=E)
+add(A, "host.empty((2, -3))", "negative dimension", "ValueError", "negative dimension -3", env=E)
+add(A, 'host.empty("10")', "str shape", "TypeError", "shape entries must be ints", env=E)
+add(A, "host.empty(True)", "bool shape", "TypeError", "shape entries must be ints, got True", env=E)
+add(A, "host.empty([2, 2.0])", "float dimension", "TypeError", "shape entries must be ints, got 2.0", env=E)
+add(A, "host.empty(1.5)", "float shape", "TypeError", "shape", env=E,
+    bug="TypeError \"'float' object is not iterable\": does not say that the shape is wrong")
+add(A, "host.empty(None)", "None shape", "TypeError", "shape", env=E,
+    bug="TypeError \"'NoneType' object is not iterable\": does not say that the shape is wrong")
+add(A, "host.empty(2**62, dtype=torch.uint8)", "huge size (2**62 bytes)", "OutOfMemoryError", "Tried to allocate",
+    env=E)
+add(A, "host.empty(2**62)", "2**62 float32 elements (2**64 bytes)", "OutOfMemoryError", "Tried to allocate",
+    alt=(("ValueError", "too large"),), env=E, bug=raw("nbytes") + " (the byte count overflows int64)")
+add(A, "host.empty((2**32, 2**32))", "2**64 elements", "OutOfMemoryError", "Tried to allocate",
+    alt=(("ValueError", "too large"),), env=E, bug=raw("nbytes") + " (the byte count overflows int64)")
+add(A, "host.empty(10, device=99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
+add(A, "host.empty(10, device=-1)", "device -1", "InvalidArgumentError", "device -1 does not exist", env=E)
+add(A, 'host.empty(10, device="cuda:7")', 'device "cuda:7"', "InvalidArgumentError", "device 7 does not exist",
+    alt=(("TypeError", "device must be"),), env=E, bug=raw("device"))
+add(A, "host.empty(10, device=1.5)", "float device", "TypeError", "device must be", env=E, bug=raw("device"))
+add(A, "host.empty(10, stream=-1)", "negative stream", "ValueError", "stream -1", env=E, bug=raw("stream"))
+add(A, 'host.empty(10, dtype="float")', "str dtype", "TypeError", "must be torch.dtype, not str", env=E)
+add(A, "host.empty(10, dtype=None)", "None dtype", "TypeError", "dtype must be", env=E,
+    bug="the memory is allocated before the dtype is checked; then torch's internal 'view() received an invalid "
+        "combination of arguments' TypeError (a call the user did not make), and the accumulated counters "
+        "(allocation.allocated/freed) have moved")
+A = "host.zeros"
+add(A, "host.zeros(-1)", "negative size", "ValueError", "negative dimension -1", env=E)
+add(A, "host.zeros(10, device=99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
+add(A, "host.zeros(2**62, dtype=torch.uint8)", "huge size (2**62 bytes)", "OutOfMemoryError", "Tried to allocate",
+    env=E)
+
+A = "enable (already enabled)"
+add(A, 'memalloc.enable(backend="host", config="host_devices:3")', "different config", "RuntimeError",
+    "already enabled", env=E)
+add(A, 'memalloc.enable(backend="cuda")', "different backend", "RuntimeError", "already enabled", env=E)
+add(A, 'memalloc.enable(config="bogus:1")', "bad config", "InvalidArgumentError", "unknown key 'bogus'", env=E)
+
+A = "entry point memalloc_free"
+for call, what, fragment in (
+        ("lib.memalloc_free(0xdead000, 0, 0, None)", "unknown pointer", "free ignored: free of 0xdead000"),
+        ("lib.memalloc_free(FREED, 0, 0, None)", "double free", "double free"),
+        ("lib.memalloc_free(LIVE + 512, 0, 0, None)", "interior pointer", "no live allocation starts there"),
+        ("lib.memalloc_free(LIVE, 0, 1, None)", "pointer of another device", "not allocated by memalloc on this device"),
+        ("lib.memalloc_free(LIVE, 0, 99, None)", "device 99", "free ignored: device 99 does not exist"),
+        ("lib.memalloc_free(LIVE, 0, -1, None)", "device -1", "free ignored: device -1 does not exist")):
+    add(A, call, what, STDERR, fragment, env=E)
+
+
+# =============================================================================
+# Running cases
+# =============================================================================
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(obj, (list, tuple)):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(_flatten(v, f"{prefix}.{i}" if prefix else str(i)))
+        return out
+    return {prefix: obj}
+
+
+@contextlib.contextmanager
+def _captured_stderr():
+    """Captures file descriptor 2 (C++ fprintf and Python alike)."""
+    sys.stderr.flush()
+    tmp = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(tmp.fileno(), 2)
+    box = {"text": ""}
+    try:
+        yield box
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        tmp.seek(0)
+        box["text"] = tmp.read().decode(errors="replace")
+        tmp.close()
+
+
+def _open_fd(ns: dict) -> None:
+    path = os.path.join(ns["scratch"], "fd-target")
+    ns["fd"] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    ns["_fd_ino"] = os.fstat(ns["fd"]).st_ino
+
+
+def _fd_is_ours(ns: dict) -> Optional[bool]:
+    if "_fd_ino" not in ns:
+        return None
+    try:
+        return os.fstat(ns["fd"]).st_ino == ns["_fd_ino"]
+    except OSError:
+        return False
+
+
+def _close_fd(ns: dict) -> None:
+    if _fd_is_ours(ns):
+        os.close(ns["fd"])
+    ns.pop("fd", None)
+    ns.pop("_fd_ino", None)
+
+
+def run_case(case: Case, ns: dict, state: Callable[[dict], Any]) -> dict:
+    """Runs one case in namespace ``ns``; returns its outcome (JSON-able)."""
+    uses_fd = re.search(r"\bfd\b", case.call) is not None
+    if uses_fd:
+        _open_fd(ns)
+    before = state(ns)
+    raised: Optional[dict] = None
+    with _captured_stderr() as err:
+        if case.conf is not None:
+            os.environ["MEMALLOC_CONF"] = case.conf
+        try:
+            if case.call.startswith("python -m memalloc"):
+                from memalloc.__main__ import main
+
+                main(shlex.split(case.call)[3:])
+            else:
+                exec(compile(case.call, "<bad-input case>", "exec"), ns)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit is an answer too
+            raised = {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)}
+        finally:
+            os.environ.pop("MEMALLOC_CONF", None)
+    after = state(ns)
+    if after != before:  # a traceback may have kept a tensor alive a moment longer
+        import gc
+
+        gc.collect()
+        after = state(ns)
+    if uses_fd:
+        _close_fd(ns)
+    return {"id": case.id, "raised": raised, "stderr": err["text"], "before": before, "after": after}
+
+
+# ---- namespaces and state, per environment -----------------------------------
+def _scratch_files(ns: dict) -> list:
+    d = ns["scratch"]
+    return sorted([n, os.path.getsize(os.path.join(d, n))] for n in os.listdir(d))
+
+
+def _inproc_namespace() -> dict:
+    import memalloc
+    import torch
+    from memalloc import host
+
+    a = memalloc.Allocator("host", HOST_CONFIG)
+    p = a.malloc(1000)
+    q = a.malloc(3 * MiB)
+    f = a.malloc(2000)
+    a.free(f)
+    return {"memalloc": memalloc, "torch": torch, "host": host, "a": a, "p": p, "q": q, "f": f}
+
+
+def _allocator_state(ns: dict) -> dict:
+    a = ns["a"]
+    devices = range(a.device_count)
+
+    def valid(d: int) -> str:
+        try:
+            a.validate(d)
+            return "ok"
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+
+    return {
+        "stats": [a.stats(d) for d in devices],
+        "memory_fraction": [a.memory_fraction(d) for d in devices],
+        "gc_threshold": [a.gc_threshold(d) for d in devices],
+        "trace": [[len(a.trace(d)[0]), a.trace(d)[1]] for d in devices],
+        "faults_injected": [list(a.host_faults_injected(d)) for d in devices],
+        "live_segments": [a.host_live_segments(d) for d in devices],
+        "validate": [valid(d) for d in devices],
+    }
+
+
+def _trace_files(scratch: str) -> dict[str, str]:
+    magic = b"MEMALLOC-TRACE-1\n"
+
+    def with_meta(meta: Any, raw_meta: Optional[bytes] = None) -> bytes:
+        blob = raw_meta if raw_meta is not None else json.dumps(meta).encode()
+        return magic + struct.pack("<Q", len(blob)) + blob
+
+    one_device = {"tags": [], "stacks": {}, "devices": [{"records": 1, "dropped": 0}]}
+    contents = {
+        "not_a_trace": b"hello, world\n",
+        "empty_file": b"",
+        "magic_only": magic,
+        "bad_json": with_meta(None, b"{not json"),
+        "no_devices": with_meta({"tags": [], "stacks": {}}),
+        "short_records": with_meta({"tags": [], "stacks": {}, "devices": [{"records": 2, "dropped": 0}]}) + bytes(70),
+        "bad_action": with_meta(one_device) + b"\xff" * 64,
+        "huge_header": magic + struct.pack("<Q", 2**62),
+    }
+    paths = {}
+    for name, data in contents.items():
+        path = os.path.join(scratch, name + ".trace")
+        with open(path, "wb") as fh:
+            fh.write(data)
+        paths[name] = path
+    return paths
+
+
+def _child_namespace(env: str, scratch: str) -> dict:
+    import memalloc
+    import torch
+    from memalloc import _C, host
+
+    ns = {"memalloc": memalloc, "torch": torch, "host": host, "_C": _C, "scratch": scratch}
+    if env == "enabled":
+        import ctypes
+
+        memalloc.enable(backend="host", config=HOST_CONFIG)
+        ns["a"] = memalloc.installed_allocator()
+        ns["t"] = host.empty(1000)
+        lib = ctypes.CDLL(_C.__file__)
+        lib.memalloc_alloc.restype = ctypes.c_void_p
+        lib.memalloc_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.memalloc_free.restype = None
+        lib.memalloc_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        ns["lib"] = lib
+        ns["LIVE"] = lib.memalloc_alloc(4096, 0, None)
+        freed = lib.memalloc_alloc(3 * MiB, 0, None)
+        lib.memalloc_free(freed, 3 * MiB, 0, None)
+        ns["FREED"] = freed
+        ns.update(_trace_files(scratch))
+    return ns
+
+
+def _child_state(ns: dict) -> dict:
+    import memalloc
+    from memalloc import _C, _install, _policy
+
+    s: dict[str, Any] = {
+        "enabled": [memalloc.is_enabled(), memalloc.enabled_backend(), _install.installed_config()],
+        "installed": _C.installed() is not None,
+        "torch_patched": memalloc.torch_is_patched(),
+        "stack_mode": _C.stack_mode(),
+        "files": _scratch_files(ns),
+        "fd_open": _fd_is_ours(ns),
+    }
+    if "a" in ns:
+        a = ns["a"]
+        devices = range(a.device_count)
+        s.update({
+            "memory_allocated": [memalloc.memory_allocated(d) for d in devices],
+            "memory_reserved": [memalloc.memory_reserved(d) for d in devices],
+            "stats": [memalloc.memory_stats_raw(d) for d in devices],
+            "memory_fraction": [a.memory_fraction(d) for d in devices],
+            "gc_threshold": [a.gc_threshold(d) for d in devices],
+            "every_n_steps": _policy._every(),
+            "trace": [[len(a.trace(d)[0]), a.trace(d)[1]] for d in devices],
+        })
+    return s
+
+
+def process_of(env: str) -> str:
+    """The interpreter that runs the cases of ``env``."""
+    return "disabled" if env in ("before", "conf", "cli") else env
+
+
+def child_main(process: str) -> int:
+    """Runs every case of ``process`` in this interpreter; one ``CASE <json>`` line each."""
+    scratch = tempfile.mkdtemp(prefix="memalloc-bad-input-")
+    try:
+        ns = _child_namespace(process, scratch)
+        for case in CASES:
+            if process_of(case.env) == process:
+                out = run_case(case, ns, _child_state)
+                sys.stdout.write("CASE " + json.dumps(out) + "\n")
+                sys.stdout.flush()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+# =============================================================================
+# Judging an outcome
+# =============================================================================
+def problems(case: Case, out: Optional[dict]) -> list[str]:
+    """What is wrong with ``out`` for ``case``; [] when it is the answer wanted."""
+    if out is None:
+        return ["no outcome: the interpreter running this case died before reporting it (a crash?)"]
+    found: list[str] = []
+    raised, stderr = out["raised"], out["stderr"]
+    if case.expect[0][0] == STDERR:
+        if raised is not None:
+            found.append(f"raised {raised['type']}: {raised['message']!r}; it must not raise")
+        if case.expect[0][1] not in stderr:
+            found.append(f"stderr {stderr!r} lacks {case.expect[0][1]!r}")
+    elif raised is None:
+        found.append("no exception was raised")
+    else:
+        text = raised["message"] + ("\n" + stderr if raised["type"] == "SystemExit" else "")
+        if not any(t in raised["mro"] and frag in text for t, frag in case.expect):
+            want = " or ".join(f"{t} containing {frag!r}" for t, frag in case.expect)
+            found.append(f"got {raised['type']}: {raised['message'][:400]!r}; want {want}")
+        if any(r in raised["message"] for r in RAW_PYBIND):
+            found.append("the message is pybind11's raw argument-mismatch text")
+    before, after = _flatten(out["before"]), _flatten(out["after"])
+    changed = {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    if raised is not None and raised["type"] == "OutOfMemoryError":
+        ooms = [k for k, (b, a) in changed.items()
+                if k.endswith(".num_ooms") and isinstance(b, int) and a == b + 1]
+        if len(ooms) == 1:
+            del changed[ooms[0]]
+        else:
+            found.append("an out-of-memory error must add exactly one to one device's num_ooms")
+    if changed:
+        shown = dict(sorted(changed.items())[:8])
+        found.append(f"state changed ({len(changed)} values): {shown}")
+    return found
+
+
+# =============================================================================
+# The documentation table
+# =============================================================================
+TYPE_NAMES = {
+    "InvalidArgumentError": "memalloc.InvalidArgumentError",
+    "InvalidPointerError": "memalloc.InvalidPointerError",
+    "DriverError": "memalloc.DriverError",
+    "OutOfMemoryError": "torch.OutOfMemoryError",
+}
+
+DOC_INTRO = (
+    "This file is generated from the case list `CASES` in `tests/test_bad_input.py` by "
+    "`python tests/test_bad_input.py --write-doc`, and `test_doc_is_current` in that file fails when this "
+    "file differs from what the data renders: change the cases, then regenerate. Every row is a test: the "
+    "call is run exactly as written and must raise the error type shown (a subclass also counts, e.g. "
+    "`memalloc.InvalidArgumentError` for `ValueError`) with a message containing the excerpt, and "
+    "afterwards the allocator's counters and settings, recording, scratch files and enabled state must be "
+    "unchanged (an out-of-memory error may only add one to the device's `num_ooms`). Rows marked † are "
+    "open bugs: they state the answer wanted, run as strict xfails, and the list at the end says what "
+    "happens today."
+)
+
+DOC_NAMES = [
+    "`inproc`: this process, no `enable()`; `a = memalloc.Allocator(\"host\", \"" + HOST_CONFIG + "\")` "
+    "(fresh per case) holding live blocks `p` (1000 B) and `q` (3 MiB) on device 0; `f` is a freed pointer "
+    "inside `p`'s segment.",
+    "`before`: a fresh interpreter in which memalloc is not enabled; `scratch` is an empty folder.",
+    "`conf`: a fresh interpreter, `MEMALLOC_CONF` set as shown for the call; memalloc must stay disabled.",
+    "`cli`: the command line, run through `memalloc.__main__.main` in a fresh interpreter.",
+    "`enabled`: a fresh interpreter after `memalloc.enable(backend=\"host\", config=\"" + HOST_CONFIG + "\")`; "
+    "`a = memalloc.installed_allocator()`; `t` is a live `host.empty(1000)`; "
+    "`lib = ctypes.CDLL(memalloc._C.__file__)` (the entry points torch calls); `LIVE` is a live "
+    "`lib.memalloc_alloc(4096, 0, None)`, `FREED` a 3 MiB one already given to `lib.memalloc_free`; "
+    "`fd` is a descriptor opened on a scratch file; `not_a_trace`, `empty_file`, `magic_only`, `bad_json`, "
+    "`no_devices`, `short_records`, `bad_action`, `huge_header` are corrupt trace files.",
+    "`fresh:*`: a fresh interpreter for that one case (it may enable memalloc).",
+]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return "`" + _cell(text) + "`" if text else ""
+
+
+def _type_name(t: str) -> str:
+    if t == STDERR:
+        return "none raised; stderr"
+    return _code(TYPE_NAMES.get(t, t))
+
+
+def render_doc() -> str:
+    bugs = [c for c in CASES if c.bug]
+    lines = [
+        "# Bad input: what each memalloc call answers",
+        "",
+        DOC_INTRO,
+        "",
+        f"{len(CASES)} cases, {len(bugs)} of them open bugs (†). Where a case runs and the names its call uses:",
+        "",
+        *[f"- {n}" for n in DOC_NAMES],
+        "",
+        "| area | call | input | error type | message excerpt |",
+        "|---|---|---|---|---|",
+    ]
+    for c in CASES:
+        call = _code(c.call)
+        if c.conf is not None:
+            call = f"`MEMALLOC_CONF={_cell(c.conf)}` {call}"
+        if c.env != "inproc":
+            call += f" ({c.env})"
+        error = " or ".join(_type_name(t) for t, _ in c.expect) + (" †" if c.bug else "")
+        fragment = " / ".join(_code(f) for _, f in c.expect if f)
+        lines.append(f"| {_cell(c.area)} | {call} | {_cell(c.input)} | {error} | {fragment} |")
+    lines += ["", "## Open bugs (†): what happens today", ""]
+    for c in bugs:
+        conf = f" with `MEMALLOC_CONF={c.conf}`" if c.conf is not None else ""
+        lines.append(f"- {_code(c.call)}{conf} ({c.input}): {c.bug}.")
+    return "\n".join(lines) + "\n"
+
+
+# =============================================================================
+# pytest
+# =============================================================================
+try:
+    import pytest
+except ImportError:  # the child interpreters and --write-doc do not need it
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    def _param(case: Case):
+        marks = [pytest.mark.xfail(strict=True, reason=f"BUG: {case.bug}")] if case.bug else []
+        return pytest.param(case, id=case.id, marks=marks)
+
+    @pytest.fixture(scope="module")
+    def child_outcomes() -> dict[str, dict]:
+        """Runs every non-inproc environment in its own interpreter, in parallel."""
+        env = dict(os.environ)
+        env.pop("MEMALLOC_CONF", None)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # "auto" means the host backend here and on a GPU machine
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        envs = sorted({process_of(c.env) for c in CASES if c.env != "inproc"})
+        procs = {e: subprocess.Popen([sys.executable, __file__, "--run-env", e], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for e in envs}
+        outcomes: dict[str, dict] = {}
+        failures: dict[str, str] = {}
+        for e, p in procs.items():
+            try:
+                stdout, stderr = p.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                stdout, stderr = p.communicate()
+            for line in stdout.splitlines():
+                if line.startswith("CASE "):
+                    out = json.loads(line[len("CASE "):])
+                    outcomes[out["id"]] = out
+            if p.returncode != 0:
+                failures[e] = f"rc={p.returncode}\n{stderr[-3000:]}"
+        outcomes["__failures__"] = failures  # type: ignore[assignment]
+        return outcomes
+
+    @pytest.mark.parametrize("case", [_param(c) for c in CASES])
+    def test_bad_input(case: Case, request) -> None:
+        if case.env == "inproc":
+            out = run_case(case, _inproc_namespace(), _allocator_state)
+        else:
+            outcomes = request.getfixturevalue("child_outcomes")
+            out = outcomes.get(case.id)
+            process = process_of(case.env)
+            if out is None and process in outcomes["__failures__"]:
+                pytest.fail(f"the {process} interpreter failed: {outcomes['__failures__'][process]}")
+        found = problems(case, out)
+        assert not found, f"{case.call} ({case.input}):\n  " + "\n  ".join(found)
+
+    def test_case_ids_are_unique() -> None:
+        ids = [c.id for c in CASES]
+        assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
+
+    def test_every_public_function_has_a_case() -> None:
+        import memalloc
+
+        calls = "\n".join(c.call for c in CASES)
+        # Names that take no input a caller could get wrong, or are types.
+        no_input = {"Allocator", "DriverError", "InvalidArgumentError", "InvalidPointerError", "MemallocError",
+                    "config_keys", "cuda_usable", "enabled_backend", "host", "is_enabled", "patch_torch",
+                    "torch_is_patched", "unpatch_torch"}
+        missing = [n for n in memalloc.__all__ if n not in no_input and f"memalloc.{n}(" not in calls]
+        assert not missing, f"public functions without a bad-input case: {missing}"
+        methods = [m for m in dir(memalloc.Allocator) if not m.startswith("_")
+                   and callable(getattr(memalloc.Allocator, m))]
+        missing = [m for m in methods if f"a.{m}(" not in calls]
+        assert not missing, f"Allocator methods without a bad-input case: {missing}"
+        for fn in ("host.empty(", "host.zeros(", "memalloc.Allocator(", "memalloc._C.parse_config(",
+                   "lib.memalloc_free(", "python -m memalloc info", "python -m memalloc run",
+                   "python -m memalloc demo"):
+            assert fn in calls, fn
+
+    def test_doc_is_current() -> None:
+        assert DOC.exists(), f"{DOC} is missing: run python tests/test_bad_input.py --write-doc"
+        assert DOC.read_text() == render_doc(), (
+            f"{DOC.relative_to(REPO)} differs from the cases: run python tests/test_bad_input.py --write-doc")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--run-env"] and len(sys.argv) == 3:
+        sys.exit(child_main(sys.argv[2]))
+    if sys.argv[1:] == ["--write-doc"]:
+        DOC.parent.mkdir(exist_ok=True)
+        DOC.write_text(render_doc())
+        print(f"wrote {DOC} ({len(CASES)} cases)")
+        sys.exit(0)
+    sys.exit("usage: python tests/test_bad_input.py --write-doc | --run-env PROCESS")
