@@ -4,7 +4,7 @@
 namespace memalloc {
 
 Block* FreeList::best_fit(Stream stream, size_t size, size_t max_split) const {
-  Block key(nullptr);
+  Block key(std::pmr::null_memory_resource());  // a lookup key: never allocates
   key.stream = stream;
   key.size = size;
   key.addr = 0;
