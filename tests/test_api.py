@@ -13,17 +13,13 @@ of 512 bytes (minimum 512); rounded sizes <= 1 MiB come from 2 MiB segments;
 from __future__ import annotations
 
 import gc
-import json
-import os
 import subprocess
-import sys
-import textwrap
 from typing import Optional
 
 import pytest
 
 import memalloc
-from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
+from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd, run_python
 
 PRELUDE = """
 import json, sys
@@ -43,20 +39,8 @@ def err(f):
 def run_child(code: str, conf: Optional[str] = None) -> tuple[subprocess.CompletedProcess, dict]:
     """Runs PRELUDE + code in a fresh interpreter; returns the process and its
     RESULT dict (the child must end with ``print("RESULT", json.dumps(R))``)."""
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    # These tests describe a machine without a GPU (CI); hide any GPU so that
-    # "auto" means the host backend on the device machine too.
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    if conf is not None:
-        env["MEMALLOC_CONF"] = conf
-    src = textwrap.dedent(PRELUDE) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-    p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert len(lines) == 1, p.stdout
-    return p, json.loads(lines[0][len("RESULT "):])
+    p, result, _ = run_python(PRELUDE, code, conf)
+    return p, result
 
 
 def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config():

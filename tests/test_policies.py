@@ -15,19 +15,14 @@ per process) and report one ``RESULT <json>`` line.
 from __future__ import annotations
 
 import ctypes
-import json
-import os
 import random
-import subprocess
-import sys
-import textwrap
 from typing import Optional
 
 import pytest
 import torch
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, segment_size
+from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, segment_size, run_python
 from test_stats_model import Model, diff
 
 PRELUDE = """
@@ -49,18 +44,7 @@ def footer():
 
 
 def run_child(code: str, conf: Optional[str] = None) -> dict:
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    if conf is not None:
-        env["MEMALLOC_CONF"] = conf
-    src = textwrap.dedent(PRELUDE) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-    p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert len(lines) == 1, p.stdout
-    return json.loads(lines[0][len("RESULT "):])
+    return run_python(PRELUDE, code, conf)[1]
 
 
 def reserved(a):

@@ -23,12 +23,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from typing import Optional
 
 import pytest
 
-from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
+from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, run_python
 
 USER_FILE = REPO / "tests" / "recording_cases" / "user_code.py"
 USER_SOURCE = USER_FILE.read_text()
@@ -62,18 +61,8 @@ def stacks_of(events):
 def run_child(code: str, conf: Optional[str] = None) -> tuple[dict, str]:
     """PRELUDE + code in a fresh interpreter on the host backend; returns its
     RESULT dict and the source it ran (to find ``# HERE:`` lines)."""
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    if conf is not None:
-        env["MEMALLOC_CONF"] = conf
-    src = textwrap.dedent(PRELUDE) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-    p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert len(lines) == 1, p.stdout
-    return json.loads(lines[0][len("RESULT "):]), src
+    _, result, src = run_python(PRELUDE, code, conf)
+    return result, src
 
 
 def _marker_line(text: str, marker: str) -> int:

@@ -15,18 +15,14 @@ their own segment rounded up to 2 MiB.
 """
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
-import textwrap
 from typing import Optional
 
 import pytest
 
 import memalloc
 from memalloc import _torch_patch
-from memtest_helpers import LARGE_SEGMENT, MiB, POOLS, REPO, SMALL_SEGMENT, STAT_KEYS, rnd
+from memtest_helpers import LARGE_SEGMENT, MiB, POOLS, SMALL_SEGMENT, STAT_KEYS, rnd, run_python
 
 # Every torch.cuda function memalloc answers on the host backend.
 PATCHED = (
@@ -77,18 +73,8 @@ def snap():
 
 def run_child(code: str, conf: Optional[str] = None) -> tuple[subprocess.CompletedProcess, dict]:
     """PRELUDE + code in a fresh interpreter; returns the process and its RESULT dict."""
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    if conf is not None:
-        env["MEMALLOC_CONF"] = conf
-    src = textwrap.dedent(PRELUDE) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-    p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert len(lines) == 1, p.stdout
-    return p, json.loads(lines[0][len("RESULT "):])
+    p, result, _ = run_python(PRELUDE, code, conf)
+    return p, result
 
 
 def fmt_size(sz: int, pref: int) -> str:
