@@ -53,12 +53,11 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
 }
 
 void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested) {
-  Event e;
-  e.action = Action::kAlloc;
+  int64_t split_bytes_delta = 0, split_count_delta = 0;
   if (from_cache) {
     free_list(b->pool).erase(b);
-    e.inactive_split_bytes_delta -= split_bytes(b);
-    e.inactive_split_count_delta -= split_count(b);
+    split_bytes_delta -= split_bytes(b);
+    split_count_delta -= split_count(b);
   }
   if (should_split(*b, size, config_.max_split_size)) {
     Block* rest = new_block();
@@ -72,21 +71,17 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
     b->next = rest;
     b->size = size;
     free_list(rest->pool).insert(rest);
-    e.inactive_split_bytes_delta += split_bytes(rest);
-    e.inactive_split_count_delta += split_count(rest);
+    split_bytes_delta += split_bytes(rest);
+    split_count_delta += split_count(rest);
   }
   b->allocated = true;
   b->requested = requested;
   b->stack_id = ctx_.stack_id;
   b->tag_id = ctx_.tag_id;
   live_.emplace(b->addr, b);
-  e.stack_id = b->stack_id;
-  e.tag_id = b->tag_id;
-  e.pool = b->pool;
-  e.stream = b->stream;
-  e.addr = b->addr;
-  e.size = b->size;
-  e.requested = requested;
+  Event e = block_event(Action::kAlloc, *b);
+  e.inactive_split_bytes_delta = split_bytes_delta;
+  e.inactive_split_count_delta = split_count_delta;
   record_locked(e);
   return reinterpret_cast<void*>(b->addr);
 }
@@ -101,16 +96,7 @@ void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
   Block* b = it->second;
   live_.erase(it);
   b->allocated = false;
-  Event e;
-  e.action = Action::kFreeRequested;
-  e.pool = b->pool;
-  e.stream = b->stream;
-  e.addr = b->addr;
-  e.size = b->size;
-  e.requested = b->requested;
-  e.stack_id = b->stack_id;
-  e.tag_id = b->tag_id;
-  record_locked(e);
+  record_locked(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
     free_block_locked(b);
   } else {
@@ -121,15 +107,7 @@ void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
 // Returns a no-longer-active block to its free list, merging free neighbours.
 void DeviceAllocator::free_block_locked(Block* b) {
   FreeList& list = free_list(b->pool);
-  Event e;
-  e.action = Action::kFreeCompleted;
-  e.pool = b->pool;
-  e.stream = b->stream;
-  e.addr = b->addr;
-  e.size = b->size;
-  e.requested = b->requested;
-  e.stack_id = b->stack_id;
-  e.tag_id = b->tag_id;
+  Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
   for (Block* n : {b->prev, b->next}) {
     if (n == nullptr || n->allocated || n->event_count > 0) continue;
     list.erase(n);

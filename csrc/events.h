@@ -69,4 +69,19 @@ struct Event {
   uint32_t tag_id = 0;
 };
 
+// An Event about block `b`: pool, stream, address, size, requested bytes and
+// attribution taken from the block (callers adjust what differs).
+inline Event block_event(Action action, const Block& b) {
+  Event e;
+  e.action = action;
+  e.pool = b.pool;
+  e.stream = b.stream;
+  e.addr = b.addr;
+  e.size = b.size;
+  e.requested = b.requested;
+  e.stack_id = b.stack_id;
+  e.tag_id = b.tag_id;
+  return e;
+}
+
 }  // namespace memalloc

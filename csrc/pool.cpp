@@ -52,12 +52,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
   b->stream = stream;
   b->pool = pool_kind_for(rounded);
   segments_.emplace(b->addr, bytes);
-  Event e;
-  e.action = Action::kSegmentAlloc;
-  e.pool = b->pool;
-  e.stream = stream;
-  e.addr = b->addr;
-  e.size = bytes;
+  Event e = block_event(Action::kSegmentAlloc, *b);
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
   record_locked(e);
@@ -110,23 +105,12 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   if (!backend_.release(device_, reinterpret_cast<void*>(b->addr), b->size)) {
     std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
                  "it stays cached\n", backend_.name(), hex(b->addr).c_str(), b->size, device_);
-    Event failed;
-    failed.action = Action::kSegmentFreeFailed;
-    failed.pool = b->pool;
-    failed.stream = b->stream;
-    failed.addr = b->addr;
-    failed.size = b->size;
-    record_locked(failed);
+    record_locked(block_event(Action::kSegmentFreeFailed, *b));
     return false;
   }
   free_list(b->pool).erase(b);
   segments_.erase(b->addr);
-  Event e;
-  e.action = Action::kSegmentFree;
-  e.pool = b->pool;
-  e.stream = b->stream;
-  e.addr = b->addr;
-  e.size = b->size;
+  Event e = block_event(Action::kSegmentFree, *b);
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
   record_locked(e);
