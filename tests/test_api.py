@@ -21,19 +21,7 @@ import pytest
 import memalloc
 from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd, run_python
 
-PRELUDE = """
-import json, sys
-import torch
-import memalloc
-from memalloc import host
-R = {}
-def err(f):
-    try:
-        f()
-    except BaseException as e:
-        return [type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)]
-    return None
-"""
+PRELUDE = ""  # memtest_helpers.CHILD_PRELUDE has all these scenarios need
 
 
 def run_child(code: str, conf: Optional[str] = None) -> tuple[subprocess.CompletedProcess, dict]:

@@ -26,18 +26,6 @@ from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, segment_size, run
 from test_stats_model import Model, diff
 
 PRELUDE = """
-import json, sys
-import torch
-import memalloc
-from memalloc import host
-MiB = 1 << 20
-R = {}
-def err(f):
-    try:
-        f()
-    except BaseException as e:
-        return [type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)]
-    return None
 def footer():
     return memalloc.memory_summary().rstrip("\\n").split("\\n")[-1]
 """

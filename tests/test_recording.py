@@ -39,15 +39,7 @@ import torch
 import memalloc
 from memalloc import _C, host, recording
 import user_code
-MiB = 1 << 20
-R = {}
 TMP = tempfile.mkdtemp()
-def err(f):
-    try:
-        f()
-    except BaseException as e:
-        return [type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)]
-    return None
 def ev(device=0):
     return [dataclasses.asdict(e) for e in memalloc.events(device)]
 def frames(sid, user_only=False):

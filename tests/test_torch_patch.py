@@ -43,19 +43,7 @@ def expected_keys():
 
 
 PRELUDE = """
-import json, sys
-import torch
-import memalloc
-from memalloc import host
-MiB = 1 << 20
 PATCHED = %r
-R = {}
-def err(f):
-    try:
-        f()
-    except BaseException as e:
-        return [type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)]
-    return None
 def fns():
     return {n: (getattr(torch.cuda, n), getattr(torch.cuda.memory, n)) for n in PATCHED}
 def same_as(saved):
