@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Optional
 
-from .gpu_worker import ALLOCATORS, DEFAULT_ALLOCATORS, GROUPS, PAIR_SIZES
+from .gpu_worker import ALLOCATORS, DEFAULT_ALLOCATORS, GROUPS, PAIR_SIZES, RECORDING_MODES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
@@ -38,7 +38,22 @@ ROWS = [
     ("transformer_fp32_peak_allocated", "transformer fp32, peak allocated", "GiB", True),
     ("resnet50_ms", "ResNet-50 step (batch 64, fp32)", "ms", True),
     ("resnet50_device_used", "ResNet-50, device used", "GiB", True),
+    # The recording group: one process per allocator, recording switched per
+    # round (gpu_worker.run_recording). "Python stacks" under native is
+    # torch's _record_memory_history(stacks="python").
+    ("rec_bf16_ms_off", "bf16 step, recording off (recording group)", "ms", True),
+    ("rec_bf16_ms_tags", "bf16 step, recording with tags", "ms", True),
+    ("rec_bf16_ms_python", "bf16 step, recording with Python stacks", "ms", True),
+    ("rec_bf16_ms_x_tags", "bf16 step, tags on / off in one process", "x", True),
+    ("rec_bf16_ms_x_python", "bf16 step, Python stacks on / off in one process", "x", True),
+    ("rec_pair_us_512_off", "torch.empty+del 512 B, recording off", "µs", True),
+    ("rec_pair_us_512_tags", "torch.empty+del 512 B, recording with tags", "µs", True),
+    ("rec_pair_us_512_python", "torch.empty+del 512 B, recording with Python stacks", "µs", True),
+    ("rec_pair_us_512_x_tags", "torch.empty+del 512 B, tags on / off in one process", "x", True),
+    ("rec_pair_us_512_x_python", "torch.empty+del 512 B, Python stacks on / off in one process", "x", True),
 ]
+# Rows whose cells are already ratios inside one process: no ratio to native.
+IN_PROCESS_RATIOS = {m for m, _, unit, _ in ROWS if m.startswith("rec_") and unit == "x"}
 
 
 def rmm_available() -> tuple[bool, str]:
@@ -109,12 +124,35 @@ def markdown_table(doc: dict) -> str:
             v = doc["medians"][a].get(metric)
             r = doc["ratios"].get(a, {}).get(metric)
             cell = fmt(unit, v)
-            if v is not None and r is not None and a != "native":
+            if v is not None and r is not None and a != "native" and metric not in IN_PROCESS_RATIOS:
                 cell += f" ({r:.2f}x)"
             cells.append(cell)
         if any(c != "—" for c in cells):
             lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def recording_targets(med: dict) -> dict:
+    """memalloc with recording against native without it (issue #5's
+    targets), two ways: across processes (medians of the recording group's
+    times; carries the machine's process-to-process spread) and as
+    (memalloc off / native off across processes) x (on / off inside
+    memalloc's process)."""
+    m, n = med.get("memalloc", {}), med.get("native", {})
+    out = {}
+    for metric in ("bf16_ms", "pair_us_512"):
+        off_m, off_n = m.get(f"rec_{metric}_off"), n.get(f"rec_{metric}_off")
+        for mode in ("tags", "python"):
+            on = m.get(f"rec_{metric}_{mode}")
+            if on and off_n:
+                out[f"{metric}_{mode}_over_native_off"] = on / off_n
+            x = m.get(f"rec_{metric}_x_{mode}")
+            if x and off_m and off_n:
+                out[f"{metric}_{mode}_over_native_off_via_in_process"] = off_m / off_n * x
+        hist = n.get(f"rec_{metric}_x_python")
+        if hist:
+            out[f"{metric}_native_history_x"] = hist
+    return out
 
 
 def machine() -> dict:
@@ -155,6 +193,8 @@ def main(argv, command: str) -> int:
     for r in range(args.repeats):
         for group in groups:
             for alloc in order_for(allocators, r):
+                if group == "recording" and alloc not in RECORDING_MODES:
+                    continue
                 res = run_worker(alloc, group, args.timeout)
                 print(f"repeat {r + 1}/{args.repeats} {group:<12} {alloc:<16} {res['wall_s']:.1f}s"
                       + (f"  ERROR {res['error']}" if "error" in res else ""), flush=True)
@@ -167,6 +207,7 @@ def main(argv, command: str) -> int:
     doc = {"machine": machine(), "command": command, "repeats": args.repeats, "allocators": allocators,
            "groups": groups, "notes": notes, "errors": errors, "medians": med, "ratios": ratios(med),
            "raw": raw, "wall_s": time.perf_counter() - t_start}
+    doc["targets"] = recording_targets(med)
     doc["table_markdown"] = markdown_table(doc)
     out = args.out or os.path.join(REPO, "benchmarks", "results",
                                    f"{doc['machine']['date'][:10]}-gpu-bench.json")

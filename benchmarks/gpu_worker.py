@@ -5,7 +5,9 @@ The allocator is chosen once per process (torch cannot swap an initialised
 allocator), so the orchestrator (gpu_suite.py) starts one worker per
 (allocator, group, repeat). Groups: ``micro`` (the lognormal random workload,
 then the torch.empty+del cost per size), ``transformer`` (fp32 and bf16
-training steps), ``resnet50`` (training steps).
+training steps), ``resnet50`` (training steps), ``recording`` (native and
+memalloc only: the cost of recording, measured inside one process by
+switching recording off and on between rounds; see run_recording).
 
 Memory figures: peaks come from memalloc's own accounting under memalloc,
 from torch.cuda.max_memory_* for native, expandable and cudaMallocAsync, and
@@ -28,7 +30,10 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # recording on: torch's own history (Python stacks) and memalloc's modes
               "native_history", "memalloc_tags", "memalloc_stacks")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50")
+GROUPS = ("micro", "transformer", "resnet50", "recording")
+# The recording group's modes per allocator ("python" = Python call stacks:
+# torch's _record_memory_history(stacks="python") for native).
+RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
 PAIR_SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 GiB = 1 << 30
 
@@ -87,21 +92,10 @@ def device_used() -> int:
 
 def run_pair(name: str) -> dict:
     """µs per `t = torch.empty(n, uint8, cuda); del t`, median of 5 x 10,000."""
-    import torch
-
     out = {}
     for n in PAIR_SIZES:
-        for _ in range(100):
-            t = torch.empty(n, dtype=torch.uint8, device="cuda")
-            del t
-        reps = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(10_000):
-                t = torch.empty(n, dtype=torch.uint8, device="cuda")
-                del t
-            reps.append((time.perf_counter() - t0) / 10_000 * 1e6)
-        out[f"pair_us_{n}"] = sorted(reps)[len(reps) // 2]
+        pair_us(n, 100)
+        out[f"pair_us_{n}"] = sorted(pair_us(n, 10_000) for _ in range(5))[2]
     return out
 
 
@@ -152,9 +146,9 @@ def timed_steps(step, warmup: int, steps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run_transformer(name: str, peaks) -> dict:
-    """12-layer, 768-wide pre-norm encoder, batch 16x512, AdamW; fp32, then
-    bf16 autocast (the allocator-bound one)."""
+def transformer_steps():
+    """{"fp32": step, "bf16": step} of one 12-layer, 768-wide pre-norm
+    encoder, batch 16x512, AdamW (bf16 = autocast, the allocator-bound one)."""
     import torch
 
     torch.manual_seed(0)
@@ -162,8 +156,8 @@ def run_transformer(name: str, peaks) -> dict:
     model = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(16, 512, 768, device="cuda")
-    out = {}
-    for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+
+    def make(dtype):
         def step():
             ctx = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
             with ctx:
@@ -171,13 +165,84 @@ def run_transformer(name: str, peaks) -> dict:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        return step
 
+    return {"fp32": make(None), "bf16": make(torch.bfloat16)}
+
+
+def run_transformer(name: str, peaks) -> dict:
+    """The transformer steps (transformer_steps), fp32 then bf16."""
+    out = {}
+    for label, step in transformer_steps().items():
         reset_peaks(name)
         out[f"transformer_{label}_ms"] = timed_steps(step, warmup=3, steps=10)
         out[f"transformer_{label}_device_used"] = device_used()
         p = peaks()
         if p is not None:
             out[f"transformer_{label}_peak_allocated"], out[f"transformer_{label}_peak_reserved"] = p
+    return out
+
+
+def pair_us(n: int, pairs: int) -> float:
+    """µs per torch.empty(n, uint8, cuda) + del, over `pairs` pairs."""
+    import torch
+
+    t0 = time.perf_counter()
+    for _ in range(pairs):
+        t = torch.empty(n, dtype=torch.uint8, device="cuda")
+        del t
+    return (time.perf_counter() - t0) / pairs * 1e6
+
+
+def set_recording(name: str, mode: str) -> None:
+    """Recording off, or on with `mode` stacks, in a running process."""
+    import torch
+
+    if name == "native":
+        if mode == "off":
+            torch.cuda.memory._record_memory_history(enabled=None)
+        else:
+            torch.cuda.memory._record_memory_history(max_entries=100_000, stacks=mode)
+    else:
+        import memalloc
+
+        if mode == "off":
+            memalloc.record_memory_history(enabled=False)
+        else:
+            memalloc.record_memory_history(max_entries=1 << 20, stacks=mode)
+
+
+def run_recording(name: str, rounds: int = 11) -> dict:
+    """What recording costs, measured in one process: `rounds` rounds, each
+    running every mode of RECORDING_MODES[name] (order rotated per round) for
+    a bf16 transformer measurement (median of 8 steps after 2 warm-up steps)
+    and a 512 B torch.empty+del measurement (median of 3 x 5,000 pairs).
+    Per round, each mode's time is divided by the same round's "off" time;
+    the figures are medians over rounds of those ratios (rec_*_x_<mode>) and
+    of the times (rec_*_<mode>). Cross-process noise (the machine's
+    process-to-process spread) cancels out of the ratios."""
+    modes = RECORDING_MODES[name]
+    bf16 = transformer_steps()["bf16"]
+    times: dict[str, dict[str, list[float]]] = {"bf16_ms": {m: [] for m in modes}, "pair_us_512": {m: [] for m in modes}}
+    ratios: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes[1:]} for k in times}
+    for r in range(rounds):
+        k = r % len(modes)
+        for mode in modes[k:] + modes[:k]:
+            set_recording(name, mode)
+            times["bf16_ms"][mode].append(timed_steps(bf16, warmup=2, steps=8))
+            pair_us(512, 500)
+            times["pair_us_512"][mode].append(sorted(pair_us(512, 5_000) for _ in range(3))[1])
+        for metric, per_mode in times.items():
+            for mode in modes[1:]:
+                ratios[metric][mode].append(per_mode[mode][-1] / per_mode["off"][-1])
+    set_recording(name, "off")
+    med = lambda v: sorted(v)[len(v) // 2]
+    out = {"recording_rounds": rounds}
+    for metric, per_mode in times.items():
+        for mode, v in per_mode.items():
+            out[f"rec_{metric}_{mode}"] = med(v)
+        for mode, v in ratios[metric].items():
+            out[f"rec_{metric}_x_{mode}"] = med(v)
     return out
 
 
@@ -220,6 +285,10 @@ def main(argv) -> int:
         result.update(run_pair(name))
     elif group == "transformer":
         result.update(run_transformer(name, peaks))
+    elif group == "recording":
+        if name not in RECORDING_MODES:
+            raise SystemExit(f"the recording group runs under {' and '.join(RECORDING_MODES)} only")
+        result.update(run_recording(name))
     else:
         result.update(run_resnet50(name, peaks))
     print(json.dumps(result))

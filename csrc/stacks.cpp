@@ -2,6 +2,7 @@
 #include "stacks.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace memalloc {
 namespace {
@@ -13,38 +14,65 @@ uint64_t hash_frames(const RawFrame* frames, size_t n) {
   }
   return h ^ n;
 }
+
+// The per-thread cache of recently interned stacks (see stacks.h). An entry
+// is only ever written by its own thread, after that thread obtained the id
+// under the table's mutex, so reading the stored frames of that id later is
+// ordered after their construction.
+struct CacheSlot {
+  uint64_t table = 0;  // StackTable serial; 0 = empty
+  uint64_t hash = 0;
+  uint32_t id = 0;
+};
+constexpr size_t kCacheSlots = 256;
+thread_local CacheSlot t_cache[kCacheSlots];
+
+std::atomic<uint64_t> g_table_serial{0};
+
+bool same(const std::vector<RawFrame>& s, const RawFrame* frames, size_t n) {
+  return s.size() == n && std::equal(s.begin(), s.end(), frames);
+}
 }  // namespace
+
+StackTable::StackTable()
+    : serial_(g_table_serial.fetch_add(1, std::memory_order_relaxed) + 1),
+      chunks_(new std::unique_ptr<std::vector<RawFrame>[]>[kMaxChunks]) {}
 
 uint32_t StackTable::intern(const RawFrame* frames, size_t n, bool* is_new) {
   if (n > kMaxDepth) n = kMaxDepth;
+  *is_new = false;
   const uint64_t h = hash_frames(frames, n);
+  CacheSlot& slot = t_cache[h % kCacheSlots];
+  if (slot.table == serial_ && slot.hash == h && same(stored(slot.id), frames, n)) return slot.id;
+
   std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = 0;
   auto it = by_hash_.find(h);
   if (it != by_hash_.end()) {
-    for (uint32_t id : it->second) {
-      const auto& s = stacks_[id - 1];
-      if (s.size() == n && std::equal(s.begin(), s.end(), frames)) {
-        *is_new = false;
-        return id;
-      }
-    }
+    for (uint32_t candidate : it->second)
+      if (same(stored(candidate), frames, n)) id = candidate;
   }
-  stacks_.emplace_back(frames, frames + n);
-  auto id = static_cast<uint32_t>(stacks_.size());
-  by_hash_[h].push_back(id);
-  *is_new = true;
+  if (id == 0) {
+    if (count_ == kChunk * kMaxChunks) return 0;
+    if (count_ % kChunk == 0) chunks_[count_ / kChunk].reset(new std::vector<RawFrame>[kChunk]);
+    id = ++count_;
+    chunks_[(id - 1) / kChunk][(id - 1) % kChunk].assign(frames, frames + n);
+    by_hash_[h].push_back(id);
+    *is_new = true;
+  }
+  slot = CacheSlot{serial_, h, id};
   return id;
 }
 
 std::vector<RawFrame> StackTable::frames(uint32_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (id == 0 || id > stacks_.size()) return {};
-  return stacks_[id - 1];
+  if (id == 0 || id > count_) return {};
+  return stored(id);
 }
 
 size_t StackTable::size() {
   std::lock_guard<std::mutex> lock(mu_);
-  return stacks_.size();
+  return count_;
 }
 
 uint32_t TagTable::intern(const std::string& name) {

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import pickle
@@ -234,12 +235,16 @@ def _frames_json(stack_id: int) -> list[dict]:
 def snapshot(device: DeviceLike = None) -> dict:
     """The allocator state and recorded events in the format of
     ``torch.cuda.memory._snapshot()``: {"segments": [...], "device_traces":
-    [[...] per device]}. ``device`` None = every device."""
+    [[...] per device]}. ``device`` None = every device.
+
+    Entries with the same stack share one ``frames`` list object (and
+    pickle writes it once): copy it before modifying it."""
     a = _install.installed_allocator()
     devices = range(a.device_count) if device is None else [device_index(device)]
     for d in devices:
         a.stats(d)  # raises "device N does not exist" for a bad index
     tags = _C.tag_names()
+    frames_json = functools.lru_cache(maxsize=None)(_frames_json)  # one shared list per stack
     segments, traces = [], []
     for d in range(a.device_count):
         if d not in devices:
@@ -247,7 +252,7 @@ def snapshot(device: DeviceLike = None) -> dict:
             continue
         for seg in a.segments(d):
             blocks = [{"address": b["address"], "size": b["size"], "requested_size": b["requested_size"],
-                       "state": b["state"], "frames": _frames_json(b["stack_id"]),
+                       "state": b["state"], "frames": frames_json(b["stack_id"]),
                        "tag": tags[b["tag_id"]] if b["tag_id"] < len(tags) else ""} for b in seg["blocks"]]
             active = [b for b in blocks if b["state"] != "inactive"]
             segments.append({
@@ -257,20 +262,13 @@ def snapshot(device: DeviceLike = None) -> dict:
                 "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
                 "stream": seg["stream"], "segment_type": seg["segment_type"], "segment_pool_id": (0, 0),
                 "is_expandable": False, "frames": [], "blocks": blocks})
-        traces.append([_trace_entry(e) for e in _decode(_raw(d)[0], tags) if e.action in _TORCH_ACTIONS])
+        # Built in C++ (csrc/boundary/trace_export.cpp): ~0.2 s per million events.
+        traces.append(_C.trace_entries(_raw(d)[0], _TORCH_KEEP, tags, frames_json))
     return {"segments": segments, "device_traces": traces}
 
 
 _TORCH_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
-
-
-def _trace_entry(e: Event) -> dict:
-    entry = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream,
-             "time_us": e.time_ns // 1000, "frames": _frames_json(e.stack_id),
-             "requested_size": e.requested, "tag": e.tag, "step": e.step, "thread": e.thread}
-    if e.action == "oom":  # the record keeps the device's free bytes in addr
-        entry["device_free"], entry["addr"] = e.addr, 0
-    return entry
+_TORCH_KEEP = [a in _TORCH_ACTIONS for a in ACTIONS]
 
 
 def dump_snapshot(filename: str = "dump_snapshot.pickle") -> str:

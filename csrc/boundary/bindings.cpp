@@ -19,6 +19,7 @@
 #include "pluggable.h"
 #include "pystacks.h"
 #include "registry.h"
+#include "trace_export.h"
 
 namespace py = pybind11;
 using namespace memalloc;
@@ -359,6 +360,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("stack_count", [] { return AllocatorRegistry::instance().stacks().size(); });
   m.def("stack_frames", &stack_frames, py::arg("stack_id"),
         "[(filename, line, function)] of an interned stack, innermost first.");
+  m.def("trace_entries", &trace_entries, py::arg("raw"), py::arg("keep"), py::arg("tags"), py::arg("frames_of"),
+        "torch snapshot trace entries of raw records (see csrc/boundary/trace_export.h).");
   m.def("record_size", [] { return sizeof(TraceRecord); });
   m.def("max_trace_records", [] { return kMaxTraceRecords; });
   m.def("action_names", [] {

@@ -3,9 +3,13 @@
 // before they take a device lock.
 //
 // Invariants:
-//   * Called without any device lock held; it may take the GIL (Python
-//     stacks mode), and the GIL is released before returning. The allocator
-//     lock is therefore never held while waiting for the GIL.
+//   * Called without any device lock held. In Python stacks mode the frames
+//     are read without the GIL where pyframes.cpp supports it (CPython
+//     3.11-3.13), and a known stack is found in the stack table's per-thread
+//     cache without a lock; the GIL is taken only to keep the code objects of
+//     a stack seen for the first time alive (and, on other CPython versions,
+//     to walk the frames with the public API). It is released before
+//     returning, so the allocator lock is never held while waiting for it.
 //   * A thread that never ran Python (no thread state), or whose Python
 //     stack is empty (autograd engine workers), is attributed to the
 //     backward context: the tag and stack of the thread that called
@@ -16,6 +20,7 @@
 //     the process, so the table's raw pointers stay valid for symbolising.
 #include <Python.h>
 
+#include "pyframes.h"
 #include "pystacks.h"
 #include "registry.h"
 
@@ -39,14 +44,28 @@ size_t walk_frames(RawFrame* out, size_t max_depth) {
   return n;
 }
 
+void keep_alive(const RawFrame* frames, size_t n) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  for (size_t i = 0; i < n; ++i) Py_INCREF(static_cast<PyObject*>(const_cast<void*>(frames[i].code)));
+  PyGILState_Release(gil);
+}
+
 uint32_t python_stack(AllocatorRegistry& reg) {
+  RawFrame frames[StackTable::kMaxDepth];
+  bool is_new = false;
+  if (fast_frames_supported()) {
+    // No GIL: the frames stay alive while this thread is in here.
+    const size_t n = own_frames(frames, StackTable::kMaxDepth);
+    if (n == 0) return 0;
+    const uint32_t id = reg.stacks().intern(frames, n, &is_new);
+    if (is_new) keep_alive(frames, n);
+    return id;
+  }
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return 0;
   PyGILState_STATE gil = PyGILState_Ensure();
-  RawFrame frames[StackTable::kMaxDepth];
-  size_t n = walk_frames(frames, StackTable::kMaxDepth);
+  const size_t n = walk_frames(frames, StackTable::kMaxDepth);
   uint32_t id = 0;
   if (n > 0) {
-    bool is_new = false;
     id = reg.stacks().intern(frames, n, &is_new);
     if (is_new)
       for (size_t i = 0; i < n; ++i) Py_INCREF(static_cast<PyObject*>(const_cast<void*>(frames[i].code)));

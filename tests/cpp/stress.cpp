@@ -22,6 +22,11 @@
 //     HostBackend::synchronize_stream of that stream (the simulated streams
 //     never complete by themselves).
 //   * occasional empty_cache of a random device.
+//   * every successful malloc is attributed to one of kStacks synthetic call
+//     stacks, interned in a StackTable shared by all threads (the lock-free
+//     per-thread cache path and the locked path both run); each thread
+//     checks that a stack always gets the same id, and at the end all threads
+//     must agree and frames(id) must give back the stack.
 // A reader thread meanwhile reads stats() (checking the invariants that hold
 // at any instant), segments() (blocks tile each segment), trace() of device 0,
 // where event recording is on (set_recording), resizes that ring now and
@@ -53,6 +58,7 @@
 
 #include "errors.h"
 #include "registry.h"
+#include "stacks.h"
 
 using namespace memalloc;
 
@@ -66,6 +72,15 @@ constexpr size_t kRingB = 1024;    //   switches between them now and then)
 constexpr uint64_t kTagMarker = 0x7a67ULL << 48;   // high 16 bits of a live tag
 constexpr uint64_t kScrubbed = 0xf4eef4eef4eef4eeULL;
 constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kStacks = 3000;   // synthetic call stacks (more than a thread cache holds)
+
+// Synthetic stack k: 1 + k % 40 frames of fake code pointers.
+std::vector<RawFrame> synthetic_stack(size_t k) {
+  std::vector<RawFrame> f(1 + k % 40);
+  for (size_t i = 0; i < f.size(); ++i)
+    f[i] = RawFrame{reinterpret_cast<const void*>(0x10000 + 64 * ((k * 7 + i) % 97)), static_cast<int>(k * 2 + i)};
+  return f;
+}
 
 struct Options {
   int threads = 8;
@@ -165,7 +180,9 @@ bool check_tags(const LiveBlock& b, int thread) {
   return true;
 }
 
-void worker(CachingAllocator& alloc, HostBackend& host, const Options& opt, int thread, Counts& c) {
+void worker(CachingAllocator& alloc, HostBackend& host, StackTable& stacks,
+            const std::vector<std::vector<RawFrame>>& stack_frames, const Options& opt, int thread, Counts& c,
+            std::vector<uint32_t>& stack_ids) {
   Rng rng(opt.seed * 1000003ULL + static_cast<uint64_t>(thread));
   const size_t capacity = opt.capacity_mb * kMiB;
   CallContext ctx;
@@ -207,6 +224,16 @@ void worker(CachingAllocator& alloc, HostBackend& host, const Options& opt, int 
         const int d = static_cast<int>(rng.below(kDevices));
         const Stream s = rng.below(kStreams);
         const size_t size = pick_size(rng, capacity);
+        // Skewed choice: a few hot stacks (cache hits), a long tail (misses).
+        const size_t k = rng.below(4) != 0 ? rng.below(32) : rng.below(kStacks);
+        bool is_new = false;
+        ctx.stack_id = stacks.intern(stack_frames[k].data(), stack_frames[k].size(), &is_new);
+        if (ctx.stack_id == 0 || (stack_ids[k] != 0 && stack_ids[k] != ctx.stack_id)) {
+          fail("thread " + std::to_string(thread) + ": stack " + std::to_string(k) + " interned as " +
+               std::to_string(ctx.stack_id) + ", earlier as " + std::to_string(stack_ids[k]));
+          break;
+        }
+        stack_ids[k] = ctx.stack_id;
         void* p;
         try {
           p = alloc.device(d).malloc(size, s, ctx);
@@ -378,13 +405,18 @@ int main(int argc, char** argv) {
     alloc.device(0).set_recording(kRingA);
 
     std::vector<Counts> counts(opt.threads);
+    StackTable stacks;
+    std::vector<std::vector<RawFrame>> stack_frames;
+    for (size_t k = 0; k < kStacks; ++k) stack_frames.push_back(synthetic_stack(k));
+    std::vector<std::vector<uint32_t>> stack_ids(opt.threads, std::vector<uint32_t>(kStacks, 0));
     std::atomic<bool> stop{false};
     long reads = 0;
     const auto t0 = std::chrono::steady_clock::now();
     std::thread reader_thread(reader, std::ref(alloc), std::ref(stop), std::ref(reads));
     std::vector<std::thread> workers;
     for (int t = 0; t < opt.threads; ++t)
-      workers.emplace_back(worker, std::ref(alloc), std::ref(host), std::cref(opt), t, std::ref(counts[t]));
+      workers.emplace_back(worker, std::ref(alloc), std::ref(host), std::ref(stacks), std::cref(stack_frames),
+                           std::cref(opt), t, std::ref(counts[t]), std::ref(stack_ids[t]));
     for (auto& w : workers) w.join();
     stop.store(true);
     reader_thread.join();
@@ -410,6 +442,26 @@ int main(int argc, char** argv) {
 
     std::vector<std::string> errors;
     if (g_failed.load()) errors.push_back(g_fail_msg);
+    size_t distinct = 0;
+    for (size_t k = 0; k < kStacks && errors.empty(); ++k) {
+      uint32_t id = 0;
+      for (int t = 0; t < opt.threads; ++t) {
+        const uint32_t seen = stack_ids[t][k];
+        if (seen == 0) continue;
+        if (id != 0 && seen != id)
+          errors.push_back("stack " + std::to_string(k) + " has ids " + std::to_string(id) + " and " +
+                           std::to_string(seen) + " in different threads");
+        id = seen;
+      }
+      if (id == 0) continue;
+      distinct++;
+      if (stacks.frames(id) != stack_frames[k]) errors.push_back("frames(" + std::to_string(id) + ") != stack " +
+                                                                std::to_string(k));
+    }
+    if (errors.empty() && stacks.size() != distinct)
+      errors.push_back("stack table holds " + std::to_string(stacks.size()) + " stacks, " +
+                       std::to_string(distinct) + " were interned");
+    std::printf("stacks_interned=%zu\n", distinct);
     if (errors.empty()) {
       try {
         for (int d = 0; d < kDevices; ++d)

@@ -125,6 +125,129 @@ def oom(mode: str) -> dict:
     return out
 
 
+def oom_loop(mode: str) -> dict:
+    """100 out-of-memory errors in a training loop, of four kinds in turn
+    (an impossible request; a request just beyond what the device has left,
+    which first releases the cache and retries; one in the middle of a
+    forward pass; one inside backward), each caught; then training goes on.
+    Reports the losses, the number of OOMs torch counted, and allocated /
+    reserved bytes at the same point of a step before and after."""
+    setup(mode)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
+                                torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 1024, device="cuda")
+    target = torch.randn(512, 1024, device="cuda")
+
+    def step(extra=None):
+        h = model(x)
+        if extra is not None:
+            h = extra(h)
+        loss = (h - target).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    def mid_forward(h):
+        h.repeat(100_000, 1)  # 512*100000*1024*4 B = 195 GiB: OOM after the forward's activations exist
+        return h
+
+    losses_before = [step() for _ in range(5)]
+    torch.cuda.synchronize()
+    before = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+    kinds = {"impossible": 0, "beyond_free": 0, "mid_forward": 0, "backward": 0}
+    caught = 0
+    for i in range(100):
+        kind = list(kinds)[i % 4]
+        try:
+            if kind == "impossible":
+                torch.empty(1 << 46, device="cuda")
+            elif kind == "beyond_free":
+                free, _ = torch.cuda.mem_get_info()
+                torch.empty(free + torch.cuda.memory_reserved() + GiB, dtype=torch.uint8, device="cuda")
+            elif kind == "mid_forward":
+                step(mid_forward)
+            else:
+                step(HugeInBackward.apply)
+        except torch.OutOfMemoryError:
+            caught += 1
+            kinds[kind] += 1
+    losses_after = [step() for _ in range(5)]
+    torch.cuda.synchronize()
+    after = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+    out = {"caught": caught, "kinds": kinds, "num_ooms": torch.cuda.memory_stats()["num_ooms"],
+           "losses_before": losses_before, "losses_after": losses_after,
+           "allocated_before": before[0], "reserved_before": before[1],
+           "allocated_after": after[0], "reserved_after": after[1]}
+    memalloc_validate()
+    return out
+
+
+def _ddp_rank(rank: int, world: int, mode: str, backend: str, port: int, out_dir: str) -> None:
+    """One DDP rank (torch.multiprocessing.spawn target)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    setup(mode)  # before this process touches CUDA
+    device = rank % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
+                                torch.nn.Linear(4096, 1024)).cuda()
+    ddp = DDP(model, device_ids=[device])
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    gen = torch.Generator(device="cuda").manual_seed(1000 + rank)  # each rank its own data
+    losses = []
+    for _ in range(10):
+        x = torch.randn(256, 1024, device="cuda", generator=gen)
+        loss = ddp(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    checksum = float(sum(p.double().sum().item() for p in model.parameters()))
+    result = {"rank": rank, "device": device, "losses": losses, "param_checksum": checksum,
+              "allocated": torch.cuda.memory_allocated(), "max_allocated": torch.cuda.max_memory_allocated(),
+              "reserved": torch.cuda.memory_reserved()}
+    if mode == "memalloc":
+        s = stats()
+        result["allocations"] = s["allocation"]["all"]["allocated"]
+        result["num_ooms"] = s["num_ooms"]
+    memalloc_validate()
+    dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def ddp(mode: str) -> dict:
+    """DistributedDataParallel, two ranks: one per GPU over NCCL when the
+    machine has two GPUs, otherwise both on GPU 0 over gloo. Each rank
+    enables the allocator itself; reports every rank's losses, a parameter
+    checksum (equal across ranks when gradients were averaged) and its
+    accounting."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    # NVLink multicast stays off on shared machines (the device's KINDS.md).
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    gpus = torch.cuda.device_count()  # does not initialise CUDA in this process
+    backend = "nccl" if gpus >= 2 else "gloo"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_ddp_rank, args=(2, mode, backend, port, d), nprocs=2, join=True)
+        ranks = [json.load(open(os.path.join(d, f"rank{r}.json"))) for r in range(2)]
+    return {"backend": backend, "gpus": gpus, "ranks": ranks}
+
+
 def record_stream(mode: str) -> dict:
     """A tensor used on a side stream and freed with record_stream is not
     handed out again until that stream's work has completed."""
@@ -293,7 +416,7 @@ def memalloc_validate() -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
-                                     pair_cost, late_enable, record_training)}
+                                     pair_cost, late_enable, record_training, oom_loop, ddp)}
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]

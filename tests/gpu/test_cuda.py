@@ -162,3 +162,36 @@ def test_recording_a_training_loop_opens_in_memory_viz():
     assert r["markers"]["BACKWARD-LINE"] in r["user_lines"]
     assert r["steps"][:3] == [0, 1, 2]
     assert r["trace_entries"] > 0 and r["html_bytes"] > 1000 and r["pickle_bytes"] > 0
+
+
+def test_hundred_ooms_in_a_training_loop_then_training_continues():
+    native = scenario("oom_loop", "native")
+    mem = scenario("oom_loop", "memalloc")
+    for r in (native, mem):
+        assert r["caught"] == 100 and set(r["kinds"].values()) == {25}, r["kinds"]
+        assert r["num_ooms"] == 100  # torch.cuda.memory_stats()["num_ooms"], memalloc's under memalloc
+        after = r["losses_after"]
+        assert all(l == l for l in after) and after[-1] < r["losses_before"][-1]
+    # Nothing leaked: the same bytes are allocated at the same point of a step.
+    assert mem["allocated_after"] == mem["allocated_before"] == native["allocated_before"]
+    # The cache comes back to its steady-state size, no larger than before the OOMs.
+    assert mem["allocated_after"] <= mem["reserved_after"] <= mem["reserved_before"]
+    assert mem["reserved_before"] <= native["reserved_before"]
+    # Same training either way.
+    assert mem["losses_after"] == pytest.approx(native["losses_after"], rel=1e-4)
+
+
+def test_ddp_two_ranks_under_memalloc():
+    native = scenario("ddp", "native")
+    mem = scenario("ddp", "memalloc")
+    assert mem["backend"] == native["backend"]
+    for r in (native, mem):
+        a, b = r["ranks"]
+        # each rank saw its own data, gradients were averaged: same parameters
+        assert a["losses"] != b["losses"]
+        assert a["param_checksum"] == b["param_checksum"]
+    for m, n in zip(mem["ranks"], native["ranks"]):
+        assert m["losses"] == pytest.approx(n["losses"], rel=1e-4)
+        assert m["allocated"] == n["allocated"] and m["max_allocated"] == n["max_allocated"]
+        assert m["allocated"] <= m["reserved"] <= n["reserved"]
+        assert m["allocations"] > 0 and m["num_ooms"] == 0
