@@ -21,12 +21,17 @@ python3 -m pytest -m gpu -v -rs tests/gpu --junitxml="$OUT/gpu_junit.xml" 2>&1 |
 gpu_rc=${PIPESTATUS[0]}
 
 # The CPU tests that depend on the device machine's Python (3.12 there):
-# the GIL-free frame walk and stack attribution. MEMALLOC_DEVICE_ALL_CPU_TESTS=1
-# runs the whole CPU suite instead (CI runs it on every push).
-echo "== CPU tests on the device machine"
-if [ "${MEMALLOC_DEVICE_ALL_CPU_TESTS:-0}" = 1 ]; then cpu_tests=(tests --ignore=tests/gpu)
-else cpu_tests=(tests/test_pyframes.py tests/test_recording.py tests/test_api.py); fi
-python3 -m pytest -q -rfs "${cpu_tests[@]}" 2>&1 | tail -30 | tee "$OUT/cpu_tests.log"
+# the GIL-free frame walk and stack attribution. MEMALLOC_DEVICE_CPU_TESTS=all
+# runs the whole CPU suite instead (CI runs it on every push), =none none.
+case "${MEMALLOC_DEVICE_CPU_TESTS:-subset}" in
+  all) cpu_tests=(tests --ignore=tests/gpu) ;;
+  none) cpu_tests=() ;;
+  *) cpu_tests=(tests/test_pyframes.py tests/test_recording.py tests/test_api.py) ;;
+esac
+if [ ${#cpu_tests[@]} -gt 0 ]; then
+  echo "== CPU tests on the device machine"
+  python3 -m pytest -q -rfs "${cpu_tests[@]}" 2>&1 | tail -30 | tee "$OUT/cpu_tests.log"
+fi
 
 echo "== results"
 python3 -m benchmarks.collect_gpu_results --junit "$OUT/gpu_junit.xml" \

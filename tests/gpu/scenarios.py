@@ -27,8 +27,8 @@ def setup(mode: str) -> None:
         raise SystemExit(f"mode must be memalloc or native, not {mode}")
 
 
-def stats() -> dict:
-    return memalloc.memory_stats_raw(0) if memalloc.is_enabled() else {}
+def stats(device: int = 0) -> dict:
+    return memalloc.memory_stats_raw(device) if memalloc.is_enabled() else {}
 
 
 def train20(mode: str) -> dict:
@@ -210,14 +210,21 @@ def _ddp_rank(rank: int, world: int, mode: str, backend: str, port: int, out_dir
         losses.append(loss.item())
     torch.cuda.synchronize()
     checksum = float(sum(p.double().sum().item() for p in model.parameters()))
+    # torch's queries for the current device (patched under memalloc). How
+    # much is live here also depends on when NCCL's watchdog releases the
+    # buffers it keeps for finished collectives, so it is reported, not
+    # compared across processes.
     result = {"rank": rank, "device": device, "losses": losses, "param_checksum": checksum,
               "allocated": torch.cuda.memory_allocated(), "max_allocated": torch.cuda.max_memory_allocated(),
               "reserved": torch.cuda.memory_reserved()}
     if mode == "memalloc":
-        s = stats()
-        result["allocations"] = s["allocation"]["all"]["allocated"]
-        result["num_ooms"] = s["num_ooms"]
-    memalloc_validate()
+        own = stats(device)
+        result["own_allocated"] = own["allocated_bytes"]["all"]["current"]
+        result["own_reserved"] = own["reserved_bytes"]["all"]["current"]
+        result["allocations_per_device"] = [stats(d)["allocation"]["all"]["allocated"]
+                                            for d in range(torch.cuda.device_count())]
+        result["num_ooms"] = own["num_ooms"]
+        installed().validate(device)
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -174,9 +174,12 @@ def test_hundred_ooms_in_a_training_loop_then_training_continues():
         assert all(l == l for l in after) and after[-1] < r["losses_before"][-1]
     # Nothing leaked: the same bytes are allocated at the same point of a step.
     assert mem["allocated_after"] == mem["allocated_before"] == native["allocated_before"]
-    # The cache comes back to its steady-state size, no larger than before the OOMs.
-    assert mem["allocated_after"] <= mem["reserved_after"] <= mem["reserved_before"]
-    assert mem["reserved_before"] <= native["reserved_before"]
+    # The cache comes back to its steady-state size (native's, to the byte;
+    # within two 2 MiB small segments of where it was before the OOMs, on
+    # both), not one that grows with the number of OOMs.
+    for key in ("reserved_before", "reserved_after"):
+        assert mem[key] == native[key]
+    assert 0 <= mem["reserved_after"] - mem["reserved_before"] <= 2 * 2 * MiB
     # Same training either way.
     assert mem["losses_after"] == pytest.approx(native["losses_after"], rel=1e-4)
 
@@ -190,8 +193,13 @@ def test_ddp_two_ranks_under_memalloc():
         # each rank saw its own data, gradients were averaged: same parameters
         assert a["losses"] != b["losses"]
         assert a["param_checksum"] == b["param_checksum"]
+    assert mem["ranks"][0]["param_checksum"] == pytest.approx(native["ranks"][0]["param_checksum"], rel=1e-6)
     for m, n in zip(mem["ranks"], native["ranks"]):
         assert m["losses"] == pytest.approx(n["losses"], rel=1e-4)
-        assert m["allocated"] == n["allocated"] and m["max_allocated"] == n["max_allocated"]
-        assert m["allocated"] <= m["reserved"] <= n["reserved"]
-        assert m["allocations"] > 0 and m["num_ooms"] == 0
+        # torch's queries answer for the rank's own device, from memalloc
+        assert (m["allocated"], m["reserved"]) == (m["own_allocated"], m["own_reserved"])
+        assert 0 < m["allocated"] <= m["max_allocated"] and m["allocated"] <= m["reserved"]
+        # every allocation of a rank is on its own device
+        per_device = m["allocations_per_device"]
+        assert per_device[m["device"]] > 0 and sum(per_device) == per_device[m["device"]]
+        assert m["num_ooms"] == 0
