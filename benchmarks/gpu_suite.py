@@ -163,8 +163,10 @@ def machine() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     try:
-        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=30).stdout.strip()
+        drivers = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout.split()
+        info["driver"] = drivers[0] if drivers else None  # one line per GPU
+        info["gpus"] = len(drivers)
     except (OSError, subprocess.SubprocessError):
         info["driver"] = None
     return info

@@ -1,5 +1,6 @@
 """Renders the README "Performance" section from benchmark results files:
-``python -m benchmarks.report --gpu FILE --cpu FILE [--readme README.md]``.
+``python -m benchmarks.report --gpu FILE --cpu FILE [--recording FILE] [--readme README.md]``
+(--recording: a GPU suite run of the ``recording`` group).
 
 The section sits between the markers ``<!-- PERF-START -->`` and
 ``<!-- PERF-END -->``; without --readme it is printed.
@@ -64,6 +65,49 @@ def gpu_section(path: str) -> str:
     )
 
 
+RECORDING_X = ("rec_bf16_ms_x_tags", "rec_bf16_ms_x_python", "rec_pair_us_512_x_tags", "rec_pair_us_512_x_python")
+TARGETS = (  # (key in doc["targets"], label, issue #5's target)
+    ("bf16_ms_python_over_native_off_via_in_process", "bf16 step, Python stacks", "≤ 1.05x (stretch 1.02x)"),
+    ("bf16_ms_tags_over_native_off_via_in_process", "bf16 step, tags", "≤ 1.02x"),
+    ("pair_us_512_python_over_native_off_via_in_process", "torch.empty+del 512 B, Python stacks", "≤ 1.3x"),
+    ("pair_us_512_tags_over_native_off_via_in_process", "torch.empty+del 512 B, tags", "—"),
+)
+
+
+def recording_section(path: str) -> str:
+    with open(path) as f:
+        doc = json.load(f)
+    m = doc["machine"]
+    labels = {metric: label for metric, label, _, _ in gpu_suite.ROWS}
+    allocs = [a for a in doc["allocators"] if a in doc["raw"]]
+    per_repeat = ["| in one process, per repeat | " + " | ".join(allocs) + " |", "|" + "---|" * (len(allocs) + 1)]
+    for metric in RECORDING_X:
+        cells = [", ".join(f"{r[metric]:.3f}" for r in doc["raw"][a] if metric in r) or "—" for a in allocs]
+        per_repeat.append(f"| {labels[metric]} | " + " | ".join(cells) + " |")
+    t = doc.get("targets", {})
+    targets = ["| memalloc with recording / native without | via in-process ratio | across processes | target |",
+               "|---|---|---|---|"]
+    for key, label, goal in TARGETS:
+        if key in t:
+            across = t.get(key.replace("_via_in_process", ""))
+            targets.append(f"| {label} | {t[key]:.3f}x | {across:.3f}x | {goal} |")
+    return (
+        f"Recording cost, {m['date'][:10]}, {m.get('gpu')} (driver {m.get('driver')}), torch {m['torch']}, "
+        f"Python {m.get('python')} (`{os.path.relpath(path)}`), produced on the device by\n\n"
+        f"    bash benchmarks/device_bench.sh --repeats {doc['repeats']} --allocators native,memalloc "
+        f"--groups recording   # = {doc['command']}\n\n"
+        "One process per allocator and repeat. Inside it, 11 rounds switch recording between off, tags "
+        "and Python stacks (native: off and torch's `_record_memory_history(stacks=\"python\")`); each "
+        "round times 8 bf16 transformer steps and 3 x 5,000 512 B pairs per mode, and divides by the same "
+        "round's \"off\" figure, so the machine's process-to-process spread cancels out of the on / off "
+        "ratios. Medians over rounds, then over repeats:\n\n"
+        + gpu_suite.markdown_table(doc) + "\n\n" + "\n".join(per_repeat)
+        + "\n\nAgainst native without recording (issue #5's targets): \"via in-process ratio\" is "
+        "(memalloc off / native off, across processes) x (memalloc on / off, in one process); \"across "
+        "processes\" divides the medians directly and carries the spread:\n\n" + "\n".join(targets)
+    )
+
+
 def cpu_section(path: str) -> str:
     with open(path) as f:
         doc = json.load(f)
@@ -83,9 +127,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report")
     p.add_argument("--gpu", required=True)
     p.add_argument("--cpu", required=True)
+    p.add_argument("--recording", default=None, help="a GPU suite run of the recording group")
     p.add_argument("--readme", default=None)
     args = p.parse_args(argv)
-    section = f"{START}\n{gpu_section(args.gpu)}\n\n{cpu_section(args.cpu)}\n{END}"
+    parts = [gpu_section(args.gpu)] + ([recording_section(args.recording)] if args.recording else [])
+    section = START + "\n" + "\n\n".join(parts + [cpu_section(args.cpu)]) + "\n" + END
     if not args.readme:
         print(section)
         return 0

@@ -10,19 +10,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def latest(kind: str) -> str:
-    files = sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", f"*-{kind}-bench.json")))
-    assert files, f"no committed {kind} benchmark results"
+    files = sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", f"*-{kind}.json")))
+    assert files, f"no committed {kind} results"
     return files[-1]
 
 
 def test_report_renders_both_suites_and_readme_is_current():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.report", "--gpu", latest("gpu"), "--cpu", latest("cpu")],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.report", "--gpu", latest("gpu-bench"),
+                           "--cpu", latest("cpu-bench"), "--recording", latest("gpu-recording")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     section = proc.stdout.strip()
     assert section.startswith("<!-- PERF-START -->") and section.endswith("<!-- PERF-END -->")
     assert "| case | unit | native |" in section and "memalloc" in section
     assert "Ir/op" in section
+    assert "Python stacks on / off in one process" in section and "via in-process ratio" in section
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
     # The README carries exactly what the generator renders from the newest files.
