@@ -25,7 +25,7 @@ from ._C import (
 )
 from ._config import config_text
 from ._install import cuda_usable, enable, enabled_backend, installed_allocator, is_enabled
-from ._policy import empty_cache_policy, set_empty_cache_policy, step
+from ._policy import empty_cache_policy, set_empty_cache_policy
 from ._torch_patch import is_patched as torch_is_patched
 from .recording import (
     dump_snapshot,
@@ -37,6 +37,7 @@ from .recording import (
     snapshot,
     tag,
 )
+from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
 from .stats import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -98,6 +99,11 @@ __all__ = [
     "set_empty_cache_policy",
     "set_per_process_memory_fraction",
     "step",
+    "steps",
+    "steps_of",
+    "add_step_listener",
+    "remove_step_listener",
+    "auto_step",
     "torch_is_patched",
     "unpatch_torch",
 ]

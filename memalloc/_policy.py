@@ -8,8 +8,9 @@
   ``threshold`` x limit (the memory-fraction limit, else the device
   capacity), unused cached segments are released (C++, per device;
   ``garbage_collection_threshold`` in MEMALLOC_CONF).
-- every N steps: :func:`step` empties the cache every N calls
-  (``empty_cache_every_n_steps`` in MEMALLOC_CONF).
+- every N steps: :func:`memalloc.step` empties the cache every N calls
+  (``empty_cache_every_n_steps`` in MEMALLOC_CONF); a step listener
+  (memalloc/iteration.py), registered when the allocator is enabled.
 """
 from __future__ import annotations
 
@@ -77,19 +78,11 @@ def describe(device: int = 0) -> str:
     return " + ".join(parts)
 
 
-def step() -> int:
-    """Marks the end of one training iteration; returns the number of steps
-    so far (recorded events carry it). Empties the cache when the
-    every-N-steps policy says so."""
-    n = _C.next_step()
+def on_step(n: int) -> None:
+    """The every-N-steps policy (a step listener): empties the cache on every
+    N-th step."""
     every = _every()
     if every > 0 and n % every == 0:
         from .stats import empty_cache
 
         empty_cache()
-    return n
-
-
-def steps() -> int:
-    """How many times :func:`step` has been called."""
-    return int(_C.step())
