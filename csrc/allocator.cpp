@@ -78,6 +78,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   b->requested = requested;
   b->stack_id = ctx_.stack_id;
   b->tag_id = ctx_.tag_id;
+  b->step = ctx_.step;
   live_.emplace(b->addr, b);
   Event e = block_event(Action::kAlloc, *b);
   e.inactive_split_bytes_delta = split_bytes_delta;
@@ -125,7 +126,7 @@ void DeviceAllocator::free_block_locked(Block* b) {
     delete_block(n);
   }
   b->requested = 0;
-  b->stack_id = b->tag_id = 0;
+  b->stack_id = b->tag_id = b->step = 0;
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);

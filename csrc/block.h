@@ -43,6 +43,7 @@ struct Block {
   int event_count = 0;  // outstanding cross-stream events (pending state)
   uint32_t stack_id = 0;  // who allocated it (live blocks; recorder.h)
   uint32_t tag_id = 0;
+  uint32_t step = 0;      // memalloc.step() count when it was allocated (live blocks)
   Block* prev = nullptr;
   Block* next = nullptr;
   std::pmr::vector<Stream> stream_uses;  // other streams that used it (record_stream)

@@ -49,6 +49,16 @@ struct BlockInfo {
   uint32_t tag_id;
 };
 
+// One live allocation (a block the caller has not freed), for leak tracking.
+struct LiveBlock {
+  std::uintptr_t addr;
+  size_t size;
+  size_t requested;
+  uint32_t stack_id;
+  uint32_t tag_id;
+  uint32_t step;  // step count when it was allocated
+};
+
 struct SegmentInfo {
   std::uintptr_t addr;
   size_t size;
@@ -108,6 +118,8 @@ class DeviceAllocator {
   std::vector<TraceRecord> trace(uint64_t* dropped);
   // (stack_id, tag_id) of the live block at ptr; false when none.
   bool block_origin(void* ptr, uint32_t* stack_id, uint32_t* tag_id);
+  // Every live allocation, in no particular order (copied under the lock).
+  std::vector<LiveBlock> live_blocks();
 
  private:
   struct Pending {

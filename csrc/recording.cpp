@@ -42,6 +42,17 @@ std::vector<TraceRecord> DeviceAllocator::trace(uint64_t* dropped) {
   return ring_.in_order();
 }
 
+std::vector<LiveBlock> DeviceAllocator::live_blocks() {
+  std::vector<LiveBlock> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.reserve(live_.size());
+  for (const auto& kv : live_) {
+    const Block* b = kv.second;
+    out.push_back(LiveBlock{b->addr, b->size, b->requested, b->stack_id, b->tag_id, b->step});
+  }
+  return out;
+}
+
 bool DeviceAllocator::block_origin(void* ptr, uint32_t* stack_id, uint32_t* tag_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));

@@ -37,6 +37,7 @@ from .recording import (
     snapshot,
     tag,
 )
+from .leaks import LeakError, LeakReport, LeakTracker, leak_check
 from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
 from .stats import (
     empty_cache,
@@ -99,6 +100,10 @@ __all__ = [
     "set_empty_cache_policy",
     "set_per_process_memory_fraction",
     "step",
+    "leak_check",
+    "LeakTracker",
+    "LeakReport",
+    "LeakError",
     "steps",
     "steps_of",
     "add_step_listener",

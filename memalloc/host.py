@@ -68,3 +68,20 @@ def zeros(shape: ShapeLike, dtype: torch.dtype = torch.float32, device: int = 0,
           allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
     """Like :func:`empty`, filled with zeros."""
     return empty(shape, dtype, device, allocator=allocator).zero_()
+
+
+def use_for_cpu_tensors() -> None:
+    """Makes every CPU tensor torch creates from now on (activations,
+    gradients, optimizer state of a model run on the CPU) come from device 0
+    of the host backend, so that memalloc's accounting, recording, leak
+    reports and step tracker see a real training loop on a machine without a
+    GPU. Needs ``memalloc.enable(backend="host")`` first; cannot be undone
+    (tensors made before keep their own allocator). The simulated device's
+    capacity (``host_capacity_mb``) then bounds all CPU tensor memory.
+    """
+    _C.use_for_torch_cpu()
+
+
+def used_for_cpu_tensors() -> bool:
+    """Whether :func:`use_for_cpu_tensors` has been called in this process."""
+    return bool(_C.used_for_torch_cpu())

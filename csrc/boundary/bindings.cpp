@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "cpu_allocator.h"
 #include "errors.h"
 #include "pluggable.h"
 #include "pystacks.h"
@@ -286,6 +287,19 @@ PYBIND11_MODULE(_C, m) {
              return segments_list(segs, device);
            },
            py::arg("device") = 0)
+      .def("live_blocks",
+           [](CachingAllocator& a, int device) {
+             std::vector<LiveBlock> blocks;
+             {
+               py::gil_scoped_release nogil;
+               blocks = a.device(device).live_blocks();
+             }
+             static_assert(sizeof(LiveBlock) == 40, "live_blocks wire format: <QQQIII4x");
+             return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(LiveBlock));
+           },
+           py::arg("device") = 0,
+           "Every live allocation of `device` as bytes, 40 per block: addr, size, requested (u64), "
+           "stack_id, tag_id, step (u32), 4 pad bytes; in no particular order.")
       .def("validate", [](CachingAllocator& a, int device) { a.device(device).validate(); },
            py::arg("device") = 0, NoGil())
       .def("set_recording",
@@ -360,6 +374,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("stack_count", [] { return AllocatorRegistry::instance().stacks().size(); });
   m.def("stack_frames", &stack_frames, py::arg("stack_id"),
         "[(filename, line, function)] of an interned stack, innermost first.");
+  m.def("use_for_torch_cpu", &use_for_torch_cpu,
+        "Makes torch's CPU tensors come from device 0 of the installed host-backend allocator (irreversible).");
+  m.def("used_for_torch_cpu", &used_for_torch_cpu);
   m.def("trace_entries", &trace_entries, py::arg("raw"), py::arg("keep"), py::arg("tags"), py::arg("frames_of"),
         "torch snapshot trace entries of raw records (see csrc/boundary/trace_export.h).");
   m.def("record_size", [] { return sizeof(TraceRecord); });
