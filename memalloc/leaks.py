@@ -14,9 +14,9 @@ after ``warmup_steps`` (DESIGN.md §5). A site leaks when all of these hold:
    is above the least over the first half (a sawtooth of late frees, e.g.
    by the garbage collector, keeps a flat floor; so do tensors kept for
    exactly one iteration and warm-up allocations that stop growing);
-2. what is still alive was allocated in at least three different steps, and
-   in at least a third of the first half's steps (allocations that die late
-   are young; leaked ones are of every age);
+2. what is alive at the last sample was allocated in at least three
+   different steps, and in at least a third of the first half's steps
+   (allocations that die late are young; leaked ones are of every age);
 3. it grows by at least ``threshold_bytes_per_step`` per step (least-squares
    slope of its live bytes; at least 1 byte).
 
@@ -79,8 +79,14 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
+_EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep  # memalloc's example user code
+
+
 def _internal(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
+    path = os.path.abspath(filename)
+    if path.startswith(_EXAMPLES_DIR):
+        return False
+    return path.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
 
 
 def _user_frame(frames: Iterable[Frame]) -> Optional[Frame]:
@@ -154,6 +160,7 @@ class LeakTracker:
         self._lock = threading.Lock()
         self._previous_mode: Optional[int] = None
         self._running = False
+        self._last_ages: collections.Counter = collections.Counter()
 
     # ---- sampling ---------------------------------------------------------------
     def start(self) -> "LeakTracker":
@@ -188,10 +195,12 @@ class LeakTracker:
     def sample(self, step: Optional[int] = None) -> None:
         """Takes one sample now (called at every step while running)."""
         by_stack: dict[int, list[int]] = {}
-        for _addr, size, _req, stack_id, _tag, _step in _live_blocks(self.device):
+        ages: collections.Counter = collections.Counter()
+        for _addr, size, _req, stack_id, _tag, step_allocated in _live_blocks(self.device):
             entry = by_stack.setdefault(stack_id, [0, 0])
             entry[0] += 1
             entry[1] += size
+            ages[(stack_id, step_allocated)] += 1
         a = _install.installed_allocator()
         s = a.stats(self.device)
         with self._lock:
@@ -199,6 +208,7 @@ class LeakTracker:
                 step=int(_C.step()) if step is None else step,
                 allocated=s["allocated_bytes"]["all"]["current"], reserved=s["reserved_bytes"]["all"]["current"],
                 by_stack={k: (v[0], v[1]) for k, v in by_stack.items()}))
+            self._last_ages = ages  # (stack id, step allocated) -> live blocks, at the latest sample
 
     # ---- analysis ---------------------------------------------------------------
     def report(self, *, find_holders: bool = True) -> "LeakReport":
@@ -230,7 +240,8 @@ class LeakTracker:
             ys = bytes_series[self.warmup_steps:]
             if not min(ys[half:]) > min(ys[:half]):
                 continue
-            ages = collections.Counter(step for _a, _s, _r, sid, _t, step in live if sid in stacks)
+            with self._lock:
+                ages = collections.Counter({step: n for (sid, step), n in self._last_ages.items() if sid in stacks})
             if len(ages) < 3 or not any(step >= second_half_from for step in ages):
                 continue
             if sum(1 for step in first_half_steps if ages.get(step)) * 3 < len(first_half_steps):
@@ -596,8 +607,17 @@ def _adding_line(file: str, name: str, kind: str, leak: Leak) -> Optional[tuple[
     if not hits:
         return None
     alloc_line = leak.alloc_site["line"] if os.path.abspath(leak.alloc_site["filename"]) == os.path.abspath(file) else 0
-    after = [h for h in hits if h >= alloc_line]
-    line = (after or hits)[0]
+    # Prefer a line that adds the very variable the allocating line assigned
+    # (`losses.append(loss)` over `losses.append(loss.item())`), then the
+    # nearest one after the allocating line.
+    var = re.match(r"\s*(\w+)\s*=(?!=)", leak.alloc_code or "")
+    def score(h: int) -> tuple:
+        text = lines[h - 1]
+        exact = bool(var) and re.search(r"[(\[=,]\s*" + re.escape(var.group(1)) + r"\s*[)\],]?\s*(#.*)?$", text)
+        mentions = bool(var) and re.search(r"\b" + re.escape(var.group(1)) + r"\b(?!\.(?:item|tolist|cpu|numpy)\()",
+                                           text)
+        return (not exact, not mentions, h < alloc_line, abs(h - alloc_line))
+    line = min(hits, key=score)
     return line, _enclosing_function(lines, line)
 
 

@@ -6,7 +6,13 @@ autograd and AdamW. Without one it runs on the host backend (a simulated
 device): activations and gradients of a two-layer MLP, with backpropagation
 written out, are memalloc tensors from :func:`memalloc.host.empty`. Both end
 by provoking an out-of-memory error, catching it as torch.OutOfMemoryError,
-training on, and emptying the cache.
+training on, and emptying the cache. Then a leak hunt
+(memalloc/examples/leaky_training.py): a training loop that keeps every loss
+tensor (``losses.append(loss)``) runs under ``memalloc.leak_check()``, whose
+report names that line and the bytes it leaks per step; the fixed loop
+(``loss.item()``) reports nothing. On the host backend torch's own CPU
+tensors come from the simulated device for that part
+(memalloc.host.use_for_cpu_tensors).
 """
 from __future__ import annotations
 
@@ -51,7 +57,21 @@ def main(args: argparse.Namespace) -> int:
           f"reserved now {fmt_bytes(a.stats(0)['reserved_bytes']['all']['current'])}")
     a.validate(0)
     print("allocator invariants hold (validate() passed)")
+    _leak_hunt(backend)
     return 0
+
+
+def _leak_hunt(backend: str) -> None:
+    from ..examples import leaky_training
+
+    if backend == "host":
+        host.use_for_cpu_tensors()
+    device = "cuda" if backend == "cuda" else "cpu"
+    for keep_item in (False, True):
+        print()
+        print("leak hunt (memalloc/examples/leaky_training.py): a loop that keeps "
+              + ("loss.item()" if keep_item else "every loss tensor"))
+        print(leaky_training.train(device, keep_item=keep_item).to_text())
 
 
 def _row(a, i: int, loss: float) -> None:

@@ -1,11 +1,23 @@
-"""``python -m memalloc run script.py [args...]``: enable memalloc before the
-script starts, run it as ``__main__``, print the memory totals at exit."""
+"""``python -m memalloc run [--leaks] [--out DIR] script.py [args...]``:
+enable memalloc before the script starts, run it as ``__main__``, print the
+memory totals at exit.
+
+With ``--leaks``: iteration boundaries come from every ``optimizer.step()``
+(memalloc.auto_step) and from any ``memalloc.step()`` the script calls; a
+leak tracker samples each one; at exit (normal, exception, Ctrl-C or
+SIGTERM) the leak report is printed and written to DIR as ``leaks.json``
+and ``leaks.html``. On the host backend torch's CPU tensors come from the
+simulated device (memalloc.host.use_for_cpu_tensors), so a CPU script is
+tracked too.
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import runpy
+import signal
 import sys
+from typing import Any, Optional
 
 from .. import _install
 from ._common import check_or_exit, enable_or_exit, fmt_bytes
@@ -15,33 +27,78 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a Python script with memalloc enabled")
     p.add_argument("--backend", default="auto", choices=_install.BACKENDS)
     p.add_argument("--config", default=None, help="key:value,... applied after $MEMALLOC_CONF")
+    p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
+    p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
+    p.add_argument("--out", default="memalloc-report", help="folder for leaks.json and leaks.html (--leaks)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=main)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally below: reports are still written
 
 
 def main(args: argparse.Namespace) -> int:
     check_or_exit(args.backend, args.config)
     if not os.path.isfile(args.script):
         raise SystemExit(f"memalloc: no such script: {args.script}")
+    if args.warmup_steps < 0:
+        raise SystemExit("memalloc: --warmup-steps must be >= 0")
+    if args.leaks:
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
     backend = enable_or_exit(args.backend, args.config)
+    tracker = _start_leaks(backend, args.warmup_steps) if args.leaks else None
     sys.argv = [args.script, *args.script_args]
     # As `python script.py` does: the script's folder first on sys.path.
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    script_globals: Optional[dict] = None  # keeps the script's objects alive for the holder search
     try:
-        runpy.run_path(args.script, run_name="__main__")
+        script_globals = runpy.run_path(args.script, run_name="__main__")
     finally:
-        a = _install.installed_allocator()
-        for d in range(a.device_count):
-            s = a.stats(d)
-            if s["allocation"]["all"]["allocated"] == 0:
-                continue
-            print(
-                f"memalloc ({backend}, device {d}): peak allocated "
-                f"{fmt_bytes(s['allocated_bytes']['all']['peak'])}, peak reserved "
-                f"{fmt_bytes(s['reserved_bytes']['all']['peak'])}, "
-                f"{s['allocation']['all']['allocated']} allocations, "
-                f"{s['num_device_alloc']} device allocations, {s['num_ooms']} OOMs",
-                file=sys.stderr,
-            )
+        signal.signal(signal.SIGTERM, previous)
+        if tracker is not None:
+            _write_leaks(tracker, args.out)
+        _print_totals(backend)
+        del script_globals
     return 0
+
+
+def _start_leaks(backend: str, warmup_steps: int):
+    from .. import host, iteration
+    from ..leaks import LeakTracker
+
+    if backend == "host":
+        host.use_for_cpu_tensors()
+    iteration.auto_step()
+    return LeakTracker(warmup_steps=warmup_steps).start()
+
+
+def _write_leaks(tracker, out: str) -> None:
+    tracker.stop()
+    print(f"memalloc: analysing {len(tracker.samples)} steps for leaks ...", file=sys.stderr, flush=True)
+    report = tracker.report()
+    print(report.to_text(), file=sys.stderr)
+    report.to_json(os.path.join(out, "leaks.json"))
+    report.to_html(os.path.join(out, "leaks.html"))
+    print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and leaks.html", file=sys.stderr)
+
+
+def _print_totals(backend: str) -> None:
+    a = _install.installed_allocator()
+    for d in range(a.device_count):
+        s = a.stats(d)
+        if s["allocation"]["all"]["allocated"] == 0:
+            continue
+        print(
+            f"memalloc ({backend}, device {d}): peak allocated "
+            f"{fmt_bytes(s['allocated_bytes']['all']['peak'])}, peak reserved "
+            f"{fmt_bytes(s['reserved_bytes']['all']['peak'])}, "
+            f"{s['allocation']['all']['allocated']} allocations, "
+            f"{s['num_device_alloc']} device allocations, {s['num_ooms']} OOMs",
+            file=sys.stderr,
+        )

@@ -1,0 +1,75 @@
+"""``python -m memalloc report FILE [--html OUT]``: renders a saved report.
+
+FILE is a leak report (``leaks.json`` from ``memalloc run --leaks`` or
+``LeakReport.to_json``): printed as text, and with ``--html OUT`` written
+as the self-contained HTML page. A trace saved with ``memalloc.save_trace``
+is summarised: events per action and the call sites holding the most bytes
+at the end of the trace.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import struct
+
+from ._common import fmt_bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="render a saved leak report or trace")
+    p.add_argument("file")
+    p.add_argument("--html", default=None, help="also write the HTML page here (leak reports)")
+    p.add_argument("--top", type=int, default=10, help="call sites to list (traces)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.file):
+        raise SystemExit(f"memalloc: no such file: {args.file}")
+    with open(args.file, "rb") as f:
+        head = f.read(64)
+    if head.lstrip().startswith(b"{"):
+        from ..leaks import LeakReport
+
+        try:
+            report = LeakReport.from_json(args.file)
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"memalloc: {args.file} is not a leak report: {e}") from None
+        print(report.to_text())
+        if args.html:
+            report.to_html(args.html)
+            print(f"wrote {args.html}")
+        return 0
+    if args.html:
+        raise SystemExit("memalloc: --html renders leak reports; this file is not one")
+    from ..recording import load_trace
+
+    try:
+        trace = load_trace(args.file)
+    except (ValueError, OSError, KeyError, struct.error) as e:
+        raise SystemExit(f"memalloc: cannot read {args.file}: {e}") from None
+    _summarise_trace(trace, args.top)
+    return 0
+
+
+def _summarise_trace(trace, top: int) -> None:
+    for device, events in enumerate(trace.events):
+        print(f"device {device}: {len(events)} events, {trace.dropped[device]} dropped")
+        for action, n in sorted(collections.Counter(e.action for e in events).items()):
+            print(f"  {action:<16} {n}")
+        live: dict[int, tuple] = {}
+        for e in events:
+            if e.action == "alloc":
+                live[e.addr] = (e.size, e.stack_id)
+            elif e.action == "free_requested":
+                live.pop(e.addr, None)
+        by_stack = collections.Counter()
+        for size, stack_id in live.values():
+            by_stack[stack_id] += size
+        if by_stack:
+            print(f"  live at the end of the trace, by call site (top {top}):")
+        for stack_id, nbytes in by_stack.most_common(top):
+            frames = trace.stacks.get(stack_id, [])
+            where = str(frames[0]) if frames else "<no stack>"
+            print(f"  {fmt_bytes(nbytes):>12}  {where}")

@@ -1,0 +1,122 @@
+"""Leak reports from the command line and from pytest:
+``python -m memalloc run --leaks`` on unmodified scripts (boundaries from
+optimizer.step()), the report written at normal exit, on an exception and
+on SIGTERM; ``python -m memalloc report``; the pytest fixture
+(memalloc.pytest_plugin) failing a leaking test and passing a clean one."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from memtest_helpers import REPO
+
+LEAKY = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 32), torch.randn(8, 1)
+    history = []
+    for step in range(16):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(loss)  # the leak
+    ending = sys.argv[1] if len(sys.argv) > 1 else "normal"
+    if ending == "raise":
+        raise RuntimeError("the script failed")
+    if ending == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+""")
+
+
+def run(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    env.pop("MEMALLOC_CONF", None)
+    return subprocess.run([sys.executable, "-m", "memalloc", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def leak_line() -> int:
+    return next(i for i, l in enumerate(LEAKY.splitlines(), 1) if l.endswith("# the leak"))
+
+
+@pytest.mark.parametrize("ending,rc", [("normal", 0), ("raise", 1), ("sigterm", 128 + 15)])
+def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc):
+    script = tmp_path / "train.py"
+    script.write_text(LEAKY)
+    out = tmp_path / "report"
+    p = run("run", "--leaks", "--backend", "host", "--config", "host_capacity_mb:256", "--out", str(out),
+            str(script), ending, cwd=tmp_path)
+    assert p.returncode == rc, p.stderr[-3000:]
+    assert f"{script}:{leak_line()} in <module>: +512 B per step" in p.stderr, p.stderr[-3000:]
+    report = json.loads((out / "leaks.json").read_text())
+    assert report["schema"] == "memalloc.leak_report/1"
+    assert len(report["steps"]) == 16  # one boundary per optimizer.step()
+    (leak,) = report["leaks"]
+    assert (leak["site"]["line"], leak["holder"]["name"], leak["cause"]) == (leak_line(), "history",
+                                                                             "graph_in_container")
+    assert leak["bytes_per_step"] == pytest.approx(512)
+    html = (out / "leaks.html").read_text()
+    assert "history.append(loss)" in html and 'id="leak-0"' in html
+    if ending == "raise":
+        assert "RuntimeError: the script failed" in p.stderr
+
+
+def test_report_renders_a_saved_leak_report_and_rejects_other_files(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(LEAKY)
+    assert run("run", "--leaks", "--backend", "host", "--out", "r", str(script), cwd=tmp_path).returncode == 0
+    p = run("report", "r/leaks.json", "--html", "again.html", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"train.py:{leak_line()} in <module>" in p.stdout and "held by list `history`" in p.stdout
+    assert (tmp_path / "again.html").read_text().startswith("<!DOCTYPE html>")
+    (tmp_path / "junk.json").write_text('{"schema": "something else"}')
+    p = run("report", "junk.json", cwd=tmp_path)
+    assert p.returncode != 0 and "is not a leak report" in p.stderr
+    p = run("report", "nothing-here.json", cwd=tmp_path)
+    assert p.returncode != 0 and "no such file" in p.stderr
+
+
+PYTEST_FILE = textwrap.dedent("""
+    import pytest, torch
+    import memalloc
+    pytest_plugins = ["memalloc.pytest_plugin"]
+
+    @pytest.fixture(scope="session", autouse=True)
+    def allocator():
+        memalloc.enable(backend="host", config="host_capacity_mb:128")
+        memalloc.host.use_for_cpu_tensors()
+
+    def test_clean(memalloc_leaks):
+        with memalloc_leaks():
+            for _ in range(10):
+                t = torch.ones(256) * 2
+                memalloc.step()
+
+    def test_leaky(memalloc_leaks):
+        kept = []
+        with memalloc_leaks(max_bytes_per_step=100):
+            for _ in range(10):
+                t = torch.ones(256) * 2
+                kept.append(t)  # KEPT
+                memalloc.step()
+""")
+
+
+def test_pytest_fixture_fails_the_leaking_test_only(tmp_path):
+    (tmp_path / "test_loop.py").write_text(PYTEST_FILE)
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_loop.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "1 failed, 1 passed" in p.stdout, p.stdout[-3000:]
+    assert "LeakError: the loop leaks 1.00 KiB per step (allowed: 100 B)" in p.stdout
+    line = next(i for i, l in enumerate(PYTEST_FILE.splitlines(), 1) if l.endswith("# KEPT"))
+    assert f"test_loop.py:{line} in test_leaky" in p.stdout and "held by list `kept`" in p.stdout
