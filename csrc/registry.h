@@ -16,6 +16,8 @@
 //     and two per-thread slots (thread_local): the current tag and a small
 //     thread index. Atomics are read with relaxed ordering: attribution is
 //     advisory, never used for memory safety.
+//   * The out-of-memory hook pointer is opaque here (the core knows no
+//     Python); csrc/boundary/oom_report.cpp owns what it points to.
 #pragma once
 
 #include <atomic>
@@ -73,6 +75,10 @@ class AllocatorRegistry {
   }
   uint32_t backward_tag() const { return backward_tag_.load(std::memory_order_relaxed); }
   uint32_t backward_stack() const { return backward_stack_.load(std::memory_order_relaxed); }
+  // The out-of-memory report hook: an opaque pointer owned by the boundary
+  // (a Python callable, csrc/boundary/oom_report.cpp); nullptr = none.
+  void* oom_hook() const { return oom_hook_.load(std::memory_order_acquire); }
+  void* exchange_oom_hook(void* hook) { return oom_hook_.exchange(hook, std::memory_order_acq_rel); }
   static uint32_t thread_tag();
   static void set_thread_tag(uint32_t tag);
   static uint32_t thread_index();
@@ -101,6 +107,7 @@ class AllocatorRegistry {
   std::atomic<uint32_t> step_{0};
   std::atomic<uint32_t> backward_tag_{0};
   std::atomic<uint32_t> backward_stack_{0};
+  std::atomic<void*> oom_hook_{nullptr};
 };
 
 }  // namespace memalloc

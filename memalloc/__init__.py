@@ -37,6 +37,7 @@ from .recording import (
     snapshot,
     tag,
 )
+from .oom import set_oom_report, top_holders
 from .leaks import LeakError, LeakReport, LeakTracker, leak_check
 from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
 from .stats import (
@@ -101,6 +102,8 @@ __all__ = [
     "set_per_process_memory_fraction",
     "step",
     "leak_check",
+    "set_oom_report",
+    "top_holders",
     "LeakTracker",
     "LeakReport",
     "LeakError",

@@ -83,9 +83,10 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         else:
             _C.install(_C.Allocator("host", text))
         _state["backend"], _state["config"] = chosen, text
-    from . import _policy, _torch_patch, iteration
+    from . import _policy, _torch_patch, iteration, oom
 
     iteration.add_step_listener(_policy.on_step)
+    oom.install()
     if patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False":
         _torch_patch.patch(chosen)
     entries = int(config_value(text, "record_history") or 0)

@@ -17,6 +17,7 @@
 
 #include "cpu_allocator.h"
 #include "errors.h"
+#include "oom_report.h"
 #include "pluggable.h"
 #include "pystacks.h"
 #include "registry.h"
@@ -30,14 +31,16 @@ namespace {
 using AllocatorPtr = std::shared_ptr<CachingAllocator>;
 using NoGil = py::call_guard<py::gil_scoped_release>;
 
-// Runs f; memalloc::OutOfMemory leaves as c10::OutOfMemoryError so Python
-// sees torch.OutOfMemoryError, like a CUDA allocation would.
+// Runs f (an allocation of `size` bytes on `device` of `a`, GIL released);
+// memalloc::OutOfMemory leaves as c10::OutOfMemoryError, with the OOM report
+// when `a` is the installed allocator, so Python sees torch.OutOfMemoryError
+// like a CUDA allocation would.
 template <typename F>
-auto oom_as_torch(F&& f) -> decltype(f()) {
+auto oom_as_torch(const CachingAllocator& a, int device, size_t size, F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const OutOfMemory&) {
-    rethrow_for_torch("memalloc");
+  } catch (const OutOfMemory& e) {
+    throw_oom_for_torch(e, &a, device, size, "memalloc");
   }
 }
 
@@ -138,7 +141,7 @@ py::capsule host_buffer(const AllocatorPtr& a, int64_t size, int device, Stream 
   void* p = nullptr;
   {
     py::gil_scoped_release nogil;
-    p = oom_as_torch([&] { return a->device(device).malloc(nbytes, stream, who); });
+    p = oom_as_torch(*a, device, nbytes, [&] { return a->device(device).malloc(nbytes, stream, who); });
   }
   auto* ctx = new HostTensorCtx;
   ctx->allocator = a;
@@ -222,7 +225,7 @@ PYBIND11_MODULE(_C, m) {
              const CallContext ctx = current_context();  // GIL held here
              py::gil_scoped_release nogil;
              return reinterpret_cast<std::uintptr_t>(
-                 oom_as_torch([&] { return a.device(device).malloc(bytes, stream, ctx); }));
+                 oom_as_torch(a, device, bytes, [&] { return a.device(device).malloc(bytes, stream, ctx); }));
            },
            py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0)
       .def("free",
@@ -374,6 +377,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("stack_count", [] { return AllocatorRegistry::instance().stacks().size(); });
   m.def("stack_frames", &stack_frames, py::arg("stack_id"),
         "[(filename, line, function)] of an interned stack, innermost first.");
+  m.def("set_oom_hook", [](py::object hook) {
+    MEMALLOC_EXPECTS(hook.is_none() || PyCallable_Check(hook.ptr()),
+                     "the OOM hook must be callable(device, requested_bytes) -> str, or None");
+    set_oom_hook(hook.ptr());
+  }, py::arg("hook"), "Text appended to out-of-memory errors of the installed allocator (None: off).");
   m.def("use_for_torch_cpu", &use_for_torch_cpu,
         "Makes torch's CPU tensors come from device 0 of the installed host-backend allocator (irreversible).");
   m.def("used_for_torch_cpu", &used_for_torch_cpu);

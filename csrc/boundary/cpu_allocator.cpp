@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "errors.h"
+#include "oom_report.h"
 #include "pluggable.h"
 #include "pystacks.h"
 #include "registry.h"
@@ -60,7 +61,11 @@ class HostCpuAllocator final : public c10::Allocator {
     try {
       CachingAllocator* a = AllocatorRegistry::instance().installed();
       MEMALLOC_EXPECTS(a != nullptr, "memalloc is not installed");
-      p = a->device(0).malloc(n, 0, current_context());
+      try {
+        p = a->device(0).malloc(n, 0, current_context());
+      } catch (const OutOfMemory& e) {
+        throw_oom_for_torch(e, a, 0, n, "memalloc_cpu_allocate");  // with the OOM report
+      }
     } catch (...) {
       rethrow_for_torch("memalloc_cpu_allocate");
     }

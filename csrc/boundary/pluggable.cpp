@@ -17,6 +17,7 @@
 #include <cstdio>
 
 #include "errors.h"
+#include "oom_report.h"
 #include "pluggable.h"
 #include "pystacks.h"
 #include "registry.h"
@@ -54,7 +55,11 @@ extern "C" {
 void* memalloc_alloc(size_t size, int device, void* stream) {
   try {
     auto& a = memalloc::installed_or_throw();
-    return a.device(device).malloc(size, reinterpret_cast<Stream>(stream), memalloc::current_context());
+    try {
+      return a.device(device).malloc(size, reinterpret_cast<Stream>(stream), memalloc::current_context());
+    } catch (const memalloc::OutOfMemory& e) {
+      memalloc::throw_oom_for_torch(e, &a, device, size, __func__);  // with the OOM report
+    }
   } catch (...) {
     memalloc::rethrow_for_torch(__func__);
   }

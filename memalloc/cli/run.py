@@ -9,6 +9,9 @@ SIGTERM) the leak report is printed and written to DIR as ``leaks.json``
 and ``leaks.html``. On the host backend torch's CPU tensors come from the
 simulated device (memalloc.host.use_for_cpu_tensors), so a CPU script is
 tracked too.
+
+An out-of-memory error in the script writes its report (memalloc/oom.py) to
+DIR as well, with or without ``--leaks``.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, help="key:value,... applied after $MEMALLOC_CONF")
     p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
-    p.add_argument("--out", default="memalloc-report", help="folder for leaks.json and leaks.html (--leaks)")
+    p.add_argument("--out", default="memalloc-report",
+                   help="folder for leaks.json and leaks.html (--leaks) and OOM reports")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=main)
@@ -45,12 +49,14 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"memalloc: no such script: {args.script}")
     if args.warmup_steps < 0:
         raise SystemExit("memalloc: --warmup-steps must be >= 0")
-    if args.leaks:
-        try:
-            os.makedirs(args.out, exist_ok=True)
-        except OSError as e:
-            raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
+    try:  # leak reports and OOM reports go there
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
     backend = enable_or_exit(args.backend, args.config)
+    from .. import oom
+
+    oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
     tracker = _start_leaks(backend, args.warmup_steps) if args.leaks else None
     sys.argv = [args.script, *args.script_args]
     # As `python script.py` does: the script's folder first on sys.path.

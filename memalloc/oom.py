@@ -1,0 +1,136 @@
+"""The out-of-memory report: what was holding memory when an allocation
+failed.
+
+When memalloc cannot satisfy an allocation, torch raises
+``torch.OutOfMemoryError`` with memalloc's message (what was asked, what the
+device has, what memalloc holds), followed by the live allocations holding
+the most memory grouped by call site (the innermost line of user code that
+allocated them; needs stack capture, i.e. ``memalloc.record_memory_history``
+with ``stacks="python"``, ``memalloc.leak_check`` or ``python -m memalloc
+run --leaks``; otherwise by tag). With a report folder set
+(:func:`set_oom_report`, the ``MEMALLOC_OOM_REPORT_DIR`` environment variable,
+or ``python -m memalloc run``'s ``--out``), the first ``max_reports`` OOMs of
+the process also write ``oom-<pid>-<n>.txt`` (the message, the holders and
+``memory_summary``) and ``oom-<pid>-<n>.pickle`` (``memalloc.snapshot()``,
+for pytorch.org/memory_viz); the message says where.
+
+The report is built by a hook the C++ allocator calls after the failed
+allocation has released its lock (csrc/boundary/oom_report.cpp); a failing
+hook never hides the out-of-memory error.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import threading
+from typing import Optional
+
+from . import _C, _install
+from .stats import DeviceLike, device_index
+
+_lock = threading.Lock()
+_settings = {"enabled": True, "directory": os.environ.get("MEMALLOC_OOM_REPORT_DIR") or None,
+             "max_reports": 3, "top": 5}
+_written = 0
+
+
+def set_oom_report(enabled: bool = True, *, directory: Optional[str] = None, max_reports: int = 3,
+                   top: int = 5) -> None:
+    """Configures the out-of-memory report.
+
+    Args:
+        enabled: append the top holders to out-of-memory errors.
+        directory: where to write report files (None: no files).
+        max_reports: files are written for the first this many OOMs of the
+            process (>= 0).
+        top: call sites listed (>= 1).
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    for name, value, low in (("max_reports", max_reports, 0), ("top", top, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+    if directory is not None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path or None, not {type(directory).__name__}")
+        os.makedirs(directory, exist_ok=True)
+    with _lock:
+        _settings.update(enabled=enabled, directory=None if directory is None else os.fspath(directory),
+                         max_reports=max_reports, top=top)
+    _C.set_oom_hook(_hook if enabled else None)
+
+
+def install() -> None:
+    """Installs the hook with the current settings (done by memalloc.enable)."""
+    _C.set_oom_hook(_hook if _settings["enabled"] else None)
+
+
+def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
+    """The ``n`` call sites whose live allocations hold the most memory on
+    ``device``: [{"bytes", "tensors", "filename", "line", "function", "code",
+    "tag"}], largest first. Sites are the innermost user-code frame of the
+    allocating stack (None fields when stacks were not captured; then the
+    grouping is by tag)."""
+    from .leaks import _code, _live_blocks, _user_frame
+    from .recording import stack
+
+    d = device_index(device)
+    tags = _C.tag_names()
+    groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for _addr, size, _req, stack_id, tag_id, _step in _live_blocks(d):
+        frame = _user_frame(stack(stack_id)) if stack_id else None
+        key = (frame.filename, frame.line, frame.name) if frame else (None, None, None)
+        tag = tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>"
+        g = groups[key + (tag if frame is None else "",)]
+        g[0] += size
+        g[1] += 1
+    out = []
+    for (filename, line, function, tag), (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]:
+        out.append({"bytes": nbytes, "tensors": count, "filename": filename, "line": line, "function": function,
+                    "code": _code(filename, line) if filename else "", "tag": tag})
+    return out
+
+
+def _describe(holders: list[dict]) -> str:
+    from .cli._common import fmt_bytes
+
+    lines = ["", "Live allocations holding the most memory (memalloc):"]
+    for h in holders:
+        where = (f"{h['filename']}:{h['line']} in {h['function']}" if h["filename"]
+                 else f"tag {h['tag']!r}" if h["tag"] else "no call site recorded")
+        lines.append(f"  {fmt_bytes(h['bytes']):>11} in {h['tensors']:>5} allocations  {where}")
+        if h["code"]:
+            lines.append(f"  {'':>11}    {h['code']}")
+    if holders and all(h["filename"] is None for h in holders):
+        lines.append("  (call sites need stack capture: memalloc.record_memory_history(stacks='python'), "
+                     "or python -m memalloc run --leaks)")
+    return "\n".join(lines)
+
+
+def _hook(device: int, size: int) -> str:
+    """Called by the allocator after an allocation of ``size`` bytes failed
+    for good on ``device``; returns the text appended to the error."""
+    global _written
+    try:
+        with _lock:
+            settings = dict(_settings)
+        text = _describe(top_holders(device, settings["top"]))
+        directory = settings["directory"]
+        if directory:
+            with _lock:
+                n = _written + 1 if _written < settings["max_reports"] else 0
+                _written = max(_written, n)
+            if n:
+                from . import recording, stats
+
+                base = os.path.join(directory, f"oom-{os.getpid()}-{n}")
+                with open(base + ".pickle", "wb") as f:
+                    pickle.dump(recording.snapshot(device), f)
+                with open(base + ".txt", "w") as f:
+                    f.write(f"out of memory: {size} bytes requested on device {device}\n{text}\n\n")
+                    f.write(stats.memory_summary(device))
+                text += f"\nOOM report written to {base}.txt and {base}.pickle (open at pytorch.org/memory_viz)"
+        return text
+    except Exception as e:  # noqa: BLE001 - the OOM error must surface, not this
+        return f"\n(memalloc could not build the OOM report: {type(e).__name__}: {e})"
