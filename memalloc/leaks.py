@@ -64,9 +64,12 @@ LIVE_FORMAT = "<QQQIII4x"  # csrc/device_allocator.h LiveBlock, as _C.Allocator.
 _LIVE_SIZE = struct.calcsize(LIVE_FORMAT)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Not user code: memalloc, torch, the standard library and installed
+# packages (torchvision's layers, transformers' modules): a site is the
+# user's own line that called into them.
 _INTERNAL_DIRS = tuple(os.path.abspath(d) + os.sep for d in {
     _PACKAGE_DIR, os.path.dirname(os.path.abspath(torch.__file__)),
-    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
 
 SiteKey = tuple  # (filename, line, function)
 
@@ -462,14 +465,14 @@ def _attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
                 leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
                 leak.code = _code(where[0], where[1])
             found[1].pop("where_line", None)
-    # Sites with no Python tensor of their own: kept by the autograd graph of a held tensor.
+    # Sites whose tensors no container holds: kept by the autograd graph of a held tensor.
     graph_holders = [l for l in leaks if l.holder is not None and l.graph]
     merged: list[Leak] = []
     absorbed: set[int] = set()
     if graph_holders:
         main = max(graph_holders, key=lambda l: l.bytes_per_step)
         for leak in leaks:
-            if leak.holder is None and not by_leak.get(id(leak)):
+            if leak.holder is None:
                 _absorb(main, leak)
                 main.graph_extra = True
                 absorbed.add(id(leak))

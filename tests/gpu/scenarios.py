@@ -5,6 +5,7 @@ on it. Kept free of pytest so that a scenario can also be run by hand.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -255,6 +256,87 @@ def ddp(mode: str) -> dict:
     return {"backend": backend, "gpus": gpus, "ranks": ranks}
 
 
+def _resnet_loop(keep: str, train: bool, steps: int = 12):
+    """A torchvision ResNet-18 loop (batch 16, 64x64) that keeps each loss:
+    as a tensor ("tensor") or as a float ("item"); with or without backward;
+    under memalloc.leak_check() when memalloc is enabled, as a user writes it.
+    Returns (memory_allocated at each boundary, the leak report or None)."""
+    import torchvision
+
+    check = memalloc.leak_check() if memalloc.is_enabled() else contextlib.nullcontext()
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (16,), device="cuda")
+    losses, allocated = [], []
+    with check:
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)  # LOSS-LINE
+            if train:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            if keep == "tensor":
+                losses.append(loss)  # APPEND-LINE
+            else:
+                losses.append(loss.item())
+            torch.cuda.synchronize()
+            allocated.append(torch.cuda.memory_allocated())
+            if memalloc.is_enabled():
+                memalloc.step()
+    return allocated, getattr(check, "report", None)
+
+
+def leak_report(mode: str) -> dict:
+    """The same ResNet-18 loops under native (memory_allocated per step: the
+    truth) and under memalloc.leak_check (the report): evaluation without
+    no_grad keeping the loss tensors (the whole graph leaks), training
+    keeping the loss tensors (the loss leaks), and both keeping loss.item()."""
+    import tempfile
+
+    setup(mode)
+    out: dict = {}
+    src = open(os.path.abspath(__file__)).read().splitlines()
+    out["markers"] = {m: next(i + 1 for i, l in enumerate(src) if l.rstrip().endswith(f"# {m}"))
+                      for m in ("LOSS-LINE", "APPEND-LINE")}
+    for name, keep, train in (("eval_tensor", "tensor", False), ("train_tensor", "tensor", True),
+                              ("eval_item", "item", False), ("train_item", "item", True)):
+        allocated, report = _resnet_loop(keep, train)
+        out[name] = {"allocated": allocated}
+        if report is not None:
+            out[name].update(report=report.to_dict(), text=report.to_text())
+            if name == "eval_tensor":
+                d = os.environ.get("MEMALLOC_GPU_ARTIFACTS") or tempfile.mkdtemp()
+                report.to_json(os.path.join(d, "leak-report-resnet18.json"))
+                report.to_html(os.path.join(d, "leak-report-resnet18.html"))
+        torch.cuda.synchronize()
+    return out
+
+
+def oom_report(mode: str) -> dict:
+    """An OOM under memalloc with Python stacks: the message names the line
+    holding the memory, and the report files are written."""
+    import tempfile
+
+    setup(mode)
+    memalloc.record_memory_history(max_entries=10_000, stacks="python")
+    d = tempfile.mkdtemp()
+    memalloc.set_oom_report(directory=d, max_reports=1)
+    src = open(os.path.abspath(__file__)).read().splitlines()
+    line = next(i + 1 for i, l in enumerate(src) if l.rstrip().endswith("# HOLDS-MEMORY"))
+    held = [torch.empty(4 * GiB, dtype=torch.uint8, device="cuda") for _ in range(4)]  # HOLDS-MEMORY
+    free, _ = torch.cuda.mem_get_info()
+    try:
+        torch.empty(free + 8 * GiB, dtype=torch.uint8, device="cuda")
+        message = "no error"
+    except torch.OutOfMemoryError as e:
+        message = str(e)
+    files = sorted(os.listdir(d))
+    del held
+    return {"message": message, "line": line, "file": os.path.abspath(__file__), "files": files}
+
+
 def record_stream(mode: str) -> dict:
     """A tensor used on a side stream and freed with record_stream is not
     handed out again until that stream's work has completed."""
@@ -423,7 +505,8 @@ def memalloc_validate() -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
-                                     pair_cost, late_enable, record_training, oom_loop, ddp)}
+                                     pair_cost, late_enable, record_training, oom_loop, ddp, leak_report,
+                                     oom_report)}
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]

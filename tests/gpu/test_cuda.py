@@ -203,3 +203,35 @@ def test_ddp_two_ranks_under_memalloc():
         per_device = m["allocations_per_device"]
         assert per_device[m["device"]] > 0 and sum(per_device) == per_device[m["device"]]
         assert m["num_ooms"] == 0
+
+
+def test_leak_report_of_a_real_model_loop():
+    native = scenario("leak_report", "native")
+    mem = scenario("leak_report", "memalloc")
+    m = mem["markers"]
+    for name in ("eval_tensor", "train_tensor"):
+        r = mem[name]["report"]
+        assert len(r["leaks"]) == 1, mem[name]["text"]
+        leak = r["leaks"][0]
+        # reported at the line that keeps the loss, allocated at the loss line
+        assert (leak["site"]["line"], leak["holder"]["name"]) == (m["APPEND-LINE"], "losses"), mem[name]["text"]
+        assert leak["alloc_site"]["line"] == m["LOSS-LINE"]
+        # bytes per step: what native's memory_allocated grows by per step
+        a = native[name]["allocated"]
+        assert leak["bytes_per_step"] == pytest.approx((a[-1] - a[1]) / (len(a) - 2)), mem[name]["text"]
+        assert mem[name]["allocated"] == native[name]["allocated"]
+    assert mem["eval_tensor"]["report"]["leaks"][0]["cause"] == "no_grad_eval"
+    assert mem["train_tensor"]["report"]["leaks"][0]["cause"] == "graph_in_container"
+    # the graph of an evaluation step is far bigger than a loss tensor
+    assert mem["eval_tensor"]["report"]["leaks"][0]["bytes_per_step"] > 1 * MiB
+    assert mem["train_tensor"]["report"]["leaks"][0]["bytes_per_step"] == 512
+    for name in ("eval_item", "train_item"):
+        assert mem[name]["report"]["leaks"] == [], mem[name]["text"]
+
+
+def test_oom_message_names_the_holder_and_the_report_is_written():
+    r = scenario("oom_report", "memalloc")
+    assert r["message"].startswith("CUDA out of memory. Tried to allocate")
+    assert f"16.00 GiB in     4 allocations  {r['file']}:{r['line']} in oom_report" in r["message"]
+    assert "OOM report written to" in r["message"]
+    assert len(r["files"]) == 2 and r["files"][0].endswith(".pickle") and r["files"][1].endswith(".txt")
