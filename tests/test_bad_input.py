@@ -124,9 +124,7 @@ add(A, 'a.free("p")', "str pointer", "TypeError", "ptr must be", bug=raw("ptr"))
 A = "Allocator.record_stream"
 add(A, 'a.record_stream(0xdead000, 1)', "unknown pointer", "InvalidPointerError", "unknown pointer")
 add(A, 'a.record_stream(p + 512, 1)', "interior pointer", "InvalidPointerError", "no live allocation starts there")
-add(A, 'a.record_stream(f, 1)', "freed pointer", "InvalidPointerError", "record_stream of 0x",
-    bug="the message describes a free ('record_stream: free of 0x...: ... already freed (double free) ...; "
-        "free each pointer exactly once'), not the record_stream call that failed")
+add(A, 'a.record_stream(f, 1)', "freed pointer", "InvalidPointerError", "record_stream of 0x")
 add(A, 'a.record_stream(p, 1, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.record_stream(p, -1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
 add(A, 'a.record_stream(p, "1")', "str stream", "TypeError", "stream must be", bug=raw("stream"))
