@@ -232,8 +232,7 @@ add(A, 'memalloc.config_text({"host_capacity_mb:1,host_devices": 2}, use_env=Fal
     bug="the key is pasted into the text unescaped: silently sets host_capacity_mb:1 and host_devices:2")
 
 A = "host.empty"
-add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be",
-    bug="AttributeError \"'str' object has no attribute 'host_buffer'\" instead of a TypeError naming allocator")
+add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be")
 
 # =============================================================================
 # before: memalloc not enabled. Names: scratch = an empty scratch folder.
@@ -358,10 +357,7 @@ add("memory_allocated", 'memalloc.memory_allocated(torch.device("cuda", 5))', "t
 add("memory_allocated", "memalloc.memory_allocated([0])", "list device", "TypeError", "not list", env=E)
 add("memory_allocated", 'memalloc.memory_allocated("xyz")', "unparsable device string", "RuntimeError",
     "device string: xyz", env=E)
-add("memory_allocated", 'memalloc.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E,
-    bug="a non-CUDA device string is taken as device 0: answers silently (torch.cuda.memory_allocated('cpu') "
-        "raises 'Expected a cuda device'); the same for every query taking a device, including "
-        "empty_cache('cpu') and reset_peak_memory_stats('cpu'), which then act on device 0")
+add("memory_allocated", 'memalloc.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E)
 add("memory_allocated", "memalloc.memory_allocated(2**64)", "device beyond int (2**64)", "InvalidArgumentError",
     "does not exist", env=E)
 
@@ -375,17 +371,11 @@ add(A, 'memalloc.set_per_process_memory_fraction(0.5, "cuda:7")', 'device "cuda:
     "device 7 does not exist", env=E)
 add(A, "memalloc.set_per_process_memory_fraction(0.5, 1.5)", "float device", "TypeError", "device must be an int",
     env=E)
-FRACTION_COERCED = ("float(fraction) accepts it: the fraction is set silently (torch's "
-                    "set_per_process_memory_fraction raises TypeError for a non-float)")
-add(A, 'memalloc.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be",
-    env=E, bug=FRACTION_COERCED + "; here the limit becomes 0.5")
-add(A, "memalloc.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be",
-    env=E, bug=FRACTION_COERCED + "; here the limit becomes 1.0")
-FRACTION_MSG = "the error comes from float() and does not name the fraction argument: "
-add(A, "memalloc.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be",
-    env=E, bug=FRACTION_MSG + "\"float() argument must be a string or a real number, not 'NoneType'\"")
+add(A, 'memalloc.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be", env=E)
+add(A, "memalloc.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be", env=E)
+add(A, "memalloc.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be", env=E)
 add(A, 'memalloc.set_per_process_memory_fraction("abc")', "non-numeric str fraction", "TypeError",
-    "fraction must be", env=E, bug=FRACTION_MSG + "ValueError \"could not convert string to float: 'abc'\"")
+    "fraction must be", env=E)
 
 A = "set_empty_cache_policy"
 for kw, what in (("threshold=1.0", "threshold 1"), ("threshold=-0.1", "negative threshold"),
@@ -398,12 +388,9 @@ for kw, what in (("every_n_steps=-1", "negative every_n_steps"), ("every_n_steps
     add(A, f"memalloc.set_empty_cache_policy({kw})", what, "ValueError", "every_n_steps must be an int >= 0", env=E)
 add(A, "memalloc.set_empty_cache_policy(0.5)", "positional argument", "TypeError",
     "takes 0 positional arguments", env=E)
-add(A, 'memalloc.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E,
-    bug="the error comes from float() and does not name the threshold: ValueError "
-        "\"could not convert string to float: 'x'\"")
+add(A, 'memalloc.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E)
 add(A, 'memalloc.set_empty_cache_policy(threshold="0.5")', "numeric str threshold", "TypeError",
-    "threshold must be", env=E,
-    bug="float(threshold) accepts it: the threshold policy is set to 0.5 on every device silently")
+    "threshold must be", env=E)
 
 A = "empty_cache_policy"
 add(A, "memalloc.empty_cache_policy(99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
@@ -471,10 +458,8 @@ add(A, "host.empty((2, -3))", "negative dimension", "ValueError", "negative dime
 add(A, 'host.empty("10")', "str shape", "TypeError", "shape entries must be ints", env=E)
 add(A, "host.empty(True)", "bool shape", "TypeError", "shape entries must be ints, got True", env=E)
 add(A, "host.empty([2, 2.0])", "float dimension", "TypeError", "shape entries must be ints, got 2.0", env=E)
-add(A, "host.empty(1.5)", "float shape", "TypeError", "shape", env=E,
-    bug="TypeError \"'float' object is not iterable\": does not say that the shape is wrong")
-add(A, "host.empty(None)", "None shape", "TypeError", "shape", env=E,
-    bug="TypeError \"'NoneType' object is not iterable\": does not say that the shape is wrong")
+add(A, "host.empty(1.5)", "float shape", "TypeError", "shape", env=E)
+add(A, "host.empty(None)", "None shape", "TypeError", "shape", env=E)
 add(A, "host.empty(2**62, dtype=torch.uint8)", "huge size (2**62 bytes)", "OutOfMemoryError", "Tried to allocate",
     env=E)
 add(A, "host.empty(2**62)", "2**62 float32 elements (2**64 bytes)", "OutOfMemoryError", "Tried to allocate",
@@ -488,10 +473,7 @@ add(A, 'host.empty(10, device="cuda:7")', 'device "cuda:7"', "InvalidArgumentErr
 add(A, "host.empty(10, device=1.5)", "float device", "TypeError", "device must be", env=E)
 add(A, "host.empty(10, stream=-1)", "negative stream", "ValueError", "stream -1", env=E)
 add(A, 'host.empty(10, dtype="float")', "str dtype", "TypeError", "must be torch.dtype, not str", env=E)
-add(A, "host.empty(10, dtype=None)", "None dtype", "TypeError", "dtype must be", env=E,
-    bug="the memory is allocated before the dtype is checked; then torch's internal 'view() received an invalid "
-        "combination of arguments' TypeError (a call the user did not make), and the accumulated counters "
-        "(allocation.allocated/freed) have moved")
+add(A, "host.empty(10, dtype=None)", "None dtype", "TypeError", "dtype must be", env=E)
 A = "host.zeros"
 add(A, "host.zeros(-1)", "negative size", "ValueError", "negative dimension -1", env=E)
 add(A, "host.zeros(10, device=99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
