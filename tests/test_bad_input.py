@@ -418,15 +418,12 @@ add(A, "memalloc.record_memory_history(device=1.5)", "float device", "TypeError"
 for arg, what in (('""', "empty tag"), ('"a/b"', "tag with '/'"), ("1", "int tag"), ("None", "None tag")):
     add("tag", f"with memalloc.tag({arg}): pass", what, "ValueError", "a tag is a non-empty str without '/'", env=E)
 
-FD_BUG = ("an int is taken as a file descriptor by open(): the {what} the descriptor and closes it "
-          "(the caller's descriptor is gone afterwards)")
 for fn, ext in (("dump_snapshot", "pickle"), ("save_trace", "trace")):
     add(fn, f'memalloc.{fn}("/nonexistent/out.{ext}")', "folder that does not exist", "FileNotFoundError",
         "No such file or directory", env=E)
     add(fn, f"memalloc.{fn}(scratch)", "a folder, not a file", "IsADirectoryError", "Is a directory", env=E)
     add(fn, f"memalloc.{fn}(None)", "None path", "TypeError", "expected str, bytes or os.PathLike object", env=E)
-    add(fn, f"memalloc.{fn}(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E,
-        bug=FD_BUG.format(what="file is written into"))
+    add(fn, f"memalloc.{fn}(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E)
 
 A = "load_trace"
 add(A, "memalloc.load_trace(not_a_trace)", "not a trace file", "ValueError",
@@ -436,18 +433,15 @@ add(A, 'memalloc.load_trace("/nonexistent/run.trace")', "missing file", "FileNot
     "No such file or directory", env=E)
 add(A, "memalloc.load_trace(scratch)", "a folder, not a file", "IsADirectoryError", "Is a directory", env=E)
 add(A, "memalloc.load_trace(None)", "None path", "TypeError", "expected str, bytes or os.PathLike object", env=E)
-CORRUPT = "a corrupt trace file gets a raw {got} instead of a ValueError saying the file is not a valid trace file"
-for name, what, got in (
-        ("magic_only", "magic line only (truncated header)", "struct.error 'unpack requires a buffer of 8 bytes'"),
-        ("bad_json", "metadata that is not JSON", "json.JSONDecodeError"),
-        ("no_devices", "metadata without 'devices'", "KeyError 'devices'"),
-        ("short_records", "fewer record bytes than the header says",
-         "struct.error 'iterative unpacking requires a buffer of a multiple of 64 bytes'"),
-        ("bad_action", "a record with action 255", "IndexError 'tuple index out of range'"),
-        ("huge_header", "metadata length 2**62", "MemoryError with an empty message (it tries to read 4 EiB)")):
-    add(A, f"memalloc.load_trace({name})", what, "ValueError", "trace file", env=E, bug=CORRUPT.format(got=got))
-add(A, "memalloc.load_trace(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E,
-    bug=FD_BUG.format(what="trace is read from"))
+for name, what in (
+        ("magic_only", "magic line only (truncated header)"),
+        ("bad_json", "metadata that is not JSON"),
+        ("no_devices", "metadata without 'devices'"),
+        ("short_records", "fewer record bytes than the header says"),
+        ("bad_action", "a record with action 255"),
+        ("huge_header", "metadata length 2**62")):
+    add(A, f"memalloc.load_trace({name})", what, "ValueError", "trace file", env=E)
+add(A, "memalloc.load_trace(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E)
 
 A = "host.empty"
 add(A, "host.empty(-1)", "negative size", "ValueError", "negative dimension -1", env=E)
@@ -845,6 +839,8 @@ def render_doc() -> str:
     for c in bugs:
         conf = f" with `MEMALLOC_CONF={c.conf}`" if c.conf is not None else ""
         lines.append(f"- {_code(c.call)}{conf} ({c.input}): {c.bug}.")
+    if not bugs:
+        lines.append("None: every case gets the answer it wants.")
     return "\n".join(lines) + "\n"
 
 
