@@ -27,7 +27,7 @@ import os
 import pickle
 import struct
 import threading
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Sequence, Union
 
 import torch
 

@@ -3,7 +3,7 @@
 // argument, what was wrong and what it must be.
 //
 // A binding declares its parameters with these types instead of int / size_t
-// / double / std::string (e.g. `[](CachingAllocator& a, SizeArg size, Device
+// / double / std::string / bool (e.g. `[](CachingAllocator& a, SizeArg size, Device
 // device, StreamArg stream)`); the values convert implicitly to the plain
 // types the core takes.
 //
@@ -14,7 +14,10 @@
 //     arguments" list of C++ signatures is never what a caller sees.
 //   * bool is never a number here: True is not size 1, device 1 or
 //     fraction 1.0. Integers are anything with __index__ (int, numpy ints);
-//     real numbers are int, float and anything with __float__ (not str).
+//     real numbers are int, float and anything with __float__ (not str);
+//     a flag is True or False, nothing else.
+//   * A valid argument costs a type check and a range comparison; messages
+//     are built only on failure (MEMALLOC_EXPECTS).
 //   * Conversion runs while pybind11 loads the arguments, with the GIL held
 //     and before any call guard releases it; it never touches an allocator,
 //     so a rejected call changes nothing.
