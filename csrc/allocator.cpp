@@ -93,7 +93,7 @@ void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
   ctx_ = ctx;
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end())
-    throw InvalidPointer(unknown_pointer_message_locked(reinterpret_cast<std::uintptr_t>(ptr)));
+    throw InvalidPointer(unknown_pointer_message_locked("free", reinterpret_cast<std::uintptr_t>(ptr)));
   Block* b = it->second;
   live_.erase(it);
   b->allocated = false;

@@ -145,7 +145,9 @@ class DeviceAllocator {
   size_t release_cached_locked();
   bool release_segment_locked(Block* b);
   std::string oom_message_locked(size_t requested, size_t rounded);
-  std::string unknown_pointer_message_locked(std::uintptr_t addr);
+  // Why `addr` is not a live allocation, for the failed `call` ("free",
+  // "record_stream"): the message starts "<call> of 0x...".
+  std::string unknown_pointer_message_locked(const char* call, std::uintptr_t addr);
   // stream_uses.cpp
   void insert_events_locked(Block* b);
   void process_events_locked();

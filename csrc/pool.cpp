@@ -1,7 +1,9 @@
 // pool.cpp — the slow path of DeviceAllocator: growth from the backend,
 // release of cached segments, the OOM retry and message, empty_cache, the
 // memory fraction, and the read-only views (stats, segments, validate).
-// Invariants: device_allocator.h and block.h.
+// Invariants: device_allocator.h and block.h. A message about a pointer that
+// is not live names the call that failed ("free of 0x...", "record_stream of
+// 0x...") and what to do instead.
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -197,18 +199,20 @@ std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded
   return msg;
 }
 
-std::string DeviceAllocator::unknown_pointer_message_locked(std::uintptr_t addr) {
+std::string DeviceAllocator::unknown_pointer_message_locked(const char* call, std::uintptr_t addr) {
   auto it = segments_.upper_bound(addr);
   bool inside = it != segments_.begin() && addr < std::prev(it)->first + std::prev(it)->second;
+  const bool is_free = std::string(call) == "free";
+  const std::string head = std::string(call) + " of " + hex(addr) + " on device " + std::to_string(device_) + ": ";
   if (inside) {
-    return "free of " + hex(addr) + " on device " + std::to_string(device_) +
-           ": no live allocation starts there. It lies inside a memalloc segment, so it was "
-           "already freed (double free) or is not a pointer that malloc returned; free each "
-           "pointer exactly once";
+    return head + "no live allocation starts there. It lies inside a memalloc segment, so it was already freed" +
+           (is_free ? " (double free)" : "") + " or is not a pointer that malloc returned; " +
+           (is_free ? std::string("free each pointer exactly once")
+                    : "call " + std::string(call) + " only on live allocations, before freeing them");
   }
-  return "free of " + hex(addr) + " on device " + std::to_string(device_) +
-         ": unknown pointer, not allocated by memalloc on this device; free only pointers "
-         "that memalloc's malloc returned, on the device they came from";
+  return head + "unknown pointer, not allocated by memalloc on this device; " +
+         (is_free ? std::string("free only") : "call " + std::string(call) + " only on") +
+         " pointers that memalloc's malloc returned, on the device they came from";
 }
 
 DeviceStats DeviceAllocator::stats() {

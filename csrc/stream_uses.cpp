@@ -18,7 +18,7 @@ void DeviceAllocator::record_stream(void* ptr, Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end())
-    throw InvalidPointer("record_stream: " + unknown_pointer_message_locked(reinterpret_cast<std::uintptr_t>(ptr)));
+    throw InvalidPointer(unknown_pointer_message_locked("record_stream", reinterpret_cast<std::uintptr_t>(ptr)));
   Block* b = it->second;
   if (stream == b->stream) return;
   auto& uses = b->stream_uses;

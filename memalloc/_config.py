@@ -23,13 +23,14 @@ def config_text(config: ConfigLike = None, *, use_env: bool = True) -> str:
     ``config`` (a ``key:value,...`` string or a mapping), later keys winning.
 
     Raises ValueError (``memalloc.InvalidArgumentError``) naming an unknown
-    key or a malformed value, with the valid keys.
+    key or a malformed value, with the valid keys; in a mapping, a key or
+    value containing ',' or ':' is malformed (it would set other keys).
     """
     parts = []
     if use_env and os.environ.get(ENV_VAR):
         parts.append(os.environ[ENV_VAR])
     if isinstance(config, Mapping):
-        parts.append(",".join(f"{k}:{_value_text(v)}" for k, v in config.items()))
+        parts.append(",".join(_entry_text(k, v) for k, v in config.items()))
     elif isinstance(config, str):
         parts.append(config)
     elif config is not None:
@@ -48,7 +49,16 @@ def config_value(text: str, key: str) -> Optional[str]:
     return None
 
 
-def _value_text(value: object) -> str:
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    return str(value)
+def _entry_text(key: object, value: object) -> str:
+    """``key:value`` for one mapping entry. A key or value holding the
+    syntax's own ',' or ':' would be read as more entries (silently setting
+    other keys): it is refused, naming the entry."""
+    key_text = str(key)
+    value_text = ("True" if value else "False") if isinstance(value, bool) else str(value)
+    for text, where in ((key_text, f"key {key_text!r}"), (value_text, f"value {value_text!r} of key {key_text!r}")):
+        if "," in text or ":" in text:
+            raise _C.InvalidArgumentError(
+                f"config mapping: {where} contains ',' or ':', which would be read as more entries; "
+                "give each key its own entry, e.g. {'host_devices': 2, 'host_capacity_mb': 64}"
+            )
+    return f"{key_text}:{value_text}"

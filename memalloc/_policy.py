@@ -19,6 +19,7 @@ from typing import Optional
 
 from . import _C, _install
 from ._config import config_value
+from ._device import DeviceLike, device_index
 
 _lock = threading.Lock()
 _every_n: Optional[int] = None  # None: not read from the config yet
@@ -39,33 +40,36 @@ def set_empty_cache_policy(*, threshold: Optional[float] = None, every_n_steps: 
 
     Args:
         threshold: 0 < threshold < 1 releases unused cached segments before
-            reserved memory would exceed that share of the limit; 0 turns the
-            policy off. Applies to every device.
+            reserved memory (bytes) would exceed that share of the limit; 0
+            turns the policy off. Applies to every device. A float (or int),
+            never coerced from a str: TypeError otherwise, ValueError when
+            out of range.
         every_n_steps: N > 0 empties the cache on every N-th
             :func:`memalloc.step`; 0 turns it off.
+
+    A rejected call changes nothing.
     """
     global _every_n
     a = _install.installed_allocator()
-    # Validate everything before changing anything.
     if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
                                       or every_n_steps < 0):
         raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
-    if threshold is not None and not 0.0 <= float(threshold) < 1.0:
-        raise ValueError(f"invalid garbage_collection_threshold {threshold!r}: set a value in (0, 1), "
-                         "or 0 to turn the threshold policy off")
     if threshold is not None:
+        # memalloc._C checks the type and the range before it sets anything:
+        # once device 0 accepts the value, every device does.
         for d in range(a.device_count):
-            a.set_gc_threshold(float(threshold), d)
+            a.set_gc_threshold(threshold, d)
     if every_n_steps is not None:
         with _lock:
             _every_n = every_n_steps
 
 
-def empty_cache_policy(device: int = 0) -> dict:
-    """The active policies: {"manual": True, "on_oom": True,
+def empty_cache_policy(device: DeviceLike = None) -> dict:
+    """The active policies of ``device``: {"manual": True, "on_oom": True,
     "threshold": float (0 = off), "every_n_steps": int (0 = off)}."""
     a = _install.installed_allocator()
-    return {"manual": True, "on_oom": True, "threshold": a.gc_threshold(device), "every_n_steps": _every()}
+    return {"manual": True, "on_oom": True, "threshold": a.gc_threshold(device_index(device)),
+            "every_n_steps": _every()}
 
 
 def describe(device: int = 0) -> str:

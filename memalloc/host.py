@@ -19,7 +19,13 @@ ShapeLike = Union[int, Sequence[int], torch.Size]
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if isinstance(shape, int):
+        dims: tuple = (shape,)
+    else:
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise TypeError(f"shape must be an int or a sequence of ints, not {type(shape).__name__}") from None
     for d in dims:
         if not isinstance(d, int) or isinstance(d, bool):
             raise TypeError(f"shape entries must be ints, got {d!r} in {shape!r}")
@@ -28,8 +34,17 @@ def _shape(shape: ShapeLike) -> tuple[int, ...]:
     return dims
 
 
+def _dtype(dtype: torch.dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be torch.dtype, not {type(dtype).__name__}")
+    return dtype
+
+
 def _host_allocator(allocator: Optional[_C.Allocator]) -> _C.Allocator:
     if allocator is not None:
+        if not isinstance(allocator, _C.Allocator):
+            raise TypeError(f"allocator must be a memalloc.Allocator or None (the installed one), "
+                            f"not {type(allocator).__name__}")
         return allocator
     a = _C.installed()
     if a is None or a.backend_name != "host":
@@ -52,11 +67,13 @@ def empty(
     ``numel * element_size`` bytes come from memalloc's simulated ``device``.
 
     Uses the installed host allocator unless ``allocator`` is given. Raises
-    torch.OutOfMemoryError when the simulated device is full. Tensors with no
-    elements do not touch the allocator (as with CUDA).
+    torch.OutOfMemoryError when the simulated device is full, and ValueError
+    when the byte count exceeds 2**63 - 1. Every argument is checked before
+    any memory is taken. Tensors with no elements do not touch the allocator
+    (as with CUDA).
     """
     dims = _shape(shape)
-    nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(dims) * torch.empty((), dtype=_dtype(dtype)).element_size()
     if nbytes == 0:
         return torch.empty(dims, dtype=dtype)
     capsule = _host_allocator(allocator).host_buffer(nbytes, device, stream)

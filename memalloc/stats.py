@@ -11,36 +11,17 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
 from . import _install, _policy
-
-DeviceLike = Union[int, str, torch.device, None]
+from ._device import DeviceLike, device_index
 
 # memalloc's own counters that torch does not have: kept out of the
 # torch-format dictionaries, available through memory_stats_raw().
 _MEMALLOC_ONLY = ("num_gc_releases", "num_device_free_failures")
 _summary_lock = threading.Lock()
-
-
-def device_index(device: DeviceLike) -> int:
-    """Device index for ``device`` (None = torch's current CUDA device on the
-    CUDA backend, 0 on the host backend)."""
-    if isinstance(device, bool):
-        raise TypeError("device must be an int, a str, a torch.device or None, not bool")
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.index is not None:
-            return device.index
-        device = None
-    if device is None:
-        return torch.cuda.current_device() if _install.enabled_backend() == "cuda" else 0
-    raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
 
 
 def memory_stats_raw(device: DeviceLike = None) -> dict:
@@ -200,5 +181,9 @@ def get_per_process_memory_fraction(device: DeviceLike = None) -> float:
 
 
 def set_per_process_memory_fraction(fraction: float, device: DeviceLike = None) -> None:
-    """Caps memalloc's reserved bytes on ``device`` at ``fraction`` of its capacity."""
-    _install.installed_allocator().set_memory_fraction(float(fraction), device_index(device))
+    """Caps memalloc's reserved bytes on ``device`` at ``fraction`` (a float
+    in (0, 1]) of its capacity in bytes.
+
+    The fraction is not coerced: like torch, a str or a bool is a TypeError
+    (raised by memalloc._C, which also checks the range)."""
+    _install.installed_allocator().set_memory_fraction(fraction, device_index(device))

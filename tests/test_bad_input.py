@@ -78,11 +78,6 @@ def add(area: str, call: str, input: str, error: str, fragment: str, *, env: str
     CASES.append(Case(area, call, input, ((error, fragment),) + tuple(alt), env, conf, bug))
 
 
-def raw(arg: str) -> str:
-    return (f"a {arg} of the wrong type or range gets pybind11's raw 'incompatible function arguments' "
-            f"TypeError (a list of C++ signatures) instead of a message naming {arg}")
-
-
 # =============================================================================
 # inproc: memalloc.Allocator (host backend), parse_config, config_text.
 # Names: a = Allocator("host", HOST_CONFIG) with live blocks p (1000 B, small
@@ -91,24 +86,23 @@ def raw(arg: str) -> str:
 # =============================================================================
 A = "Allocator.malloc"
 add(A, 'a.malloc(-1)', "negative size", "InvalidArgumentError", "negative size -1 bytes")
-add(A, 'a.malloc("10")', "str size", "TypeError", "size must be", bug=raw("size"))
-add(A, 'a.malloc(1.5)', "float size", "TypeError", "size must be", bug=raw("size"))
-add(A, 'a.malloc(None)', "None size", "TypeError", "size must be", bug=raw("size"))
-add(A, 'a.malloc(True)', "bool size", "TypeError", "size must be",
-    bug="a bool size is taken as 1: allocates a 512-byte block silently (the Python layer refuses bools)")
+add(A, 'a.malloc("10")', "str size", "TypeError", "size must be")
+add(A, 'a.malloc(1.5)', "float size", "TypeError", "size must be")
+add(A, 'a.malloc(None)', "None size", "TypeError", "size must be")
+add(A, 'a.malloc(True)', "bool size", "TypeError", "size must be")
 add(A, 'a.malloc(2**62)', "huge size (2**62)", "OutOfMemoryError", "Tried to allocate")
 add(A, 'a.malloc(2**63)', "size above int64 (2**63)", "OutOfMemoryError", "Tried to allocate",
-    alt=(("ValueError", "too large"),), bug=raw("size"))
+    alt=(("ValueError", "too large"),))
 add(A, 'a.malloc(2**64)', "size above size_t (2**64)", "OutOfMemoryError", "Tried to allocate",
-    alt=(("ValueError", "too large"),), bug=raw("size"))
+    alt=(("ValueError", "too large"),))
 add(A, 'a.malloc(1000, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'a.malloc(1000, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.malloc(1000, 2**40)', "device beyond int (2**40)", "InvalidArgumentError",
-    "device 1099511627776 does not exist", alt=(("TypeError", "device must be"),), bug=raw("device"))
+    "device 1099511627776 does not exist", alt=(("TypeError", "device must be"),))
 add(A, 'a.malloc(1000, "cuda:7")', 'device "cuda:7"', "InvalidArgumentError", "device 7 does not exist",
-    alt=(("TypeError", "device must be"),), bug=raw("device"))
-add(A, 'a.malloc(1000, 1.5)', "float device", "TypeError", "device must be", bug=raw("device"))
-add(A, 'a.malloc(1000, 0, -1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
+    alt=(("TypeError", "device must be"),))
+add(A, 'a.malloc(1000, 1.5)', "float device", "TypeError", "device must be")
+add(A, 'a.malloc(1000, 0, -1)', "negative stream", "ValueError", "stream -1")
 
 A = "Allocator.free"
 add(A, 'a.free(0xdead000)', "unknown pointer", "InvalidPointerError", "unknown pointer")
@@ -118,47 +112,44 @@ add(A, 'a.free(p, 1)', "pointer of another device", "InvalidPointerError",
     "not allocated by memalloc on this device")
 add(A, 'a.free(p, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.free(-1)', "negative pointer", "InvalidPointerError", "unknown pointer",
-    alt=(("ValueError", "ptr -1"),), bug=raw("ptr"))
-add(A, 'a.free("p")', "str pointer", "TypeError", "ptr must be", bug=raw("ptr"))
+    alt=(("ValueError", "ptr -1"),))
+add(A, 'a.free("p")', "str pointer", "TypeError", "ptr must be")
 
 A = "Allocator.record_stream"
 add(A, 'a.record_stream(0xdead000, 1)', "unknown pointer", "InvalidPointerError", "unknown pointer")
 add(A, 'a.record_stream(p + 512, 1)', "interior pointer", "InvalidPointerError", "no live allocation starts there")
-add(A, 'a.record_stream(f, 1)', "freed pointer", "InvalidPointerError", "record_stream of 0x",
-    bug="the message describes a free ('record_stream: free of 0x...: ... already freed (double free) ...; "
-        "free each pointer exactly once'), not the record_stream call that failed")
+add(A, 'a.record_stream(f, 1)', "freed pointer", "InvalidPointerError", "record_stream of 0x")
 add(A, 'a.record_stream(p, 1, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.record_stream(p, -1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
-add(A, 'a.record_stream(p, "1")', "str stream", "TypeError", "stream must be", bug=raw("stream"))
+add(A, 'a.record_stream(p, -1)', "negative stream", "ValueError", "stream -1")
+add(A, 'a.record_stream(p, "1")', "str stream", "TypeError", "stream must be")
 
 A = "Allocator.empty_cache"
 add(A, 'a.empty_cache(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'a.empty_cache(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.empty_cache("0")', "str device", "TypeError", "device must be", bug=raw("device"))
-add(A, 'a.empty_cache(1.5)', "float device", "TypeError", "device must be", bug=raw("device"))
+add(A, 'a.empty_cache("0")', "str device", "TypeError", "device must be")
+add(A, 'a.empty_cache(1.5)', "float device", "TypeError", "device must be")
 
 A = "Allocator.set_memory_fraction"
 for v, what in (("0", "zero"), ("-0.5", "negative"), ("1.5", "above 1"), ('float("nan")', "NaN")):
     add(A, f'a.set_memory_fraction({v})', f"{what} fraction", "InvalidArgumentError", "set a value in (0, 1]")
 add(A, 'a.set_memory_fraction(0.5, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.set_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be", bug=raw("fraction"))
-add(A, 'a.set_memory_fraction(None)', "None fraction", "TypeError", "fraction must be", bug=raw("fraction"))
+add(A, 'a.set_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be")
+add(A, 'a.set_memory_fraction(None)', "None fraction", "TypeError", "fraction must be")
 
 A = "Allocator.set_gc_threshold"
 for v, what in (("1.0", "1"), ("-0.1", "negative"), ('float("nan")', "NaN"), ('float("inf")', "infinite")):
     add(A, f'a.set_gc_threshold({v})', f"{what} threshold", "InvalidArgumentError",
         "invalid garbage_collection_threshold")
 add(A, 'a.set_gc_threshold(0.5, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
-add(A, 'a.set_gc_threshold("0.5")', "str threshold", "TypeError", "threshold must be", bug=raw("threshold"))
+add(A, 'a.set_gc_threshold("0.5")', "str threshold", "TypeError", "threshold must be")
 
 A = "Allocator queries"
 add(A, 'a.stats(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.stats(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
-add(A, 'a.stats("0")', "str device", "TypeError", "device must be", bug=raw("device"))
-add(A, 'a.stats(True)', "bool device", "TypeError", "device must be",
-    bug="a bool device is taken as 1: returns device 1's statistics silently (the Python layer refuses bools)")
+add(A, 'a.stats("0")', "str device", "TypeError", "device must be")
+add(A, 'a.stats(True)', "bool device", "TypeError", "device must be")
 add(A, 'a.segments(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
-add(A, 'a.segments(1.5)', "float device", "TypeError", "device must be", bug=raw("device"))
+add(A, 'a.segments(1.5)', "float device", "TypeError", "device must be")
 add(A, 'a.trace(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.mem_get_info(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.memory_fraction(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
@@ -169,19 +160,19 @@ add(A, 'a.validate(99)', "device 99", "InvalidArgumentError", "device 99 does no
 
 A = "Allocator.set_recording"
 add(A, 'a.set_recording(10, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.set_recording(-1)', "negative capacity", "ValueError", "capacity -1", bug=raw("capacity"))
+add(A, 'a.set_recording(-1)', "negative capacity", "ValueError", "capacity -1")
 add(A, 'a.set_recording(2**62)', "huge capacity (2**62)", "ValueError", "capacity")
-add(A, 'a.set_recording(2**64)', "capacity above size_t (2**64)", "ValueError", "capacity", bug=raw("capacity"))
-add(A, 'a.set_recording("10")', "str capacity", "TypeError", "capacity must be", bug=raw("capacity"))
+add(A, 'a.set_recording(2**64)', "capacity above size_t (2**64)", "ValueError", "capacity")
+add(A, 'a.set_recording("10")', "str capacity", "TypeError", "capacity must be")
 
 A = "Allocator.host_* faults"
 add(A, 'a.host_inject_allocate_faults(0, 1, False, 99)', "device 99", "InvalidArgumentError",
     "device 99 does not exist")
-add(A, 'a.host_inject_allocate_faults(-1, 1)', "negative skip", "ValueError", "skip -1", bug=raw("skip"))
-add(A, 'a.host_inject_allocate_faults(0, -1)', "negative count", "ValueError", "count -1", bug=raw("count"))
-add(A, 'a.host_inject_allocate_faults("0", 1)', "str skip", "TypeError", "skip must be", bug=raw("skip"))
+add(A, 'a.host_inject_allocate_faults(-1, 1)', "negative skip", "ValueError", "skip -1")
+add(A, 'a.host_inject_allocate_faults(0, -1)', "negative count", "ValueError", "count -1")
+add(A, 'a.host_inject_allocate_faults("0", 1)', "str skip", "TypeError", "skip must be")
 add(A, 'a.host_inject_release_faults(0, 1, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.host_inject_release_faults(0, -1)', "negative count", "ValueError", "count -1", bug=raw("count"))
+add(A, 'a.host_inject_release_faults(0, -1)', "negative count", "ValueError", "count -1")
 add(A, 'a.host_set_fault_rates(2.0, 0.0)', "allocate rate above 1", "InvalidArgumentError",
     "fault rates are probabilities in [0, 1]")
 add(A, 'a.host_set_fault_rates(0.0, -0.5)', "negative release rate", "InvalidArgumentError",
@@ -189,18 +180,18 @@ add(A, 'a.host_set_fault_rates(0.0, -0.5)', "negative release rate", "InvalidArg
 add(A, 'a.host_set_fault_rates(float("nan"), 0.0)', "NaN rate", "InvalidArgumentError",
     "fault rates are probabilities in [0, 1]")
 add(A, 'a.host_set_fault_rates(0.0, 0.0, 0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.host_set_fault_rates(0.0, 0.0, -1)', "negative seed", "ValueError", "seed -1", bug=raw("seed"))
+add(A, 'a.host_set_fault_rates(0.0, 0.0, -1)', "negative seed", "ValueError", "seed -1")
 add(A, 'a.host_faults_injected(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.host_live_segments(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'a.host_synchronize_stream(0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.host_synchronize_stream(-1)', "negative stream", "ValueError", "stream -1", bug=raw("stream"))
+add(A, 'a.host_synchronize_stream(-1)', "negative stream", "ValueError", "stream -1")
 
 A = "Allocator.host_buffer"
 add(A, 'a.host_buffer(0)', "zero bytes", "InvalidArgumentError", "nbytes must be positive")
 add(A, 'a.host_buffer(-5)', "negative size", "InvalidArgumentError", "negative size -5 bytes")
 add(A, 'a.host_buffer(2**62)', "huge size (2**62)", "OutOfMemoryError", "Tried to allocate")
 add(A, 'a.host_buffer(2**64)', "size above size_t (2**64)", "OutOfMemoryError", "Tried to allocate",
-    alt=(("ValueError", "too large"),), bug=raw("nbytes"))
+    alt=(("ValueError", "too large"),))
 add(A, 'a.host_buffer(10, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 
 A = "memalloc.Allocator()"
@@ -208,8 +199,8 @@ add(A, 'memalloc.Allocator("bogus")', "unknown backend", "InvalidArgumentError",
 add(A, 'memalloc.Allocator("host", "host_devices:0")', "bad config value", "InvalidArgumentError",
     "host_devices must be between 1 and 64")
 add(A, 'memalloc.Allocator("cuda")', "CUDA backend without a GPU", "DriverError", "CUDA backend unavailable")
-add(A, 'memalloc.Allocator(None)', "None backend", "TypeError", "backend must be", bug=raw("backend"))
-add(A, 'memalloc.Allocator("host", 5)', "int config", "TypeError", "config must be", bug=raw("config"))
+add(A, 'memalloc.Allocator(None)', "None backend", "TypeError", "backend must be")
+add(A, 'memalloc.Allocator("host", 5)', "int config", "TypeError", "config must be")
 
 A = "parse_config"
 add(A, 'memalloc._C.parse_config("host_devices")', "missing colon", "InvalidArgumentError", "has no ':'")
@@ -224,7 +215,7 @@ add(A, 'memalloc._C.parse_config("host_devices:1:2")', "two colons", "InvalidArg
     "value '1:2' of key 'host_devices'")
 add(A, f'memalloc._C.parse_config("record_history:{2**62}")', "record_history too large to allocate",
     "InvalidArgumentError", "record_history")
-add(A, 'memalloc._C.parse_config(None)', "None text", "TypeError", "must be a", bug=raw("the config text"))
+add(A, 'memalloc._C.parse_config(None)', "None text", "TypeError", "must be a")
 
 A = "config_text"
 add(A, 'memalloc.config_text(123)', "int config", "TypeError", "config must be a 'key:value,...' string")
@@ -233,16 +224,12 @@ add(A, 'memalloc.config_text({"nope": 1}, use_env=False)', "mapping with an unkn
 add(A, 'memalloc.config_text({"host_devices": None}, use_env=False)', "mapping value None", "InvalidArgumentError",
     "value 'None' of key 'host_devices'")
 add(A, 'memalloc.config_text({"host_devices": "2,host_capacity_mb:1"}, use_env=False)',
-    "mapping value containing ',' and ':'", "InvalidArgumentError", "host_devices",
-    bug="the value is pasted into the text unescaped: returns '...host_capacity_mb:1,host_devices:2', i.e. "
-        "silently sets a second key (enable(config=mapping) goes through this)")
+    "mapping value containing ',' and ':'", "InvalidArgumentError", "host_devices")
 add(A, 'memalloc.config_text({"host_capacity_mb:1,host_devices": 2}, use_env=False)',
-    "mapping key containing ',' and ':'", "InvalidArgumentError", "host_capacity_mb:1,host_devices",
-    bug="the key is pasted into the text unescaped: silently sets host_capacity_mb:1 and host_devices:2")
+    "mapping key containing ',' and ':'", "InvalidArgumentError", "host_capacity_mb:1,host_devices")
 
 A = "host.empty"
-add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be",
-    bug="AttributeError \"'str' object has no attribute 'host_buffer'\" instead of a TypeError naming allocator")
+add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be")
 
 # =============================================================================
 # before: memalloc not enabled. Names: scratch = an empty scratch folder.
@@ -367,13 +354,9 @@ add("memory_allocated", 'memalloc.memory_allocated(torch.device("cuda", 5))', "t
 add("memory_allocated", "memalloc.memory_allocated([0])", "list device", "TypeError", "not list", env=E)
 add("memory_allocated", 'memalloc.memory_allocated("xyz")', "unparsable device string", "RuntimeError",
     "device string: xyz", env=E)
-add("memory_allocated", 'memalloc.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E,
-    bug="a non-CUDA device string is taken as device 0: answers silently (torch.cuda.memory_allocated('cpu') "
-        "raises 'Expected a cuda device'); the same for every query taking a device, including "
-        "empty_cache('cpu') and reset_peak_memory_stats('cpu'), which then act on device 0")
+add("memory_allocated", 'memalloc.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E)
 add("memory_allocated", "memalloc.memory_allocated(2**64)", "device beyond int (2**64)", "InvalidArgumentError",
-    "does not exist", env=E,
-    bug=raw("device") + "; the same for every query taking a device (the Python layer passes big ints through)")
+    "does not exist", env=E)
 
 A = "set_per_process_memory_fraction"
 for v, what in (("0", "zero"), ("-0.5", "negative"), ("1.5", "above 1"), ('float("nan")', "NaN")):
@@ -385,17 +368,11 @@ add(A, 'memalloc.set_per_process_memory_fraction(0.5, "cuda:7")', 'device "cuda:
     "device 7 does not exist", env=E)
 add(A, "memalloc.set_per_process_memory_fraction(0.5, 1.5)", "float device", "TypeError", "device must be an int",
     env=E)
-FRACTION_COERCED = ("float(fraction) accepts it: the fraction is set silently (torch's "
-                    "set_per_process_memory_fraction raises TypeError for a non-float)")
-add(A, 'memalloc.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be",
-    env=E, bug=FRACTION_COERCED + "; here the limit becomes 0.5")
-add(A, "memalloc.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be",
-    env=E, bug=FRACTION_COERCED + "; here the limit becomes 1.0")
-FRACTION_MSG = "the error comes from float() and does not name the fraction argument: "
-add(A, "memalloc.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be",
-    env=E, bug=FRACTION_MSG + "\"float() argument must be a string or a real number, not 'NoneType'\"")
+add(A, 'memalloc.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be", env=E)
+add(A, "memalloc.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be", env=E)
+add(A, "memalloc.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be", env=E)
 add(A, 'memalloc.set_per_process_memory_fraction("abc")', "non-numeric str fraction", "TypeError",
-    "fraction must be", env=E, bug=FRACTION_MSG + "ValueError \"could not convert string to float: 'abc'\"")
+    "fraction must be", env=E)
 
 A = "set_empty_cache_policy"
 for kw, what in (("threshold=1.0", "threshold 1"), ("threshold=-0.1", "negative threshold"),
@@ -408,18 +385,14 @@ for kw, what in (("every_n_steps=-1", "negative every_n_steps"), ("every_n_steps
     add(A, f"memalloc.set_empty_cache_policy({kw})", what, "ValueError", "every_n_steps must be an int >= 0", env=E)
 add(A, "memalloc.set_empty_cache_policy(0.5)", "positional argument", "TypeError",
     "takes 0 positional arguments", env=E)
-add(A, 'memalloc.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E,
-    bug="the error comes from float() and does not name the threshold: ValueError "
-        "\"could not convert string to float: 'x'\"")
+add(A, 'memalloc.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E)
 add(A, 'memalloc.set_empty_cache_policy(threshold="0.5")', "numeric str threshold", "TypeError",
-    "threshold must be", env=E,
-    bug="float(threshold) accepts it: the threshold policy is set to 0.5 on every device silently")
+    "threshold must be", env=E)
 
 A = "empty_cache_policy"
 add(A, "memalloc.empty_cache_policy(99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
 add(A, 'memalloc.empty_cache_policy("cuda:7")', 'device "cuda:7"', "InvalidArgumentError",
-    "device 7 does not exist", alt=(("TypeError", "device must be"),), env=E,
-    bug=raw("device") + " (unlike every other query, it passes the device to C++ without device_index())")
+    "device 7 does not exist", alt=(("TypeError", "device must be"),), env=E)
 
 add("step", "memalloc.step(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
 
@@ -445,15 +418,12 @@ add(A, "memalloc.record_memory_history(device=1.5)", "float device", "TypeError"
 for arg, what in (('""', "empty tag"), ('"a/b"', "tag with '/'"), ("1", "int tag"), ("None", "None tag")):
     add("tag", f"with memalloc.tag({arg}): pass", what, "ValueError", "a tag is a non-empty str without '/'", env=E)
 
-FD_BUG = ("an int is taken as a file descriptor by open(): the {what} the descriptor and closes it "
-          "(the caller's descriptor is gone afterwards)")
 for fn, ext in (("dump_snapshot", "pickle"), ("save_trace", "trace")):
     add(fn, f'memalloc.{fn}("/nonexistent/out.{ext}")', "folder that does not exist", "FileNotFoundError",
         "No such file or directory", env=E)
     add(fn, f"memalloc.{fn}(scratch)", "a folder, not a file", "IsADirectoryError", "Is a directory", env=E)
     add(fn, f"memalloc.{fn}(None)", "None path", "TypeError", "expected str, bytes or os.PathLike object", env=E)
-    add(fn, f"memalloc.{fn}(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E,
-        bug=FD_BUG.format(what="file is written into"))
+    add(fn, f"memalloc.{fn}(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E)
 
 A = "load_trace"
 add(A, "memalloc.load_trace(not_a_trace)", "not a trace file", "ValueError",
@@ -463,18 +433,15 @@ add(A, 'memalloc.load_trace("/nonexistent/run.trace")', "missing file", "FileNot
     "No such file or directory", env=E)
 add(A, "memalloc.load_trace(scratch)", "a folder, not a file", "IsADirectoryError", "Is a directory", env=E)
 add(A, "memalloc.load_trace(None)", "None path", "TypeError", "expected str, bytes or os.PathLike object", env=E)
-CORRUPT = "a corrupt trace file gets a raw {got} instead of a ValueError saying the file is not a valid trace file"
-for name, what, got in (
-        ("magic_only", "magic line only (truncated header)", "struct.error 'unpack requires a buffer of 8 bytes'"),
-        ("bad_json", "metadata that is not JSON", "json.JSONDecodeError"),
-        ("no_devices", "metadata without 'devices'", "KeyError 'devices'"),
-        ("short_records", "fewer record bytes than the header says",
-         "struct.error 'iterative unpacking requires a buffer of a multiple of 64 bytes'"),
-        ("bad_action", "a record with action 255", "IndexError 'tuple index out of range'"),
-        ("huge_header", "metadata length 2**62", "MemoryError with an empty message (it tries to read 4 EiB)")):
-    add(A, f"memalloc.load_trace({name})", what, "ValueError", "trace file", env=E, bug=CORRUPT.format(got=got))
-add(A, "memalloc.load_trace(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E,
-    bug=FD_BUG.format(what="trace is read from"))
+for name, what in (
+        ("magic_only", "magic line only (truncated header)"),
+        ("bad_json", "metadata that is not JSON"),
+        ("no_devices", "metadata without 'devices'"),
+        ("short_records", "fewer record bytes than the header says"),
+        ("bad_action", "a record with action 255"),
+        ("huge_header", "metadata length 2**62")):
+    add(A, f"memalloc.load_trace({name})", what, "ValueError", "trace file", env=E)
+add(A, "memalloc.load_trace(fd)", "int path (an open descriptor)", "TypeError", "not int", env=E)
 
 A = "host.empty"
 add(A, "host.empty(-1)", "negative size", "ValueError", "negative dimension -1", env=E)
@@ -482,27 +449,22 @@ add(A, "host.empty((2, -3))", "negative dimension", "ValueError", "negative dime
 add(A, 'host.empty("10")', "str shape", "TypeError", "shape entries must be ints", env=E)
 add(A, "host.empty(True)", "bool shape", "TypeError", "shape entries must be ints, got True", env=E)
 add(A, "host.empty([2, 2.0])", "float dimension", "TypeError", "shape entries must be ints, got 2.0", env=E)
-add(A, "host.empty(1.5)", "float shape", "TypeError", "shape", env=E,
-    bug="TypeError \"'float' object is not iterable\": does not say that the shape is wrong")
-add(A, "host.empty(None)", "None shape", "TypeError", "shape", env=E,
-    bug="TypeError \"'NoneType' object is not iterable\": does not say that the shape is wrong")
+add(A, "host.empty(1.5)", "float shape", "TypeError", "shape", env=E)
+add(A, "host.empty(None)", "None shape", "TypeError", "shape", env=E)
 add(A, "host.empty(2**62, dtype=torch.uint8)", "huge size (2**62 bytes)", "OutOfMemoryError", "Tried to allocate",
     env=E)
 add(A, "host.empty(2**62)", "2**62 float32 elements (2**64 bytes)", "OutOfMemoryError", "Tried to allocate",
-    alt=(("ValueError", "too large"),), env=E, bug=raw("nbytes") + " (the byte count overflows int64)")
+    alt=(("ValueError", "too large"),), env=E)
 add(A, "host.empty((2**32, 2**32))", "2**64 elements", "OutOfMemoryError", "Tried to allocate",
-    alt=(("ValueError", "too large"),), env=E, bug=raw("nbytes") + " (the byte count overflows int64)")
+    alt=(("ValueError", "too large"),), env=E)
 add(A, "host.empty(10, device=99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
 add(A, "host.empty(10, device=-1)", "device -1", "InvalidArgumentError", "device -1 does not exist", env=E)
 add(A, 'host.empty(10, device="cuda:7")', 'device "cuda:7"', "InvalidArgumentError", "device 7 does not exist",
-    alt=(("TypeError", "device must be"),), env=E, bug=raw("device"))
-add(A, "host.empty(10, device=1.5)", "float device", "TypeError", "device must be", env=E, bug=raw("device"))
-add(A, "host.empty(10, stream=-1)", "negative stream", "ValueError", "stream -1", env=E, bug=raw("stream"))
+    alt=(("TypeError", "device must be"),), env=E)
+add(A, "host.empty(10, device=1.5)", "float device", "TypeError", "device must be", env=E)
+add(A, "host.empty(10, stream=-1)", "negative stream", "ValueError", "stream -1", env=E)
 add(A, 'host.empty(10, dtype="float")', "str dtype", "TypeError", "must be torch.dtype, not str", env=E)
-add(A, "host.empty(10, dtype=None)", "None dtype", "TypeError", "dtype must be", env=E,
-    bug="the memory is allocated before the dtype is checked; then torch's internal 'view() received an invalid "
-        "combination of arguments' TypeError (a call the user did not make), and the accumulated counters "
-        "(allocation.allocated/freed) have moved")
+add(A, "host.empty(10, dtype=None)", "None dtype", "TypeError", "dtype must be", env=E)
 A = "host.zeros"
 add(A, "host.zeros(-1)", "negative size", "ValueError", "negative dimension -1", env=E)
 add(A, "host.zeros(10, device=99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
@@ -877,6 +839,8 @@ def render_doc() -> str:
     for c in bugs:
         conf = f" with `MEMALLOC_CONF={c.conf}`" if c.conf is not None else ""
         lines.append(f"- {_code(c.call)}{conf} ({c.input}): {c.bug}.")
+    if not bugs:
+        lines.append("None: every case gets the answer it wants.")
     return "\n".join(lines) + "\n"
 
 

@@ -255,6 +255,32 @@ def test_invalid_device_index(device):
     a.free(p, 1)
 
 
+def test_typed_arguments_accept_int_and_real_like_values():
+    """memalloc._C checks argument types itself (csrc/boundary/pyargs.h): what
+    it must still accept besides int and float — numpy ints (__index__) and
+    floats (__float__), ints for fractions, the largest valid values — and
+    that a bool is no number (the wrong-type errors are in test_bad_input)."""
+    np = pytest.importorskip("numpy")
+    a = Checked("host_capacity_mb:64,host_devices:2")
+    p = a.malloc(np.int64(1000), np.int32(1), stream=np.uint64(3))
+    assert cur(a, "allocation", device=1) == 1
+    a.record_stream(np.uint64(p), 2**64 - 1, device=1)  # any stream handle up to 2**64 - 1
+    a.free(np.uint64(p), 1)
+    a.set_memory_fraction(np.float32(0.5))
+    assert a.memory_fraction() == 0.5
+    a.set_memory_fraction(1)
+    a.set_gc_threshold(0)
+    a.host_set_fault_rates(np.float64(0.0), 0, seed=2**64 - 1)
+    a.host_inject_allocate_faults(np.int64(0), 0, driver_error=False)
+    with pytest.raises(TypeError, match="driver_error must be a bool"):
+        a.host_inject_allocate_faults(0, 0, 1)
+    with pytest.raises(TypeError, match="device must be an int"):
+        a.stats(True)
+    with pytest.raises(TypeError, match="size must be an int"):
+        a.malloc(np.float64(10.0))
+    assert "size: int, device: int = 0, stream: int = 0" in _C.Allocator.malloc.__doc__
+
+
 @pytest.mark.parametrize("fraction", [0.0, -0.5, 1.0000001, 2.0, float("nan")])
 def test_invalid_memory_fraction(fraction):
     a = Checked()

@@ -6,6 +6,12 @@
 //     without the GIL on another thread can then never deadlock against it.
 //   * Errors: OutOfMemory -> torch.OutOfMemoryError (through c10), memalloc
 //     errors -> the exception classes registered below.
+//   * Arguments: every argument of parse_config, Allocator() and the
+//     Allocator methods is a typed argument of pyargs.h (SizeArg, Device,
+//     StreamArg, FractionArg, ...), never a bare int / size_t / double /
+//     std::string: a wrong type is a TypeError naming the argument, a value
+//     out of range an InvalidArgumentError naming it, both raised before the
+//     call starts (so before it can change anything).
 //   * Host tensors: a DLPack capsule whose deleter frees through the
 //     allocator; it holds a shared_ptr, so the allocator outlives the tensor.
 #include <ATen/dlpack.h>
@@ -19,12 +25,14 @@
 #include "errors.h"
 #include "oom_report.h"
 #include "pluggable.h"
+#include "pyargs.h"
 #include "pystacks.h"
 #include "registry.h"
 #include "trace_export.h"
 
 namespace py = pybind11;
 using namespace memalloc;
+using namespace memalloc::pyargs;
 
 namespace {
 
@@ -100,13 +108,6 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
   return out;
 }
 
-// Sizes arrive as Python ints: a negative one is a caller error, not a
-// huge unsigned request.
-size_t checked_size(int64_t size) {
-  MEMALLOC_EXPECTS(size >= 0, "negative size " + std::to_string(size) + " bytes: sizes must be >= 0");
-  return static_cast<size_t>(size);
-}
-
 // ---- host tensors through DLPack -------------------------------------------
 struct HostTensorCtx {
   AllocatorPtr allocator;
@@ -134,8 +135,7 @@ void capsule_destructor(PyObject* capsule) {
 }
 
 // A 1-D uint8 DLPack capsule over `nbytes` (> 0) of allocator memory.
-py::capsule host_buffer(const AllocatorPtr& a, int64_t size, int device, Stream stream) {
-  const size_t nbytes = checked_size(size);
+py::capsule host_buffer(const AllocatorPtr& a, NBytesArg nbytes, Device device, StreamArg stream) {
   MEMALLOC_EXPECTS(nbytes > 0, "host_buffer: nbytes must be positive (zero-element tensors need no memory)");
   const CallContext who = current_context();  // may walk Python frames: GIL held here
   void* p = nullptr;
@@ -202,7 +202,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.def("parse_config", [](const std::string& text) { return parse_config(text).to_string(); },
+  m.def("parse_config", [](ConfigTextArg text) { return parse_config(text).to_string(); }, py::arg("text"),
         "Validates MEMALLOC_CONF-style text; returns its canonical form.");
   m.def("config_keys", &config_keys);
   m.def("cuda_available", [] {
@@ -212,7 +212,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<CachingAllocator, AllocatorPtr>(m, "Allocator")
-      .def(py::init([](const std::string& backend, const std::string& config) {
+      .def(py::init([](BackendArg backend, ConfigArg config) {
              return make_allocator(backend, parse_config(config));
            }),
            py::arg("backend"), py::arg("config") = "", NoGil())
@@ -220,38 +220,37 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("config", [](CachingAllocator& a) { return a.config().to_string(); })
       .def_property_readonly("device_count", &CachingAllocator::device_count)
       .def("malloc",
-           [](CachingAllocator& a, int64_t size, int device, Stream stream) {
-             const size_t bytes = checked_size(size);
+           [](CachingAllocator& a, SizeArg size, Device device, StreamArg stream) {
              const CallContext ctx = current_context();  // GIL held here
              py::gil_scoped_release nogil;
              return reinterpret_cast<std::uintptr_t>(
-                 oom_as_torch(a, device, bytes, [&] { return a.device(device).malloc(bytes, stream, ctx); }));
+                 oom_as_torch(a, device, size, [&] { return a.device(device).malloc(size, stream, ctx); }));
            },
            py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0)
       .def("free",
-           [](CachingAllocator& a, std::uintptr_t ptr, int device) {
-             a.device(device).free(reinterpret_cast<void*>(ptr), AllocatorRegistry::instance().thread_context());
+           [](CachingAllocator& a, PtrArg ptr, Device device) {
+             a.device(device).free(reinterpret_cast<void*>(ptr.value), AllocatorRegistry::instance().thread_context());
            },
            py::arg("ptr"), py::arg("device") = 0, NoGil())
       .def("record_stream",
-           [](CachingAllocator& a, std::uintptr_t ptr, Stream stream, int device) {
-             a.device(device).record_stream(reinterpret_cast<void*>(ptr), stream);
+           [](CachingAllocator& a, PtrArg ptr, StreamArg stream, Device device) {
+             a.device(device).record_stream(reinterpret_cast<void*>(ptr.value), stream);
            },
            py::arg("ptr"), py::arg("stream"), py::arg("device") = 0, NoGil())
       .def("empty_cache",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              return a.device(device).empty_cache(AllocatorRegistry::instance().thread_context());
            },
            py::arg("device") = 0, NoGil())
       .def("set_memory_fraction",
-           [](CachingAllocator& a, double f, int device) { a.device(device).set_memory_fraction(f); },
+           [](CachingAllocator& a, FractionArg f, Device device) { a.device(device).set_memory_fraction(f); },
            py::arg("fraction"), py::arg("device") = 0, NoGil())
-      .def("memory_fraction", [](CachingAllocator& a, int device) { return a.device(device).memory_fraction(); },
+      .def("memory_fraction", [](CachingAllocator& a, Device device) { return a.device(device).memory_fraction(); },
            py::arg("device") = 0, NoGil())
       .def("set_gc_threshold",
-           [](CachingAllocator& a, double t, int device) { a.device(device).set_gc_threshold(t); },
+           [](CachingAllocator& a, ThresholdArg t, Device device) { a.device(device).set_gc_threshold(t); },
            py::arg("threshold"), py::arg("device") = 0, NoGil())
-      .def("gc_threshold", [](CachingAllocator& a, int device) { return a.device(device).gc_threshold(); },
+      .def("gc_threshold", [](CachingAllocator& a, Device device) { return a.device(device).gc_threshold(); },
            py::arg("device") = 0, NoGil())
       .def_property_readonly("max_split_size",
                              [](CachingAllocator& a) {
@@ -260,7 +259,7 @@ PYBIND11_MODULE(_C, m) {
                                return m == static_cast<size_t>(-1) ? int64_t{-1} : static_cast<int64_t>(m);
                              })
       .def("stats",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              DeviceStats s;
              {
                py::gil_scoped_release nogil;
@@ -269,19 +268,19 @@ PYBIND11_MODULE(_C, m) {
              return stats_dict(s);
            },
            py::arg("device") = 0)
-      .def("reset_peak_stats", [](CachingAllocator& a, int device) { a.device(device).reset_peak_stats(); },
+      .def("reset_peak_stats", [](CachingAllocator& a, Device device) { a.device(device).reset_peak_stats(); },
            py::arg("device") = 0, NoGil())
       .def("reset_accumulated_stats",
-           [](CachingAllocator& a, int device) { a.device(device).reset_accumulated_stats(); },
+           [](CachingAllocator& a, Device device) { a.device(device).reset_accumulated_stats(); },
            py::arg("device") = 0, NoGil())
       .def("mem_get_info",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              MemInfo i = a.device(device).mem_get_info();
              return std::make_pair(i.free, i.total);
            },
            py::arg("device") = 0, NoGil())
       .def("segments",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              std::vector<SegmentInfo> segs;
              {
                py::gil_scoped_release nogil;
@@ -291,7 +290,7 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("device") = 0)
       .def("live_blocks",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              std::vector<LiveBlock> blocks;
              {
                py::gil_scoped_release nogil;
@@ -303,14 +302,14 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device") = 0,
            "Every live allocation of `device` as bytes, 40 per block: addr, size, requested (u64), "
            "stack_id, tag_id, step (u32), 4 pad bytes; in no particular order.")
-      .def("validate", [](CachingAllocator& a, int device) { a.device(device).validate(); },
+      .def("validate", [](CachingAllocator& a, Device device) { a.device(device).validate(); },
            py::arg("device") = 0, NoGil())
       .def("set_recording",
-           [](CachingAllocator& a, size_t capacity, int device) { a.device(device).set_recording(capacity); },
+           [](CachingAllocator& a, CapacityArg capacity, Device device) { a.device(device).set_recording(capacity); },
            py::arg("capacity"), py::arg("device") = 0, NoGil(),
            "Records every event of `device` into a ring of `capacity` 64-byte records (0 = off).")
       .def("trace",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              uint64_t dropped = 0;
              std::vector<TraceRecord> records;
              {
@@ -322,31 +321,31 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("device") = 0, "(records as bytes, 64 per record; dropped count), oldest first.")
       .def("host_synchronize_stream",
-           [](CachingAllocator& a, Stream stream, int device) {
+           [](CachingAllocator& a, StreamArg stream, Device device) {
              host_backend(a).synchronize_stream(device, stream);
            },
            py::arg("stream"), py::arg("device") = 0, NoGil())
       .def("host_inject_allocate_faults",
-           [](CachingAllocator& a, size_t skip, size_t count, bool driver_error, int device) {
+           [](CachingAllocator& a, SkipArg skip, CountArg count, DriverErrorArg driver_error, Device device) {
              host_backend(a).inject_allocate_faults(device, skip, count, driver_error);
            },
            py::arg("skip"), py::arg("count"), py::arg("driver_error") = false, py::arg("device") = 0, NoGil(),
            "After `skip` more successful device allocations, fail the next `count` (as OOM, or DriverError).")
       .def("host_inject_release_faults",
-           [](CachingAllocator& a, size_t skip, size_t count, int device) {
+           [](CachingAllocator& a, SkipArg skip, CountArg count, Device device) {
              host_backend(a).inject_release_faults(device, skip, count);
            },
            py::arg("skip"), py::arg("count"), py::arg("device") = 0, NoGil())
       .def("host_set_fault_rates",
-           [](CachingAllocator& a, double alloc_rate, double release_rate, uint64_t seed, int device) {
+           [](CachingAllocator& a, AllocateRateArg alloc_rate, ReleaseRateArg release_rate, SeedArg seed, Device device) {
              host_backend(a).set_fault_rates(device, alloc_rate, release_rate, seed);
            },
            py::arg("allocate_rate"), py::arg("release_rate"), py::arg("seed") = 0, py::arg("device") = 0, NoGil())
       .def("host_faults_injected",
-           [](CachingAllocator& a, int device) { return host_backend(a).faults_injected(device); },
+           [](CachingAllocator& a, Device device) { return host_backend(a).faults_injected(device); },
            py::arg("device") = 0, NoGil())
       .def("host_live_segments",
-           [](CachingAllocator& a, int device) {
+           [](CachingAllocator& a, Device device) {
              return host_backend(a).live_segments(device);
            },
            py::arg("device") = 0, NoGil())
@@ -396,16 +395,15 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_malloc_on_native_thread",
-        [](AllocatorPtr a, int64_t size, int device) {
+        [](AllocatorPtr a, SizeArg size, Device device) {
           // Test hook: allocate from a thread that never ran Python, as
           // autograd's engine workers do; returns the pointer.
-          const size_t bytes = checked_size(size);
           void* p = nullptr;
           std::exception_ptr error;
           py::gil_scoped_release nogil;
           std::thread t([&] {
             try {
-              p = a->device(device).malloc(bytes, 0, current_context());
+              p = a->device(device).malloc(size, 0, current_context());
             } catch (...) {
               error = std::current_exception();
             }

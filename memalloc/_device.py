@@ -1,0 +1,47 @@
+"""The ``device`` argument of memalloc's torch-style queries.
+
+One function, :func:`device_index`, turns what a caller passes (an int, a
+``"cuda:N"`` string, a ``torch.device``, or None) into the device index the
+allocator takes. Only CUDA devices are memalloc's: on the host backend the
+simulated devices stand in for them and are named the same way. A ``"cpu"``
+device is refused instead of being read as device 0. Range checks (a device
+that does not exist) are the allocator's: memalloc._C names its devices.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from . import _install
+
+DeviceLike = Union[int, str, torch.device, None]
+
+
+def device_index(device: DeviceLike) -> int:
+    """The device index for ``device``; None (or ``"cuda"`` without an index)
+    means torch's current CUDA device on the CUDA backend, 0 on the host
+    backend.
+
+    Raises TypeError for a bool or a type that is not a device, ValueError
+    for a device that is not a CUDA device (``"cpu"``), and torch's
+    RuntimeError for an unparsable device string.
+    """
+    if isinstance(device, bool):
+        raise TypeError("device must be an int, a str, a torch.device or None, not bool")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(
+                f"device {str(device)!r} is not a CUDA device: memalloc manages CUDA devices (the host "
+                "backend simulates them); pass an index, 'cuda', 'cuda:N' or torch.device('cuda', N)"
+            )
+        if device.index is not None:
+            return device.index
+        device = None
+    if device is None:
+        return torch.cuda.current_device() if _install.enabled_backend() == "cuda" else 0
+    raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
