@@ -57,6 +57,8 @@ def add_step_listener(fn: StepListener) -> None:
 
 def remove_step_listener(fn: StepListener) -> None:
     """Stops calling ``fn``; a listener that is not registered is ignored."""
+    if not callable(fn):
+        raise TypeError(f"a step listener must be callable, not {type(fn).__name__}")
     with _lock:
         if fn in _listeners:
             _listeners.remove(fn)
@@ -69,7 +71,16 @@ def steps_of(iterable: Iterable[T]) -> Iterator[T]:
         for batch in memalloc.steps_of(loader):
             train(batch)
     """
-    for item in iterable:
+    try:
+        items = iter(iterable)
+    except TypeError:
+        raise TypeError(f"steps_of needs an iterable (a DataLoader, a range, a list), not "
+                        f"{type(iterable).__name__}") from None
+    return _stepping(items)
+
+
+def _stepping(items: Iterator[T]) -> Iterator[T]:
+    for item in items:
         yield item
         step()
 
@@ -99,6 +110,8 @@ def auto_step(enabled: bool = True) -> None:
     One boundary per iteration: the optimizer that steps first marks them."""
     import torch.optim.optimizer as optim
 
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
     with _lock:
         if enabled and _auto.handle is None:
             _auto.first = None

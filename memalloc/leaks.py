@@ -673,6 +673,9 @@ class leak_check:
 
     def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1, threshold_bytes_per_step: int = 0,
                  max_bytes_per_step: Optional[float] = None) -> None:
+        if max_bytes_per_step is not None and (isinstance(max_bytes_per_step, bool) or not isinstance(
+                max_bytes_per_step, (int, float)) or not max_bytes_per_step >= 0):
+            raise ValueError(f"max_bytes_per_step must be a number >= 0 (bytes) or None, not {max_bytes_per_step!r}")
         self.tracker = LeakTracker(device, warmup_steps=warmup_steps,
                                    threshold_bytes_per_step=threshold_bytes_per_step)
         self.max_bytes_per_step = max_bytes_per_step

@@ -75,6 +75,8 @@ def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
     from .leaks import _code, _live_blocks, _user_frame
     from .recording import stack
 
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
     d = device_index(device)
     tags = _C.tag_names()
     groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])

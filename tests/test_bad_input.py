@@ -104,6 +104,9 @@ add(A, 'a.malloc(1000, "cuda:7")', 'device "cuda:7"', "InvalidArgumentError", "d
 add(A, 'a.malloc(1000, 1.5)', "float device", "TypeError", "device must be")
 add(A, 'a.malloc(1000, 0, -1)', "negative stream", "ValueError", "stream -1")
 
+add("Allocator.live_blocks", "a.live_blocks(99)", "device 99", "InvalidArgumentError", "device 99 does not exist")
+add("Allocator.live_blocks", 'a.live_blocks("0")', "str device", "TypeError", "device must be")
+
 A = "Allocator.free"
 add(A, 'a.free(0xdead000)', "unknown pointer", "InvalidPointerError", "unknown pointer")
 add(A, 'a.free(f)', "double free", "InvalidPointerError", "double free")
@@ -395,6 +398,36 @@ add(A, 'memalloc.empty_cache_policy("cuda:7")', 'device "cuda:7"', "InvalidArgum
     "device 7 does not exist", alt=(("TypeError", "device must be"),), env=E)
 
 add("step", "memalloc.step(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
+add("steps", "memalloc.steps(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
+add("steps_of", "memalloc.steps_of(5)", "not iterable", "TypeError", "steps_of needs an iterable", env=E)
+add("add_step_listener", "memalloc.add_step_listener(3)", "not callable", "TypeError",
+    "a step listener must be callable", env=E)
+add("remove_step_listener", "memalloc.remove_step_listener(None)", "not callable", "TypeError",
+    "a step listener must be callable", env=E)
+add("auto_step", 'memalloc.auto_step("yes")', "str flag", "TypeError", "enabled must be a bool", env=E)
+
+A = "leak_check"
+add(A, "memalloc.leak_check(warmup_steps=-1)", "negative warmup_steps", "ValueError",
+    "warmup_steps must be an int >= 0", env=E)
+add(A, "memalloc.leak_check(warmup_steps=1.5)", "float warmup_steps", "ValueError",
+    "warmup_steps must be an int >= 0", env=E)
+add(A, 'memalloc.leak_check(threshold_bytes_per_step="1k")', "str threshold", "ValueError",
+    "threshold_bytes_per_step must be an int >= 0", env=E)
+add(A, "memalloc.leak_check(max_bytes_per_step=-1)", "negative limit", "ValueError",
+    "max_bytes_per_step must be a number >= 0", env=E)
+add(A, "memalloc.leak_check(99)", "device 99", "ValueError", "device 99 does not exist", env=E)
+add("LeakTracker", "memalloc.LeakTracker(threshold_bytes_per_step=True)", "bool threshold", "ValueError",
+    "threshold_bytes_per_step must be an int >= 0", env=E)
+
+A = "set_oom_report"
+add(A, "memalloc.set_oom_report(max_reports=-1)", "negative max_reports", "ValueError",
+    "max_reports must be an int >= 0", env=E)
+add(A, "memalloc.set_oom_report(top=0)", "zero top", "ValueError", "top must be an int >= 1", env=E)
+add(A, 'memalloc.set_oom_report("yes")', "str enabled", "TypeError", "enabled must be a bool", env=E)
+add(A, "memalloc.set_oom_report(directory=5)", "int directory", "TypeError", "directory must be a path", env=E)
+add("top_holders", "memalloc.top_holders(99)", "device 99", "InvalidArgumentError", "device 99 does not exist",
+    env=E)
+add("top_holders", "memalloc.top_holders(n=0)", "zero n", "ValueError", "n must be an int >= 1", env=E)
 
 A = "record_memory_history"
 for kw, what in (("max_entries=0", "zero max_entries"), ("max_entries=-5", "negative max_entries"),
@@ -909,7 +942,7 @@ if pytest is not None:
         # Names that take no input a caller could get wrong, or are types.
         no_input = {"Allocator", "DriverError", "InvalidArgumentError", "InvalidPointerError", "MemallocError",
                     "config_keys", "cuda_usable", "enabled_backend", "host", "is_enabled", "patch_torch",
-                    "torch_is_patched", "unpatch_torch"}
+                    "torch_is_patched", "unpatch_torch", "LeakReport", "LeakError"}
         missing = [n for n in memalloc.__all__ if n not in no_input and f"memalloc.{n}(" not in calls]
         assert not missing, f"public functions without a bad-input case: {missing}"
         methods = [m for m in dir(memalloc.Allocator) if not m.startswith("_")

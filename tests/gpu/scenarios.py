@@ -225,6 +225,10 @@ def _ddp_rank(rank: int, world: int, mode: str, backend: str, port: int, out_dir
         result["allocations_per_device"] = [stats(d)["allocation"]["all"]["allocated"]
                                             for d in range(torch.cuda.device_count())]
         result["num_ooms"] = own["num_ooms"]
+        summary = torch.cuda.memory_summary()  # the current device's, from memalloc
+        result["summary_device"] = next(
+            (int(l.split("device ID")[1].split()[0]) for l in summary.splitlines() if "device ID" in l), None)
+        result["top_holders"] = memalloc.top_holders(device, 3)
         installed().validate(device)
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

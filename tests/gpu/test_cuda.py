@@ -203,6 +203,9 @@ def test_ddp_two_ranks_under_memalloc():
         per_device = m["allocations_per_device"]
         assert per_device[m["device"]] > 0 and sum(per_device) == per_device[m["device"]]
         assert m["num_ooms"] == 0
+        # reports answer for the rank's device too
+        assert m["summary_device"] == m["device"]
+        assert m["top_holders"] and sum(h["bytes"] for h in m["top_holders"]) <= m["allocated"]
 
 
 def test_leak_report_of_a_real_model_loop():
