@@ -38,6 +38,7 @@ from .recording import (
     tag,
 )
 from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
+from .tracker import StepTracker
 from .stats import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -64,6 +65,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidPointerError",
     "MemallocError",
+    "StepTracker",
     "config_keys",
     "config_text",
     "dump_snapshot",
