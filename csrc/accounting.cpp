@@ -2,6 +2,12 @@
 #include "accounting.h"
 
 namespace memalloc {
+namespace {
+// One compare where a current rises: the step window's peaks (accounting.h).
+inline void raise_to(int64_t& peak, int64_t value) {
+  if (value > peak) peak = value;
+}
+}  // namespace
 
 void Accounting::update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta) {
   if (delta == 0) return;
@@ -17,6 +23,7 @@ void Accounting::apply(const Event& e) {
       if (oversize(e.size)) s.oversize_allocations.update(1);
       update(s.allocation, e.pool, 1);
       update(s.allocated_bytes, e.pool, size);
+      raise_to(window_.peak_allocated_bytes, s.allocated_bytes[kStatAll].current);
       update(s.requested_bytes, e.pool, static_cast<int64_t>(e.requested));
       update(s.active, e.pool, 1);
       update(s.active_bytes, e.pool, size);
@@ -35,6 +42,7 @@ void Accounting::apply(const Event& e) {
       if (oversize(e.size)) s.oversize_segments.update(1);
       update(s.segment, e.pool, 1);
       update(s.reserved_bytes, e.pool, size);
+      raise_to(window_.peak_reserved_bytes, s.reserved_bytes[kStatAll].current);
       s.num_device_alloc += 1;
       break;
     case Action::kSegmentFree:
@@ -48,6 +56,7 @@ void Accounting::apply(const Event& e) {
       break;
     case Action::kOom:
       s.num_ooms += 1;
+      window_.num_ooms += 1;
       break;
     case Action::kSyncAllStreams:
       s.num_sync_all_streams += 1;
@@ -73,6 +82,14 @@ void Accounting::reset_peak() {
 #define MEMALLOC_RESET_FLAT_PEAK(name) stats_.name.peak = stats_.name.current;
   MEMALLOC_FLAT_STATS(MEMALLOC_RESET_FLAT_PEAK)
 #undef MEMALLOC_RESET_FLAT_PEAK
+}
+
+StepWindow Accounting::take_window() {
+  const StepWindow taken = window_;
+  window_.peak_allocated_bytes = stats_.allocated_bytes[kStatAll].current;
+  window_.peak_reserved_bytes = stats_.reserved_bytes[kStatAll].current;
+  window_.num_ooms = 0;
+  return taken;
 }
 
 void Accounting::reset_accumulated() {

@@ -12,6 +12,12 @@
 //   oversize_allocations.current == live blocks of >= max_split_size bytes
 //   oversize_segments.current    == segments of >= max_split_size bytes
 //   active_bytes   == allocated_bytes + (pending block bytes)
+//   window.peak_allocated_bytes >= allocated_bytes[all].current, likewise
+//   window.peak_reserved_bytes for reserved_bytes: the step window (below)
+//   is raised wherever those currents rise (and counts OOMs) and is reset
+//   only by take_window(), never by reset_peak()/reset_accumulated() (those
+//   belong to the user through torch.cuda.reset_peak_memory_stats...), so
+//   torch-visible peaks and the step tracker's never disturb each other.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +82,15 @@ struct DeviceStats {
 #undef MEMALLOC_DECLARE_SCALAR_STAT
 };
 
+// What happened over a window that only take_window() ends: the per-step
+// tracker's "peak in this step" of allocated_bytes and reserved_bytes (all
+// pools), and the OOMs raised in it.
+struct StepWindow {
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t num_ooms = 0;
+};
+
 class Accounting {
  public:
   // Blocks and segments of at least max_split_size bytes count as "oversize"
@@ -89,12 +104,17 @@ class Accounting {
   // allocated = freed = 0 and the scalar counts = 0
   // (torch.cuda.reset_accumulated_memory_stats).
   void reset_accumulated();
+  const StepWindow& window() const { return window_; }
+  // The window since the previous call; the next one starts with the peaks
+  // at the current values and no OOMs. O(1), no allocation.
+  StepWindow take_window();
 
  private:
   void update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta);
   bool oversize(size_t bytes) const { return bytes >= max_split_size_; }
   const size_t max_split_size_;
   DeviceStats stats_;
+  StepWindow window_;
 };
 
 }  // namespace memalloc

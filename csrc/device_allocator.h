@@ -20,6 +20,7 @@
 //   inactive_split_bytes == bytes of free blocks inside split segments
 //   a segment is obtained only while reserved + segment <= allowed_max_
 //   (memory fraction); lowering the fraction later releases nothing.
+//   the step window's peaks (accounting.h) >= allocated / reserved bytes
 // plus the tiling and coalescing invariants of block.h.
 #pragma once
 
@@ -104,6 +105,10 @@ class DeviceAllocator {
   DeviceStats stats();
   void reset_peak_stats();
   void reset_accumulated_stats();
+  // Peaks of allocated/reserved bytes and OOMs since the previous call (the
+  // step tracker's window, independent of reset_peak_stats and
+  // reset_accumulated_stats); starts the next window at the current values.
+  StepWindow take_window();
   MemInfo mem_get_info();
   std::vector<SegmentInfo> segments();
   // Throws memalloc::Error naming the first broken invariant.

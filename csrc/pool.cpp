@@ -225,6 +225,11 @@ void DeviceAllocator::reset_peak_stats() {
   accounting_.reset_peak();
 }
 
+StepWindow DeviceAllocator::take_window() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return accounting_.take_window();
+}
+
 void DeviceAllocator::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(mu_);
   accounting_.reset_accumulated();

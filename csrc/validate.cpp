@@ -114,6 +114,9 @@ void DeviceAllocator::validate() {
   check_stat(s.segment, t.segments, "segment");
   check_stat(s.inactive_split_bytes, t.split_bytes, "inactive_split_bytes");
   check_stat(s.inactive_split, t.split_count, "inactive_split");
+  const StepWindow& w = accounting_.window();
+  check(w.peak_allocated_bytes >= s.allocated_bytes[kStatAll].current, "step window: peak allocated < current");
+  check(w.peak_reserved_bytes >= s.reserved_bytes[kStatAll].current, "step window: peak reserved < current");
 }
 
 }  // namespace memalloc

@@ -40,6 +40,7 @@ from .recording import (
 from .oom import set_oom_report, top_holders
 from .leaks import LeakError, LeakReport, LeakTracker, leak_check
 from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
+from .tracker import StepTracker
 from .stats import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -66,6 +67,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidPointerError",
     "MemallocError",
+    "StepTracker",
     "config_keys",
     "config_text",
     "dump_snapshot",

@@ -160,6 +160,8 @@ add(A, 'a.gc_threshold(-1)', "device -1", "InvalidArgumentError", "device -1 doe
 add(A, 'a.reset_peak_stats(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.reset_accumulated_stats(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'a.validate(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.take_window(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.take_window(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 
 A = "Allocator.set_recording"
 add(A, 'a.set_recording(10, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
@@ -248,6 +250,8 @@ for call in ("memory_allocated()", "max_memory_allocated()", "memory_reserved()"
     add("before enable()", f"memalloc.{call}", "not enabled yet", "RuntimeError", NOT_ENABLED, env="before")
 add("before enable()", 'memalloc.dump_snapshot(scratch + "/snap.pickle")', "not enabled yet", "RuntimeError",
     NOT_ENABLED, env="before")
+add("before enable()", "memalloc.StepTracker().start()", "not enabled yet", "RuntimeError", NOT_ENABLED,
+    env="before")
 for call in ("host.empty(10)", "host.zeros(10)"):
     add("before enable()", call, "no host allocator installed", "RuntimeError",
         "call memalloc.enable(backend='host') first", env="before")
@@ -428,6 +432,29 @@ add(A, "memalloc.set_oom_report(directory=5)", "int directory", "TypeError", "di
 add("top_holders", "memalloc.top_holders(99)", "device 99", "InvalidArgumentError", "device 99 does not exist",
     env=E)
 add("top_holders", "memalloc.top_holders(n=0)", "zero n", "ValueError", "n must be an int >= 1", env=E)
+add("remove_step_listener", "memalloc.remove_step_listener()", "no listener", "TypeError",
+    "missing 1 required positional argument", env=E)
+add("auto_step", "memalloc.auto_step(True, 1)", "extra argument", "TypeError", "positional argument", env=E)
+
+A = "StepTracker"
+for dev, what, error, fragment in (
+        ("2", "device 2 (of 0..1)", "InvalidArgumentError", "device 2 does not exist"),
+        ('"cuda:7"', 'device "cuda:7"', "InvalidArgumentError", "device 7 does not exist"),
+        ("1.5", "float device", "TypeError", "device must be an int"),
+        ("True", "bool device", "TypeError", "not bool")):
+    add(A, f"memalloc.StepTracker({dev})", what, error, fragment, env=E)
+add(A, "memalloc.StepTracker().record_row()", "not started", "RuntimeError", "call start()", env=E)
+add(A, "with memalloc.StepTracker() as tr: tr.start()", "started twice", "RuntimeError", "already running", env=E)
+for arg, what, error in (("-1", "negative step", "ValueError"), ('"3"', "str step", "TypeError"),
+                         ("True", "bool step", "TypeError")):
+    add(A, f"with memalloc.StepTracker() as tr: tr.record_row(step={arg})", what, error, "step must be", env=E)
+add(A, "memalloc.StepTracker().to_csv(scratch)", "a folder, not a file", "IsADirectoryError", "is a directory",
+    env=E)
+add(A, 'memalloc.StepTracker().to_json("/nonexistent/rows.json")', "folder that does not exist",
+    "FileNotFoundError", "does not exist; create it first", env=E)
+add(A, "memalloc.StepTracker().to_csv(None)", "None path", "TypeError", "path must be a str or os.PathLike", env=E)
+add(A, 'memalloc.StepTracker().plot(scratch + "/m.png")', "no rows (or no matplotlib)", "ImportError",
+    "pip install matplotlib", alt=(("ValueError", "no rows yet"),), env=E)
 
 A = "record_memory_history"
 for kw, what in (("max_entries=0", "zero max_entries"), ("max_entries=-5", "negative max_entries"),

@@ -20,7 +20,9 @@ updated on every change) and predicts, after each operation:
   num_sync_all_streams (one per cache release) and num_gc_releases (0 here),
 * the pointer each malloc returns when it is served from the cache (a fresh
   segment's address is the only thing the model learns from the allocator),
-* the full segment/block layout reported by segments() and mem_get_info().
+* the full segment/block layout reported by segments() and mem_get_info(),
+* the step tracker's window (take_window: the highest allocated and
+  reserved bytes and the OOMs since the previous take, reset by nothing else).
 
 The inactive_split stats move once per state change (an allocation with its
 split, a free completion with its merges): the model computes each change as
@@ -106,6 +108,8 @@ class Model:
         self.stats = {k: {p: Stat() for p in POOLS} for k in STAT_KEYS}
         self.flat = {k: Stat() for k in FLAT_KEYS}
         self.scalars = dict.fromkeys(SCALAR_KEYS, 0)
+        self.window = {"allocated_bytes": 0, "reserved_bytes": 0}  # take_window's peaks
+        self.window_ooms = 0
         self.grown_after_retry = 0  # for the test's coverage checks only
 
     # ---------------------------------------------------------- counters --
@@ -113,6 +117,15 @@ class Model:
         if delta:
             self.stats[key]["all"].update(delta)
             self.stats[key][pool].update(delta)
+            if key in self.window:
+                self.window[key] = max(self.window[key], self.stats[key]["all"].current)
+
+    def take_window(self):
+        taken = (self.window["allocated_bytes"], self.window["reserved_bytes"], self.window_ooms)
+        for key in self.window:
+            self.window[key] = self.stats[key]["all"].current
+        self.window_ooms = 0
+        return taken
 
     def oversize(self, size):
         return self.max_split is not None and size >= self.max_split
@@ -294,6 +307,7 @@ class Model:
             self.grown_after_retry += 1
             return ("grow", rounded)
         self.scalars["num_ooms"] += 1
+        self.window_ooms += 1
         return ("oom",)
 
     def finish_grow(self, addr, rounded, size, stream):
@@ -451,6 +465,8 @@ def run_random(seed, conf, capacity_mb, max_split_mb, steps):
         s = a.stats()
         expected = m.expected_stats()
         assert s == expected, f"step {step} ({seed}, {conf}): {diff(s, expected)}"
+        if step % 7 == 6:  # not from rng: the random sequence stays that of the other checks
+            assert a.take_window() == m.take_window(), f"step {step}: step window differs"
         a.validate()
         assert layout(a) == m.expected_segments(), f"step {step}: block layout differs"
         reserved = m.reserved()
@@ -525,3 +541,44 @@ def test_oversize_counters_move_only_with_max_split():
         s = a.stats()
         assert s["oversize_segments"] == {"current": 0, "peak": n, "allocated": n, "freed": n}
         assert s["num_sync_all_streams"] == 1 and s["num_device_free"] == s["num_device_alloc"]
+
+
+def test_step_window_by_hand_and_independent_of_torch_peaks():
+    """take_window over a fixed sequence worked out by hand (1000 B -> a
+    1024 B block of a 2 MiB segment; 3 MiB -> a 20 MiB segment): the window
+    moves only with take_window, the torch-visible peaks and counts only
+    with reset_peak_stats / reset_accumulated_stats, and neither disturbs
+    the other."""
+    a = _C.Allocator("host", "host_capacity_mb:64")
+
+    def peaks():
+        s = a.stats()
+        return s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"], s["num_ooms"]
+
+    assert a.take_window() == (0, 0, 0)
+    p = a.malloc(1000)                       # allocated 1024, reserved 2 MiB
+    q = a.malloc(3 * MiB)                    # allocated 1024 + 3 MiB, reserved 22 MiB
+    a.free(q)                                # allocated 1024 (the 20 MiB segment stays cached)
+    assert a.take_window() == (1024 + 3 * MiB, 22 * MiB, 0)
+    assert peaks() == (1024 + 3 * MiB, 22 * MiB, 0)  # taking the window left torch's peaks alone
+    assert a.take_window() == (1024, 22 * MiB, 0)    # a new window starts at the currents
+    a.reset_peak_stats()
+    assert peaks() == (1024, 22 * MiB, 0)
+    q = a.malloc(2 * MiB)                    # from the cached 20 MiB segment
+    a.free(q)
+    with pytest.raises(torch.OutOfMemoryError):
+        a.malloc(100 * MiB)                  # releases the cached 20 MiB segment, then OOM
+    a.reset_peak_stats()                     # the user's resets: the window keeps its peaks ...
+    a.reset_accumulated_stats()              # ... and its OOM
+    assert peaks() == (1024, 2 * MiB, 0)
+    assert a.take_window() == (1024 + 2 * MiB, 22 * MiB, 1)
+    assert a.take_window() == (1024, 2 * MiB, 0)
+    with pytest.raises(torch.OutOfMemoryError):
+        a.malloc(100 * MiB)
+    a.free(p)
+    assert a.take_window() == (1024, 2 * MiB, 1)    # frees do not raise a window
+    assert a.take_window() == (0, 2 * MiB, 0)
+    assert peaks() == (1024, 2 * MiB, 1)
+    a.validate()
+    with pytest.raises(ValueError, match="does not exist"):
+        a.take_window(1)

@@ -273,6 +273,15 @@ PYBIND11_MODULE(_C, m) {
       .def("reset_accumulated_stats",
            [](CachingAllocator& a, Device device) { a.device(device).reset_accumulated_stats(); },
            py::arg("device") = 0, NoGil())
+      .def("take_window",
+           [](CachingAllocator& a, int device) {
+             const StepWindow w = a.device(device).take_window();
+             return std::make_tuple(w.peak_allocated_bytes, w.peak_reserved_bytes, w.num_ooms);
+           },
+           py::arg("device") = 0, NoGil(),
+           "(peak allocated bytes, peak reserved bytes, OOMs) since the previous call; the next window "
+           "starts at the current values. Independent of reset_peak_stats/reset_accumulated_stats. "
+           "memalloc.StepTracker owns it (one window per device: use StepTracker rather than this).")
       .def("mem_get_info",
            [](CachingAllocator& a, Device device) {
              MemInfo i = a.device(device).mem_get_info();

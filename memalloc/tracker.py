@@ -1,0 +1,379 @@
+"""Per-step memory tracking: the ``MemoryTracker`` users write by hand.
+
+::
+
+    with memalloc.StepTracker() as tracker:      # device: torch's current one
+        for batch in memalloc.steps_of(loader):  # or memalloc.step() / auto_step()
+            train(batch)
+    print(tracker.summary())
+    tracker.to_csv("memory.csv"); tracker.plot("memory.png")
+
+At every iteration boundary (:func:`memalloc.step`, which also ends each
+item of :func:`memalloc.steps_of` and, with :func:`memalloc.auto_step`, each
+``optimizer.step()``) or :meth:`StepTracker.record_row`, the tracker records
+one row (:data:`FIELDS`; sizes in bytes, times in seconds):
+
+``step``
+    the step number :func:`memalloc.step` returned (``record_row``: the
+    previous row's + 1 unless given)
+``time_s``
+    seconds since the tracker was first started (``time.perf_counter``)
+``allocated`` / ``reserved``
+    ``memory_allocated()`` / ``memory_reserved()`` at the boundary
+``peak_allocated`` / ``peak_reserved``
+    the highest allocated / reserved bytes *within* this step: since the
+    previous row (or :meth:`~StepTracker.start`). Read from a window the C++
+    accounting keeps for the tracker alone, so ``torch.cuda.max_memory_allocated``
+    and ``reset_peak_memory_stats`` stay the user's: the tracker never resets
+    them, and resetting them does not shorten the tracker's window
+``device_used`` / ``device_total``
+    ``total - free`` and ``total`` of :func:`memalloc.mem_get_info` (every
+    process's use of the device; on the host backend, memalloc's reserved bytes)
+``num_ooms``
+    out-of-memory errors raised during this step (a count per step, not the
+    cumulative ``memory_stats()["num_ooms"]``; counted in the same window, so
+    ``reset_accumulated_memory_stats`` does not disturb it)
+
+Several trackers may watch one device: the allocator's window is shared and
+each take is folded into every active tracker of that device, so each one
+still sees the peak over its own steps.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple, Optional, Union
+
+from . import _C, _install, iteration, stats
+from .cli._common import fmt_bytes
+from .stats import DeviceLike
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+SCHEMA = "memalloc.step_tracker/1"
+
+FIELDS: tuple[str, ...] = (
+    "step", "time_s", "allocated", "reserved", "peak_allocated", "peak_reserved",
+    "device_used", "device_total", "num_ooms",
+)
+
+UNITS: dict[str, str] = {
+    "step": "count", "time_s": "seconds", "allocated": "bytes", "reserved": "bytes",
+    "peak_allocated": "bytes", "peak_reserved": "bytes", "device_used": "bytes",
+    "device_total": "bytes", "num_ooms": "count",
+}
+
+
+class Row(NamedTuple):
+    """One boundary (see the module docstring; bytes, seconds)."""
+
+    step: int
+    time_s: float
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+    device_used: int
+    device_total: int
+    num_ooms: int
+
+
+assert Row._fields == FIELDS
+
+# Guards the trackers' rows and the shared per-device windows: a take of the
+# allocator's window is folded into every active tracker of its device.
+_lock = threading.Lock()
+_active: dict[int, list["StepTracker"]] = {}
+
+
+def _take_window(device: int) -> None:
+    """Folds the allocator's step window of ``device`` (peaks, OOMs) into
+    every active tracker of it (with ``_lock`` held)."""
+    peak_allocated, peak_reserved, ooms = _install.installed_allocator().take_window(device)
+    for t in _active.get(device, ()):
+        a, r, n = t._window
+        t._window = (max(a, peak_allocated), max(r, peak_reserved), n + ooms)
+
+
+def _output_path(path: PathLike, method: str) -> Path:
+    """``path`` as a Path whose directory exists, else a clear error."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"StepTracker.{method}: path must be a str or os.PathLike, not {type(path).__name__}")
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"StepTracker.{method}: {str(p)!r} is a directory; give a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise FileNotFoundError(f"StepTracker.{method}: directory {str(parent)!r} does not exist; create it first")
+    return p
+
+
+class StepTracker:
+    """Records memory figures at every iteration boundary of one device.
+
+    Args:
+        device: an int, ``"cuda:N"``, a ``torch.device`` or None (torch's
+            current CUDA device on the CUDA backend, 0 on the host backend).
+            Checked against the allocator's devices when memalloc is enabled
+            (here if it already is, else at :meth:`start`):
+            ``memalloc.InvalidArgumentError`` (a ValueError) names the valid
+            range, TypeError a value of the wrong type.
+
+    :meth:`start` (or ``with``) registers a step listener and starts the
+    window of the first step; :meth:`stop` removes the listener and keeps the
+    rows. Starting again continues the same table (``time_s`` keeps counting
+    from the first start). Thread-safe: boundaries may come from any thread.
+    """
+
+    FIELDS = FIELDS
+
+    def __init__(self, device: DeviceLike = None) -> None:
+        stats.device_index(device)  # TypeError for a value of the wrong type, now
+        self._device_spec = device
+        self._device: Optional[int] = self._resolve() if _install.is_enabled() else None
+        self._rows: list[Row] = []
+        self._running = False
+        self._t0: Optional[float] = None
+        self._window = (0, 0, 0)  # (peak allocated, peak reserved, OOMs) taken so far in this step
+
+    # ------------------------------------------------------------ set-up --
+    def _resolve(self) -> int:
+        a = _install.installed_allocator()  # RuntimeError naming enable() when not enabled
+        index = stats.device_index(self._device_spec)
+        if not 0 <= index < a.device_count:
+            raise _C.InvalidArgumentError(
+                f"StepTracker: device {index} does not exist: the {a.backend_name} backend has "
+                f"{a.device_count} device(s), indices 0..{a.device_count - 1}"
+            )
+        return index
+
+    @property
+    def device(self) -> Optional[int]:
+        """The device index tracked (None until memalloc is enabled)."""
+        return self._device
+
+    @property
+    def running(self) -> bool:
+        """Whether boundaries are being recorded."""
+        return self._running
+
+    def start(self) -> "StepTracker":
+        """Starts listening to :func:`memalloc.step` on the device; the first
+        step's peaks count from here. RuntimeError when memalloc is not
+        enabled or the tracker already runs. Returns the tracker."""
+        with _lock:
+            if self._running:
+                raise RuntimeError("StepTracker.start: the tracker is already running; call stop() first")
+            device = self._device = self._resolve()
+            _take_window(device)  # ends the other trackers' windows here, before this one joins
+            self._window = (0, 0, 0)  # the allocator's next window starts at the current values
+            _active.setdefault(device, []).append(self)
+            if self._t0 is None:
+                self._t0 = time.perf_counter()
+            self._running = True
+        iteration.add_step_listener(self._on_step)
+        return self
+
+    def stop(self) -> None:
+        """Stops recording (the rows stay); a stopped tracker ignores it."""
+        iteration.remove_step_listener(self._on_step)
+        with _lock:
+            if not self._running:
+                return
+            self._running = False
+            trackers = _active.get(self._device, [])
+            if self in trackers:
+                trackers.remove(self)
+
+    def __enter__(self) -> "StepTracker":
+        return self.start()
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else "stopped"
+        return f"<memalloc.StepTracker device={self._device} {state}, {len(self._rows)} rows>"
+
+    # --------------------------------------------------------- recording --
+    def _on_step(self, step: int) -> None:
+        self._record(step, listener=True)
+
+    def record_row(self, step: Optional[int] = None) -> dict[str, Any]:
+        """Marks a boundary without :func:`memalloc.step` (which would also
+        run the other step listeners and policies) and returns its row.
+        ``step`` defaults to the previous row's step + 1 (1 for the first).
+        RuntimeError when the tracker is not running."""
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise TypeError(f"StepTracker.record_row: step must be an int or None, not {type(step).__name__}")
+        if step is not None and step < 0:
+            raise ValueError(f"StepTracker.record_row: step must be >= 0, got {step}")
+        row = self._record(step, listener=False)
+        assert row is not None
+        return row._asdict()
+
+    def _record(self, step: Optional[int], listener: bool) -> Optional[Row]:
+        a = _install.installed_allocator()
+        with _lock:
+            if not self._running:
+                if listener:  # a step() racing with stop() in another thread
+                    return None
+                raise RuntimeError("StepTracker: the tracker is not running; call start() "
+                                   "(or use `with memalloc.StepTracker() as tracker:`) first")
+            device = self._device
+            s = a.stats(device)  # currents before the window: the step's peaks then cover them
+            _take_window(device)
+            (peak_allocated, peak_reserved, ooms), self._window = self._window, (0, 0, 0)
+            free, total = a.mem_get_info(device)
+            if step is None:
+                step = self._rows[-1].step + 1 if self._rows else 1
+            assert self._t0 is not None
+            row = Row(
+                step=int(step),
+                time_s=time.perf_counter() - self._t0,
+                allocated=int(s["allocated_bytes"]["all"]["current"]),
+                reserved=int(s["reserved_bytes"]["all"]["current"]),
+                peak_allocated=int(peak_allocated),
+                peak_reserved=int(peak_reserved),
+                device_used=int(total) - int(free),
+                device_total=int(total),
+                num_ooms=int(ooms),
+            )
+            self._rows.append(row)
+        return row
+
+    # ------------------------------------------------------------ output --
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows so far, oldest first: a list of fresh dicts with the keys
+        of :data:`FIELDS` (bytes, seconds)."""
+        with _lock:
+            rows = list(self._rows)
+        return [r._asdict() for r in rows]
+
+    def clear(self) -> None:
+        """Drops the rows recorded so far (the tracker keeps running)."""
+        with _lock:
+            self._rows.clear()
+
+    def to_csv(self, path: PathLike) -> Path:
+        """Writes the rows as CSV (a header of :data:`FIELDS`, one line per
+        row; bytes, seconds) and returns the path. FileNotFoundError when the
+        directory does not exist, IsADirectoryError for a directory."""
+        p = _output_path(path, "to_csv")
+        rows = self.rows
+        with open(p, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        return p
+
+    def to_json(self, path: PathLike) -> Path:
+        """Writes the rows as JSON and returns the path. Schema
+        ``memalloc.step_tracker/1`` (keys may be added within a version;
+        readers ignore those they do not know)::
+
+            {
+              "schema": "memalloc.step_tracker/1",
+              "created": "2026-11-30T12:00:00+00:00",  // UTC, ISO 8601
+              "backend": "cuda",                        // or "host"
+              "device": 0,
+              "units": {"step": "count", "time_s": "seconds", "allocated": "bytes", ...},
+              "rows": [
+                {"step": 1,                  // memalloc.step() number
+                 "time_s": 0.53,             // seconds since the first start()
+                 "allocated": 1048576,       // bytes at the boundary
+                 "reserved": 20971520,       // bytes at the boundary
+                 "peak_allocated": 4194304,  // bytes, highest within the step
+                 "peak_reserved": 20971520,  // bytes, highest within the step
+                 "device_used": 20971520,    // bytes, total - free of mem_get_info
+                 "device_total": 1073741824, // bytes
+                 "num_ooms": 0},             // OOMs raised within the step
+                ...
+              ]
+            }
+
+        Errors as for :meth:`to_csv`."""
+        p = _output_path(path, "to_json")
+        doc = {
+            "schema": SCHEMA,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "backend": _install.enabled_backend(),
+            "device": self._device,
+            "units": UNITS,
+            "rows": self.rows,
+        }
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        return p
+
+    def plot(self, path: PathLike) -> Path:
+        """Writes a PNG of allocated and reserved bytes at each boundary and
+        the peak allocated within each step (MiB) over the steps; returns the
+        path. Needs matplotlib (ImportError saying ``pip install matplotlib``
+        otherwise); ValueError when there are no rows yet; path errors as for
+        :meth:`to_csv`."""
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+            from matplotlib.ticker import MaxNLocator
+        except ImportError as e:
+            raise ImportError("StepTracker.plot needs matplotlib, which is not installed: "
+                              "pip install matplotlib (to_csv and to_json need nothing)") from e
+        p = _output_path(path, "plot")
+        rows = self.rows
+        if not rows:
+            raise ValueError("StepTracker.plot: no rows yet: call memalloc.step() or record_row() while it runs")
+        steps = [r["step"] for r in rows]
+        fig = Figure(figsize=(8, 4.5))
+        FigureCanvasAgg(fig)  # draws without pyplot: no global backend or figure state
+        ax = fig.add_subplot()
+        for key, label, style in (("peak_allocated", "peak allocated in step", ":"),
+                                  ("allocated", "allocated at step end", "-"),
+                                  ("reserved", "reserved at step end", "--")):
+            ax.plot(steps, [r[key] / 2**20 for r in rows], style, marker=".", label=label)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("MiB")
+        ax.set_title(f"memalloc StepTracker: device {self._device} ({_install.enabled_backend()} backend)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(p, format="png", dpi=100)
+        return p
+
+    def summary(self) -> str:
+        """A few lines of text: steps covered, allocated growth per step, the
+        highest peak within a step, reserved and device use, OOMs."""
+        rows = self.rows
+        head = f"StepTracker, device {self._device} ({_install.enabled_backend()} backend)"
+        if not rows:
+            return f"{head}: no rows yet"
+        first, last = rows[0], rows[-1]
+        n = len(rows)
+        growth = (last["allocated"] - first["allocated"]) / (n - 1) if n > 1 else 0.0
+        peak = max(rows, key=lambda r: r["peak_allocated"])
+        peak_r = max(rows, key=lambda r: r["peak_reserved"])
+        used = max(r["device_used"] for r in rows)
+        ooms = [r for r in rows if r["num_ooms"]]
+        sign = "+" if growth >= 0 else "-"
+        lines = [
+            f"{head}: {n} steps ({first['step']}..{last['step']}) in {last['time_s']:.3f} s",
+            f"  allocated at step end: {fmt_bytes(first['allocated'])} -> {fmt_bytes(last['allocated'])} "
+            f"({sign}{fmt_bytes(abs(growth))}/step)",
+            f"  peak allocated in a step: {fmt_bytes(peak['peak_allocated'])} (step {peak['step']})",
+            f"  reserved at step end: {fmt_bytes(last['reserved'])}; peak in a step: "
+            f"{fmt_bytes(peak_r['peak_reserved'])} (step {peak_r['step']})",
+            f"  device used: up to {fmt_bytes(used)} of {fmt_bytes(last['device_total'])}",
+            f"  OOMs: {sum(r['num_ooms'] for r in ooms)}"
+            + (f" (steps {', '.join(str(r['step']) for r in ooms)})" if ooms else ""),
+        ]
+        return "\n".join(lines)
