@@ -16,6 +16,7 @@ grep -i "warning" "$OUT/build.log" | grep -v -i setuptools | head -20
 
 echo "== GPU tests"
 export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
+export MEMALLOC_GPU_ARTIFACTS="$OUT"  # e.g. the leak report of the ResNet-18 loop
 rm -f "$MEMALLOC_GPU_RESULTS"
 python3 -m pytest -m gpu -v -rs tests/gpu --junitxml="$OUT/gpu_junit.xml" 2>&1 | tee "$OUT/gpu_tests.log"
 gpu_rc=${PIPESTATUS[0]}
@@ -26,7 +27,7 @@ gpu_rc=${PIPESTATUS[0]}
 case "${MEMALLOC_DEVICE_CPU_TESTS:-subset}" in
   all) cpu_tests=(tests --ignore=tests/gpu) ;;
   none) cpu_tests=() ;;
-  *) cpu_tests=(tests/test_pyframes.py tests/test_recording.py tests/test_api.py) ;;
+  *) cpu_tests=(tests/test_pyframes.py tests/test_recording.py tests/test_api.py tests/test_leaks.py tests/test_oom_report.py tests/test_tracker.py) ;;
 esac
 if [ ${#cpu_tests[@]} -gt 0 ]; then
   echo "== CPU tests on the device machine"
