@@ -30,9 +30,9 @@ py::int_ as_int(py::handle src, const char* name, const char* what) {
 
 uint64_t load_uint(py::handle src, const UIntSpec& spec) {
   const py::int_ i = as_int(src, spec.name, spec.what);
-  MEMALLOC_EXPECTS(i >= py::int_(0), std::string("negative ") + spec.quantity + " " + std::string(py::str(i)) +
+  MEMALLOC_EXPECTS(i >= py::int_(0), std::string("negative ") + spec.quantity + " " + std::string(py::repr(i)) +
                                          spec.unit + ": " + spec.name + " must be " + spec.what);
-  MEMALLOC_EXPECTS(i <= py::int_(spec.max), std::string(spec.quantity) + " " + std::string(py::str(i)) + spec.unit +
+  MEMALLOC_EXPECTS(i <= py::int_(spec.max), std::string(spec.quantity) + " " + std::string(py::repr(i)) + spec.unit +
                                                 " is too large: " + spec.name + " must be at most " +
                                                 std::to_string(spec.max) + spec.unit);
   return i.cast<uint64_t>();
@@ -42,7 +42,7 @@ int load_device(py::handle src) {
   const py::int_ i = as_int(src, "device", "an int (a device index)");
   // Indices that fit an int go on to the allocator, which names its devices.
   MEMALLOC_EXPECTS(i >= py::int_(INT_MIN) && i <= py::int_(INT_MAX),
-                   "device " + std::string(py::str(i)) +
+                   "device " + std::string(py::repr(i)) +
                        " does not exist: device indices run from 0 to the allocator's device_count - 1");
   return i.cast<int>();
 }
