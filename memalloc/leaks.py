@@ -163,7 +163,7 @@ class LeakTracker:
         self._lock = threading.Lock()
         self._previous_mode: Optional[int] = None
         self._running = False
-        self._last_ages: collections.Counter = collections.Counter()
+        self._last_ages: dict[tuple[int, int], list[int]] = {}
 
     # ---- sampling ---------------------------------------------------------------
     def start(self) -> "LeakTracker":
@@ -198,12 +198,14 @@ class LeakTracker:
     def sample(self, step: Optional[int] = None) -> None:
         """Takes one sample now (called at every step while running)."""
         by_stack: dict[int, list[int]] = {}
-        ages: collections.Counter = collections.Counter()
+        ages: dict[tuple[int, int], list[int]] = {}
         for _addr, size, _req, stack_id, _tag, step_allocated in _live_blocks(self.device):
             entry = by_stack.setdefault(stack_id, [0, 0])
             entry[0] += 1
             entry[1] += size
-            ages[(stack_id, step_allocated)] += 1
+            age = ages.setdefault((stack_id, step_allocated), [0, 0])
+            age[0] += 1
+            age[1] += size
         a = _install.installed_allocator()
         s = a.stats(self.device)
         with self._lock:
@@ -211,7 +213,7 @@ class LeakTracker:
                 step=int(_C.step()) if step is None else step,
                 allocated=s["allocated_bytes"]["all"]["current"], reserved=s["reserved_bytes"]["all"]["current"],
                 by_stack={k: (v[0], v[1]) for k, v in by_stack.items()}))
-            self._last_ages = ages  # (stack id, step allocated) -> live blocks, at the latest sample
+            self._last_ages = ages  # (stack id, step allocated) -> [live blocks, bytes], at the latest sample
 
     # ---- analysis ---------------------------------------------------------------
     def report(self, *, find_holders: bool = True) -> "LeakReport":
@@ -243,23 +245,32 @@ class LeakTracker:
             ys = bytes_series[self.warmup_steps:]
             if not min(ys[half:]) > min(ys[:half]):
                 continue
+            ages: dict[int, list[int]] = {}
             with self._lock:
-                ages = collections.Counter({step: n for (sid, step), n in self._last_ages.items() if sid in stacks})
+                for (sid, step), (n, nbytes) in self._last_ages.items():
+                    if sid in stacks:
+                        age = ages.setdefault(step, [0, 0])
+                        age[0] += n
+                        age[1] += nbytes
             if len(ages) < 3 or not any(step >= second_half_from for step in ages):
                 continue
-            if sum(1 for step in first_half_steps if ages.get(step)) * 3 < len(first_half_steps):
+            if sum(1 for step in first_half_steps if step in ages) * 3 < len(first_half_steps):
                 continue
             xs = [float(s.step) for s in window]
             per_step = _slope(xs, [float(y) for y in ys])
             if per_step < max(1, self.threshold_bytes_per_step):
                 continue
             frames = stack(max(stacks, key=lambda sid: samples[-1].by_stack.get(sid, (0, 0))[1]))
+            # Retained: what is alive from the judged steps on (not the site's
+            # one-off allocations before them, e.g. a cuBLAS workspace).
+            since = [s for s in ages if s >= window[0].step - 1]
             alloc = {"filename": key[0], "line": key[1], "function": key[2]}
             leaks.append(Leak(
                 site=dict(alloc), code=_code(key[0], key[1]), alloc_site=alloc, alloc_code=_code(key[0], key[1]),
                 stack=[_frame_json(f) for f in frames], bytes_per_step=per_step,
                 tensors_per_step=_slope(xs, [float(c) for c in count_series[self.warmup_steps:]]),
-                retained_bytes=bytes_series[-1], retained_tensors=count_series[-1], first_step=min(ages),
+                retained_bytes=sum(ages[s][1] for s in since), retained_tensors=sum(ages[s][0] for s in since),
+                first_step=min(since),
                 series=bytes_series, stack_ids=sorted(stacks), last_step=last_step))
         if find_holders and leaks:
             leaks = _attribute_holders(leaks, live)
@@ -458,8 +469,9 @@ def _attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
             # A graph keeping more than the container's own tensors: saved activations (no_grad_eval).
             items = found[0].values() if isinstance(found[0], dict) else found[0]
             held = {t.untyped_storage().data_ptr(): t for t in items if isinstance(t, torch.Tensor)}
-            own = sum(_rounded(t.untyped_storage().nbytes()) for t in held.values())
-            leak.graph_extra = leak.graph and leak.retained_bytes > own
+            # More blocks per step than the container gains tensors: the graph keeps activations too.
+            held_per_step = len(held) / max(1, len(leak.series))
+            leak.graph_extra = leak.graph and bool(held) and leak.tensors_per_step > 1.5 * held_per_step
             where = found[1].get("where_line")
             if where:
                 leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
@@ -492,11 +504,6 @@ def _attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
         else:
             _absorb(first, leak)
     return merged
-
-
-def _rounded(nbytes: int) -> int:
-    """Bytes the allocator gives a request of ``nbytes`` (multiples of 512)."""
-    return max(512, (nbytes + 511) // 512 * 512)
 
 
 def _absorb(into: Leak, other: Leak) -> None:
