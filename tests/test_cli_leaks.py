@@ -120,3 +120,33 @@ def test_pytest_fixture_fails_the_leaking_test_only(tmp_path):
     assert "LeakError: the loop leaks 1.00 KiB per step (allowed: 100 B)" in p.stdout
     line = next(i for i, l in enumerate(PYTEST_FILE.splitlines(), 1) if l.endswith("# KEPT"))
     assert f"test_loop.py:{line} in test_leaky" in p.stdout and "held by list `kept`" in p.stdout
+
+
+def test_report_summarises_a_saved_trace(tmp_path):
+    script = tmp_path / "record.py"
+    script.write_text(textwrap.dedent("""
+        import memalloc, torch
+        memalloc.enable(backend="host", config="host_capacity_mb:64")
+        memalloc.host.use_for_cpu_tensors()
+        memalloc.record_memory_history(max_entries=1000, stacks="python")
+        kept = [torch.empty(1 << 20, dtype=torch.uint8) for _ in range(3)]  # KEEPS 3 MiB
+        for _ in range(5):
+            t = torch.empty(4096, dtype=torch.uint8)
+            del t
+        memalloc.save_trace("run.mtrace")
+    """))
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    env.pop("MEMALLOC_CONF", None)
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    p = run("report", "run.mtrace", "--top", "1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("device 0: ") and lines[0].endswith("events, 0 dropped")
+    counts = {l.split()[0]: int(l.split()[1]) for l in lines[1:] if l.startswith("  ") and len(l.split()) == 2}
+    assert counts["alloc"] == 8 and counts["free_requested"] == 5
+    line = next(i for i, l in enumerate(script.read_text().splitlines(), 1) if l.endswith("# KEEPS 3 MiB"))
+    assert lines[-1].strip().startswith("3.00 MiB") and f"record.py:{line} in" in lines[-1]
+    p = run("report", "run.mtrace", "--html", "x.html", cwd=tmp_path)
+    assert p.returncode != 0 and "--html renders leak reports" in p.stderr
