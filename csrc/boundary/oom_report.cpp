@@ -16,7 +16,8 @@
 //   * A failing hook never replaces the out-of-memory error: its exception
 //     is printed and dropped.
 //   * The hook's reference is owned here: INCREF'd when installed, DECREF'd
-//     when replaced (both with the GIL held); the registry only stores it.
+//     when replaced (both with the GIL held); the registry only stores it. A
+//     call reads the pointer and takes its own reference under the GIL.
 #include <Python.h>
 
 #include "oom_report.h"
@@ -28,12 +29,22 @@ namespace {
 thread_local bool t_in_hook = false;
 
 std::string hook_text(int device, size_t size) {
-  void* hook = AllocatorRegistry::instance().oom_hook();
-  if (hook == nullptr || t_in_hook || !Py_IsInitialized()) return "";
+  AllocatorRegistry& reg = AllocatorRegistry::instance();
+  if (reg.oom_hook() == nullptr || t_in_hook || !Py_IsInitialized()) return "";
   t_in_hook = true;
   std::string out;
   PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* r = PyObject_CallFunction(static_cast<PyObject*>(hook), "in", device, static_cast<Py_ssize_t>(size));
+  // Read (and hold) the hook under the GIL: set_oom_hook may replace and
+  // release it, also with the GIL held.
+  PyObject* hook = static_cast<PyObject*>(reg.oom_hook());
+  if (hook == nullptr) {
+    PyGILState_Release(gil);
+    t_in_hook = false;
+    return "";
+  }
+  Py_INCREF(hook);
+  PyObject* r = PyObject_CallFunction(hook, "in", device, static_cast<Py_ssize_t>(size));
+  Py_DECREF(hook);
   if (r == nullptr) {
     PyErr_Print();  // never let the report replace the out-of-memory error
   } else if (PyUnicode_Check(r)) {
