@@ -670,8 +670,8 @@ class leak_check:
         with memalloc.leak_check() as check:
             for batch in memalloc.steps_of(loader):
                 train(batch)
-        check.report.leaks     # [] when nothing leaks
-        print(check.report)    # text; .to_json() / .to_html()
+        check.leaks            # [] when nothing leaks (= check.report.leaks)
+        print(check.to_text()) # also .to_json(path), .to_html(path), .report
 
     Args as :class:`LeakTracker`; ``max_bytes_per_step``: when given,
     leaving the block raises :class:`LeakError` if the reported leaks grow
@@ -698,6 +698,26 @@ class leak_check:
         if exc_type is None and self.max_bytes_per_step is not None \
                 and self.report.bytes_per_step() > self.max_bytes_per_step:
             raise LeakError(self.report, self.max_bytes_per_step)
+
+    # The report's API, once the block has ended.
+    def _finished(self) -> LeakReport:
+        if self.report is None:
+            raise RuntimeError("the leak report is made when the `with memalloc.leak_check()` block ends")
+        return self.report
+
+    @property
+    def leaks(self) -> list:
+        """The leaks found (:class:`Leak`), largest growth first."""
+        return self._finished().leaks
+
+    def to_text(self) -> str:
+        return self._finished().to_text()
+
+    def to_json(self, path: Optional[str] = None) -> str:
+        return self._finished().to_json(path)
+
+    def to_html(self, path: Optional[str] = None) -> str:
+        return self._finished().to_html(path)
 
 
 class LeakError(AssertionError):

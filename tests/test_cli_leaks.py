@@ -70,6 +70,53 @@ def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc):
         assert "RuntimeError: the script failed" in p.stderr
 
 
+def test_run_steps_writes_one_row_per_optimizer_step(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(LEAKY)
+    p = run("run", "--steps", "--backend", "host", "--out", "r", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "memalloc: 16 steps recorded; wrote steps.csv and steps.json" in p.stderr
+    doc = json.loads((tmp_path / "r" / "steps.json").read_text())
+    rows = doc["rows"]
+    assert [r["step"] for r in rows] == list(range(1, 17))
+    # the kept loss tensors: allocated grows by exactly 512 B per step after the first
+    grown = [b["allocated"] - a["allocated"] for a, b in zip(rows[1:], rows[2:])]
+    assert grown == [512] * 14
+    assert all(r["peak_allocated"] >= r["allocated"] for r in rows)
+    csv_lines = (tmp_path / "r" / "steps.csv").read_text().splitlines()
+    assert len(csv_lines) == 17 and csv_lines[0].startswith("step,")
+    assert "leak" not in p.stderr  # --leaks was not asked for
+
+
+def test_leak_check_answers_like_its_report(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    env.pop("MEMALLOC_CONF", None)
+    code = textwrap.dedent("""
+        import json, torch, memalloc
+        memalloc.enable(backend="host", config="host_capacity_mb:64")
+        memalloc.host.use_for_cpu_tensors()
+        check = memalloc.leak_check()
+        try:
+            check.leaks
+        except RuntimeError as e:
+            early = str(e)
+        kept = []
+        with check:
+            for _ in range(8):
+                kept.append(torch.ones(128))
+                memalloc.step()
+        print(json.dumps({"early": early, "n": len(check.leaks), "same": check.leaks is check.report.leaks,
+                          "text": check.to_text() == check.report.to_text(),
+                          "json": json.loads(check.to_json())["leaks"][0]["bytes_per_step"]}))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert "made when the `with memalloc.leak_check()` block ends" in r["early"]
+    assert (r["n"], r["same"], r["text"], r["json"]) == (1, True, True, 512)
+
+
 def test_report_renders_a_saved_leak_report_and_rejects_other_files(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)

@@ -10,8 +10,13 @@ and ``leaks.html``. On the host backend torch's CPU tensors come from the
 simulated device (memalloc.host.use_for_cpu_tensors), so a CPU script is
 tracked too.
 
+With ``--steps``: a :class:`memalloc.StepTracker` row per boundary
+(allocated, reserved, peaks within the step, device use, OOMs), written at
+exit to DIR as ``steps.csv`` and ``steps.json``, and ``steps.png`` when
+matplotlib is installed.
+
 An out-of-memory error in the script writes its report (memalloc/oom.py) to
-DIR as well, with or without ``--leaks``.
+DIR as well, with or without these flags.
 """
 from __future__ import annotations
 
@@ -32,8 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, help="key:value,... applied after $MEMALLOC_CONF")
     p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
+    p.add_argument("--steps", action="store_true", help="record memory per step (steps.csv, .json, .png)")
     p.add_argument("--out", default="memalloc-report",
-                   help="folder for leaks.json and leaks.html (--leaks) and OOM reports")
+                   help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=main)
@@ -57,7 +63,10 @@ def main(args: argparse.Namespace) -> int:
     from .. import oom
 
     oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
-    tracker = _start_leaks(backend, args.warmup_steps) if args.leaks else None
+    if args.leaks or args.steps:
+        _start_boundaries(backend)
+    tracker = _start_leaks(args.warmup_steps) if args.leaks else None
+    step_tracker = _start_steps() if args.steps else None
     sys.argv = [args.script, *args.script_args]
     # As `python script.py` does: the script's folder first on sys.path.
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
@@ -67,6 +76,8 @@ def main(args: argparse.Namespace) -> int:
         script_globals = runpy.run_path(args.script, run_name="__main__")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if step_tracker is not None:
+            _write_steps(step_tracker, args.out)
         if tracker is not None:
             _write_leaks(tracker, args.out)
         _print_totals(backend)
@@ -74,14 +85,40 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_leaks(backend: str, warmup_steps: int):
+def _start_boundaries(backend: str) -> None:
+    """A boundary after every optimizer.step(); on the host backend, torch's
+    CPU tensors from the simulated device (so a CPU script is measured)."""
     from .. import host, iteration
-    from ..leaks import LeakTracker
 
     if backend == "host":
         host.use_for_cpu_tensors()
     iteration.auto_step()
+
+
+def _start_leaks(warmup_steps: int):
+    from ..leaks import LeakTracker
+
     return LeakTracker(warmup_steps=warmup_steps).start()
+
+
+def _start_steps():
+    from ..tracker import StepTracker
+
+    return StepTracker().start()
+
+
+def _write_steps(tracker, out: str) -> None:
+    tracker.stop()
+    tracker.to_csv(os.path.join(out, "steps.csv"))
+    tracker.to_json(os.path.join(out, "steps.json"))
+    written = "steps.csv and steps.json"
+    if tracker.rows:
+        try:
+            tracker.plot(os.path.join(out, "steps.png"))
+            written += " and steps.png"
+        except ImportError as e:
+            written += f" (no steps.png: {e})"
+    print(f"memalloc: {len(tracker.rows)} steps recorded; wrote {written} to {out}", file=sys.stderr)
 
 
 def _write_leaks(tracker, out: str) -> None:
