@@ -18,6 +18,7 @@ boundary, in the thread that called :func:`step`.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from . import _C
@@ -88,17 +89,18 @@ def _stepping(items: Iterator[T]) -> Iterator[T]:
 class _AutoStep:
     """The optimizer post-step hook: one boundary per iteration, even when
     several optimizers step in it (GANs, multi-optimizer setups): a boundary
-    is taken when the optimizer that stepped first steps again."""
+    is taken each time the optimizer that stepped first steps. When that
+    optimizer is gone (a new training phase), the next one to step takes
+    its place."""
 
     def __init__(self) -> None:
         self.handle: Optional[Any] = None
-        self.first: Optional[int] = None  # id() of the optimizer that marks boundaries
+        self.first: Optional[weakref.ref] = None  # the optimizer that marks boundaries
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        key = id(optimizer)
-        if self.first is None:
-            self.first = key
-        if key == self.first:
+        if self.first is None or self.first() is None:
+            self.first = weakref.ref(optimizer)
+        if self.first() is optimizer:
             step()
 
 

@@ -51,7 +51,7 @@ def test_auto_step_marks_one_boundary_per_iteration_of_two_optimizers():
 w1 = torch.nn.Parameter(torch.ones(3)); w2 = torch.nn.Parameter(torch.ones(3))
 g, d = torch.optim.SGD([w1], lr=0.1), torch.optim.Adam([w2], lr=0.1)
 def iteration():
-    for opt, w in ((g, w1), (d, w2)):
+    for opt, w in ((g, w1), (d, w2)):  # g: a global, so `del g` below drops the optimizer
         opt.zero_grad()
         (w * 2).sum().backward()
         opt.step()
@@ -62,14 +62,21 @@ R["enabled"] = memalloc.iteration.auto_step_enabled()
 for _ in range(3):
     iteration()
 R["auto"] = seen[:]
+# a new phase: the first optimizer is gone, the remaining one marks the boundaries
+del g
+import gc; gc.collect()
+for _ in range(2):
+    d.zero_grad(); (w2 * 2).sum().backward(); d.step()
+R["next_phase"] = seen[:]
 memalloc.auto_step(False)
-iteration()
+d.zero_grad(); (w2 * 2).sum().backward(); d.step()
 R["off"] = seen[:]
 R["disabled"] = memalloc.iteration.auto_step_enabled()
 """)
     assert r["before"] == [] and r["enabled"] is True
     assert r["auto"] == [1, 2, 3]  # SGD stepped first: its steps are the boundaries
-    assert r["off"] == [1, 2, 3] and r["disabled"] is False
+    assert r["next_phase"] == [1, 2, 3, 4, 5]
+    assert r["off"] == [1, 2, 3, 4, 5] and r["disabled"] is False
 
 
 def test_every_n_steps_policy_is_a_listener():
