@@ -56,6 +56,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _C, _install, iteration
+from .cli._common import fmt_bytes
 from .recording import Frame, STACK_MODES, stack
 from .stats import DeviceLike, device_index
 
@@ -72,14 +73,6 @@ _INTERNAL_DIRS = tuple(os.path.abspath(d) + os.sep for d in {
     *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
 
 SiteKey = tuple  # (filename, line, function)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep  # memalloc's example user code
@@ -394,11 +387,11 @@ class LeakReport:
         if not self.leaks:
             lines.append("no leaks found" if n >= self.warmup_steps + 4 else "not enough steps to judge")
         else:
-            lines.append(f"{len(self.leaks)} leak(s), {_fmt_bytes(self.bytes_per_step())} per step in all")
+            lines.append(f"{len(self.leaks)} leak(s), {fmt_bytes(self.bytes_per_step())} per step in all")
         for i, l in enumerate(self.leaks, 1):
             lines.append("")
-            lines.append(f"#{i} {l.where()} in {l.site['function']}: +{_fmt_bytes(l.bytes_per_step)} per step "
-                         f"({l.tensors_per_step:.1f} tensors), {_fmt_bytes(l.retained_bytes)} retained in "
+            lines.append(f"#{i} {l.where()} in {l.site['function']}: +{fmt_bytes(l.bytes_per_step)} per step "
+                         f"({l.tensors_per_step:.1f} tensors), {fmt_bytes(l.retained_bytes)} retained in "
                          f"{l.retained_tensors} tensors since step {l.first_step}")
             if l.code:
                 lines.append(f"    {l.code}")
@@ -411,7 +404,7 @@ class LeakReport:
                 lines.append(f"    allocated at {a['filename']}:{a['line']} in {a['function']}: {l.alloc_code}")
             for extra in l.also_allocated_at:
                 lines.append(f"    also allocated at {extra['filename']}:{extra['line']}: "
-                             f"+{_fmt_bytes(extra['bytes_per_step'])} per step")
+                             f"+{fmt_bytes(extra['bytes_per_step'])} per step")
             if l.hint:
                 lines.append(f"    hint: {l.hint}")
         for note in self.notes:
@@ -725,5 +718,5 @@ class LeakError(AssertionError):
 
     def __init__(self, report: LeakReport, limit: float) -> None:
         self.report = report
-        super().__init__(f"the loop leaks {_fmt_bytes(report.bytes_per_step())} per step "
-                         f"(allowed: {_fmt_bytes(limit)})\n{report.to_text()}")
+        super().__init__(f"the loop leaks {fmt_bytes(report.bytes_per_step())} per step "
+                         f"(allowed: {fmt_bytes(limit)})\n{report.to_text()}")
