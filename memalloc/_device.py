@@ -5,7 +5,9 @@ One function, :func:`device_index`, turns what a caller passes (an int, a
 allocator takes. Only CUDA devices are memalloc's: on the host backend the
 simulated devices stand in for them and are named the same way. A ``"cpu"``
 device is refused instead of being read as device 0. Range checks (a device
-that does not exist) are the allocator's: memalloc._C names its devices.
+that does not exist) are the allocator's: memalloc._C names its devices;
+:func:`existing_device_index` checks up front for objects that keep the
+index for later (the leak and step trackers).
 """
 from __future__ import annotations
 
@@ -45,3 +47,16 @@ def device_index(device: DeviceLike) -> int:
     if device is None:
         return torch.cuda.current_device() if _install.enabled_backend() == "cuda" else 0
     raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
+
+
+def existing_device_index(device: DeviceLike) -> int:
+    """:func:`device_index`, checked against the installed allocator's
+    devices now (InvalidArgumentError, a ValueError, naming the valid range)."""
+    a = _install.installed_allocator()  # RuntimeError naming enable() when not enabled
+    index = device_index(device)
+    if not 0 <= index < a.device_count:
+        from ._C import InvalidArgumentError
+
+        raise InvalidArgumentError(f"device {index} does not exist: the {a.backend_name} backend has "
+                                   f"{a.device_count} device(s), indices 0..{a.device_count - 1}")
+    return index

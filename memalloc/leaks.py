@@ -58,7 +58,8 @@ import torch
 from . import _C, _install, iteration
 from .cli._common import fmt_bytes
 from .recording import Frame, STACK_MODES, stack
-from .stats import DeviceLike, device_index
+from ._device import existing_device_index
+from .stats import DeviceLike
 
 SCHEMA = "memalloc.leak_report/1"
 LIVE_FORMAT = "<QQQIII4x"  # csrc/device_allocator.h LiveBlock, as _C.Allocator.live_blocks packs it
@@ -146,10 +147,7 @@ class LeakTracker:
         for name, value in (("warmup_steps", warmup_steps), ("threshold_bytes_per_step", threshold_bytes_per_step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, not {value!r}")
-        a = _install.installed_allocator()
-        self.device = device_index(device)
-        if not 0 <= self.device < a.device_count:
-            raise ValueError(f"device {self.device} does not exist (the allocator has {a.device_count})")
+        self.device = existing_device_index(device)
         self.warmup_steps = warmup_steps
         self.threshold_bytes_per_step = threshold_bytes_per_step
         self.samples: list[_Sample] = []

@@ -50,8 +50,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Optional, Union
 
-from . import _C, _install, iteration, stats
+from . import _install, iteration, stats
 from .cli._common import fmt_bytes
+from ._device import existing_device_index
 from .stats import DeviceLike
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -144,14 +145,7 @@ class StepTracker:
 
     # ------------------------------------------------------------ set-up --
     def _resolve(self) -> int:
-        a = _install.installed_allocator()  # RuntimeError naming enable() when not enabled
-        index = stats.device_index(self._device_spec)
-        if not 0 <= index < a.device_count:
-            raise _C.InvalidArgumentError(
-                f"StepTracker: device {index} does not exist: the {a.backend_name} backend has "
-                f"{a.device_count} device(s), indices 0..{a.device_count - 1}"
-            )
-        return index
+        return existing_device_index(self._device_spec)
 
     @property
     def device(self) -> Optional[int]:
