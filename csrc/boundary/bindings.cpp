@@ -39,19 +39,6 @@ namespace {
 using AllocatorPtr = std::shared_ptr<CachingAllocator>;
 using NoGil = py::call_guard<py::gil_scoped_release>;
 
-// Runs f (an allocation of `size` bytes on `device` of `a`, GIL released);
-// memalloc::OutOfMemory leaves as c10::OutOfMemoryError, with the OOM report
-// when `a` is the installed allocator, so Python sees torch.OutOfMemoryError
-// like a CUDA allocation would.
-template <typename F>
-auto oom_as_torch(const CachingAllocator& a, int device, size_t size, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const OutOfMemory& e) {
-    throw_oom_for_torch(e, &a, device, size, "memalloc");
-  }
-}
-
 py::dict stat_dict(const Stat& s) {
   py::dict d;
   d["current"] = s.current;
@@ -141,7 +128,7 @@ py::capsule host_buffer(const AllocatorPtr& a, NBytesArg nbytes, Device device, 
   void* p = nullptr;
   {
     py::gil_scoped_release nogil;
-    p = oom_as_torch(*a, device, nbytes, [&] { return a->device(device).malloc(nbytes, stream, who); });
+    p = malloc_for_torch(*a, device, nbytes, stream, who, "memalloc");
   }
   auto* ctx = new HostTensorCtx;
   ctx->allocator = a;
@@ -196,7 +183,7 @@ PYBIND11_MODULE(_C, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const OutOfMemory& e) {
-      // Reached only where oom_as_torch was not used; keep torch's type.
+      // Reached only where malloc_for_torch was not used; keep torch's type.
       py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
       PyErr_SetString(oom.ptr(), e.what());
     }
@@ -224,7 +211,7 @@ PYBIND11_MODULE(_C, m) {
              const CallContext ctx = current_context();  // GIL held here
              py::gil_scoped_release nogil;
              return reinterpret_cast<std::uintptr_t>(
-                 oom_as_torch(a, device, size, [&] { return a.device(device).malloc(size, stream, ctx); }));
+                 malloc_for_torch(a, device, size, stream, ctx, "memalloc"));
            },
            py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0)
       .def("free",

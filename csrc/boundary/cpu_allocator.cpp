@@ -61,11 +61,7 @@ class HostCpuAllocator final : public c10::Allocator {
     try {
       CachingAllocator* a = AllocatorRegistry::instance().installed();
       MEMALLOC_EXPECTS(a != nullptr, "memalloc is not installed");
-      try {
-        p = a->device(0).malloc(n, 0, current_context());
-      } catch (const OutOfMemory& e) {
-        throw_oom_for_torch(e, a, 0, n, "memalloc_cpu_allocate");  // with the OOM report
-      }
+      p = malloc_for_torch(*a, 0, n, 0, current_context(), "memalloc_cpu_allocate");
     } catch (...) {
       rethrow_for_torch("memalloc_cpu_allocate");
     }

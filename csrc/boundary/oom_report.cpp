@@ -57,6 +57,13 @@ std::string hook_text(int device, size_t size) {
   t_in_hook = false;
   return out;
 }
+[[noreturn]] void throw_oom_for_torch(const OutOfMemory& e, const CachingAllocator* a, int device, size_t size,
+                                      const char* func) {
+  std::string msg = e.what();
+  if (a != nullptr && a == AllocatorRegistry::instance().installed()) msg += hook_text(device, size);
+  throw c10::OutOfMemoryError(c10::SourceLocation{func, __FILE__, __LINE__}, msg);
+}
+
 }  // namespace
 
 void set_oom_hook(void* py_callable_or_none) {
@@ -67,11 +74,13 @@ void set_oom_hook(void* py_callable_or_none) {
   Py_XDECREF(old);
 }
 
-[[noreturn]] void throw_oom_for_torch(const OutOfMemory& e, const CachingAllocator* a, int device, size_t size,
-                                      const char* func) {
-  std::string msg = e.what();
-  if (a != nullptr && a == AllocatorRegistry::instance().installed()) msg += hook_text(device, size);
-  throw c10::OutOfMemoryError(c10::SourceLocation{func, __FILE__, __LINE__}, msg);
+void* malloc_for_torch(CachingAllocator& a, int device, size_t size, Stream stream, const CallContext& ctx,
+                       const char* func) {
+  try {
+    return a.device(device).malloc(size, stream, ctx);
+  } catch (const OutOfMemory& e) {
+    throw_oom_for_torch(e, &a, device, size, func);
+  }
 }
 
 }  // namespace memalloc

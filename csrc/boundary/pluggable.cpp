@@ -54,12 +54,8 @@ extern "C" {
 
 void* memalloc_alloc(size_t size, int device, void* stream) {
   try {
-    auto& a = memalloc::installed_or_throw();
-    try {
-      return a.device(device).malloc(size, reinterpret_cast<Stream>(stream), memalloc::current_context());
-    } catch (const memalloc::OutOfMemory& e) {
-      memalloc::throw_oom_for_torch(e, &a, device, size, __func__);  // with the OOM report
-    }
+    return memalloc::malloc_for_torch(memalloc::installed_or_throw(), device, size,
+                                      reinterpret_cast<Stream>(stream), memalloc::current_context(), __func__);
   } catch (...) {
     memalloc::rethrow_for_torch(__func__);
   }
