@@ -44,10 +44,9 @@ size_t walk_frames(RawFrame* out, size_t max_depth) {
   return n;
 }
 
-void keep_alive(const RawFrame* frames, size_t n) {
-  PyGILState_STATE gil = PyGILState_Ensure();
+// Keeps the code objects of a newly interned stack alive (GIL held).
+void incref_codes(const RawFrame* frames, size_t n) {
   for (size_t i = 0; i < n; ++i) Py_INCREF(static_cast<PyObject*>(const_cast<void*>(frames[i].code)));
-  PyGILState_Release(gil);
 }
 
 uint32_t python_stack(AllocatorRegistry& reg) {
@@ -58,7 +57,11 @@ uint32_t python_stack(AllocatorRegistry& reg) {
     const size_t n = own_frames(frames, StackTable::kMaxDepth);
     if (n == 0) return 0;
     const uint32_t id = reg.stacks().intern(frames, n, &is_new);
-    if (is_new) keep_alive(frames, n);
+    if (is_new) {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      incref_codes(frames, n);
+      PyGILState_Release(gil);
+    }
     return id;
   }
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return 0;
@@ -67,8 +70,7 @@ uint32_t python_stack(AllocatorRegistry& reg) {
   uint32_t id = 0;
   if (n > 0) {
     id = reg.stacks().intern(frames, n, &is_new);
-    if (is_new)
-      for (size_t i = 0; i < n; ++i) Py_INCREF(static_cast<PyObject*>(const_cast<void*>(frames[i].code)));
+    if (is_new) incref_codes(frames, n);
   }
   PyGILState_Release(gil);
   return id;
