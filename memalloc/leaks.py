@@ -154,7 +154,7 @@ class LeakTracker:
         self._lock = threading.Lock()
         self._previous_mode: Optional[int] = None
         self._running = False
-        self._last_ages: dict[tuple[int, int], list[int]] = {}
+        self._last_ages: dict[int, dict[int, list[int]]] = {}
 
     # ---- sampling ---------------------------------------------------------------
     def start(self) -> "LeakTracker":
@@ -189,12 +189,12 @@ class LeakTracker:
     def sample(self, step: Optional[int] = None) -> None:
         """Takes one sample now (called at every step while running)."""
         by_stack: dict[int, list[int]] = {}
-        ages: dict[tuple[int, int], list[int]] = {}
+        ages: dict[int, dict[int, list[int]]] = {}
         for _addr, size, _req, stack_id, _tag, step_allocated in _live_blocks(self.device):
             entry = by_stack.setdefault(stack_id, [0, 0])
             entry[0] += 1
             entry[1] += size
-            age = ages.setdefault((stack_id, step_allocated), [0, 0])
+            age = ages.setdefault(stack_id, {}).setdefault(step_allocated, [0, 0])
             age[0] += 1
             age[1] += size
         a = _install.installed_allocator()
@@ -204,7 +204,7 @@ class LeakTracker:
                 step=int(_C.step()) if step is None else step,
                 allocated=s["allocated_bytes"]["all"]["current"], reserved=s["reserved_bytes"]["all"]["current"],
                 by_stack={k: (v[0], v[1]) for k, v in by_stack.items()}))
-            self._last_ages = ages  # (stack id, step allocated) -> [live blocks, bytes], at the latest sample
+            self._last_ages = ages  # stack id -> step allocated -> [live blocks, bytes], at the latest sample
 
     # ---- analysis ---------------------------------------------------------------
     def report(self, *, find_holders: bool = True) -> "LeakReport":
@@ -231,23 +231,24 @@ class LeakTracker:
         first_half_steps = {s.step - 1 for s in window[:half]}
         second_half_from = window[half].step - 1
         last_step = window[-1].step
+        xs = [float(s.step) for s in window]
+        with self._lock:
+            ages_by_stack = self._last_ages
         leaks = []
         for key, (stacks, bytes_series, count_series) in sites.items():
             ys = bytes_series[self.warmup_steps:]
             if not min(ys[half:]) > min(ys[:half]):
                 continue
-            ages: dict[int, list[int]] = {}
-            with self._lock:
-                for (sid, step), (n, nbytes) in self._last_ages.items():
-                    if sid in stacks:
-                        age = ages.setdefault(step, [0, 0])
-                        age[0] += n
-                        age[1] += nbytes
+            ages: dict[int, list[int]] = {}  # step allocated -> [live blocks, bytes], over the site's stacks
+            for sid in stacks:
+                for step, (n, nbytes) in ages_by_stack.get(sid, {}).items():
+                    age = ages.setdefault(step, [0, 0])
+                    age[0] += n
+                    age[1] += nbytes
             if len(ages) < 3 or not any(step >= second_half_from for step in ages):
                 continue
             if sum(1 for step in first_half_steps if step in ages) * 3 < len(first_half_steps):
                 continue
-            xs = [float(s.step) for s in window]
             per_step = _slope(xs, [float(y) for y in ys])
             if per_step < max(1, self.threshold_bytes_per_step):
                 continue
@@ -430,12 +431,8 @@ _CONTAINERS = (list, dict, set, collections.deque)
 
 def _attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
     """Fills ``holder`` and merges the leaks one container keeps alive."""
-    site_of_addr = {}
-    for leak in leaks:
-        ids = set(leak.stack_ids)
-        for addr, _size, _req, sid, _tag, _step in live:
-            if sid in ids:
-                site_of_addr[addr] = id(leak)
+    leak_of_stack = {sid: id(leak) for leak in leaks for sid in leak.stack_ids}
+    site_of_addr = {addr: leak_of_stack[sid] for addr, _size, _req, sid, _tag, _step in live if sid in leak_of_stack}
     by_leak: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
     with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
         warnings.simplefilter("ignore")
