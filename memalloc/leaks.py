@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import gc
 import json
 import linecache
@@ -90,6 +91,14 @@ def _user_frame(frames: Iterable[Frame]) -> Optional[Frame]:
     """The innermost frame outside torch, memalloc and the standard library."""
     frames = list(frames)
     return next((f for f in frames if not _internal(f.filename)), frames[0] if frames else None)
+
+
+@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/stacks.h)
+def site_of(stack_id: int) -> Optional[SiteKey]:
+    """(filename, line, function) of the innermost user-code frame of an
+    interned stack; None for stack id 0 (no stack captured)."""
+    f = _user_frame(stack(stack_id)) if stack_id else None
+    return (f.filename, f.line, f.name) if f else None
 
 
 def _code(filename: str, line: int) -> str:
@@ -277,8 +286,7 @@ class LeakTracker:
         for s in samples:
             for sid in s.by_stack:
                 if sid not in key_of:
-                    f = _user_frame(stack(sid)) if sid else None
-                    key_of[sid] = (f.filename, f.line, f.name) if f else ("<unknown>", 0, "<no stack>")
+                    key_of[sid] = site_of(sid) or ("<unknown>", 0, "<no stack>")
         out: dict[SiteKey, tuple[set, list[int], list[int]]] = {}
         for sid, key in key_of.items():
             stacks, b, c = out.setdefault(key, (set(), [0] * len(samples), [0] * len(samples)))

@@ -26,7 +26,7 @@ import pickle
 import threading
 from typing import Optional
 
-from . import _C, _install
+from . import _C
 from .stats import DeviceLike, device_index
 
 _lock = threading.Lock()
@@ -72,8 +72,7 @@ def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
     "tag"}], largest first. Sites are the innermost user-code frame of the
     allocating stack (None fields when stacks were not captured; then the
     grouping is by tag)."""
-    from .leaks import _code, _live_blocks, _user_frame
-    from .recording import stack
+    from .leaks import _code, _live_blocks, site_of
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
@@ -81,10 +80,9 @@ def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
     tags = _C.tag_names()
     groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
     for _addr, size, _req, stack_id, tag_id, _step in _live_blocks(d):
-        frame = _user_frame(stack(stack_id)) if stack_id else None
-        key = (frame.filename, frame.line, frame.name) if frame else (None, None, None)
+        site = site_of(stack_id)
         tag = tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>"
-        g = groups[key + (tag if frame is None else "",)]
+        g = groups[site + ("",) if site else (None, None, None, tag)]
         g[0] += size
         g[1] += 1
     out = []
