@@ -18,7 +18,10 @@ echo "== GPU tests"
 export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
 export MEMALLOC_GPU_ARTIFACTS="$OUT"  # e.g. the leak report of the ResNet-18 loop
 rm -f "$MEMALLOC_GPU_RESULTS"
-python3 -m pytest -m gpu -v -rs tests/gpu --junitxml="$OUT/gpu_junit.xml" 2>&1 | tee "$OUT/gpu_tests.log"
+# MEMALLOC_GPU_TESTS narrows the GPU tests (pytest paths / node ids) so that
+# the suite can be split over two device calls; default: all of tests/gpu.
+read -r -a gpu_tests <<< "${MEMALLOC_GPU_TESTS:-tests/gpu}"
+python3 -m pytest -m gpu -v -rs "${gpu_tests[@]}" --junitxml="$OUT/gpu_junit.xml" 2>&1 | tee "$OUT/gpu_tests.log"
 gpu_rc=${PIPESTATUS[0]}
 
 # The CPU tests that depend on the device machine's Python (3.12 there):
@@ -36,6 +39,6 @@ fi
 
 echo "== results"
 python3 -m benchmarks.collect_gpu_results --junit "$OUT/gpu_junit.xml" \
-  --scenarios "$MEMALLOC_GPU_RESULTS" --command "MEMALLOC_DEVICE_CPU_TESTS=${MEMALLOC_DEVICE_CPU_TESTS:-subset} bash benchmarks/device_run.sh" \
+  --scenarios "$MEMALLOC_GPU_RESULTS" --command "MEMALLOC_GPU_TESTS='${MEMALLOC_GPU_TESTS:-tests/gpu}' MEMALLOC_DEVICE_CPU_TESTS=${MEMALLOC_DEVICE_CPU_TESTS:-subset} bash benchmarks/device_run.sh" \
   --out "$OUT/gpu-results.json"
 exit "$gpu_rc"

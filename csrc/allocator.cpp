@@ -17,11 +17,11 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
     : device_(device),
       backend_(backend),
       config_(config),
-      small_(&mr_),
-      large_(&mr_),
+      default_lists_(&mr_),
       live_(&mr_),
       segments_(&mr_),
       pending_(&mr_),
+      deferred_(&mr_),
       spare_events_(&mr_),
       accounting_(config.max_split_size),
       gc_threshold_(config.garbage_collection_threshold) {
@@ -44,33 +44,45 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
   if (size == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   ctx_ = ctx;
-  if (!pending_.empty()) process_events_locked();
-  if (size > kMaxRequest) return alloc_found_locked(malloc_slow_locked(size, size, stream), false, size, size);
+  PrivatePool* owner = nullptr;
+  if (!routes_.empty()) {
+    owner = route_locked(stream);
+  } else if (!pending_.empty() || !deferred_.empty()) {
+    process_events_locked();
+  }
+  bool from_cache = false;
+  if (size > kMaxRequest) {
+    Block* b = malloc_slow_locked(size, size, stream, owner, &from_cache);
+    return alloc_found_locked(b, from_cache, size, size);
+  }
   size_t rounded = round_size(size, config_.roundup_power2_divisions);
-  Block* b = free_list(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
+  Block* b = lists(owner).of(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
   if (b != nullptr) return alloc_found_locked(b, true, rounded, size);
-  return alloc_found_locked(malloc_slow_locked(rounded, size, stream), false, rounded, size);
+  b = malloc_slow_locked(rounded, size, stream, owner, &from_cache);
+  return alloc_found_locked(b, from_cache, rounded, size);
 }
 
 void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested) {
   int64_t split_bytes_delta = 0, split_count_delta = 0;
   if (from_cache) {
-    free_list(b->pool).erase(b);
+    free_list(b).erase(b);
     split_bytes_delta -= split_bytes(b);
     split_count_delta -= split_count(b);
   }
-  if (should_split(*b, size, config_.max_split_size)) {
+  const bool no_split = b->owner != nullptr && b->owner->no_split;
+  if (!no_split && should_split(*b, size, config_.max_split_size)) {
     Block* rest = new_block();
     rest->addr = b->addr + size;
     rest->size = b->size - size;
     rest->stream = b->stream;
     rest->pool = b->pool;
+    rest->owner = b->owner;
     rest->prev = b;
     rest->next = b->next;
     if (rest->next != nullptr) rest->next->prev = rest;
     b->next = rest;
     b->size = size;
-    free_list(rest->pool).insert(rest);
+    free_list(rest).insert(rest);
     split_bytes_delta += split_bytes(rest);
     split_count_delta += split_count(rest);
   }
@@ -80,6 +92,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   b->tag_id = ctx_.tag_id;
   b->step = ctx_.step;
   live_.emplace(b->addr, b);
+  if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);
   e.inactive_split_bytes_delta = split_bytes_delta;
   e.inactive_split_count_delta = split_count_delta;
@@ -89,25 +102,37 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
 
 void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
   if (ptr == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  ctx_ = ctx;
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end())
+  if (!free_if_owned(ptr, ctx)) {
+    std::lock_guard<std::mutex> lock(mu_);
     throw InvalidPointer(unknown_pointer_message_locked("free", reinterpret_cast<std::uintptr_t>(ptr)));
+  }
+}
+
+bool DeviceAllocator::free_if_owned(void* ptr, const CallContext& ctx) {
+  if (ptr == nullptr) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return false;
+  ctx_ = ctx;
   Block* b = it->second;
   live_.erase(it);
   b->allocated = false;
+  if (b->owner != nullptr) b->owner->live_blocks -= 1;
   record_locked(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
     free_block_locked(b);
+  } else if (!routes_.empty()) {
+    deferred_.push_back(b);  // no event may be recorded or queried during a capture
+    b->event_count += 1;     // pending (active) until its events are recorded and done
   } else {
     insert_events_locked(b);
   }
+  return true;
 }
 
 // Returns a no-longer-active block to its free list, merging free neighbours.
 void DeviceAllocator::free_block_locked(Block* b) {
-  FreeList& list = free_list(b->pool);
+  FreeList& list = free_list(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
   for (Block* n : {b->prev, b->next}) {
     if (n == nullptr || n->allocated || n->event_count > 0) continue;

@@ -13,6 +13,11 @@
 //   * Events: record_event(e, s) marks the work queued on stream s so far;
 //     query_event(e) is true once that work has completed;
 //     synchronize_event(e) waits for it.
+//   * allocate() may run while a stream of the device is being captured
+//     into a CUDA graph (a private pool growing): the CUDA backend then
+//     allocates in the relaxed capture mode, which a capture tolerates.
+//   * Inter-process handles (CUDA IPC) name whole segments; the host
+//     backend has none and throws DriverError.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +55,13 @@ class Backend {
   virtual void record_event(int device, EventHandle event, Stream stream) = 0;
   virtual bool query_event(int device, EventHandle event) = 0;
   virtual void synchronize_event(int device, EventHandle event) = 0;
+
+  // The bytes of an inter-process handle of the segment starting at `base`.
+  virtual std::string ipc_handle(int device, void* base);
+  // Maps another process's segment (from ipc_handle) into this one.
+  virtual void* ipc_open(int device, const std::string& handle);
+  // Unmaps what ipc_open returned.
+  virtual void ipc_close(int device, void* ptr) noexcept;
 };
 
 // The simulated device: `config.host_devices` devices of

@@ -13,8 +13,14 @@
 //   * allocate() maps CUDA_ERROR_OUT_OF_MEMORY to nullptr; other errors throw
 //     DriverError with the driver's own error string.
 //   * The library handle and the function table are immutable once loaded.
+//   * cuMemAlloc runs in the relaxed stream-capture mode (the thread's mode
+//     is exchanged and restored around it): a private pool may grow while
+//     a CUDA graph is being captured, as native's cudaMallocMaybeCapturing.
+//   * IPC entry points are optional: a driver without them loads, and
+//     ipc_handle/ipc_open then throw DriverError.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -36,6 +42,12 @@ constexpr CUresult kSuccess = 0;
 constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorNotReady = 600;
 constexpr unsigned kEventDisableTiming = 0x2;
+constexpr int kCaptureModeRelaxed = 2;            // CU_STREAM_CAPTURE_MODE_RELAXED
+constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+constexpr size_t kIpcHandleBytes = 64;            // CU_IPC_HANDLE_SIZE
+struct CUipcMemHandle {
+  char reserved[kIpcHandleBytes];
+};
 
 struct DriverApi {
   CUresult (*cuInit)(unsigned);
@@ -54,6 +66,11 @@ struct DriverApi {
   CUresult (*cuEventQuery)(CUevent);
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*);
+  // Optional (nullptr when the driver lacks them).
+  CUresult (*cuIpcGetMemHandle)(CUipcMemHandle*, CUdeviceptr);
+  CUresult (*cuIpcOpenMemHandle)(CUdeviceptr*, CUipcMemHandle, unsigned);
+  CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
 };
 
 template <typename F>
@@ -88,7 +105,14 @@ const DriverApi* driver(std::string* why) {
               load(lib, "cuEventRecord", api.cuEventRecord) &&
               load(lib, "cuEventQuery", api.cuEventQuery) &&
               load(lib, "cuEventSynchronize", api.cuEventSynchronize) &&
-              load(lib, "cuGetErrorString", api.cuGetErrorString);
+              load(lib, "cuGetErrorString", api.cuGetErrorString) &&
+              load(lib, "cuThreadExchangeStreamCaptureMode", api.cuThreadExchangeStreamCaptureMode);
+    if (ok && !(load(lib, "cuIpcGetMemHandle", api.cuIpcGetMemHandle) &&
+                (load(lib, "cuIpcOpenMemHandle_v2", api.cuIpcOpenMemHandle) ||
+                 load(lib, "cuIpcOpenMemHandle", api.cuIpcOpenMemHandle)) &&
+                load(lib, "cuIpcCloseMemHandle", api.cuIpcCloseMemHandle))) {
+      api.cuIpcGetMemHandle = nullptr;  // IPC unavailable; the rest works
+    }
     if (!ok) {
       error = "the CUDA driver lacks a required entry point (driver too old?)";
       return;
@@ -116,7 +140,10 @@ class CudaBackend final : public Backend {
   void* allocate(int device, size_t size) override {
     ScopedContext ctx(this, device);
     CUdeviceptr p = 0;
+    int mode = kCaptureModeRelaxed;
+    check(api_->cuThreadExchangeStreamCaptureMode(&mode), "cuThreadExchangeStreamCaptureMode");
     CUresult r = api_->cuMemAlloc(&p, size);
+    api_->cuThreadExchangeStreamCaptureMode(&mode);  // back to the caller's mode
     if (r == kErrorOutOfMemory) return nullptr;
     check(r, "cuMemAlloc");
     return reinterpret_cast<void*>(p);
@@ -162,6 +189,36 @@ class CudaBackend final : public Backend {
     check(api_->cuEventSynchronize(static_cast<CUevent>(event)), "cuEventSynchronize");
   }
 
+  std::string ipc_handle(int device, void* base) override {
+    require_ipc();
+    ScopedContext ctx(this, device);
+    CUipcMemHandle h{};
+    check(api_->cuIpcGetMemHandle(&h, reinterpret_cast<CUdeviceptr>(base)), "cuIpcGetMemHandle");
+    return std::string(h.reserved, kIpcHandleBytes);
+  }
+
+  void* ipc_open(int device, const std::string& handle) override {
+    require_ipc();
+    MEMALLOC_EXPECTS(handle.size() == kIpcHandleBytes,
+                     "a CUDA IPC handle has " + std::to_string(kIpcHandleBytes) + " bytes, not " +
+                         std::to_string(handle.size()));
+    ScopedContext ctx(this, device);
+    CUipcMemHandle h{};
+    std::copy(handle.begin(), handle.end(), h.reserved);
+    CUdeviceptr p = 0;
+    check(api_->cuIpcOpenMemHandle(&p, h, kIpcLazyEnablePeerAccess), "cuIpcOpenMemHandle");
+    return reinterpret_cast<void*>(p);
+  }
+
+  void ipc_close(int device, void* ptr) noexcept override {
+    if (api_->cuIpcCloseMemHandle == nullptr) return;
+    try {
+      ScopedContext ctx(this, device);
+      api_->cuIpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(ptr));
+    } catch (...) {
+    }
+  }
+
  private:
   // Makes the device's primary context current for one scope.
   class ScopedContext {
@@ -198,6 +255,12 @@ class CudaBackend final : public Backend {
       check(api_->cuDevicePrimaryCtxRetain(&contexts_[device], dev), "cuDevicePrimaryCtxRetain");
     }
     return contexts_[device];
+  }
+
+  void require_ipc() const {
+    if (api_->cuIpcGetMemHandle == nullptr)
+      throw DriverError("this CUDA driver has no IPC entry points (cuIpcGetMemHandle...): CUDA tensors cannot be "
+                        "shared between processes here");
   }
 
   void check(CUresult r, const char* what) const {

@@ -8,6 +8,8 @@
 //   live      (allocated)                         -> in the live table
 //   pending   (!allocated, event_count > 0)       -> waiting on stream events
 //   free      (!allocated, event_count == 0)      -> in its pool's FreeList
+// (its pool: the default pool's lists, or its owner's: private_pool.h).
+// Every block of a segment has the same owner, stream and kind.
 // Free neighbours are always coalesced: no free block has a free prev/next.
 // All Block objects and container nodes come from the owning device's
 // NodeCache (node_cache.h): no host allocation in steady state.
@@ -33,6 +35,8 @@ constexpr size_t kMaxRequest = size_t{1} << 60;      // beyond this, nothing can
 
 enum class PoolKind : uint8_t { kSmall = 0, kLarge = 1 };
 
+struct PrivatePool;  // private_pool.h
+
 struct Block {
   std::uintptr_t addr = 0;
   size_t size = 0;       // bytes this block spans (a multiple of 512)
@@ -44,6 +48,7 @@ struct Block {
   uint32_t stack_id = 0;  // who allocated it (live blocks; recorder.h)
   uint32_t tag_id = 0;
   uint32_t step = 0;      // memalloc.step() count when it was allocated (live blocks)
+  PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
   Block* prev = nullptr;
   Block* next = nullptr;
   std::pmr::vector<Stream> stream_uses;  // other streams that used it (record_stream)

@@ -10,7 +10,16 @@
 //
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
 // pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
-// segments), stream_uses.cpp the cross-stream rules (record_stream, events).
+// segments), stream_uses.cpp the cross-stream rules (record_stream, events),
+// private_pools.cpp the private pools and their routes (graph capture,
+// MemPool), checkpoints of a pool (CUDA graph trees).
+//
+// Capture: while any route is open (capturing() is true) the allocator makes
+// no call that a CUDA stream capture forbids: it queries and synchronizes no
+// event (frees that need stream events are deferred until no route is open),
+// releases no segment (no empty_cache, no garbage collection, no release-
+// and-retry before an OOM), and the backend obtains new segments in the
+// relaxed capture mode (backend.h).
 //
 // Invariants (checked by validate()):
 //   reserved_bytes  == sum of segment sizes
@@ -18,6 +27,8 @@
 //   active_bytes    == allocated_bytes + pending block bytes
 //   reserved_bytes  == active_bytes + free block bytes
 //   inactive_split_bytes == bytes of free blocks inside split segments
+//   every segment has one owner (default pool or a PrivatePool); its free
+//   blocks are in that owner's lists only (private_pool.h)
 //   a segment is obtained only while reserved + segment <= allowed_max_
 //   (memory fraction); lowering the fraction later releases nothing.
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
@@ -25,6 +36,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <memory_resource>
 #include <mutex>
 #include <string>
@@ -37,6 +49,7 @@
 #include "config.h"
 #include "events.h"
 #include "node_cache.h"
+#include "private_pool.h"
 #include "recorder.h"
 
 namespace memalloc {
@@ -65,6 +78,7 @@ struct SegmentInfo {
   size_t size;
   Stream stream;
   PoolKind pool;
+  PoolId owner;  // kDefaultPool or the private pool that owns it
   std::vector<BlockInfo> blocks;
 };
 
@@ -83,6 +97,9 @@ class DeviceAllocator {
   // that is not live here (double free, unknown, interior); counters are
   // unchanged then. free(nullptr) does nothing.
   void free(void* ptr, const CallContext& ctx = CallContext{});
+  // free() of a pointer that may belong to another device: false (and
+  // nothing changed) when no live block of this device starts at ptr.
+  bool free_if_owned(void* ptr, const CallContext& ctx = CallContext{});
   // Marks a live block as used on `stream`; its memory is reused only after
   // the work queued on `stream` when it is freed has completed.
   void record_stream(void* ptr, Stream stream);
@@ -90,8 +107,50 @@ class DeviceAllocator {
   bool owns(void* ptr);
 
   // Waits for pending cross-stream frees, then returns every fully free
-  // segment to the backend. Returns the bytes released.
+  // segment of the default pool and of freeable private pools to the
+  // backend. Returns the bytes released; 0 while capturing().
   size_t empty_cache(const CallContext& ctx = CallContext{});
+  // The same for one private pool's fully free segments, when the pool is
+  // freeable (use count 0, as native); empty_cache() for kDefaultPool; 0
+  // for an unknown pool.
+  size_t empty_pool_cache(PoolId pool, const CallContext& ctx = CallContext{});
+
+  // ---- private pools (private_pools.cpp; torch's MempoolId_t calls) -------
+  // Creates the pool with use count 1, or adds 1 to its use count.
+  void create_or_incref_pool(PoolId pool);
+  // create_or_incref_pool(pool), then routes allocations whose stream
+  // `filter` accepts to it until end_allocate_to_pool(pool). Throws
+  // InvalidArgument when a route to `pool` is already open.
+  void begin_allocate_to_pool(PoolId pool, PoolFilter filter);
+  // Closes the route to `pool` (InvalidArgument when none is open); blocks
+  // already taken from it still return to it when freed.
+  void end_allocate_to_pool(PoolId pool);
+  // Drops one use; at zero the pool is freeable (private_pool.h).
+  // InvalidArgument for an unknown pool.
+  void release_pool(PoolId pool);
+  // Use count of `pool` (0 for an unknown or freeable pool).
+  int pool_use_count(PoolId pool);
+  void set_pool_use_on_oom(PoolId pool, bool use_on_oom);
+  // The pool's blocks are never split from now on (MemPool(no_split=True)).
+  void set_pool_no_split(PoolId pool);
+  // True while any route is open: a capture (or use_mem_pool) is under way.
+  bool capturing();
+  // True iff the live blocks of `pool` are exactly the pointers in `expected`
+  // (torch's checkPoolLiveAllocations). False for an unknown pool.
+  bool pool_live_blocks_are(PoolId pool, const std::vector<void*>& expected);
+  // The layout of `pool` (InvalidArgument for an unknown pool).
+  PoolState checkpoint_pool(PoolId pool);
+  // Puts `pool` back as `state` recorded it: frees every block live in the
+  // pool now, then makes the blocks that were live then live again at the
+  // same addresses and sizes. Throws InvalidArgument when a segment of the
+  // state is no longer the pool's (nothing is changed then).
+  PoolRestore restore_pool(const PoolState& state);
+  // Size of the largest free cached block, private pools included (bytes;
+  // native's cacheInfo counts them too).
+  size_t largest_free_block();
+  // The segment holding the live block at ptr: {base, bytes}; false when no
+  // live block of this device starts at ptr.
+  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes);
   // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction();
@@ -119,6 +178,7 @@ class DeviceAllocator {
   // Event recording into the ring (recorder.h): capacity 0 turns it off.
   // Enabling allocates the ring once; recording itself never allocates.
   void set_recording(size_t capacity);
+  bool recording_enabled();
   // Stored records oldest first, and how many were overwritten.
   std::vector<TraceRecord> trace(uint64_t* dropped);
   // (stack_id, tag_id) of the live block at ptr; false when none.
@@ -131,6 +191,10 @@ class DeviceAllocator {
     EventHandle event;
     Block* block;
   };
+  struct Segment {
+    size_t bytes;
+    PrivatePool* owner;  // nullptr = default pool
+  };
 
   // allocator.cpp
   void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
@@ -140,21 +204,38 @@ class DeviceAllocator {
     if (ring_.enabled()) trace_locked(e);
   }
   void trace_locked(const Event& e) noexcept;
-  FreeList& free_list(PoolKind k) { return k == PoolKind::kSmall ? small_ : large_; }
+  FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
+  FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
   Block* new_block();
   void delete_block(Block* b);
   // pool.cpp
-  Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream);
-  Block* grow_locked(size_t rounded, Stream stream);
+  // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
+  // *from_cache when it is a cached free block (use_on_oom pools).
+  Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
+                            bool* from_cache);
+  Block* grow_locked(size_t rounded, Stream stream, PrivatePool* owner);
   void maybe_collect_locked(size_t bytes);
-  size_t release_cached_locked();
+  // Releases the fully free segments of `only` (a private pool), or of the
+  // default pool and every freeable private pool when `only` is nullptr.
+  size_t release_cached_locked(PrivatePool* only = nullptr);
   bool release_segment_locked(Block* b);
+  // Every block (live, pending, free) by address.
+  std::map<std::uintptr_t, Block*> blocks_by_addr_locked();
+  // private_pools.cpp
+  PrivatePool* route_locked(Stream stream);
+  PrivatePool* find_pool_locked(PoolId id);
+  PrivatePool& pool_or_throw_locked(PoolId id, const char* call);
+  Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
+  void delete_unused_pools_locked();
+  void restore_segment_locked(const SegmentState& seg, PrivatePool* pool, PoolRestore* out);
   std::string oom_message_locked(size_t requested, size_t rounded);
   // Why `addr` is not a live allocation, for the failed `call` ("free",
   // "record_stream"): the message starts "<call> of 0x...".
   std::string unknown_pointer_message_locked(const char* call, std::uintptr_t addr);
   // stream_uses.cpp
   void insert_events_locked(Block* b);
+  // Records the deferred frees' events and completes finished ones; never
+  // while capturing().
   void process_events_locked();
   void synchronize_events_locked();
 
@@ -165,11 +246,15 @@ class DeviceAllocator {
   std::mutex mu_;
   // Declared before every container that uses it: destroyed last.
   NodeCache mr_;
-  FreeList small_;
-  FreeList large_;
+  FreeLists default_lists_;
   std::pmr::unordered_map<std::uintptr_t, Block*> live_;
-  std::pmr::map<std::uintptr_t, size_t> segments_;  // addr -> bytes
+  std::pmr::map<std::uintptr_t, Segment> segments_;  // addr -> bytes, owner
   std::pmr::vector<Pending> pending_;
+  // Blocks freed during a capture that still need stream events (recorded
+  // once no route is open, like native's deferral).
+  std::pmr::vector<Block*> deferred_;
+  std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
+  std::vector<PoolRoute> routes_;  // open routes, oldest first
   std::pmr::vector<EventHandle> spare_events_;
   Accounting accounting_;
   TraceRing ring_;

@@ -35,15 +35,15 @@ std::string hex(std::uintptr_t addr) {
 DeviceAllocator::~DeviceAllocator() {
   for (auto& p : pending_) backend_.destroy_event(device_, p.event);
   for (EventHandle e : spare_events_) backend_.destroy_event(device_, e);
-  for (auto& seg : segments_) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second);
+  for (auto& seg : segments_) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
   // Block objects live in mr_, which releases them all when destroyed.
 }
 
-// Obtains a new segment big enough for `rounded` bytes; nullptr when the
-// backend or the memory fraction refuses.
-Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
+// Obtains a new segment big enough for `rounded` bytes for `owner` (nullptr:
+// the default pool); nullptr when the backend or the memory fraction refuses.
+Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* owner) {
   const size_t bytes = segment_size_for(rounded);
-  if (gc_threshold_ > 0.0) maybe_collect_locked(bytes);
+  if (gc_threshold_ > 0.0 && routes_.empty()) maybe_collect_locked(bytes);
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
   void* p = backend_.allocate(device_, bytes);
@@ -53,7 +53,9 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream) {
   b->size = bytes;
   b->stream = stream;
   b->pool = pool_kind_for(rounded);
-  segments_.emplace(b->addr, bytes);
+  b->owner = owner;
+  segments_.emplace(b->addr, Segment{bytes, owner});
+  if (owner != nullptr) owner->segments += 1;
   Event e = block_event(Action::kSegmentAlloc, *b);
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
@@ -73,18 +75,26 @@ void DeviceAllocator::maybe_collect_locked(size_t bytes) {
   record_locked(e);
 }
 
-// Cache miss: grow; on refusal release the whole cache and retry once; then
+// Cache miss: grow; on refusal release the whole cache and retry once (not
+// during a capture); then try the free blocks of use_on_oom pools; then
 // raise OutOfMemory (after recording it).
-Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Stream stream) {
-  Block* b = rounded <= kMaxRequest ? grow_locked(rounded, stream) : nullptr;
-  if (b == nullptr && rounded <= kMaxRequest) {
+Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
+                                           bool* from_cache) {
+  *from_cache = false;
+  const bool fits = rounded <= kMaxRequest;
+  Block* b = fits ? grow_locked(rounded, stream, owner) : nullptr;
+  if (b == nullptr && fits && routes_.empty()) {
     Event retry;
     retry.action = Action::kAllocRetry;
     retry.pool = pool_kind_for(rounded);
     retry.size = rounded;
     record_locked(retry);
     release_cached_locked();
-    b = grow_locked(rounded, stream);
+    b = grow_locked(rounded, stream, owner);
+  }
+  if (b == nullptr && fits && owner == nullptr) {
+    b = take_from_oom_pools_locked(rounded, stream);
+    *from_cache = b != nullptr;
   }
   if (b != nullptr) return b;
   Event oom;
@@ -110,8 +120,9 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
     record_locked(block_event(Action::kSegmentFreeFailed, *b));
     return false;
   }
-  free_list(b->pool).erase(b);
+  free_list(b).erase(b);
   segments_.erase(b->addr);
+  if (b->owner != nullptr) b->owner->segments -= 1;
   Event e = block_event(Action::kSegmentFree, *b);
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
@@ -120,28 +131,50 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   return true;
 }
 
-// Completes pending frees, then returns every fully free segment.
-size_t DeviceAllocator::release_cached_locked() {
+// Completes pending frees, then returns every fully free segment of `only`,
+// or of the default pool and the freeable private pools. Never while a
+// route is open (the callers check capturing()).
+size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   Event sync;
   sync.action = Action::kSyncAllStreams;
   record_locked(sync);
   synchronize_events_locked();
+  std::vector<FreeLists*> sources;
+  if (only != nullptr) {
+    sources.push_back(&only->lists);
+  } else {
+    sources.push_back(&default_lists_);
+    for (auto& kv : pools_)
+      if (kv.second->use_count == 0) sources.push_back(&kv.second->lists);
+  }
   std::vector<Block*> whole;
-  for (FreeList* list : {&small_, &large_})
-    for (Block* b : list->blocks())
-      if (!b->is_split()) whole.push_back(b);
+  for (FreeLists* l : sources)
+    for (FreeList* list : {&l->small, &l->large})
+      for (Block* b : list->blocks())
+        if (!b->is_split()) whole.push_back(b);
   size_t released = 0;
   for (Block* b : whole) {
     const size_t bytes = b->size;
     if (release_segment_locked(b)) released += bytes;
   }
+  delete_unused_pools_locked();
   return released;
 }
 
 size_t DeviceAllocator::empty_cache(const CallContext& ctx) {
+  return empty_pool_cache(kDefaultPool, ctx);
+}
+
+size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   ctx_ = ctx;
-  size_t released = release_cached_locked();
+  if (!routes_.empty()) return 0;  // a capture may be under way: no free, no sync
+  size_t released = 0;
+  if (id == kDefaultPool) {
+    released = release_cached_locked();
+  } else if (PrivatePool* pool = find_pool_locked(id); pool != nullptr && pool->use_count == 0) {
+    released = release_cached_locked(pool);
+  }
   Event e;
   e.action = Action::kEmptyCache;
   e.size = released;
@@ -201,7 +234,7 @@ std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded
 
 std::string DeviceAllocator::unknown_pointer_message_locked(const char* call, std::uintptr_t addr) {
   auto it = segments_.upper_bound(addr);
-  bool inside = it != segments_.begin() && addr < std::prev(it)->first + std::prev(it)->second;
+  bool inside = it != segments_.begin() && addr < std::prev(it)->first + std::prev(it)->second.bytes;
   const bool is_free = std::string(call) == "free";
   const std::string head = std::string(call) + " of " + hex(addr) + " on device " + std::to_string(device_) + ": ";
   if (inside) {
@@ -245,17 +278,28 @@ bool DeviceAllocator::owns(void* ptr) {
   return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
 }
 
-std::vector<SegmentInfo> DeviceAllocator::segments() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::map<std::uintptr_t, const Block*> blocks;
+std::map<std::uintptr_t, Block*> DeviceAllocator::blocks_by_addr_locked() {
+  std::map<std::uintptr_t, Block*> blocks;
   for (auto& kv : live_) blocks.emplace(kv.first, kv.second);
   for (auto& p : pending_) blocks.emplace(p.block->addr, p.block);
-  for (FreeList* list : {&small_, &large_})
-    for (const Block* b : list->blocks()) blocks.emplace(b->addr, b);
+  for (Block* b : deferred_) blocks.emplace(b->addr, b);
+  std::vector<FreeLists*> all{&default_lists_};
+  for (auto& kv : pools_) all.push_back(&kv.second->lists);
+  for (FreeLists* l : all)
+    for (FreeList* list : {&l->small, &l->large})
+      for (Block* b : list->blocks()) blocks.emplace(b->addr, b);
+  return blocks;
+}
+
+std::vector<SegmentInfo> DeviceAllocator::segments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::map<std::uintptr_t, Block*> blocks = blocks_by_addr_locked();
   std::vector<SegmentInfo> out;
   for (auto& seg : segments_) {
-    SegmentInfo info{seg.first, seg.second, 0, PoolKind::kSmall, {}};
-    for (auto it = blocks.lower_bound(seg.first); it != blocks.end() && it->first < seg.first + seg.second; ++it) {
+    const PoolId owner = seg.second.owner != nullptr ? seg.second.owner->id : kDefaultPool;
+    SegmentInfo info{seg.first, seg.second.bytes, 0, PoolKind::kSmall, owner, {}};
+    for (auto it = blocks.lower_bound(seg.first); it != blocks.end() && it->first < seg.first + seg.second.bytes;
+         ++it) {
       const Block* b = it->second;
       info.stream = b->stream;
       info.pool = b->pool;

@@ -36,6 +36,11 @@ void DeviceAllocator::set_recording(size_t capacity) {
   ring_.reset(capacity);
 }
 
+bool DeviceAllocator::recording_enabled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ring_.enabled();
+}
+
 std::vector<TraceRecord> DeviceAllocator::trace(uint64_t* dropped) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dropped) *dropped = ring_.dropped();

@@ -4,8 +4,11 @@
 // on every recorded stream s at free time has completed. On free one event is
 // recorded per such stream; the block stays "pending" (active, not
 // allocated, in no free list) while block->event_count > 0.
-// Invariants: event_count == number of entries of pending_ naming the block;
-// every EventHandle is in exactly one of pending_ and spare_events_ (or being
+// A block freed while a capture is under way (device_allocator.h) cannot
+// have its events recorded yet: it waits in deferred_, pending, with one
+// extra count, until the first process_events_locked() outside a capture.
+// Invariants: event_count == number of entries of pending_ naming the block
+// + 1 if deferred_ holds it; every EventHandle is in exactly one of pending_ and spare_events_ (or being
 // used by the function that took it).
 #include <algorithm>
 
@@ -41,8 +44,14 @@ void DeviceAllocator::insert_events_locked(Block* b) {
   b->stream_uses.clear();
 }
 
-// Frees the blocks whose events have all completed (non-blocking).
+// Records the events of deferred frees, then frees the blocks whose events
+// have all completed (non-blocking).
 void DeviceAllocator::process_events_locked() {
+  for (Block* b : deferred_) {
+    b->event_count -= 1;
+    insert_events_locked(b);
+  }
+  deferred_.clear();
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     Pending p = pending_[i];
@@ -58,6 +67,7 @@ void DeviceAllocator::process_events_locked() {
 
 // Waits for every pending event, then frees their blocks.
 void DeviceAllocator::synchronize_events_locked() {
+  if (!deferred_.empty()) process_events_locked();
   for (Pending& p : pending_) backend_.synchronize_event(device_, p.event);
   process_events_locked();
 }

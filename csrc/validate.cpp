@@ -1,6 +1,7 @@
 // validate.cpp — checks every invariant of device_allocator.h and block.h
 // against the live state. For tests (called after every operation) and
 // debugging; O(blocks), takes the device lock.
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -49,6 +50,11 @@ void DeviceAllocator::validate() {
     blocks.emplace(kv.first, kv.second);
   }
   std::set<const Block*> pending;
+  for (const Block* b : deferred_) {
+    check(!b->allocated && b->event_count > 0, "deferred entry names a non-pending block");
+    pending.insert(b);
+    blocks.emplace(b->addr, b);
+  }
   for (auto& p : pending_) {
     check(!p.block->allocated && p.block->event_count > 0, "pending entry names a non-pending block");
     pending.insert(p.block);
@@ -57,15 +63,27 @@ void DeviceAllocator::validate() {
   for (const Block* b : pending) {
     size_t n = 0;
     for (auto& p : pending_) n += p.block == b;
+    n += static_cast<size_t>(std::count(deferred_.begin(), deferred_.end(), b));
     check(static_cast<int>(n) == b->event_count, "event_count differs from pending entries");
   }
-  for (FreeList* list : {&small_, &large_}) {
-    for (const Block* b : list->blocks()) {
-      check(!b->allocated && b->event_count == 0, "free list holds a non-free block");
-      check(&free_list(b->pool) == list, "free block in the wrong pool's list");
-      check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
+  std::vector<FreeLists*> all_lists{&default_lists_};
+  for (auto& kv : pools_) {
+    check(kv.first == kv.second->id && kv.first != kDefaultPool, "pool table key differs from its pool's id");
+    check(kv.second->use_count >= 0, "a private pool's use count is negative");
+    all_lists.push_back(&kv.second->lists);
+  }
+  for (FreeLists* lists_of_pool : all_lists) {
+    for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
+      for (const Block* b : list->blocks()) {
+        check(!b->allocated && b->event_count == 0, "free list holds a non-free block");
+        check(&free_list(b) == list, "free block in the wrong pool's list");
+        check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
+      }
     }
   }
+  std::map<const PrivatePool*, size_t> pool_segments, pool_live;
+  for (auto& kv : live_)
+    if (kv.second->owner != nullptr) pool_live[kv.second->owner] += 1;
   Totals t;
   size_t covered = 0;
   for (auto& seg : segments_) {
@@ -73,13 +91,20 @@ void DeviceAllocator::validate() {
     check(it != blocks.end(), "segment has no block at its start");
     const Block* first = it->second;
     check(first->prev == nullptr, "first block of a segment has a prev");
-    Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second));
+    check(first->owner == seg.second.owner, "a segment's first block has another owner than the segment");
+    if (seg.second.owner != nullptr) {
+      check(pools_.count(seg.second.owner->id) && pools_.at(seg.second.owner->id).get() == seg.second.owner,
+            "a segment's owner is not in the pool table");
+      pool_segments[seg.second.owner] += 1;
+    }
+    Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second.bytes));
     Totals::add(t.segments, first->pool, 1);
     std::uintptr_t end = seg.first;
     for (const Block* b = first; b != nullptr; b = b->next) {
       check(b->addr == end, "blocks of a segment are not contiguous");
       check(blocks.count(b->addr) && blocks[b->addr] == b, "a segment's block is in no table");
-      check(b->stream == first->stream && b->pool == first->pool, "blocks of a segment differ in stream/pool");
+      check(b->stream == first->stream && b->pool == first->pool && b->owner == first->owner,
+            "blocks of a segment differ in stream/pool/owner");
       check(b->size % kMinBlockSize == 0 && b->size > 0, "block size is not a positive multiple of 512");
       if (b->next) check(b->next->prev == b, "next->prev link broken");
       bool is_free = !b->allocated && b->event_count == 0;
@@ -101,8 +126,15 @@ void DeviceAllocator::validate() {
       end += b->size;
       ++covered;
     }
-    check(end == seg.first + seg.second, "blocks do not tile their segment");
+    check(end == seg.first + seg.second.bytes, "blocks do not tile their segment");
   }
+  for (auto& kv : pools_) {
+    const PrivatePool* p = kv.second.get();
+    check(p->segments == pool_segments[p], "a private pool's segment count differs from its segments");
+    check(p->live_blocks == pool_live[p], "a private pool's live block count differs from its live blocks");
+  }
+  for (const PoolRoute& r : routes_)
+    check(pools_.count(r.id) && pools_.at(r.id).get() == r.pool, "an open route names no pool of the table");
   check(covered == blocks.size(), "a block lies outside every segment");
   const DeviceStats& s = accounting_.stats();
   check_stat(s.allocated_bytes, t.allocated, "allocated_bytes");

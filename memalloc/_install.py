@@ -1,14 +1,18 @@
 """Installing memalloc as the process's allocator (``memalloc.enable``).
 
 CUDA: builds the C++ CachingAllocator on the CUDA driver backend, registers
-it in the core's AllocatorRegistry, and hands torch the extern "C" entry
-points of the same shared object through
-``torch.cuda.memory.CUDAPluggableAllocator`` plus the optional hooks
-(``torch.cuda.empty_cache`` -> reset, ``set_per_process_memory_fraction`` ->
-memory fraction, ``Tensor.record_stream`` -> record_stream).
+it in the core's AllocatorRegistry, and makes it torch's CUDA allocator: a
+C++ subclass of torch's ``CUDAPluggableAllocator``
+(csrc/boundary/cuda/torch_allocator.cpp) installed with
+``changeCurrentAllocator``. torch's own functions then answer from memalloc
+(``torch.cuda.memory_stats`` & co., ``empty_cache``, the memory fraction,
+``record_stream``, CUDA graphs and graph trees, ``MemPool``, IPC, OOM
+observers, ``_snapshot``), so nothing of torch is patched on CUDA.
 
 Host: registers a CachingAllocator on the simulated host device; tensors come
-from :func:`memalloc.host.empty`. torch's own allocators are untouched.
+from :func:`memalloc.host.empty`. torch's own allocators are untouched; its
+``torch.cuda`` memory queries are pointed at memalloc (there is no CUDA
+device for torch to ask).
 
 One allocator per process: torch cannot swap an initialised allocator back.
 """
@@ -58,10 +62,11 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         config: ``key:value,...`` text or a mapping, applied after
             ``$MEMALLOC_CONF``. Keys: ``memalloc.config_keys()``.
         verbose: print which backend was chosen and why.
-        patch_torch: make ``torch.cuda.memory_allocated``, ``memory_stats``,
-            ``memory_summary``, ``reset_peak_memory_stats``... answer from
-            memalloc (default: the ``patch_torch`` config key, True).
-            ``memalloc.unpatch_torch()`` undoes it.
+        patch_torch: host backend only: make ``torch.cuda.memory_allocated``,
+            ``memory_stats``, ``memory_summary``... answer from memalloc's
+            simulated device (default: the ``patch_torch`` config key, True;
+            ``memalloc.unpatch_torch()`` undoes it). On CUDA torch's own
+            functions answer from memalloc and nothing is patched.
 
     Must run before CUDA is initialised (before the first CUDA tensor).
     Calling it again with the same backend and config is a no-op; with a
@@ -87,7 +92,8 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
 
     iteration.add_step_listener(_policy.on_step)
     oom.install()
-    if patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False":
+    wants_patch = patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False"
+    if chosen == "host" and wants_patch:
         _torch_patch.patch(chosen)
     entries = int(config_value(text, "record_history") or 0)
     if entries:
@@ -112,22 +118,15 @@ def _install_cuda(text: str) -> None:
             "CUDA tensor (at the top of the script), or run the script with "
             "`python -m memalloc run script.py`."
         )
-    from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
-
-    from . import _torch_patch
-
-    _torch_patch.install_guards()  # refuses cudnn.benchmark=True before anything changes
+    if not _C.has_torch_cuda:
+        raise RuntimeError(
+            "memalloc.enable(backend='cuda'): this memalloc build has no CUDA part (it was built against a "
+            "torch without CUDA, or with MEMALLOC_NO_CUDA=1). Rebuild it against this CUDA torch: "
+            "`pip install --no-build-isolation -e .`"
+        )
     allocator = _C.Allocator("cuda", text)
-    pluggable = CUDAPluggableAllocator(_C.__file__, "memalloc_alloc", "memalloc_free")
-    hooks = _C.hook_addresses()
-    raw = pluggable._allocator
-    raw.set_init_fn(hooks["init"])
-    raw.set_reset_fn(hooks["reset"])
-    raw.set_memory_fraction_fn(hooks["memory_fraction"])
-    if hasattr(raw, "set_record_stream_fn"):
-        raw.set_record_stream_fn(hooks["record_stream"])
-    _C.install(allocator)  # entry points live before torch can call them
-    change_current_allocator(pluggable)
+    _C.install_torch_cuda(allocator)  # refuses (changing nothing) when torch's allocator is in use
+    _C.install(allocator)  # memalloc's own API, the deleters and the C entry points
 
 
 def is_enabled() -> bool:

@@ -1,20 +1,18 @@
-"""Pointing torch's memory queries at memalloc, and guarding the two torch
-features that fail inside torch under any pluggable allocator.
+"""Pointing torch's memory queries at memalloc's simulated device (host
+backend).
 
-Under ``CUDAPluggableAllocator`` torch's own ``memory_allocated``,
-``memory_stats``, ``memory_summary``, ``reset_peak_memory_stats``... raise
-("does not yet support getDeviceStats"). :func:`patch` replaces them in
-``torch.cuda`` and ``torch.cuda.memory`` with memalloc's equivalents (same
-names, same meanings), so Lightning's DeviceStatsMonitor, HF Trainer's
-memory metrics and users' own code keep working. :func:`unpatch` restores
-torch's functions. On the host backend the device-level functions
-(``mem_get_info``, ``empty_cache``, the memory fraction) are patched too,
-since there torch has no device to ask.
+On CUDA nothing needs patching: memalloc is torch's CUDA allocator (a
+subclass of torch's CUDAPluggableAllocator, csrc/boundary/cuda/), so
+``torch.cuda.memory_allocated``, ``memory_stats``, ``memory_summary``,
+``_snapshot``... answer from it through torch's own code.
 
-Guards (CUDA backend): ``torch.backends.cudnn.benchmark = True`` makes cuDNN
-query the allocator's cacheInfo, and ``torch.compile(mode="reduce-overhead")``
-(CUDA graphs) checks pool allocations; both raise deep inside torch under a
-pluggable allocator. memalloc refuses them up front with what to do instead.
+On the host backend there is no CUDA device for torch to ask, so
+:func:`patch` replaces those functions in ``torch.cuda`` and
+``torch.cuda.memory`` with memalloc's equivalents (same names, same
+meanings), including the device-level ones (``mem_get_info``,
+``empty_cache``, the memory fraction); :func:`unpatch` restores torch's.
+Code written against ``torch.cuda`` (Lightning's DeviceStatsMonitor, HF
+Trainer's memory metrics) then runs against the simulated device in tests.
 """
 from __future__ import annotations
 
@@ -83,8 +81,8 @@ _QUERIES.update({
     "_dump_snapshot": _torch_dump_snapshot,
 })
 
-# Only on the host backend: on CUDA torch's own versions reach memalloc
-# through the pluggable hooks (reset, memory fraction) or the driver.
+# Device-level functions, patched on the host backend together with the
+# queries above (torch has no device to ask there).
 _HOST_ONLY: dict[str, Callable[..., Any]] = {
     "mem_get_info": stats.mem_get_info,
     "empty_cache": _empty_cache,
@@ -95,7 +93,6 @@ _lock = threading.Lock()
 _originals: dict[str, Any] = {name: getattr(torch.cuda.memory, name)
                               for name in (*_QUERIES, *_HOST_ONLY) if hasattr(torch.cuda.memory, name)}
 _patched: dict[str, Any] = {}
-_guards_installed = False
 
 
 def original(name: str) -> Callable[..., Any]:
@@ -140,74 +137,4 @@ def is_patched() -> bool:
     return bool(_patched)
 
 
-# ---- guards -----------------------------------------------------------------
-CUDNN_BENCHMARK_MESSAGE = (
-    "torch.backends.cudnn.benchmark = True cannot be used with memalloc: cuDNN's autotuner asks "
-    "the allocator for cacheInfo, which torch's CUDAPluggableAllocator does not support (it "
-    "raises inside the first convolution). Keep torch.backends.cudnn.benchmark = False while "
-    "memalloc is enabled, or run this program without memalloc."
-)
-
-COMPILE_MESSAGE = (
-    "torch.compile with CUDA graphs (mode={mode!r}) cannot be used with memalloc: CUDA graph "
-    "trees call checkPoolLiveAllocations, which torch's CUDAPluggableAllocator does not support "
-    "(it raises inside torch). Use torch.compile(mode='default') or "
-    "mode='max-autotune-no-cudagraphs', or run this program without memalloc."
-)
-
-_CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
-def check_compile_args(mode: Any = None, options: Any = None) -> None:
-    """Raises RuntimeError when torch.compile would use CUDA graphs."""
-    uses_graphs = mode in _CUDAGRAPH_MODES
-    if isinstance(options, dict) and options.get("triton.cudagraphs"):
-        uses_graphs, mode = True, f"{mode}, options triton.cudagraphs=True"
-    inductor = sys.modules.get("torch._inductor.config")
-    if mode is None and inductor is not None and getattr(inductor.triton, "cudagraphs", False):
-        uses_graphs, mode = True, "default with torch._inductor.config.triton.cudagraphs=True"
-    if uses_graphs:
-        raise RuntimeError(COMPILE_MESSAGE.format(mode=mode))
-
-
-class _GuardedBenchmark:
-    """Descriptor replacing ``torch.backends.cudnn.benchmark``: refuses True
-    while memalloc's CUDA backend is enabled, else defers to torch."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self.inner.__get__(obj, objtype)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        if value and _install.enabled_backend() == "cuda":
-            raise RuntimeError(CUDNN_BENCHMARK_MESSAGE)
-        self.inner.__set__(obj, value)
-
-
-def install_guards() -> None:
-    """Installs the cudnn.benchmark and torch.compile guards (CUDA backend).
-    Raises at once when cudnn.benchmark is already True."""
-    global _guards_installed
-    if torch.backends.cudnn.benchmark:
-        raise RuntimeError(CUDNN_BENCHMARK_MESSAGE)
-    with _lock:
-        if _guards_installed:
-            return
-        cls = type(torch.backends.cudnn)
-        inner = cls.__dict__.get("benchmark")
-        if inner is not None and hasattr(inner, "__set__"):
-            setattr(cls, "benchmark", _GuardedBenchmark(inner))
-        compile_fn = torch.compile
-
-        @functools.wraps(compile_fn)
-        def guarded_compile(*args: Any, **kwargs: Any) -> Any:
-            check_compile_args(kwargs.get("mode"), kwargs.get("options"))
-            return compile_fn(*args, **kwargs)
-
-        torch.compile = guarded_compile
-        _guards_installed = True
-
-
-__all__ = ["check_compile_args", "install_guards", "is_patched", "original", "patch", "unpatch"]
+__all__ = ["is_patched", "original", "patch", "unpatch"]

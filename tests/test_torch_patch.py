@@ -1,12 +1,11 @@
-"""torch.cuda's memory queries answered from memalloc (host backend), their
-undoing, and the two CUDA guards (cudnn.benchmark, torch.compile with CUDA
-graphs).
+"""torch.cuda's memory queries answered from memalloc (host backend), and
+their undoing. (On CUDA nothing is patched: torch's own functions answer
+through memalloc's subclass of CUDAPluggableAllocator; tests/gpu/.)
 
 memalloc.enable() is once per process, so every enabling scenario runs in a
 fresh interpreter (``python -c``) that prints one ``RESULT <json>`` line; the
 assertions are made here. CUDA_VISIBLE_DEVICES is emptied so that "auto" is
-the host backend on any machine. The guards are tested in-process: they need
-no GPU and no enabled allocator.
+the host backend on any machine.
 
 Expected numbers follow the size rules: a request rounds up to a multiple of
 512 B; rounded sizes <= 1 MiB come from 2 MiB segments, 1-10 MiB requests from
@@ -323,80 +322,3 @@ def test_patch_torch_true_argument_overrides_the_env():
     )
     assert r["patched"] is True
     assert all(v == [False, False] for v in r["same"].values())
-
-
-# ------------------------------------------------------------- guards ----
-@pytest.mark.parametrize("mode,options", [
-    ("reduce-overhead", None),
-    ("max-autotune", None),
-    (None, {"triton.cudagraphs": True}),
-    ("default", {"triton.cudagraphs": True}),
-])
-def test_check_compile_args_refuses_cuda_graphs(mode, options):
-    with pytest.raises(RuntimeError) as info:
-        _torch_patch.check_compile_args(mode, options)
-    msg = str(info.value)
-    assert "mode='default'" in msg
-    assert "max-autotune-no-cudagraphs" in msg
-    assert "CUDA graph" in msg
-
-
-@pytest.mark.parametrize("mode,options", [
-    (None, None),
-    ("default", None),
-    ("max-autotune-no-cudagraphs", None),
-    ("default", {"triton.cudagraphs": False}),
-    (None, {"max_autotune": True}),
-])
-def test_check_compile_args_allows_modes_without_cuda_graphs(mode, options):
-    assert _torch_patch.check_compile_args(mode, options) is None
-
-
-class _Flag:
-    """A property-like inner descriptor, as torch.backends.cudnn.benchmark is."""
-
-    def __init__(self):
-        self.sets = []
-
-    def __get__(self, obj, objtype=None):
-        if obj is None:
-            return self
-        return obj.__dict__.get("_value", False)
-
-    def __set__(self, obj, value):
-        self.sets.append(value)
-        obj.__dict__["_value"] = value
-
-
-def _guarded():
-    inner = _Flag()
-
-    class Fake:
-        benchmark = _torch_patch._GuardedBenchmark(inner)
-
-    return Fake, inner
-
-
-def test_guarded_benchmark_refuses_true_on_cuda_only(monkeypatch):
-    Fake, inner = _guarded()
-    f = Fake()
-    monkeypatch.setattr(memalloc._install, "enabled_backend", lambda: "cuda")
-    with pytest.raises(RuntimeError, match="cudnn.benchmark"):
-        f.benchmark = True
-    assert inner.sets == []  # refused before reaching torch
-    assert f.benchmark is False
-    f.benchmark = False
-    assert inner.sets == [False] and f.benchmark is False
-    with pytest.raises(RuntimeError, match="cacheInfo"):
-        f.benchmark = 1  # truthy counts as True
-    assert Fake.benchmark is inner  # class access reads through too
-
-    monkeypatch.setattr(memalloc._install, "enabled_backend", lambda: "host")
-    f.benchmark = True
-    assert inner.sets == [False, True] and f.benchmark is True
-    f.benchmark = False
-    assert f.benchmark is False
-
-    monkeypatch.setattr(memalloc._install, "enabled_backend", lambda: None)
-    f.benchmark = True
-    assert f.benchmark is True and inner.sets[-1] is True

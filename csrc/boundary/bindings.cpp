@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "bind_pools.h"
 #include "cpu_allocator.h"
 #include "errors.h"
 #include "oom_report.h"
@@ -29,6 +30,9 @@
 #include "pystacks.h"
 #include "registry.h"
 #include "trace_export.h"
+#ifdef MEMALLOC_WITH_TORCH_CUDA
+#include "cuda/torch_allocator.h"
+#endif
 
 namespace py = pybind11;
 using namespace memalloc;
@@ -89,6 +93,7 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
     sd["total_size"] = s.size;
     sd["stream"] = s.stream;
     sd["segment_type"] = s.pool == PoolKind::kSmall ? "small" : "large";
+    sd["segment_pool_id"] = py::make_tuple(s.owner.first, s.owner.second);
     sd["blocks"] = blocks;
     out.append(sd);
   }
@@ -198,7 +203,8 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(ok, why);
   });
 
-  py::class_<CachingAllocator, AllocatorPtr>(m, "Allocator")
+  py::class_<CachingAllocator, AllocatorPtr> allocator_class(m, "Allocator");
+  allocator_class
       .def(py::init([](BackendArg backend, ConfigArg config) {
              return make_allocator(backend, parse_config(config));
            }),
@@ -348,6 +354,20 @@ PYBIND11_MODULE(_C, m) {
       .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
            "A DLPack capsule (1-D uint8, CPU) over nbytes of this allocator's memory; "
            "the memory returns to the allocator when the consuming tensor dies.");
+
+  bind_pools(allocator_class);
+
+  // ---- torch's CUDA allocator (builds against a CUDA torch only) -------------
+#ifdef MEMALLOC_WITH_TORCH_CUDA
+  m.attr("has_torch_cuda") = true;
+  m.def("install_torch_cuda", [](AllocatorPtr a) { install_torch_cuda_allocator(a); }, py::arg("allocator"),
+        "Makes `allocator` (cuda backend) torch's CUDA allocator: a subclass of torch's "
+        "CUDAPluggableAllocator. Before CUDA is initialised; once per process.");
+  m.def("torch_cuda_installed", &torch_cuda_allocator_installed);
+#else
+  m.attr("has_torch_cuda") = false;
+  m.def("torch_cuda_installed", [] { return false; });
+#endif
 
   // ---- attribution ---------------------------------------------------------
   m.def("set_stack_mode", [](int mode) {

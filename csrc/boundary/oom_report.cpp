@@ -57,14 +57,14 @@ std::string hook_text(int device, size_t size) {
   t_in_hook = false;
   return out;
 }
+}  // namespace
+
 [[noreturn]] void throw_oom_for_torch(const OutOfMemory& e, const CachingAllocator* a, int device, size_t size,
                                       const char* func) {
   std::string msg = e.what();
   if (a != nullptr && a == AllocatorRegistry::instance().installed()) msg += hook_text(device, size);
   throw c10::OutOfMemoryError(c10::SourceLocation{func, __FILE__, __LINE__}, msg);
 }
-
-}  // namespace
 
 void set_oom_hook(void* py_callable_or_none) {
   PyObject* hook = static_cast<PyObject*>(py_callable_or_none);

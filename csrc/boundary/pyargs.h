@@ -96,6 +96,7 @@ inline constexpr TextSpec kBackend{"backend", "a str, 'cuda' or 'host'"};
 inline constexpr TextSpec kConfig{"config", "a 'key:value,...' str (MEMALLOC_CONF syntax)"};
 inline constexpr TextSpec kConfigText{"text", "a 'key:value,...' str (MEMALLOC_CONF syntax)"};
 
+inline constexpr FlagSpec kUseOnOom{"use_on_oom", "a bool"};
 inline constexpr FlagSpec kDriverError{"driver_error",
                                        "a bool (True: fail with DriverError, False: as out of memory)"};
 
@@ -165,6 +166,7 @@ using BackendArg = Text<kBackend>;
 using ConfigArg = Text<kConfig>;
 using ConfigTextArg = Text<kConfigText>;
 using DriverErrorArg = Flag<kDriverError>;
+using UseOnOomArg = Flag<kUseOnOom>;
 
 }  // namespace memalloc::pyargs
 

@@ -22,10 +22,22 @@ GiB = 1 << 30
 
 
 def setup(mode: str) -> None:
+    """native: torch's allocator. memalloc: memalloc.enable() (memalloc's
+    subclass of torch's CUDAPluggableAllocator). memalloc_c_entry: the route
+    for users who load the library by hand: torch's own
+    CUDAPluggableAllocator over memalloc's C entry points (memalloc_alloc /
+    memalloc_free), with torch's per-allocation map and mutex in front."""
     if mode == "memalloc":
         assert memalloc.enable(backend="cuda") == "cuda"
+    elif mode == "memalloc_c_entry":
+        from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
+
+        from memalloc import _C
+
+        _C.install(_C.Allocator("cuda", ""))
+        change_current_allocator(CUDAPluggableAllocator(_C.__file__, "memalloc_alloc", "memalloc_free"))
     elif mode != "native":
-        raise SystemExit(f"mode must be memalloc or native, not {mode}")
+        raise SystemExit(f"mode must be memalloc, memalloc_c_entry or native, not {mode}")
 
 
 def stats(device: int = 0) -> dict:
@@ -446,6 +458,28 @@ def pair_cost(mode: str) -> dict:
     return run_pair(mode)
 
 
+def c_entry_points(mode: str) -> dict:
+    """The by-hand route (setup's memalloc_c_entry) still allocates from
+    memalloc: a tensor's bytes show in memalloc's own counters."""
+    setup(mode)
+    from memalloc import _C
+
+    a = _C.installed()
+    before = a.stats(0)["allocated_bytes"]["all"]["current"]
+    x = torch.ones(1 << 20, device="cuda")
+    during = a.stats(0)["allocated_bytes"]["all"]["current"]
+    ok = bool((x * 2).sum().item() == 2 * (1 << 20))
+    del x
+    after = a.stats(0)["allocated_bytes"]["all"]["current"]
+    try:
+        torch.cuda.memory_stats()
+        stats_error = None
+    except RuntimeError as e:  # torch's plain pluggable class has no getDeviceStats
+        stats_error = str(e)
+    return {"before": before, "during": during, "after": after, "ok": ok, "stats_error": stats_error,
+            "backend": torch.cuda.get_allocator_backend()}
+
+
 def late_enable(mode: str) -> dict:
     """enable() after CUDA initialisation is refused with an explanation."""
     torch.zeros(1, device="cuda")
@@ -509,7 +543,7 @@ def memalloc_validate() -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
-                                     pair_cost, late_enable, record_training, oom_loop, ddp, leak_report,
+                                     pair_cost, c_entry_points, late_enable, record_training, oom_loop, ddp, leak_report,
                                      oom_report)}
 
 if __name__ == "__main__":

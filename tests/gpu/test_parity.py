@@ -35,7 +35,9 @@ def run(name: str, mode: str) -> dict:
 @pytest.mark.parametrize("workload", ["transformer", "resnet50", "random"])
 def test_allocated_and_peak_equal_native_reserved_not_above(workload):
     native = run(workload, "native")["samples"]
-    mem = run(workload, "memalloc")["samples"]
+    mem_run = run(workload, "memalloc")
+    assert mem_run["patched"] is False  # torch's own functions answer, no monkeypatch
+    mem = mem_run["samples"]
     assert len(native) == len(mem) > 0
     for i, (n, m) in enumerate(zip(native, mem)):
         assert m["allocated"] == n["allocated"], (i, n, m)
@@ -48,12 +50,3 @@ def test_lightning_device_stats_monitor_logs_under_memalloc():
     assert r["keys"], "DeviceStatsMonitor logged no allocated_bytes.all.current"
     assert all(v > 0 for v in r["values"])
     assert max(r["values"]) <= r["memalloc_peak"]
-
-
-def test_cudnn_benchmark_and_cudagraph_compile_are_refused_with_the_fix():
-    r = run("guards", "memalloc")
-    assert "cudnn.benchmark" in r["enable_with_benchmark"] and "False" in r["enable_with_benchmark"]
-    assert r["enabled_after_refusal"] is False
-    assert "cudnn.benchmark" in r["set_benchmark"]
-    assert "mode='default'" in r["compile"]
-    assert r["conv_ok"] == [2, 8, 14, 14]

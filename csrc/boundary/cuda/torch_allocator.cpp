@@ -1,0 +1,455 @@
+// torch_allocator.cpp — the subclass of torch's CUDAPluggableAllocator that
+// forwards torch's CUDAAllocator calls to memalloc's core. Invariants:
+// torch_allocator.h. Semantics follow torch's native caching allocator
+// (c10/cuda/CUDACachingAllocator.cpp), read, not copied.
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
+#include "../oom_report.h"
+#include "../pluggable.h"
+#include "../pystacks.h"
+#include "errors.h"
+#include "registry.h"
+#include "torch_allocator.h"
+
+namespace memalloc {
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+namespace cda = c10::CachingDeviceAllocator;
+using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+thread_local int t_last_device = 0;  // a hint for frees: where this thread allocated last
+
+// Frees `ptr` on whichever device holds it (the hint first). Never throws.
+void free_anywhere(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  try {
+    CachingAllocator* core = AllocatorRegistry::instance().installed();
+    if (core == nullptr) return;
+    const CallContext ctx = AllocatorRegistry::instance().thread_context();
+    const int hint = t_last_device < core->device_count() ? t_last_device : 0;
+    if (core->device(hint).free_if_owned(ptr, ctx)) return;
+    for (int d = 0; d < core->device_count(); ++d)
+      if (d != hint && core->device(d).free_if_owned(ptr, ctx)) return;
+    std::fprintf(stderr, "memalloc: free of %p ignored: no device holds a live allocation there (double free?)\n",
+                 ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memalloc: free of %p failed: %s\n", ptr, e.what());
+  }
+}
+
+// A checkpoint of one private pool, as torch's AllocatorState.
+struct PoolCheckpoint final : cca::AllocatorState {
+  PoolCheckpoint(int dev, PoolState s) : device(dev), state(std::move(s)) {}
+  int device;
+  PoolState state;
+};
+
+cda::TraceEntry::Action torch_action(Action a, bool* known) {
+  *known = true;
+  switch (a) {
+    case Action::kAlloc: return cda::TraceEntry::ALLOC;
+    case Action::kFreeRequested: return cda::TraceEntry::FREE_REQUESTED;
+    case Action::kFreeCompleted: return cda::TraceEntry::FREE_COMPLETED;
+    case Action::kSegmentAlloc: return cda::TraceEntry::SEGMENT_ALLOC;
+    case Action::kSegmentFree: return cda::TraceEntry::SEGMENT_FREE;
+    case Action::kOom: return cda::TraceEntry::OOM;
+    default: *known = false; return cda::TraceEntry::ALLOC;
+  }
+}
+
+void copy_stat(const Stat& from, c10::CachingAllocator::Stat& to) {
+  to.current = from.current;
+  to.peak = from.peak;
+  to.allocated = from.allocated;
+  to.freed = from.freed;
+}
+
+void copy_stats(const Stat (&from)[kNumStatTypes], c10::CachingAllocator::StatArray& to) {
+  for (int i = 0; i < kNumStatTypes; ++i) copy_stat(from[i], to[i]);
+}
+
+class TorchCudaAllocator final : public Pluggable {
+ public:
+  explicit TorchCudaAllocator(std::shared_ptr<CachingAllocator> core)
+      : Pluggable(nullptr, nullptr), core_(std::move(core)) {}
+
+  // ---- allocation ----------------------------------------------------------
+  c10::DataPtr allocate(size_t size) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    void* p = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_anywhere; }
+  void* raw_alloc(size_t nbytes) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return malloc(nbytes, device, stream);
+  }
+  void raw_delete(void* ptr) override { free_anywhere(ptr); }
+
+  void init(int device_count) override {
+    TORCH_CHECK(device_count <= core_->device_count(), "memalloc sees ", core_->device_count(),
+                " CUDA devices but torch sees ", device_count);
+    initialized_ = true;
+  }
+  bool initialized() override { return initialized_; }
+  std::string name() override { return "memalloc"; }
+
+  // ---- limits and the cache --------------------------------------------------
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    const double f = core_->device(device).memory_fraction();
+    return f > 0.0 ? f : 1.0;
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    guard([&] { core_->device(device).set_memory_fraction(fraction); });
+  }
+  void emptyCache(c10::MempoolId_t pool) override {
+    guard([&] {
+      const CallContext ctx = AllocatorRegistry::instance().thread_context();
+      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, ctx);
+    });
+  }
+  // cuDNN's workspace guess: *largest == 0 asks for the device's free bytes
+  // first; then at least the largest free cached block.
+  void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
+    guard([&] {
+      memalloc::DeviceAllocator& d = core_->device(device);
+      if (*largest == 0) *largest = d.mem_get_info().free;
+      *largest = std::max(*largest, d.largest_free_block());
+    });
+  }
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    std::uintptr_t base = 0;
+    for (int d = 0; d < core_->device_count(); ++d) {
+      if (core_->device(d).segment_of(ptr, &base, size)) return reinterpret_cast<void*>(base);
+    }
+    TORCH_CHECK(false, "memalloc: getBaseAllocation of a pointer that is not a live allocation");
+  }
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (ptr.get() == nullptr || ptr.get_deleter() != &free_anywhere) return;  // not ours (native ignores too)
+    guard([&] {
+      core_->device(ptr.device().index()).record_stream(ptr.get(), reinterpret_cast<Stream>(stream.stream()));
+    });
+  }
+
+  // ---- statistics --------------------------------------------------------------
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    DeviceStats s;
+    guard([&] { s = core_->device(device).stats(); });
+    cda::DeviceStats out;
+    copy_stats(s.allocation, out.allocation);
+    copy_stats(s.segment, out.segment);
+    copy_stats(s.active, out.active);
+    copy_stats(s.inactive_split, out.inactive_split);
+    copy_stats(s.allocated_bytes, out.allocated_bytes);
+    copy_stats(s.reserved_bytes, out.reserved_bytes);
+    copy_stats(s.active_bytes, out.active_bytes);
+    copy_stats(s.inactive_split_bytes, out.inactive_split_bytes);
+    copy_stats(s.requested_bytes, out.requested_bytes);
+    copy_stat(s.oversize_allocations, out.oversize_allocations);
+    copy_stat(s.oversize_segments, out.oversize_segments);
+    out.num_alloc_retries = s.num_alloc_retries;
+    out.num_ooms = s.num_ooms;
+    out.num_sync_all_streams = s.num_sync_all_streams;
+    out.num_device_alloc = s.num_device_alloc;
+    out.num_device_free = s.num_device_free;
+    out.max_split_size = static_cast<int64_t>(core_->config().max_split_size);  // unlimited: -1, as torch
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    guard([&] { core_->device(device).reset_accumulated_stats(); });
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    guard([&] { core_->device(device).reset_peak_stats(); });
+  }
+
+  // ---- private pools (graphs, MemPool) ----------------------------------------
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                           std::function<bool(cudaStream_t)> filter) override {
+    guard([&] {
+      core_->device(device).begin_allocate_to_pool(
+          pool, [f = std::move(filter)](Stream s) { return f(reinterpret_cast<cudaStream_t>(s)); });
+    });
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    guard([&] { core_->device(device).end_allocate_to_pool(pool); });
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    guard([&] { core_->device(device).release_pool(pool); });
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    int n = 0;
+    guard([&] { n = core_->device(device).pool_use_count(pool); });
+    return n;
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "memalloc: a torch.cuda.MemPool backed by another allocator is not supported while memalloc "
+                "is torch's CUDA allocator; create the MemPool without an allocator argument");
+    guard([&] { core_->device(device).create_or_incref_pool(pool); });
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override {
+    guard([&] { core_->device(device).set_pool_use_on_oom(pool, use_on_oom); });
+  }
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    guard([&] { core_->device(device).set_pool_no_split(pool); });
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t pool,
+                                const std::unordered_set<void*>& expected) override {
+    bool same = false;
+    guard([&] {
+      same = core_->device(device).pool_live_blocks_are(pool, std::vector<void*>(expected.begin(), expected.end()));
+    });
+    return same;
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    std::shared_ptr<cca::AllocatorState> out;
+    guard([&] { out = std::make_shared<PoolCheckpoint>(device, core_->device(device).checkpoint_pool(pool)); });
+    return out;
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> state) override {
+    auto* cp = dynamic_cast<PoolCheckpoint*>(state.get());
+    TORCH_CHECK(cp != nullptr && cp->device == device,
+                "memalloc: setCheckpointPoolState needs a state from memalloc's getCheckpointState for device ",
+                static_cast<int>(device));
+    PoolRestore r;
+    guard([&] { r = core_->device(device).restore_pool(cp->state); });
+    cca::CheckpointDelta delta;
+    delta.ptrs_freed = std::move(r.freed);
+    for (void* p : r.allocated)
+      delta.dataptrs_allocd.emplace_back(p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device));
+    return delta;
+  }
+
+  // ---- IPC ---------------------------------------------------------------------
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    for (int d = 0; d < core_->device_count(); ++d) {
+      std::uintptr_t base = 0;
+      size_t bytes = 0;
+      if (!core_->device(d).segment_of(ptr, &base, &bytes)) continue;
+      cca::ShareableHandle h;
+      h.offset = static_cast<ptrdiff_t>(reinterpret_cast<std::uintptr_t>(ptr) - base);
+      guard([&] { h.handle = core_->backend().ipc_handle(d, reinterpret_cast<void*>(base)); });
+      return h;
+    }
+    TORCH_CHECK(false, "memalloc: shareIpcHandle of a pointer that is not a live memalloc allocation");
+  }
+  // Opens a handle once per process: later calls share the mapping until
+  // the last user drops it.
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    const std::string raw = raw_ipc_handle(handle);
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    auto it = ipc_open_.find(raw);
+    if (it != ipc_open_.end()) {
+      if (auto alive = it->second.lock()) return alive;
+    }
+    void* p = nullptr;
+    guard([&] { p = core_->backend().ipc_open(device, raw); });
+    std::shared_ptr<CachingAllocator> core = core_;
+    std::shared_ptr<void> mapped(p, [core, device](void* q) { core->backend().ipc_close(device, q); });
+    ipc_open_[raw] = mapped;
+    return mapped;
+  }
+
+  // ---- history and snapshots --------------------------------------------------
+  // torch's _record_memory_history: memalloc's event ring on every device;
+  // Python stacks when torch asks for context. torch's context recorder is
+  // not called (memalloc walks frames itself, without the GIL).
+  void recordHistory(bool enabled, cda::CreateContextFn context_recorder, size_t max_entries,
+                     cda::RecordContext when, bool /*clear_history*/,
+                     const std::vector<std::string>& /*skip_actions*/) override {
+    const size_t capacity = enabled ? std::min(std::max<size_t>(max_entries, 1), kTorchDefaultEntries) : 0;
+    guard([&] {
+      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).set_recording(capacity);
+    });
+    const bool stacks = context_recorder != nullptr && when != cda::RecordContext::NEVER;
+    AllocatorRegistry::instance().set_stack_mode(!enabled ? StackMode::kNone
+                                                 : stacks ? StackMode::kPython
+                                                          : StackMode::kTags);
+  }
+  bool isHistoryEnabled() override {
+    for (int d = 0; d < core_->device_count(); ++d)
+      if (core_->device(d).recording_enabled()) return true;
+    return false;
+  }
+  cca::SnapshotInfo snapshot(c10::MempoolId_t pool, bool include_traces) override {
+    cca::SnapshotInfo out;
+    for (int d = 0; d < core_->device_count(); ++d) {
+      memalloc::DeviceAllocator& dev = core_->device(d);
+      for (const SegmentInfo& s : dev.segments()) {
+        if (pool != kDefaultPool && s.owner != pool) continue;
+        out.segments.push_back(torch_segment(d, s));
+      }
+      out.device_traces.emplace_back();
+      if (include_traces) add_traces(d, &out.device_traces.back());
+    }
+    out.config_metadata.garbage_collection_threshold = core_->config().garbage_collection_threshold;
+    out.config_metadata.max_split_size = core_->config().max_split_size;
+    out.config_metadata.expandable_segments = false;
+    out.config_metadata.last_allocator_settings = core_->config().to_string();
+    return out;
+  }
+
+  // ---- OOM observers ------------------------------------------------------------
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(observers_mu_);
+    observers_.push_back(std::move(observer));
+  }
+
+  // ---- the one allocation path ---------------------------------------------------
+  void* malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    if (size == 0) return nullptr;
+    t_last_device = device;
+    const CallContext ctx = current_context();
+    try {
+      return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), ctx);
+    } catch (const OutOfMemory& e) {
+      notify_observers(device, segment_size_for(round_size(size, core_->config().roundup_power2_divisions)));
+      throw_oom_for_torch(e, core_.get(), device, size, __func__);
+    } catch (...) {
+      rethrow_for_torch(__func__);
+    }
+  }
+
+ private:
+  static constexpr size_t kTorchDefaultEntries = 1000000;  // torch's "unbounded" default, bounded
+
+  // Runs f, turning memalloc errors into c10 errors (torch's Python
+  // bindings then raise their Python equivalents).
+  template <typename F>
+  static void guard(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      rethrow_for_torch("memalloc");
+    }
+  }
+
+  // memalloc sends the legacy form, a bare 64-byte cudaIpcMemHandle_t,
+  // which native receivers accept; it accepts that and native's versioned
+  // form of a cudaMalloc segment: [version 2]['c'][64-byte handle].
+  static std::string raw_ipc_handle(const std::string& handle) {
+    constexpr size_t kRaw = 64;
+    if (handle.size() == kRaw) return handle;
+    TORCH_CHECK(handle.size() == kRaw + 2 && handle[0] == 2 && handle[1] == 'c',
+                "memalloc: cannot open this CUDA IPC handle (", handle.size(),
+                " bytes): only handles of cudaMalloc segments are supported; the sending process may use "
+                "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which memalloc "
+                "cannot map");
+    return handle.substr(2);
+  }
+
+  cda::SegmentInfo torch_segment(int device, const SegmentInfo& s) const {
+    cda::SegmentInfo seg;
+    seg.device = static_cast<c10::DeviceIndex>(device);
+    seg.address = s.addr;
+    seg.total_size = s.size;
+    seg.stream = reinterpret_cast<void*>(s.stream);
+    seg.is_large = s.pool == PoolKind::kLarge;
+    seg.is_expandable = false;
+    seg.owner_private_pool_id = s.owner;
+    for (const BlockInfo& b : s.blocks) {
+      cda::BlockInfo bi;
+      bi.size = b.size;
+      bi.requested_size = b.requested;
+      bi.allocated = std::string(b.state) == "active_allocated";
+      bi.active = std::string(b.state) != "inactive";
+      if (bi.allocated) {
+        seg.allocated_size += b.size;
+        seg.requested_size += b.requested;
+      }
+      if (bi.active) seg.active_size += b.size;
+      seg.blocks.push_back(std::move(bi));
+    }
+    return seg;
+  }
+
+  void add_traces(int device, std::vector<cda::TraceEntry>* out) const {
+    uint64_t dropped = 0;
+    const std::vector<TraceRecord> records = core_->device(device).trace(&dropped);
+    const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch()).count();
+    const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    for (const TraceRecord& r : records) {
+      bool known = false;
+      const auto action = torch_action(static_cast<Action>(r.action), &known);
+      if (!known) continue;
+      cda::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), r.addr, r.size,
+                         reinterpret_cast<void*>(r.stream), kDefaultPool, 0);
+      te.time_.t_ = static_cast<time_t>(unix_us - (steady_ns - r.time_ns) / 1000);
+      out->push_back(std::move(te));
+    }
+  }
+
+  void notify_observers(c10::DeviceIndex device, size_t size) noexcept {
+    std::vector<cca::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> lock(observers_mu_);
+      observers = observers_;
+    }
+    if (observers.empty()) return;
+    try {
+      memalloc::DeviceAllocator& d = core_->device(device);
+      const MemInfo info = d.mem_get_info();
+      const double fraction = d.memory_fraction();
+      const size_t limit = fraction > 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total))
+                                          : info.total;
+      for (auto& obs : observers) obs(device, size, limit, info.free);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "memalloc: an out-of-memory observer failed: %s\n", e.what());
+    }
+  }
+
+  std::shared_ptr<CachingAllocator> core_;
+  std::mutex observers_mu_;
+  std::vector<cca::OutOfMemoryObserver> observers_;
+  std::mutex ipc_mu_;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+};
+
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+void install_torch_cuda_allocator(const std::shared_ptr<CachingAllocator>& core) {
+  MEMALLOC_EXPECTS(core != nullptr && std::string(core->backend().name()) == "cuda",
+                   "torch's CUDA allocator must be a memalloc allocator on the cuda backend");
+  MEMALLOC_EXPECTS(!g_installed.load(), "memalloc is already torch's CUDA allocator in this process");
+  auto allocator = std::make_shared<TorchCudaAllocator>(core);
+  try {
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  } catch (const c10::Error& e) {
+    throw InvalidArgument(std::string("torch refused the allocator: ") + e.what_without_backtrace());
+  }
+  // torch.accelerator.* asks c10's allocator table, which changeCurrentAllocator leaves alone.
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/1);
+  g_installed.store(true);
+  // changeCurrentAllocator keeps a shared_ptr for the life of the process.
+}
+
+bool torch_cuda_allocator_installed() { return g_installed.load(); }
+
+}  // namespace memalloc
