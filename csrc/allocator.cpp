@@ -102,10 +102,11 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
 
 void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
   if (ptr == nullptr) return;
-  if (!free_if_owned(ptr, ctx)) {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end())
     throw InvalidPointer(unknown_pointer_message_locked("free", reinterpret_cast<std::uintptr_t>(ptr)));
-  }
+  free_live_locked(it, ctx);
 }
 
 bool DeviceAllocator::free_if_owned(void* ptr, const CallContext& ctx) {
@@ -113,6 +114,11 @@ bool DeviceAllocator::free_if_owned(void* ptr, const CallContext& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) return false;
+  free_live_locked(it, ctx);
+  return true;
+}
+
+void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext& ctx) {
   ctx_ = ctx;
   Block* b = it->second;
   live_.erase(it);
@@ -127,7 +133,6 @@ bool DeviceAllocator::free_if_owned(void* ptr, const CallContext& ctx) {
   } else {
     insert_events_locked(b);
   }
-  return true;
 }
 
 // Returns a no-longer-active block to its free list, merging free neighbours.

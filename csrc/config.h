@@ -27,7 +27,8 @@ struct Config {
   // Empty-cache policy "threshold": 0 < t < 1 releases unused cached
   // segments before reserved memory would exceed t * limit; 0 = off.
   double garbage_collection_threshold = 0.0;
-  // Python layer: answer torch.cuda.memory_allocated & co. from memalloc.
+  // Python layer, host backend: answer torch.cuda.memory_allocated & co.
+  // from the simulated device (on CUDA torch's own functions answer).
   bool patch_torch = true;
   // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
   size_t empty_cache_every_n_steps = 0;

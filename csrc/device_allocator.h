@@ -199,6 +199,9 @@ class DeviceAllocator {
   // allocator.cpp
   void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
   void free_block_locked(Block* b);
+  using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
+  // The caller freed the live block at `it`.
+  void free_live_locked(LiveTable::iterator it, const CallContext& ctx);
   void record_locked(const Event& e) {
     accounting_.apply(e);
     if (ring_.enabled()) trace_locked(e);
@@ -247,7 +250,7 @@ class DeviceAllocator {
   // Declared before every container that uses it: destroyed last.
   NodeCache mr_;
   FreeLists default_lists_;
-  std::pmr::unordered_map<std::uintptr_t, Block*> live_;
+  LiveTable live_;
   std::pmr::map<std::uintptr_t, Segment> segments_;  // addr -> bytes, owner
   std::pmr::vector<Pending> pending_;
   // Blocks freed during a capture that still need stream events (recorded

@@ -125,8 +125,10 @@ def config_keys() -> list[str]:
 
 
 def patch_torch() -> None:
-    """Makes torch.cuda's memory queries answer from memalloc (done by
-    :func:`enable` unless ``patch_torch=False``)."""
+    """Makes torch.cuda's memory queries answer from memalloc's Python
+    functions (done by :func:`enable` on the host backend unless
+    ``patch_torch=False``; on CUDA torch's own functions already answer from
+    memalloc and need no patch)."""
     from . import _torch_patch
 
     _torch_patch.patch(enabled_backend() or "host")

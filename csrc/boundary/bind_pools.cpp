@@ -28,7 +28,7 @@ using pyargs::Device;
 PoolId pool_id(const py::handle& obj) {
   const char* what = "pool must be a pair of ints >= 0, e.g. (0, 1), as torch.cuda.MemPool().id";
   if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj))
-    throw py::type_error(std::string(what) + ", not " + std::string(py::str(obj.get_type().attr("__name__"))));
+    throw py::type_error(std::string(what) + ", not " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
   MEMALLOC_EXPECTS(seq.size() == 2, std::string(what) + "; got " + std::to_string(seq.size()) + " items");
   unsigned long long parts[2] = {0, 0};
@@ -154,11 +154,15 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
            },
            py::arg("pool"), py::arg("device") = 0)
       .def("restore_pool",
-           [](CachingAllocator& a, const PoolState& state, Device device) {
+           [](CachingAllocator& a, py::object state, Device device) {
+             if (!py::isinstance<PoolState>(state))
+               throw py::type_error("state must be a PoolState from checkpoint_pool, not " +
+                                    std::string(py::str(py::type::handle_of(state).attr("__name__"))));
+             const PoolState& s = state.cast<const PoolState&>();
              PoolRestore r;
              {
                py::gil_scoped_release nogil;
-               r = a.device(device).restore_pool(state);
+               r = a.device(device).restore_pool(s);
              }
              std::vector<uintptr_t> freed, allocated;
              for (void* p : r.freed) freed.push_back(reinterpret_cast<uintptr_t>(p));

@@ -368,14 +368,17 @@ def mempool(mode: str, out: dict) -> None:
 IPC_N = MiB  # 4 MiB of float32
 
 
-def _ipc_child(tensor_q, result_q) -> None:
-    """Consumer, in a process started by the spawn context. It deliberately
-    keeps torch's native allocator and never calls memalloc.enable():
-    memalloc is chosen per process, the process under test is the parent
-    (which owns the memory and exports it), and the child only maps the
-    parent's allocation through cudaIpcOpenMemHandle."""
+def _ipc_child(tensor_q, result_q, child_memalloc: bool = False) -> None:
+    """Consumer, in a process started by the spawn context. The allocator is
+    chosen per process: the child keeps torch's native allocator, or (with
+    child_memalloc) enables memalloc before the tensor arrives (unpickling a
+    CUDA tensor initialises CUDA), so that both the exporting side (the
+    parent's mode) and the importing side (memalloc's getIpcDevPtr) are
+    exercised."""
     res: dict = {"ok": False}
     try:
+        if child_memalloc:
+            _memalloc().enable(backend="cuda")
         x = tensor_q.get(timeout=60)
         res["device"] = str(x.device)
         res["values_ok"] = torch.equal(x.cpu(), torch.arange(IPC_N, dtype=torch.float32))
@@ -394,7 +397,15 @@ def _ipc_child(tensor_q, result_q) -> None:
 def ipc(mode: str, out: dict) -> None:
     """A CUDA tensor sent through a torch.multiprocessing (spawn) Queue; the
     child checks it, adds 1 in place and reports; the parent sees the
-    change in its own tensor."""
+    change in its own tensor. Twice: to a native child and to a child that
+    enabled memalloc."""
+    out["rounds"] = {}
+    for name, child_memalloc in (("native_child", False), ("memalloc_child", True)):
+        out["rounds"][name] = r = {}
+        _ipc_round(r, child_memalloc)
+
+
+def _ipc_round(out: dict, child_memalloc: bool) -> None:
     import queue
 
     import torch.multiprocessing as mp
@@ -408,7 +419,7 @@ def ipc(mode: str, out: dict) -> None:
     # the IPC handle) would otherwise only be printed, never raised.
     feeder_errors: list = []
     tensor_q._on_queue_feeder_error = lambda e, obj: feeder_errors.append(error_text(e))
-    child = ctx.Process(target=_ipc_child, args=(tensor_q, result_q))
+    child = ctx.Process(target=_ipc_child, args=(tensor_q, result_q, child_memalloc))
     child.start()
     try:
         tensor_q.put(x)
@@ -505,6 +516,7 @@ def graph_frees(mode: str, out: dict) -> None:
     warm_up_on_side_stream(lambda: (a * 2) + 1)
 
     g, o, tmp_range = _capture_with_free(a)
+    stats = [_pool_stats()]  # right after the capture: the graph's pool counts as native counts it
     graph_ranges = [tmp_range, (o.data_ptr(), o.nbytes)]
     e = torch.full_like(a, 7.0)
     a.copy_(torch.randn(n, generator=gen))
@@ -517,6 +529,7 @@ def graph_frees(mode: str, out: dict) -> None:
         "e_in_graph_pool": ranges_overlap(e.data_ptr(), e.nbytes, graph_ranges)}
 
     g2, o2, tmp2_range = _capture_with_free(a)
+    stats.append(_pool_stats())
     ranges2 = [tmp2_range, (o2.data_ptr(), o2.nbytes)]
     e2 = torch.full_like(a, 7.0)
     eager = [(7.0, e2)]
@@ -536,7 +549,20 @@ def graph_frees(mode: str, out: dict) -> None:
     out["e_untouched"] = out["variant1"]["e_untouched"] and all(
         all(r["eager_untouched"]) for r in replays)
     out["out_ok"] = out["variant1"]["out_ok"] and all(r["out_ok"] for r in replays)
-    del g, g2
+    stats.append(_pool_stats())
+    del g, g2, o, o2
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the graphs' pools are freeable now: their segments go too
+    stats.append(_pool_stats())
+    out["stats"] = stats
+
+
+def _pool_stats() -> dict:
+    """torch.cuda.memory_stats() figures that private pools move (bytes, counts)."""
+    s = torch.cuda.memory_stats()
+    keys = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+            "segment", "allocation")
+    return {k: s[f"{k}.all.current"] for k in keys}
 
 
 # ---- 8. single-GPU rows ---------------------------------------------------------------
@@ -748,6 +774,15 @@ def record_history(mode: str, out: dict) -> None:
     out["all_found"] = all(f["found"] for f in found)
     out["free_seen"] = any(e.get("action") in ("free_requested", "free_completed") and e.get("addr") == freed_ptr
                            for e in traces)
+    # Stacks: the alloc entries of our tensors and their live blocks name this file.
+    here = os.path.basename(__file__)
+    ours = {ts[0].data_ptr(), ts[1].data_ptr()}
+    out["trace_frames_here"] = any(f.get("filename", "").endswith(here)
+                                   for e in traces if e.get("action") == "alloc" and e.get("addr") in ours
+                                   for f in e.get("frames", []))
+    out["block_frames_here"] = any(f.get("filename", "").endswith(here)
+                                   for seg in snap.get("segments", []) for b in seg.get("blocks", [])
+                                   if b.get("state") == "active_allocated" for f in b.get("frames", []))
     del ts
 
 

@@ -138,7 +138,14 @@ def test_cudnn_benchmark():
     native, mem = run_both("cudnn_benchmark")
     require_ok(native, mem)
     assert native["cudnn_benchmark"] is True and mem["cudnn_benchmark"] is True
-    assert mem["losses"] == pytest.approx(native["losses"], rel=1e-3)
+    # The first loss (forward before any update) is the same computation; from
+    # then on, cudnn.benchmark picks convolution algorithms by timing them in
+    # each process, so two processes (native vs native too) follow SGD paths
+    # that differ by algorithm rounding: measured 0.7% apart after 4 steps on
+    # the H200. The trajectories must stay that close.
+    assert mem["losses"][0] == pytest.approx(native["losses"][0], rel=1e-5)
+    assert mem["losses"] == pytest.approx(native["losses"], rel=2e-2)
+    assert mem["losses"][-1] < mem["losses"][0]
     assert_not_slower(mem["median_step_ms"], native["median_step_ms"], "ResNet-50 median step")
 
 
@@ -180,14 +187,19 @@ def test_mempool():
 def test_ipc():
     native, mem = run_both("ipc")
     require_ok(native, mem)
-    for r in (native, mem):
-        child = r["child"]
-        assert child["ok"], (r["mode"], child.get("error"), child.get("traceback"))
-        assert child["values_ok"], r["mode"]
-        assert child["received_sum"] == r["sent_sum"], r["mode"]
-        assert child["after_sum"] == r["expected_sum_after"], r["mode"]
-        assert r["parent_sees_change"] and r["parent_sum_after"] == r["expected_sum_after"], r["mode"]
-        assert r["child_exitcode"] == 0, r["mode"]
+    # Each parent (native, memalloc) sends to a native child and to a child
+    # running memalloc: memalloc exports handles native opens, and opens
+    # native's (versioned) and its own (legacy 64-byte) handles.
+    for parent in (native, mem):
+        for name, r in parent["rounds"].items():
+            who = (parent["mode"], name)
+            child = r["child"]
+            assert child["ok"], (who, child.get("error"), child.get("traceback"))
+            assert child["values_ok"], who
+            assert child["received_sum"] == r["sent_sum"], who
+            assert child["after_sum"] == r["expected_sum_after"], who
+            assert r["parent_sees_change"] and r["parent_sum_after"] == r["expected_sum_after"], who
+            assert r["child_exitcode"] == 0, who
 
 
 def test_oom_observer():
@@ -210,6 +222,10 @@ def test_graph_frees():
         for i, rep in enumerate(v2["replays"]):
             assert all(rep["eager_untouched"]), (r["mode"], f"replay {i}", rep, v2)
             assert rep["out_ok"], (r["mode"], f"replay {i}", rep)
+    # Per-pool accounting: after each capture, after the replays, and after the
+    # graphs are gone and the cache emptied, torch.cuda.memory_stats() under
+    # memalloc equals native's to the byte.
+    assert mem["stats"] == native["stats"], (native["stats"], mem["stats"])
 
 
 # ---- 8: single-GPU rows ---------------------------------------------------------------
@@ -296,6 +312,8 @@ def test_record_history():
     for r in (native, mem):
         assert r["trace_len"] > 0 and "alloc" in r["actions"], (r["mode"], r["actions"])
         assert r["all_found"], (r["mode"], r["allocs"])
+        # frames: torch's own stacks under native, memalloc's interned stacks under memalloc
+        assert r["trace_frames_here"] and r["block_frames_here"], r["mode"]
 
 
 # ---- 9: two GPUs ------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include "errors.h"
 #include "registry.h"
 #include "torch_allocator.h"
+#include "torch_contexts.h"
 
 namespace memalloc {
 namespace {
@@ -294,16 +295,19 @@ class TorchCudaAllocator final : public Pluggable {
       if (core_->device(d).recording_enabled()) return true;
     return false;
   }
+  // Frames: memalloc's interned stacks (recorded in Python stacks mode) as
+  // torch contexts (torch_contexts.h).
   cca::SnapshotInfo snapshot(c10::MempoolId_t pool, bool include_traces) override {
     cca::SnapshotInfo out;
+    StackContexts contexts;
     for (int d = 0; d < core_->device_count(); ++d) {
       memalloc::DeviceAllocator& dev = core_->device(d);
       for (const SegmentInfo& s : dev.segments()) {
         if (pool != kDefaultPool && s.owner != pool) continue;
-        out.segments.push_back(torch_segment(d, s));
+        out.segments.push_back(torch_segment(d, s, &contexts));
       }
       out.device_traces.emplace_back();
-      if (include_traces) add_traces(d, &out.device_traces.back());
+      if (include_traces) add_traces(d, &out.device_traces.back(), &contexts);
     }
     out.config_metadata.garbage_collection_threshold = core_->config().garbage_collection_threshold;
     out.config_metadata.max_split_size = core_->config().max_split_size;
@@ -361,7 +365,7 @@ class TorchCudaAllocator final : public Pluggable {
     return handle.substr(2);
   }
 
-  cda::SegmentInfo torch_segment(int device, const SegmentInfo& s) const {
+  cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, StackContexts* contexts) const {
     cda::SegmentInfo seg;
     seg.device = static_cast<c10::DeviceIndex>(device);
     seg.address = s.addr;
@@ -376,6 +380,7 @@ class TorchCudaAllocator final : public Pluggable {
       bi.requested_size = b.requested;
       bi.allocated = std::string(b.state) == "active_allocated";
       bi.active = std::string(b.state) != "inactive";
+      if (bi.active) bi.context_when_allocated = contexts->of(b.stack_id);
       if (bi.allocated) {
         seg.allocated_size += b.size;
         seg.requested_size += b.requested;
@@ -386,7 +391,7 @@ class TorchCudaAllocator final : public Pluggable {
     return seg;
   }
 
-  void add_traces(int device, std::vector<cda::TraceEntry>* out) const {
+  void add_traces(int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) const {
     uint64_t dropped = 0;
     const std::vector<TraceRecord> records = core_->device(device).trace(&dropped);
     const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -398,7 +403,7 @@ class TorchCudaAllocator final : public Pluggable {
       const auto action = torch_action(static_cast<Action>(r.action), &known);
       if (!known) continue;
       cda::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), r.addr, r.size,
-                         reinterpret_cast<void*>(r.stream), kDefaultPool, 0);
+                         reinterpret_cast<void*>(r.stream), kDefaultPool, 0, contexts->of(r.stack_id));
       te.time_.t_ = static_cast<time_t>(unix_us - (steady_ns - r.time_ns) / 1000);
       out->push_back(std::move(te));
     }
