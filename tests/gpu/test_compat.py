@@ -128,25 +128,22 @@ def require_two_gpus() -> None:
         pytest.skip("needs 2 GPUs")
 
 
-def assert_not_slower(mem: float, native: float, what: str) -> None:
-    assert mem <= TIME_FACTOR * native, (
-        f"{what}: memalloc {mem:.3f} ms > {TIME_FACTOR} x native {native:.3f} ms")
-
-
 # ---- 1-3: autotuning and CUDA graphs ----------------------------------------------
 def test_cudnn_benchmark():
     native, mem = run_both("cudnn_benchmark")
     require_ok(native, mem)
     assert native["cudnn_benchmark"] is True and mem["cudnn_benchmark"] is True
-    # The first loss (forward before any update) is the same computation; from
-    # then on, cudnn.benchmark picks convolution algorithms by timing them in
-    # each process, so two processes (native vs native too) follow SGD paths
-    # that differ by algorithm rounding: measured 0.7% apart after 4 steps on
-    # the H200. The trajectories must stay that close.
-    assert mem["losses"][0] == pytest.approx(native["losses"][0], rel=1e-5)
+    # cudnn.benchmark picks convolution algorithms by timing them in each
+    # process, so two processes (native vs native too) compute with different
+    # algorithms: the first loss (forward before any update) differed by up to
+    # 1.3e-5 relative between runs on the H200 (native 6.981424 / 6.981377 /
+    # 6.981420), and the SGD paths by 0.7% after 4 steps. Same losses means
+    # within that algorithm rounding.
+    assert mem["losses"][0] == pytest.approx(native["losses"][0], rel=1e-4)
     assert mem["losses"] == pytest.approx(native["losses"], rel=2e-2)
     assert mem["losses"][-1] < mem["losses"][0]
-    assert_not_slower(mem["median_step_ms"], native["median_step_ms"], "ResNet-50 median step")
+    # Step time: tests/gpu/test_compat_timing.py (interleaved processes; one
+    # pair of processes is not enough: each autotunes its own algorithms).
 
 
 def test_reduce_overhead():
@@ -162,7 +159,7 @@ def test_reduce_overhead():
         assert abs(mem[key] - native[key]) <= 1e-4 * native[scale], (key, mem[key], native[key])
     assert mem["abs_sum"] == pytest.approx(native["abs_sum"], rel=1e-4)
     assert mem["train_losses"] == pytest.approx(native["train_losses"], rel=1e-4)
-    assert_not_slower(mem["median_call_ms"], native["median_call_ms"], "reduce-overhead median call")
+    # Call time: tests/gpu/test_compat_timing.py.
 
 
 def test_make_graphed_callables():
