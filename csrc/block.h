@@ -85,7 +85,7 @@ class FreeList {
   std::pmr::set<Block*, BlockBySize> blocks_;
 };
 
-// Size rules (native semantics, DESIGN.md §3).
+// Size rules (native semantics, docs/architecture.md).
 size_t round_size(size_t size, size_t roundup_power2_divisions);
 inline PoolKind pool_kind_for(size_t rounded) {
   return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;

@@ -24,8 +24,10 @@ from ._C import (
     MemallocError,
 )
 from ._config import config_text
-from ._install import cuda_usable, enable, enabled_backend, installed_allocator, is_enabled
+from ._install import enable
+from ._state import cuda_usable, enabled_backend, installed_allocator, is_enabled
 from ._policy import empty_cache_policy, set_empty_cache_policy
+from . import _torch_patch
 from ._torch_patch import is_patched as torch_is_patched
 from .recording import (
     dump_snapshot,
@@ -129,13 +131,9 @@ def patch_torch() -> None:
     functions (done by :func:`enable` on the host backend unless
     ``patch_torch=False``; on CUDA torch's own functions already answer from
     memalloc and need no patch)."""
-    from . import _torch_patch
-
     _torch_patch.patch(enabled_backend() or "host")
 
 
 def unpatch_torch() -> None:
     """Restores torch.cuda's own memory queries."""
-    from . import _torch_patch
-
     _torch_patch.unpatch()

@@ -15,7 +15,7 @@ from typing import Union
 
 import torch
 
-from . import _install
+from . import _C, _state
 
 DeviceLike = Union[int, str, torch.device, None]
 
@@ -45,18 +45,16 @@ def device_index(device: DeviceLike) -> int:
             return device.index
         device = None
     if device is None:
-        return torch.cuda.current_device() if _install.enabled_backend() == "cuda" else 0
+        return torch.cuda.current_device() if _state.enabled_backend() == "cuda" else 0
     raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
 
 
 def existing_device_index(device: DeviceLike) -> int:
     """:func:`device_index`, checked against the installed allocator's
     devices now (InvalidArgumentError, a ValueError, naming the valid range)."""
-    a = _install.installed_allocator()  # RuntimeError naming enable() when not enabled
+    a = _state.installed_allocator()  # RuntimeError naming enable() when not enabled
     index = device_index(device)
     if not 0 <= index < a.device_count:
-        from ._C import InvalidArgumentError
-
-        raise InvalidArgumentError(f"device {index} does not exist: the {a.backend_name} backend has "
+        raise _C.InvalidArgumentError(f"device {index} does not exist: the {a.backend_name} backend has "
                                    f"{a.device_count} device(s), indices 0..{a.device_count - 1}")
     return index

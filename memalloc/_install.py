@@ -15,40 +15,18 @@ from :func:`memalloc.host.empty`. torch's own allocators are untouched; its
 device for torch to ask).
 
 One allocator per process: torch cannot swap an initialised allocator back.
+This is the top of the library's layers (below only ``__init__``, the pytest
+plugin and the CLI): it wires every feature; the state it sets lives in
+memalloc/_state.py.
 """
 from __future__ import annotations
 
-import threading
 from typing import Optional
 
 import torch
 
-from . import _C
+from . import _C, _policy, _state, _torch_patch, iteration, oom, recording
 from ._config import ConfigLike, config_text, config_value
-
-_lock = threading.Lock()
-_state: dict = {"backend": None, "config": None}
-
-BACKENDS = ("auto", "cuda", "host")
-
-
-def cuda_usable() -> tuple[bool, str]:
-    """(True, "") when torch has CUDA and the driver sees a device; else
-    (False, reason). Does not initialise CUDA in torch."""
-    if torch.version.cuda is None:
-        return False, f"this torch ({torch.__version__}) is a CPU-only build"
-    ok, why = _C.cuda_available()
-    return ok, why
-
-
-def resolve_backend(requested: str, text: str) -> str:
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)}")
-    if requested == "auto":
-        requested = config_value(text, "backend") or "auto"
-    if requested == "auto":
-        return "cuda" if cuda_usable()[0] else "host"
-    return requested
 
 
 def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
@@ -73,23 +51,21 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     different one it raises RuntimeError.
     """
     text = config_text(config)
-    chosen = resolve_backend(backend, text)
-    with _lock:
-        if _state["backend"] is not None:
-            if (_state["backend"], _state["config"]) == (chosen, text):
+    chosen = _state.resolve_backend(backend, text)
+    with _state.lock:
+        if _state.is_enabled():
+            if (_state.enabled_backend(), _state.installed_config()) == (chosen, text):
                 return chosen
             raise RuntimeError(
-                f"memalloc is already enabled with the {_state['backend']} backend "
-                f"(config {_state['config']!r}); it can be enabled once per process. "
+                f"memalloc is already enabled with the {_state.enabled_backend()} backend "
+                f"(config {_state.installed_config()!r}); it can be enabled once per process. "
                 "Call memalloc.enable() once, at the start of the program."
             )
         if chosen == "cuda":
             _install_cuda(text)
         else:
             _C.install(_C.Allocator("host", text))
-        _state["backend"], _state["config"] = chosen, text
-    from . import _policy, _torch_patch, iteration, oom
-
+        _state.set_enabled(chosen, text)
     iteration.add_step_listener(_policy.on_step)
     oom.install()
     wants_patch = patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False"
@@ -97,18 +73,16 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         _torch_patch.patch(chosen)
     entries = int(config_value(text, "record_history") or 0)
     if entries:
-        from . import recording
-
         recording.record_memory_history(True, max_entries=entries,
                                         stacks=config_value(text, "record_stacks") or "python")
     if verbose:
-        why = "" if chosen == "cuda" or backend == "host" else f" ({cuda_usable()[1]})"
+        why = "" if chosen == "cuda" or backend == "host" else f" ({_state.cuda_usable()[1]})"
         print(f"memalloc: enabled on the {chosen} backend{why}")
     return chosen
 
 
 def _install_cuda(text: str) -> None:
-    ok, why = cuda_usable()
+    ok, why = _state.cuda_usable()
     if not ok:
         raise RuntimeError(f"memalloc.enable(backend='cuda'): CUDA is not usable: {why}")
     if torch.cuda.is_initialized():
@@ -127,26 +101,3 @@ def _install_cuda(text: str) -> None:
     allocator = _C.Allocator("cuda", text)
     _C.install_torch_cuda(allocator)  # refuses (changing nothing) when torch's allocator is in use
     _C.install(allocator)  # memalloc's own API, the deleters and the C entry points
-
-
-def is_enabled() -> bool:
-    """True once :func:`enable` has installed memalloc in this process."""
-    return _state["backend"] is not None
-
-
-def enabled_backend() -> Optional[str]:
-    """"cuda", "host", or None when memalloc is not enabled."""
-    return _state["backend"]
-
-
-def installed_config() -> Optional[str]:
-    """The canonical config text memalloc was enabled with, or None."""
-    return _state["config"]
-
-
-def installed_allocator() -> _C.Allocator:
-    """The allocator installed by :func:`enable`; RuntimeError when none."""
-    a = _C.installed()
-    if a is None:
-        raise RuntimeError("memalloc is not enabled: call memalloc.enable() first")
-    return a

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from . import _C, _install
+from . import _state
 from ._config import config_value
 from ._device import DeviceLike, device_index
 
@@ -28,7 +28,7 @@ _every_n: Optional[int] = None  # None: not read from the config yet
 def _every() -> int:
     global _every_n
     if _every_n is None:
-        text = _install.installed_config()
+        text = _state.installed_config()
         if text is None:
             return 0  # not enabled yet: read the config once it is
         _every_n = int(config_value(text, "empty_cache_every_n_steps") or 0)
@@ -50,7 +50,7 @@ def set_empty_cache_policy(*, threshold: Optional[float] = None, every_n_steps: 
     A rejected call changes nothing.
     """
     global _every_n
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
                                       or every_n_steps < 0):
         raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
@@ -67,7 +67,7 @@ def set_empty_cache_policy(*, threshold: Optional[float] = None, every_n_steps: 
 def empty_cache_policy(device: DeviceLike = None) -> dict:
     """The active policies of ``device``: {"manual": True, "on_oom": True,
     "threshold": float (0 = off), "every_n_steps": int (0 = off)}."""
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     return {"manual": True, "on_oom": True, "threshold": a.gc_threshold(device_index(device)),
             "every_n_steps": _every()}
 
@@ -87,6 +87,6 @@ def on_step(n: int) -> None:
     N-th step."""
     every = _every()
     if every > 0 and n % every == 0:
-        from .stats import empty_cache
-
-        empty_cache()
+        a = _state.installed_allocator()
+        for d in range(a.device_count):
+            a.empty_cache(d)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _install, stats
+from . import recording, stats
 
 # torch name -> memalloc function, on every backend.
 _QUERIES: dict[str, Callable[..., Any]] = {
@@ -51,8 +51,6 @@ DEFAULT_TORCH_ENTRIES = 1_000_000
 
 def _torch_record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all",
                                  max_entries: int = sys.maxsize, device: Any = None, **_: Any) -> None:
-    from . import recording
-
     if enabled is None or enabled is False:
         recording.record_memory_history(False, device=device)
         return
@@ -64,14 +62,10 @@ def _torch_record_memory_history(enabled: Any = "all", context: Any = "all", sta
 
 
 def _torch_snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
-    from . import recording
-
     return recording.snapshot(device)
 
 
 def _torch_dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
-    from . import recording
-
     recording.dump_snapshot(filename)
 
 

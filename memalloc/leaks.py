@@ -8,7 +8,7 @@ block carries the interned Python stack that allocated it and the step it
 was allocated in (the allocator records both; stacks are captured without
 the GIL, see csrc/boundary/pyframes.cpp), so a sample is a table of live
 bytes per call site. The report then judges each call site over the steps
-after ``warmup_steps`` (DESIGN.md §5). A site leaks when all of these hold:
+after ``warmup_steps`` (docs/architecture.md, "Leak rules"). A site leaks when all of these hold:
 
 1. its floor rises: the least live bytes over the second half of the window
    is above the least over the first half (a sawtooth of late frees, e.g.
@@ -39,74 +39,29 @@ from __future__ import annotations
 
 import collections
 import datetime
-import functools
 import gc
 import json
 import linecache
 import os
 import re
-import struct
 import sys
-import sysconfig
 import threading
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 
-from . import _C, _install, iteration
-from .cli._common import fmt_bytes
-from .recording import Frame, STACK_MODES, stack
-from ._device import existing_device_index
-from .stats import DeviceLike
+from . import _C, _state, iteration
+from ._device import DeviceLike, existing_device_index
+from ._format import fmt_bytes
+from ._usercode import is_internal, source_line
+from .recording import STACK_MODES, stack
+from .report_html import render_html
+from .sites import SiteKey, frame_json, live_blocks, site_of
 
 SCHEMA = "memalloc.leak_report/1"
-LIVE_FORMAT = "<QQQIII4x"  # csrc/device_allocator.h LiveBlock, as _C.Allocator.live_blocks packs it
-_LIVE_SIZE = struct.calcsize(LIVE_FORMAT)
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# Not user code: memalloc, torch, the standard library and installed
-# packages (torchvision's layers, transformers' modules): a site is the
-# user's own line that called into them.
-_INTERNAL_DIRS = tuple(os.path.abspath(d) + os.sep for d in {
-    _PACKAGE_DIR, os.path.dirname(os.path.abspath(torch.__file__)),
-    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
-
-SiteKey = tuple  # (filename, line, function)
-
-
-_EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep  # memalloc's example user code
-
-
-def _internal(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    if path.startswith(_EXAMPLES_DIR):
-        return False
-    return path.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
-
-
-def _user_frame(frames: Iterable[Frame]) -> Optional[Frame]:
-    """The innermost frame outside torch, memalloc and the standard library."""
-    frames = list(frames)
-    return next((f for f in frames if not _internal(f.filename)), frames[0] if frames else None)
-
-
-@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/stacks.h)
-def site_of(stack_id: int) -> Optional[SiteKey]:
-    """(filename, line, function) of the innermost user-code frame of an
-    interned stack; None for stack id 0 (no stack captured)."""
-    f = _user_frame(stack(stack_id)) if stack_id else None
-    return (f.filename, f.line, f.name) if f else None
-
-
-def _code(filename: str, line: int) -> str:
-    return linecache.getline(filename, line).strip() if filename and line > 0 else ""
-
-
-def _frame_json(f: Frame) -> dict:
-    return {"filename": f.filename, "line": f.line, "name": f.name}
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:
@@ -122,12 +77,6 @@ class _Sample:
     allocated: int
     reserved: int
     by_stack: dict[int, tuple[int, int]]  # stack id -> (live blocks, live bytes)
-
-
-def _live_blocks(device: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(addr, size, requested, stack_id, tag_id, step) of every live block."""
-    raw = _install.installed_allocator().live_blocks(device)
-    return list(struct.iter_unpack(LIVE_FORMAT, raw))
 
 
 class LeakTracker:
@@ -199,14 +148,14 @@ class LeakTracker:
         """Takes one sample now (called at every step while running)."""
         by_stack: dict[int, list[int]] = {}
         ages: dict[int, dict[int, list[int]]] = {}
-        for _addr, size, _req, stack_id, _tag, step_allocated in _live_blocks(self.device):
+        for _addr, size, _req, stack_id, _tag, step_allocated in live_blocks(self.device):
             entry = by_stack.setdefault(stack_id, [0, 0])
             entry[0] += 1
             entry[1] += size
             age = ages.setdefault(stack_id, {}).setdefault(step_allocated, [0, 0])
             age[0] += 1
             age[1] += size
-        a = _install.installed_allocator()
+        a = _state.installed_allocator()
         s = a.stats(self.device)
         with self._lock:
             self.samples.append(_Sample(
@@ -223,7 +172,7 @@ class LeakTracker:
         with self._lock:
             samples = list(self.samples)
         notes: list[str] = []
-        report = LeakReport(backend=_install.enabled_backend() or "host", device=self.device,
+        report = LeakReport(backend=_state.enabled_backend() or "host", device=self.device,
                             steps=[s.step for s in samples], allocated=[s.allocated for s in samples],
                             reserved=[s.reserved for s in samples],
                             threshold_bytes_per_step=self.threshold_bytes_per_step,
@@ -234,7 +183,7 @@ class LeakTracker:
                          "are needed to judge growth (mark iterations with memalloc.step())")
             return report
         sites = self._site_series(samples)
-        live = _live_blocks(self.device)
+        live = live_blocks(self.device)
         half = len(window) // 2
         # A block allocated in the iteration that ended at boundary n carries step n - 1.
         first_half_steps = {s.step - 1 for s in window[:half]}
@@ -267,8 +216,8 @@ class LeakTracker:
             since = [s for s in ages if s >= window[0].step - 1]
             alloc = {"filename": key[0], "line": key[1], "function": key[2]}
             leaks.append(Leak(
-                site=dict(alloc), code=_code(key[0], key[1]), alloc_site=alloc, alloc_code=_code(key[0], key[1]),
-                stack=[_frame_json(f) for f in frames], bytes_per_step=per_step,
+                site=dict(alloc), code=source_line(key[0], key[1]), alloc_site=alloc, alloc_code=source_line(key[0], key[1]),
+                stack=[frame_json(f) for f in frames], bytes_per_step=per_step,
                 tensors_per_step=_slope(xs, [float(c) for c in count_series[self.warmup_steps:]]),
                 retained_bytes=sum(ages[s][1] for s in since), retained_tensors=sum(ages[s][0] for s in since),
                 first_step=min(since),
@@ -421,8 +370,6 @@ class LeakReport:
     def to_html(self, path: Optional[str] = None) -> str:
         """A self-contained HTML page (memalloc/report_html.py); written to
         ``path`` when given."""
-        from .report_html import render_html
-
         html = render_html(self.to_dict())
         if path is not None:
             with open(path, "w") as f:
@@ -471,7 +418,7 @@ def _attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
             where = found[1].get("where_line")
             if where:
                 leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
-                leak.code = _code(where[0], where[1])
+                leak.code = source_line(where[0], where[1])
             found[1].pop("where_line", None)
     # Sites whose tensors no container holds: kept by the autograd graph of a held tensor.
     graph_holders = [l for l in leaks if l.holder is not None and l.graph]
@@ -539,7 +486,7 @@ def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
         line = _adding_line(file, name, kind, leak)
         if line:
             holder["where"] = f"{file}:{line[0]}"
-            holder["code"] = _code(file, line[0])
+            holder["code"] = source_line(file, line[0])
             holder["where_line"] = (file, line[0], line[1])
     holder["owner"] = owner_kind
     return container, holder
@@ -556,7 +503,7 @@ def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str]:
     for frame in list(sys._current_frames().values()):
         f = frame
         while f is not None:
-            if _internal(f.f_code.co_filename):
+            if is_internal(f.f_code.co_filename):
                 f = f.f_back
                 continue
             for name, value in f.f_locals.items():
@@ -640,7 +587,7 @@ def _enclosing_function(lines: list[str], line: int) -> str:
 def _cause(leak: Leak) -> tuple[str, str]:
     h = leak.holder
     name = f"`{h['name']}`" if h else ""
-    in_hook = any("hook" in f["name"].lower() for f in leak.stack if not _internal(f["filename"]))
+    in_hook = any("hook" in f["name"].lower() for f in leak.stack if not is_internal(f["filename"]))
     if h and leak.graph_extra:
         return ("no_grad_eval", f"the tensors kept in {name} carry their autograd graph, saved activations "
                 "included: evaluate under torch.no_grad() (or torch.inference_mode()), or keep .detach() / .item()")

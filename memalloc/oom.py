@@ -26,8 +26,11 @@ import pickle
 import threading
 from typing import Optional
 
-from . import _C
-from .stats import DeviceLike, device_index
+from . import _C, recording, stats
+from ._device import DeviceLike, device_index
+from ._format import fmt_bytes
+from ._usercode import source_line
+from .sites import live_blocks, site_of
 
 _lock = threading.Lock()
 _settings = {"enabled": True, "directory": os.environ.get("MEMALLOC_OOM_REPORT_DIR") or None,
@@ -72,14 +75,12 @@ def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
     "tag"}], largest first. Sites are the innermost user-code frame of the
     allocating stack (None fields when stacks were not captured; then the
     grouping is by tag)."""
-    from .leaks import _code, _live_blocks, site_of
-
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
     d = device_index(device)
     tags = _C.tag_names()
     groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for _addr, size, _req, stack_id, tag_id, _step in _live_blocks(d):
+    for _addr, size, _req, stack_id, tag_id, _step in live_blocks(d):
         site = site_of(stack_id)
         tag = tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>"
         g = groups[site + ("",) if site else (None, None, None, tag)]
@@ -88,13 +89,11 @@ def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
     out = []
     for (filename, line, function, tag), (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]:
         out.append({"bytes": nbytes, "tensors": count, "filename": filename, "line": line, "function": function,
-                    "code": _code(filename, line) if filename else "", "tag": tag})
+                    "code": source_line(filename, line) if filename else "", "tag": tag})
     return out
 
 
 def _describe(holders: list[dict]) -> str:
-    from .cli._common import fmt_bytes
-
     lines = ["", "Live allocations holding the most memory (memalloc):"]
     for h in holders:
         where = (f"{h['filename']}:{h['line']} in {h['function']}" if h["filename"]
@@ -122,8 +121,6 @@ def _hook(device: int, size: int) -> str:
                 n = _written + 1 if _written < settings["max_reports"] else 0
                 _written = max(_written, n)
             if n:
-                from . import recording, stats
-
                 base = os.path.join(directory, f"oom-{os.getpid()}-{n}")
                 with open(base + ".pickle", "wb") as f:
                     pickle.dump(recording.snapshot(device), f)

@@ -31,16 +31,15 @@ from typing import Any, Iterator, Sequence, Union
 
 import torch
 
-from . import _C, _install
+from . import _C, _state
 from ._device import DeviceLike, device_index
+from ._usercode import is_internal
 
 PathLike = Union[str, "os.PathLike[str]"]
 STACK_MODES = {"none": 0, "tags": 1, "python": 2}
 RECORD_FORMAT = "<qQQQQIIIIBBB5x"  # csrc/recorder.h, 64 bytes
 assert struct.calcsize(RECORD_FORMAT) == 64
 ACTIONS: tuple[str, ...] = tuple(_C.action_names())
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +92,7 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
     if enabled and max_entries > _C.max_trace_records():
         raise ValueError(f"max_entries {max_entries} is too large: at most {_C.max_trace_records()} "
                          "records (64 bytes each) per device")
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     devices = range(a.device_count) if device is None else [device_index(device)]
     for d in devices:
         a.set_recording(max_entries if enabled else 0, d)
@@ -173,7 +172,7 @@ def _install_backward_context() -> None:
 
 # ---- reading events -------------------------------------------------------------
 def _raw(device: int) -> tuple[bytes, int]:
-    return _install.installed_allocator().trace(device)
+    return _state.installed_allocator().trace(device)
 
 
 def dropped(device: DeviceLike = None) -> int:
@@ -212,20 +211,16 @@ _frames_cache: dict[int, tuple[Frame, ...]] = {}
 
 
 def stack(stack_id: int, *, user_only: bool = False) -> tuple[Frame, ...]:
-    """Frames of an interned stack, innermost first. ``user_only`` drops
-    frames inside memalloc and torch."""
+    """Frames of an interned stack, innermost first. ``user_only`` keeps the
+    user's code only (memalloc/_usercode.py: not memalloc, torch, the
+    standard library or installed packages)."""
     frames = _frames_cache.get(stack_id)
     if frames is None:
         frames = tuple(Frame(f, int(line), n) for f, line, n in _C.stack_frames(stack_id))
         _frames_cache[stack_id] = frames
     if user_only:
-        frames = tuple(f for f in frames if not _internal(f.filename))
+        frames = tuple(f for f in frames if not is_internal(f.filename))
     return frames
-
-
-def _internal(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return path.startswith(_PACKAGE_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)
 
 
 def _frames_json(stack_id: int) -> list[dict]:
@@ -240,7 +235,7 @@ def snapshot(device: DeviceLike = None) -> dict:
 
     Entries with the same stack share one ``frames`` list object (and
     pickle writes it once): copy it before modifying it."""
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     devices = range(a.device_count) if device is None else [device_index(device)]
     for d in devices:
         a.stats(d)  # raises "device N does not exist" for a bad index
@@ -294,7 +289,7 @@ def save_trace(path: PathLike) -> str:
     :func:`load_trace`. ``path`` is a path (str or os.PathLike), never an
     open file descriptor (TypeError)."""
     path = os.fspath(path)
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     raws = [_raw(d) for d in range(a.device_count)]
     stack_ids = sorted({e.stack_id for raw, _ in raws for e in _decode(raw, []) if e.stack_id})
     meta = {"record_format": RECORD_FORMAT, "actions": list(ACTIONS), "tags": _C.tag_names(),

@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any, Optional, Sequence
 
-from .cli._common import fmt_bytes
+from ._format import fmt_bytes
 
 __all__ = ["render_html"]
 

@@ -15,26 +15,29 @@ from typing import Any
 
 import torch
 
-from . import _install, _policy
+from . import _policy, _state
 from ._device import DeviceLike, device_index
 
 # memalloc's own counters that torch does not have: kept out of the
 # torch-format dictionaries, available through memory_stats_raw().
 _MEMALLOC_ONLY = ("num_gc_releases", "num_device_free_failures")
 _summary_lock = threading.Lock()
+# torch's own table formatter, taken before memalloc.enable() can patch
+# torch.cuda (memalloc/_torch_patch.py imports this module first).
+_TORCH_MEMORY_SUMMARY = torch.cuda.memory.memory_summary
 
 
 def memory_stats_raw(device: DeviceLike = None) -> dict:
     """memalloc's counters for ``device`` as nested dicts
     (``stats[name][pool][current|peak|allocated|freed]``, bytes or counts),
     including memalloc-only counters such as ``num_gc_releases``."""
-    return _install.installed_allocator().stats(device_index(device))
+    return _state.installed_allocator().stats(device_index(device))
 
 
 def memory_stats_as_nested_dict(device: DeviceLike = None) -> dict[str, Any]:
     """The statistics in the nested layout of
     ``torch.cuda.memory_stats_as_nested_dict``."""
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     stats = a.stats(device_index(device))
     for key in _MEMALLOC_ONLY:
         stats.pop(key, None)
@@ -90,26 +93,26 @@ def max_memory_reserved(device: DeviceLike = None) -> int:
 
 def reset_peak_memory_stats(device: DeviceLike = None) -> None:
     """Sets every peak to its current value (``torch.cuda.reset_peak_memory_stats``)."""
-    _install.installed_allocator().reset_peak_stats(device_index(device))
+    _state.installed_allocator().reset_peak_stats(device_index(device))
 
 
 def reset_accumulated_memory_stats(device: DeviceLike = None) -> None:
     """Zeroes the accumulated ``allocated``/``freed`` totals and the event
     counts (``num_ooms``, ``num_alloc_retries``, ...), like torch."""
-    _install.installed_allocator().reset_accumulated_stats(device_index(device))
+    _state.installed_allocator().reset_accumulated_stats(device_index(device))
 
 
 def empty_cache(device: DeviceLike = None) -> int:
     """Returns every fully free cached segment of ``device`` to the device
     (all devices when ``device`` is None); returns the bytes released."""
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     devices = range(a.device_count) if device is None else [device_index(device)]
     return sum(a.empty_cache(d) for d in devices)
 
 
 def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
     """(free, total) bytes of the device as the backend reports them."""
-    free, total = _install.installed_allocator().mem_get_info(device_index(device))
+    free, total = _state.installed_allocator().mem_get_info(device_index(device))
     return int(free), int(total)
 
 
@@ -117,10 +120,8 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
     """torch's ``memory_summary`` table for ``device``, computed from
     memalloc's statistics, followed by memalloc's backend and empty-cache
     policy."""
-    from . import _torch_patch
-
     index = device_index(device)
-    formatter = _torch_patch.original("memory_summary")
+    formatter = _TORCH_MEMORY_SUMMARY
     module = torch.cuda.memory
     with _summary_lock:
         # torch's formatter reads the module-level memory_stats; point it at
@@ -135,7 +136,7 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
 
 
 def _footer(index: int) -> str:
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     split = a.max_split_size
     return (
         f"memalloc: {a.backend_name} backend, device {index}; "
@@ -149,11 +150,11 @@ def list_gpu_processes(device: DeviceLike = None) -> str:
     ``pynvml`` is importable), plus memalloc's share, as text."""
     index = device_index(device)
     free, total = mem_get_info(index)
-    lines = [f"device {index} ({_install.enabled_backend()} backend): "
+    lines = [f"device {index} ({_state.enabled_backend()} backend): "
              f"{(total - free) / 2**20:.2f} MiB used of {total / 2**20:.2f} MiB"]
     lines.append(f"memalloc in this process: {memory_reserved(index) / 2**20:.2f} MiB reserved, "
                  f"{memory_allocated(index) / 2**20:.2f} MiB allocated")
-    if _install.enabled_backend() == "cuda":
+    if _state.enabled_backend() == "cuda":
         lines.extend(_nvml_processes(index))
     return "\n".join(lines)
 
@@ -176,7 +177,7 @@ def _nvml_processes(index: int) -> list[str]:
 
 def get_per_process_memory_fraction(device: DeviceLike = None) -> float:
     """The memory fraction set for ``device`` (1.0 when none is set)."""
-    f = _install.installed_allocator().memory_fraction(device_index(device))
+    f = _state.installed_allocator().memory_fraction(device_index(device))
     return f if f > 0 else 1.0
 
 
@@ -186,4 +187,4 @@ def set_per_process_memory_fraction(fraction: float, device: DeviceLike = None) 
 
     The fraction is not coerced: like torch, a str or a bool is a TypeError
     (raised by memalloc._C, which also checks the range)."""
-    _install.installed_allocator().set_memory_fraction(fraction, device_index(device))
+    _state.installed_allocator().set_memory_fraction(fraction, device_index(device))

@@ -50,10 +50,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Optional, Union
 
-from . import _install, iteration, stats
-from .cli._common import fmt_bytes
-from ._device import existing_device_index
-from .stats import DeviceLike
+from . import _state, iteration, stats
+from ._device import DeviceLike, existing_device_index
+from ._format import fmt_bytes
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -96,7 +95,7 @@ _active: dict[int, list["StepTracker"]] = {}
 def _take_window(device: int) -> None:
     """Folds the allocator's step window of ``device`` (peaks, OOMs) into
     every active tracker of it (with ``_lock`` held)."""
-    peak_allocated, peak_reserved, ooms = _install.installed_allocator().take_window(device)
+    peak_allocated, peak_reserved, ooms = _state.installed_allocator().take_window(device)
     for t in _active.get(device, ()):
         a, r, n = t._window
         t._window = (max(a, peak_allocated), max(r, peak_reserved), n + ooms)
@@ -137,7 +136,7 @@ class StepTracker:
     def __init__(self, device: DeviceLike = None) -> None:
         stats.device_index(device)  # TypeError for a value of the wrong type, now
         self._device_spec = device
-        self._device: Optional[int] = self._resolve() if _install.is_enabled() else None
+        self._device: Optional[int] = self._resolve() if _state.is_enabled() else None
         self._rows: list[Row] = []
         self._running = False
         self._t0: Optional[float] = None
@@ -214,7 +213,7 @@ class StepTracker:
         return row._asdict()
 
     def _record(self, step: Optional[int], listener: bool) -> Optional[Row]:
-        a = _install.installed_allocator()
+        a = _state.installed_allocator()
         with _lock:
             if not self._running:
                 if listener:  # a step() racing with stop() in another thread
@@ -299,7 +298,7 @@ class StepTracker:
         doc = {
             "schema": SCHEMA,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "backend": _install.enabled_backend(),
+            "backend": _state.enabled_backend(),
             "device": self._device,
             "units": UNITS,
             "rows": self.rows,
@@ -337,7 +336,7 @@ class StepTracker:
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("MiB")
-        ax.set_title(f"memalloc StepTracker: device {self._device} ({_install.enabled_backend()} backend)")
+        ax.set_title(f"memalloc StepTracker: device {self._device} ({_state.enabled_backend()} backend)")
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()
@@ -348,7 +347,7 @@ class StepTracker:
         """A few lines of text: steps covered, allocated growth per step, the
         highest peak within a step, reserved and device use, OOMs."""
         rows = self.rows
-        head = f"StepTracker, device {self._device} ({_install.enabled_backend()} backend)"
+        head = f"StepTracker, device {self._device} ({_state.enabled_backend()} backend)"
         if not rows:
             return f"{head}: no rows yet"
         first, last = rows[0], rows[-1]

@@ -1,6 +1,6 @@
 """Native size rules and test utilities shared by the host-backend tests.
 
-The size rules mirror c10/cuda/CUDACachingAllocator.cpp (DESIGN.md section 3);
+The size rules mirror c10/cuda/CUDACachingAllocator.cpp (docs/architecture.md);
 the utilities wrap and inspect a host-backend ``_C.Allocator``. Test files
 import what they need: ``from memtest_helpers import ...`` (pytest puts tests/
 on sys.path, as tests/ has no __init__.py).

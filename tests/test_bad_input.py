@@ -759,10 +759,10 @@ def _child_namespace(env: str, scratch: str) -> dict:
 
 def _child_state(ns: dict) -> dict:
     import memalloc
-    from memalloc import _C, _install, _policy
+    from memalloc import _C, _policy, _state
 
     s: dict[str, Any] = {
-        "enabled": [memalloc.is_enabled(), memalloc.enabled_backend(), _install.installed_config()],
+        "enabled": [memalloc.is_enabled(), memalloc.enabled_backend(), _state.installed_config()],
         "installed": _C.installed() is not None,
         "torch_patched": memalloc.torch_is_patched(),
         "stack_mode": _C.stack_mode(),

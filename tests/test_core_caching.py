@@ -1,7 +1,7 @@
 """Caching policy of the memalloc core on the simulated (host) device.
 
 Every expected number below is derived from the native rules
-(DESIGN.md section 3, c10/cuda/CUDACachingAllocator.cpp):
+(docs/architecture.md, c10/cuda/CUDACachingAllocator.cpp):
   * sizes < 512 B round to 512 B, others up to a multiple of 512 B;
   * rounded sizes <= 1 MiB are served from 2 MiB small segments;
   * 1 MiB < size < 10 MiB get a 20 MiB large segment, >= 10 MiB a segment

@@ -1,7 +1,7 @@
 """Every counter of the host-backend allocator against an independent model,
 after every one of thousands of random operations.
 
-The model below re-implements the native rules (DESIGN.md section 3) in plain
+The model below re-implements the native rules (docs/architecture.md) in plain
 Python, from the block layout up: segments tiled by blocks, each block live,
 pending (freed after record_stream, waiting for the recorded streams) or free;
 per-pool free lists searched best-fit by (stream, size, address); splitting

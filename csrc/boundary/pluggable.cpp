@@ -1,6 +1,8 @@
-// pluggable.cpp — the extern "C" entry points torch's CUDAPluggableAllocator
-// calls (alloc/free) and the optional hooks (init, reset = empty_cache,
-// memory fraction, record_stream).
+// pluggable.cpp — the extern "C" entry points for users who load memalloc
+// by hand with torch's CUDAPluggableAllocator (alloc/free) and its optional
+// hooks (init, reset = empty_cache, memory fraction, record_stream).
+// memalloc.enable() does not use them: it installs the subclass of
+// csrc/boundary/cuda/torch_allocator.cpp.
 //
 // Invariants:
 //   * Every entry point works on AllocatorRegistry::installed(); before an
@@ -8,7 +10,8 @@
 //   * alloc turns memalloc::OutOfMemory into c10::OutOfMemoryError (torch
 //     turns that into torch.OutOfMemoryError; returning NULL would raise
 //     nothing). The message is built as a std::string first: formatting
-//     inside TORCH_CHECK_WITH segfaulted on the H200 (DESIGN.md §1).
+//     inside TORCH_CHECK_WITH segfaulted on the H200 (docs/architecture.md,
+//     "torch's pluggable interface").
 //   * free never throws into torch: errors are printed to stderr.
 //   * Only current_context() (pystacks.cpp) may take the GIL, in Python
 //     stacks mode, and it does so before any device lock.

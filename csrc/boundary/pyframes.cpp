@@ -1,8 +1,8 @@
 // pyframes.cpp — the calling thread's Python frames, read without the GIL.
 //
 // torch releases the GIL before dispatching an op, so an allocation arrives
-// without it (DESIGN.md §1). Taking the GIL back and walking frames with the
-// public API (PyFrame_GetBack materialises a frame object per level) costs
+// without it (docs/architecture.md, "torch's pluggable interface"). Taking
+// the GIL back and walking frames with the public API (PyFrame_GetBack materialises a frame object per level) costs
 // ~0.75 µs per allocation; reading the interpreter's own frame chain costs a
 // few ns per frame.
 //

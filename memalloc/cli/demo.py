@@ -21,15 +21,17 @@ from typing import Callable
 
 import torch
 
-from .. import _install, host
-from ._common import enable_or_exit, fmt_bytes
+from .. import _state, host
+from .._format import fmt_bytes
+from ..examples import leaky_training
+from ._common import enable_or_exit
 
 HOST_CAPACITY_MB = 256
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small model under memalloc and show what it did")
-    p.add_argument("--backend", default="auto", choices=_install.BACKENDS)
+    p.add_argument("--backend", default="auto", choices=_state.BACKENDS)
     p.add_argument("--steps", type=int, default=8)
     p.set_defaults(func=main)
 
@@ -38,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
     backend = enable_or_exit(args.backend, f"host_capacity_mb:{HOST_CAPACITY_MB}")
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     where = "CUDA GPU" if backend == "cuda" else f"host backend (simulated {HOST_CAPACITY_MB} MiB device)"
     print(f"memalloc demo on the {where}")
     step = _cuda_trainer() if backend == "cuda" else _host_trainer()
@@ -62,8 +64,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _leak_hunt(backend: str) -> None:
-    from ..examples import leaky_training
-
     if backend == "host":
         host.use_for_cpu_tensors()
     device = "cuda" if backend == "cuda" else "cpu"

@@ -7,7 +7,7 @@ import torch
 
 from .. import _C
 from .._config import config_text
-from .._install import cuda_usable, resolve_backend
+from .._state import cuda_usable, resolve_backend
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

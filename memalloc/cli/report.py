@@ -13,7 +13,9 @@ import collections
 import os
 import struct
 
-from ._common import fmt_bytes
+from .._format import fmt_bytes
+from ..leaks import LeakReport
+from ..recording import load_trace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +32,6 @@ def main(args: argparse.Namespace) -> int:
     with open(args.file, "rb") as f:
         head = f.read(64)
     if head.lstrip().startswith(b"{"):
-        from ..leaks import LeakReport
-
         try:
             report = LeakReport.from_json(args.file)
         except (ValueError, KeyError, TypeError) as e:
@@ -43,8 +43,6 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.html:
         raise SystemExit("memalloc: --html renders leak reports; this file is not one")
-    from ..recording import load_trace
-
     try:
         trace = load_trace(args.file)
     except (ValueError, OSError, KeyError, struct.error) as e:

@@ -27,13 +27,16 @@ import signal
 import sys
 from typing import Any, Optional
 
-from .. import _install
-from ._common import check_or_exit, enable_or_exit, fmt_bytes
+from .. import _state, host, iteration, oom
+from .._format import fmt_bytes
+from ..leaks import LeakTracker
+from ..tracker import StepTracker
+from ._common import check_or_exit, enable_or_exit
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a Python script with memalloc enabled")
-    p.add_argument("--backend", default="auto", choices=_install.BACKENDS)
+    p.add_argument("--backend", default="auto", choices=_state.BACKENDS)
     p.add_argument("--config", default=None, help="key:value,... applied after $MEMALLOC_CONF")
     p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
@@ -60,8 +63,6 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
     backend = enable_or_exit(args.backend, args.config)
-    from .. import oom
-
     oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
     if args.leaks or args.steps:
         _start_boundaries(backend)
@@ -88,22 +89,16 @@ def main(args: argparse.Namespace) -> int:
 def _start_boundaries(backend: str) -> None:
     """A boundary after every optimizer.step(); on the host backend, torch's
     CPU tensors from the simulated device (so a CPU script is measured)."""
-    from .. import host, iteration
-
     if backend == "host":
         host.use_for_cpu_tensors()
     iteration.auto_step()
 
 
 def _start_leaks(warmup_steps: int):
-    from ..leaks import LeakTracker
-
     return LeakTracker(warmup_steps=warmup_steps).start()
 
 
 def _start_steps():
-    from ..tracker import StepTracker
-
     return StepTracker().start()
 
 
@@ -132,7 +127,7 @@ def _write_leaks(tracker, out: str) -> None:
 
 
 def _print_totals(backend: str) -> None:
-    a = _install.installed_allocator()
+    a = _state.installed_allocator()
     for d in range(a.device_count):
         s = a.stats(d)
         if s["allocation"]["all"]["allocated"] == 0:

@@ -92,7 +92,7 @@ def test_memory_fraction_is_honoured():
 
 def _model_allocated(sizes):
     """allocated/reserved bytes for an allocation-only sequence, from the
-    native rules (DESIGN.md §3), written independently of the C++ code."""
+    native rules (docs/architecture.md), written independently of the C++ code."""
     free = []  # [size] of free blocks (allocation-only: one stream, no frees)
     allocated = reserved = 0
     for s in sizes:

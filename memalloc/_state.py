@@ -1,0 +1,72 @@
+"""The process's memalloc state, read by every layer above: which backend
+memalloc was enabled with, its config text, the installed allocator, and
+which backend "auto" resolves to.
+
+Only :func:`memalloc.enable` (memalloc/_install.py) changes the state, once
+per process (:func:`set_enabled`); everything else reads it.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+from . import _C
+from ._config import config_value
+
+BACKENDS = ("auto", "cuda", "host")
+
+lock = threading.Lock()  # held by enable() while it installs
+_backend: Optional[str] = None
+_config: Optional[str] = None
+
+
+def set_enabled(backend: str, config: str) -> None:
+    """Records that memalloc is enabled (called by enable(), under ``lock``)."""
+    global _backend, _config
+    _backend, _config = backend, config
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """(True, "") when torch has CUDA and the driver sees a device; else
+    (False, reason). Does not initialise CUDA in torch."""
+    if torch.version.cuda is None:
+        return False, f"this torch ({torch.__version__}) is a CPU-only build"
+    ok, why = _C.cuda_available()
+    return ok, why
+
+
+def resolve_backend(requested: str, text: str) -> str:
+    """The backend ("cuda" or "host") that ``enable(backend=requested)`` with
+    config ``text`` uses; ValueError for an unknown name."""
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)}")
+    if requested == "auto":
+        requested = config_value(text, "backend") or "auto"
+    if requested == "auto":
+        return "cuda" if cuda_usable()[0] else "host"
+    return requested
+
+
+def is_enabled() -> bool:
+    """True once :func:`memalloc.enable` has installed memalloc in this process."""
+    return _backend is not None
+
+
+def enabled_backend() -> Optional[str]:
+    """"cuda", "host", or None when memalloc is not enabled."""
+    return _backend
+
+
+def installed_config() -> Optional[str]:
+    """The canonical config text memalloc was enabled with, or None."""
+    return _config
+
+
+def installed_allocator() -> _C.Allocator:
+    """The allocator installed by :func:`memalloc.enable`; RuntimeError when none."""
+    a = _C.installed()
+    if a is None:
+        raise RuntimeError("memalloc is not enabled: call memalloc.enable() first")
+    return a

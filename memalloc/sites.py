@@ -1,0 +1,42 @@
+"""Call sites: where a live allocation came from, for leak reports and OOM
+holders (both sit above this module).
+
+A site is the innermost user-code frame (memalloc/_usercode.py) of the
+interned Python stack that allocated a block; live blocks are read from an
+allocator (default: the installed one) so that callers can be tested
+in-process on any allocator.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+from typing import Optional
+
+from . import _C, _state
+from ._usercode import user_frame
+from .recording import Frame, stack
+
+SiteKey = tuple  # (filename, line, function)
+LIVE_FORMAT = "<QQQIII4x"  # csrc/device_allocator.h LiveBlock, as _C.Allocator.live_blocks packs it
+LiveBlock = tuple[int, int, int, int, int, int]  # (addr, size, requested, stack_id, tag_id, step)
+
+
+@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/stacks.h)
+def site_of(stack_id: int) -> Optional[SiteKey]:
+    """(filename, line, function) of the innermost user-code frame of an
+    interned stack; None for stack id 0 (no stack captured)."""
+    f = user_frame(stack(stack_id)) if stack_id else None
+    return (f.filename, f.line, f.name) if f else None
+
+
+def frame_json(f: Frame) -> dict:
+    """A frame as the reports' JSON writes it."""
+    return {"filename": f.filename, "line": f.line, "name": f.name}
+
+
+def live_blocks(device: int, allocator: Optional[_C.Allocator] = None) -> list[LiveBlock]:
+    """(addr, size, requested, stack_id, tag_id, step) of every live block of
+    ``device`` (bytes; ``step`` = memalloc.step() count at allocation), of
+    ``allocator`` or the installed one."""
+    a = allocator if allocator is not None else _state.installed_allocator()
+    return list(struct.iter_unpack(LIVE_FORMAT, a.live_blocks(device)))
