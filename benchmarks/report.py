@@ -1,5 +1,5 @@
-"""Renders the README "Performance" section from benchmark results files:
-``python -m benchmarks.report --gpu FILE --cpu FILE [--recording FILE] [--readme README.md]``
+"""Renders the "Performance" section of docs/results.md from benchmark results files:
+``python -m benchmarks.report --gpu FILE --cpu FILE [--recording FILE] [--readme docs/results.md]``
 (--recording: a GPU suite run of the ``recording`` group).
 
 The section sits between the markers ``<!-- PERF-START -->`` and
@@ -10,11 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from . import cpu_suite, gpu_suite
 
 START, END = "<!-- PERF-START -->", "<!-- PERF-END -->"
+
+
+def portable(command: str) -> str:
+    """The recorded command with the machine's output folder written as
+    $OUT (no machine paths in the docs)."""
+    return re.sub(r"--out \S*/", "--out $OUT/", command)
 # Rows whose run-to-run range is shown next to the medians.
 SPREAD_ROWS = ("pair_us_512", "pair_us_1048576", "random_ns_per_op", "transformer_bf16_ms", "resnet50_ms")
 
@@ -54,7 +61,7 @@ def gpu_section(path: str) -> str:
         f"GPU suite, {m['date'][:10]}, {m.get('gpu')} (driver {m.get('driver')}), torch {m['torch']}, "
         f"{doc['repeats']} repeats, each allocator in its own process per group, order rotated per repeat "
         f"(`{os.path.relpath(path)}`), produced on the device by\n\n"
-        f"    bash benchmarks/device_bench.sh --repeats {doc['repeats']}   # = {doc['command']}\n\n"
+        f"    bash benchmarks/device_bench.sh --repeats {doc['repeats']}   # = {portable(doc['command'])}\n\n"
         "Medians over repeats; in parentheses the ratio to native from the same run (lower is better). "
         "memalloc's peaks come from its own accounting; device used is total − free from "
         "`cudaMemGetInfo` (CUDA context included, ~0.5 GiB). RMM keeps no peak counters.\n\n"
@@ -95,7 +102,7 @@ def recording_section(path: str) -> str:
         f"Recording cost, {m['date'][:10]}, {m.get('gpu')} (driver {m.get('driver')}), torch {m['torch']}, "
         f"Python {m.get('python')} (`{os.path.relpath(path)}`), produced on the device by\n\n"
         f"    bash benchmarks/device_bench.sh --repeats {doc['repeats']} --allocators native,memalloc "
-        f"--groups recording   # = {doc['command']}\n\n"
+        f"--groups recording   # = {portable(doc['command'])}\n\n"
         "One process per allocator and repeat. Inside it, 11 rounds switch recording between off, tags "
         "and Python stacks (native: off and torch's `_record_memory_history(stacks=\"python\")`); each "
         "round times 8 bf16 transformer steps and 3 x 5,000 512 B pairs per mode, and divides by the same "
@@ -117,7 +124,7 @@ def cpu_section(path: str) -> str:
     return (
         f"CPU suite (the C++ core on the host backend, no torch), {doc['date'][:10]}, {m['cpu_model']}, "
         f"{m['nproc']} cores, {doc['compiler']} (`{os.path.relpath(path)}`):\n\n"
-        f"    {doc['command']}\n\n```\n{table}\n```\n\n"
+        f"    {portable(doc['command'])}\n\n```\n{table}\n```\n\n"
         "CI runs `python -m benchmarks.run --suite cpu --check --quick`: it fails when a callgrind "
         "instructions-per-op figure rises more than 10% above `benchmarks/baselines/cpu_instructions.json`."
     )
@@ -128,7 +135,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", required=True)
     p.add_argument("--cpu", required=True)
     p.add_argument("--recording", default=None, help="a GPU suite run of the recording group")
-    p.add_argument("--readme", default=None)
+    p.add_argument("--readme", default=None, help="the file whose section to replace (docs/results.md)")
     args = p.parse_args(argv)
     parts = [gpu_section(args.gpu)] + ([recording_section(args.recording)] if args.recording else [])
     section = START + "\n" + "\n\n".join(parts + [cpu_section(args.cpu)]) + "\n" + END

@@ -173,7 +173,7 @@ def test_c_entry_points_still_work_by_hand():
     r = scenario("c_entry_points", "memalloc_c_entry")
     assert r["ok"] and r["during"] - r["before"] == 4 << 20 and r["after"] == r["before"]
     assert r["backend"] == "pluggable"
-    assert "getDeviceStats" in r["stats_error"]  # what that route lacks (README)
+    assert "getDeviceStats" in r["stats_error"]  # what that route lacks (docs/usage.md)
 
 
 def test_recording_a_training_loop_opens_in_memory_viz():
