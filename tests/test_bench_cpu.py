@@ -19,6 +19,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks import cpu_suite  # noqa: E402
 
+pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
+
 TINY = {"pair-iters": 2000, "random-ops": 2000, "thread-pair-iters": 500, "thread-random-ops": 500, "threads": 4}
 
 

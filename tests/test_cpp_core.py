@@ -10,6 +10,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = sorted(glob.glob(os.path.join(REPO, "csrc", "*.cpp")))  # csrc/boundary/ needs torch
 

@@ -60,6 +60,7 @@ import time
 from collections import Counter
 
 import hypothesis
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -68,6 +69,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from memalloc import _C
 from memtest_helpers import KiB, MiB, segment_size
 from test_stats_model import Model
+
+pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
 
 TARGET_OPS = int(os.environ.get("MEMALLOC_PROPERTY_OPS", "100000"))
 STEPS = 200  # rules per example (hypothesis' stateful_step_count)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = sorted(glob.glob(os.path.join(REPO, "csrc", "*.cpp")))  # csrc/boundary/ needs torch
 STRESS = os.path.join(REPO, "tests", "cpp", "stress.cpp")
