@@ -11,7 +11,7 @@ index for later (the leak and step trackers).
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -20,10 +20,10 @@ from . import _C, _state
 DeviceLike = Union[int, str, torch.device, None]
 
 
-def device_index(device: DeviceLike) -> int:
+def device_index(device: DeviceLike, backend: Optional[str] = None) -> int:
     """The device index for ``device``; None (or ``"cuda"`` without an index)
     means torch's current CUDA device on the CUDA backend, 0 on the host
-    backend.
+    backend (``backend``: "cuda" or "host"; default: the enabled one).
 
     Raises TypeError for a bool or a type that is not a device, ValueError
     for a device that is not a CUDA device (``"cpu"``), and torch's
@@ -45,15 +45,18 @@ def device_index(device: DeviceLike) -> int:
             return device.index
         device = None
     if device is None:
-        return torch.cuda.current_device() if _state.enabled_backend() == "cuda" else 0
+        backend = backend if backend is not None else _state.enabled_backend()
+        return torch.cuda.current_device() if backend == "cuda" else 0
     raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
 
 
-def existing_device_index(device: DeviceLike) -> int:
-    """:func:`device_index`, checked against the installed allocator's
-    devices now (InvalidArgumentError, a ValueError, naming the valid range)."""
-    a = _state.installed_allocator()  # RuntimeError naming enable() when not enabled
-    index = device_index(device)
+def existing_device_index(device: DeviceLike, allocator: Optional[_C.Allocator] = None) -> int:
+    """:func:`device_index`, checked against the devices of ``allocator``
+    (default: the installed one) now (InvalidArgumentError, a ValueError,
+    naming the valid range)."""
+    # RuntimeError naming enable() when none is given and none is installed.
+    a = allocator if allocator is not None else _state.installed_allocator()
+    index = device_index(device, a.backend_name)
     if not 0 <= index < a.device_count:
         raise _C.InvalidArgumentError(f"device {index} does not exist: the {a.backend_name} backend has "
                                    f"{a.device_count} device(s), indices 0..{a.device_count - 1}")

@@ -98,14 +98,17 @@ class LeakTracker:
         warmup_steps: samples ignored at the start (optimizer state, cuDNN
             workspaces and other one-off growth), at least 0.
         threshold_bytes_per_step: smaller growth is not reported (bytes).
+        allocator: the allocator to watch (default: the one
+            :func:`memalloc.enable` installed); tests pass their own.
     """
 
     def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1,
-                 threshold_bytes_per_step: int = 0) -> None:
+                 threshold_bytes_per_step: int = 0, allocator: Optional[_C.Allocator] = None) -> None:
         for name, value in (("warmup_steps", warmup_steps), ("threshold_bytes_per_step", threshold_bytes_per_step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, not {value!r}")
-        self.device = existing_device_index(device)
+        self.allocator = allocator if allocator is not None else _state.installed_allocator()
+        self.device = existing_device_index(device, self.allocator)
         self.warmup_steps = warmup_steps
         self.threshold_bytes_per_step = threshold_bytes_per_step
         self.samples: list[_Sample] = []
@@ -148,15 +151,14 @@ class LeakTracker:
         """Takes one sample now (called at every step while running)."""
         by_stack: dict[int, list[int]] = {}
         ages: dict[int, dict[int, list[int]]] = {}
-        for _addr, size, _req, stack_id, _tag, step_allocated in live_blocks(self.device):
+        for _addr, size, _req, stack_id, _tag, step_allocated in live_blocks(self.device, self.allocator):
             entry = by_stack.setdefault(stack_id, [0, 0])
             entry[0] += 1
             entry[1] += size
             age = ages.setdefault(stack_id, {}).setdefault(step_allocated, [0, 0])
             age[0] += 1
             age[1] += size
-        a = _state.installed_allocator()
-        s = a.stats(self.device)
+        s = self.allocator.stats(self.device)
         with self._lock:
             self.samples.append(_Sample(
                 step=int(_C.step()) if step is None else step,
@@ -172,7 +174,7 @@ class LeakTracker:
         with self._lock:
             samples = list(self.samples)
         notes: list[str] = []
-        report = LeakReport(backend=_state.enabled_backend() or "host", device=self.device,
+        report = LeakReport(backend=self.allocator.backend_name, device=self.device,
                             steps=[s.step for s in samples], allocated=[s.allocated for s in samples],
                             reserved=[s.reserved for s in samples],
                             threshold_bytes_per_step=self.threshold_bytes_per_step,
@@ -183,7 +185,7 @@ class LeakTracker:
                          "are needed to judge growth (mark iterations with memalloc.step())")
             return report
         sites = self._site_series(samples)
-        live = live_blocks(self.device)
+        live = live_blocks(self.device, self.allocator)
         half = len(window) // 2
         # A block allocated in the iteration that ended at boundary n carries step n - 1.
         first_half_steps = {s.step - 1 for s in window[:half]}
@@ -622,12 +624,12 @@ class leak_check:
     """
 
     def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1, threshold_bytes_per_step: int = 0,
-                 max_bytes_per_step: Optional[float] = None) -> None:
+                 max_bytes_per_step: Optional[float] = None, allocator: Optional[_C.Allocator] = None) -> None:
         if max_bytes_per_step is not None and (isinstance(max_bytes_per_step, bool) or not isinstance(
                 max_bytes_per_step, (int, float)) or not max_bytes_per_step >= 0):
             raise ValueError(f"max_bytes_per_step must be a number >= 0 (bytes) or None, not {max_bytes_per_step!r}")
         self.tracker = LeakTracker(device, warmup_steps=warmup_steps,
-                                   threshold_bytes_per_step=threshold_bytes_per_step)
+                                   threshold_bytes_per_step=threshold_bytes_per_step, allocator=allocator)
         self.max_bytes_per_step = max_bytes_per_step
         self.report: Optional[LeakReport] = None
 

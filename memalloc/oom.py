@@ -26,7 +26,7 @@ import pickle
 import threading
 from typing import Optional
 
-from . import _C, recording, stats
+from . import _C, _state, recording, stats
 from ._device import DeviceLike, device_index
 from ._format import fmt_bytes
 from ._usercode import source_line
@@ -69,18 +69,19 @@ def install() -> None:
     _C.set_oom_hook(_hook if _settings["enabled"] else None)
 
 
-def top_holders(device: DeviceLike = None, n: int = 5) -> list[dict]:
+def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: Optional[_C.Allocator] = None) -> list[dict]:
     """The ``n`` call sites whose live allocations hold the most memory on
-    ``device``: [{"bytes", "tensors", "filename", "line", "function", "code",
-    "tag"}], largest first. Sites are the innermost user-code frame of the
-    allocating stack (None fields when stacks were not captured; then the
-    grouping is by tag)."""
+    ``device`` of ``allocator`` (default: the installed one): [{"bytes",
+    "tensors", "filename", "line", "function", "code", "tag"}], bytes, largest
+    first. Sites are the innermost user-code frame of the allocating stack
+    (None fields when stacks were not captured; then the grouping is by tag)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
-    d = device_index(device)
+    a = allocator if allocator is not None else _state.installed_allocator()
+    d = device_index(device, a.backend_name)
     tags = _C.tag_names()
     groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for _addr, size, _req, stack_id, tag_id, _step in live_blocks(d):
+    for _addr, size, _req, stack_id, tag_id, _step in live_blocks(d, a):
         site = site_of(stack_id)
         tag = tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>"
         g = groups[site + ("",) if site else (None, None, None, tag)]
