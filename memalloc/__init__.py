@@ -29,18 +29,13 @@ from ._state import cuda_usable, enabled_backend, installed_allocator, is_enable
 from ._policy import empty_cache_policy, set_empty_cache_policy
 from . import _torch_patch
 from ._torch_patch import is_patched as torch_is_patched
-from .recording import (
-    dump_snapshot,
-    events,
-    events_array,
-    load_trace,
-    record_memory_history,
-    save_trace,
-    snapshot,
-    tag,
-)
+from .recording import events, events_array, record_memory_history
+from .snapshots import dump_snapshot, snapshot
+from .tags import tag
+from .trace_files import load_trace, save_trace
 from .oom import set_oom_report, top_holders
-from .leaks import LeakError, LeakReport, LeakTracker, leak_check
+from .leak_report import LeakError, LeakReport
+from .leaks import LeakTracker, leak_check
 from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
 from .tracker import StepTracker
 from .stats import (

@@ -16,6 +16,8 @@ from . import _C
 ConfigLike = Union[str, Mapping[str, object], None]
 
 ENV_VAR = "MEMALLOC_CONF"
+# Stack capture modes (record_stacks / record_memory_history(stacks=...)), as _C numbers them.
+STACK_MODES = {"none": 0, "tags": 1, "python": 2}
 
 
 def config_text(config: ConfigLike = None, *, use_env: bool = True) -> str:

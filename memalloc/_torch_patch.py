@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import recording, stats
+from . import recording, snapshots, stats
 
 # torch name -> memalloc function, on every backend.
 _QUERIES: dict[str, Callable[..., Any]] = {
@@ -62,11 +62,11 @@ def _torch_record_memory_history(enabled: Any = "all", context: Any = "all", sta
 
 
 def _torch_snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
-    return recording.snapshot(device)
+    return snapshots.snapshot(device)
 
 
 def _torch_dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
-    recording.dump_snapshot(filename)
+    snapshots.dump_snapshot(filename)
 
 
 _QUERIES.update({

@@ -26,7 +26,7 @@ import pickle
 import threading
 from typing import Optional
 
-from . import _C, _state, recording, stats
+from . import _C, _state, snapshots, stats
 from ._device import DeviceLike, device_index
 from ._format import fmt_bytes
 from ._usercode import source_line
@@ -124,7 +124,7 @@ def _hook(device: int, size: int) -> str:
             if n:
                 base = os.path.join(directory, f"oom-{os.getpid()}-{n}")
                 with open(base + ".pickle", "wb") as f:
-                    pickle.dump(recording.snapshot(device), f)
+                    pickle.dump(snapshots.snapshot(device), f)
                 with open(base + ".txt", "w") as f:
                     f.write(f"out of memory: {size} bytes requested on device {device}\n{text}\n\n")
                     f.write(stats.memory_summary(device))

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import os
 import threading
@@ -256,20 +257,34 @@ class StepTracker:
         with _lock:
             self._rows.clear()
 
-    def to_csv(self, path: PathLike) -> Path:
-        """Writes the rows as CSV (a header of :data:`FIELDS`, one line per
-        row; bytes, seconds) and returns the path. FileNotFoundError when the
-        directory does not exist, IsADirectoryError for a directory."""
-        p = _output_path(path, "to_csv")
-        rows = self.rows
-        with open(p, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
-        return p
+    def to_csv(self, path: Optional[PathLike] = None) -> str:
+        """The rows as CSV text (a header of :data:`FIELDS`, one line per
+        row; bytes, seconds), also written to ``path`` when given.
+        FileNotFoundError when its directory does not exist,
+        IsADirectoryError for a directory."""
+        p = _output_path(path, "to_csv") if path is not None else None
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        text = out.getvalue()
+        if p is not None:
+            p.write_text(text, encoding="utf-8")
+        return text
 
-    def to_json(self, path: PathLike) -> Path:
-        """Writes the rows as JSON and returns the path. Schema
+    def to_dict(self) -> dict[str, Any]:
+        """The rows as the JSON object of :meth:`to_json`."""
+        return {
+            "schema": SCHEMA,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "backend": _state.enabled_backend(),
+            "device": self._device,
+            "units": UNITS,
+            "rows": self.rows,
+        }
+
+    def to_json(self, path: Optional[PathLike] = None) -> str:
+        """The rows as JSON text, also written to ``path`` when given. Schema
         ``memalloc.step_tracker/1`` (keys may be added within a version;
         readers ignore those they do not know)::
 
@@ -294,19 +309,11 @@ class StepTracker:
             }
 
         Errors as for :meth:`to_csv`."""
-        p = _output_path(path, "to_json")
-        doc = {
-            "schema": SCHEMA,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "backend": _state.enabled_backend(),
-            "device": self._device,
-            "units": UNITS,
-            "rows": self.rows,
-        }
-        with open(p, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        return p
+        p = _output_path(path, "to_json") if path is not None else None
+        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        if p is not None:
+            p.write_text(text, encoding="utf-8")
+        return text
 
     def plot(self, path: PathLike) -> Path:
         """Writes a PNG of allocated and reserved bytes at each boundary and

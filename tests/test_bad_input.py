@@ -475,7 +475,8 @@ add(A, "memalloc.StepTracker().to_csv(scratch)", "a folder, not a file", "IsADir
     env=E)
 add(A, 'memalloc.StepTracker().to_json("/nonexistent/rows.json")', "folder that does not exist",
     "FileNotFoundError", "does not exist; create it first", env=E)
-add(A, "memalloc.StepTracker().to_csv(None)", "None path", "TypeError", "path must be a str or os.PathLike", env=E)
+add(A, 'memalloc.StepTracker().to_csv(b"rows.csv")', "bytes path", "TypeError", "path must be a str or os.PathLike",
+    env=E)
 add(A, 'memalloc.StepTracker().plot(scratch + "/m.png")', "no rows (or no matplotlib)", "ImportError",
     "pip install matplotlib", alt=(("ValueError", "no rows yet"),), env=E)
 

@@ -17,10 +17,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memalloc"
 LAYERS: list[tuple[str, ...]] = [
     ("memalloc._C", "memalloc._format", "memalloc._usercode"),  # the extension; plain helpers
     ("memalloc._config", "memalloc.report_html"),                # config text; reporters of plain data
+    ("memalloc.leak_report",),                                   # leak report types (plain data)
     ("memalloc._state",),                                        # runtime state (read from _C)
     ("memalloc._device",),                                       # the device argument
-    ("memalloc._policy", "memalloc.iteration", "memalloc.host", "memalloc.recording"),
-    ("memalloc.stats", "memalloc.sites"),                        # queries; call sites
+    ("memalloc._policy", "memalloc.iteration", "memalloc.host", "memalloc.tags"),
+    ("memalloc.recording",),                                     # events, stacks
+    ("memalloc.snapshots", "memalloc.trace_files"),              # torch's snapshot format; trace files
+    ("memalloc.stats", "memalloc.sites", "memalloc.holders"),    # queries; call sites; holder search
     ("memalloc.leaks", "memalloc.oom", "memalloc.tracker"),      # features
     ("memalloc._torch_patch",),                                  # torch integration (host backend)
     ("memalloc._install",),                                      # enable(): wires every feature

@@ -37,7 +37,7 @@ import dataclasses, json, os, pickle, sys, tempfile, threading
 sys.path.insert(0, os.path.join(os.getcwd(), "tests", "recording_cases"))
 import torch
 import memalloc
-from memalloc import _C, host, recording
+from memalloc import _C, host, recording, snapshots, tags, trace_files
 import user_code
 TMP = tempfile.mkdtemp()
 def ev(device=0):
@@ -595,7 +595,7 @@ TAGS = """
 memalloc.enable(backend="host", config="host_capacity_mb:64")
 memalloc.record_memory_history(stacks="python")
 a = memalloc.installed_allocator()
-cur = recording.current_tag
+cur = tags.current_tag
 R["cur"] = [cur()]
 with memalloc.tag("forward") as p1:
     R["cur"].append(cur())
@@ -813,7 +813,7 @@ R["oom_later"] = [e["device_free"] for e in memalloc.snapshot()["device_traces"]
 # the C++ conversion against the definition, written out from events()
 def reference(e):
     entry = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream,
-             "time_us": e.time_ns // 1000, "frames": recording._frames_json(e.stack_id),
+             "time_us": e.time_ns // 1000, "frames": recording.frames_json(e.stack_id),
              "requested_size": e.requested, "tag": e.tag, "step": e.step, "thread": e.thread}
     if e.action == "oom":
         entry["device_free"], entry["addr"] = e.addr, 0
@@ -1060,8 +1060,8 @@ ids = sorted({e["stack_id"] for d in R["live"] for e in d if e["stack_id"]})
 R["live_stacks"] = {str(i): frames(i) for i in ids}
 R["live_tags"] = _C.tag_names()
 path = os.path.join(TMP, "t.memtrace")
-R["save_returns"] = recording.save_trace(path) == path
-tr = recording.load_trace(path)
+R["save_returns"] = trace_files.save_trace(path) == path
+tr = trace_files.load_trace(path)
 R["loaded"] = [[dataclasses.asdict(e) for e in d] for d in tr.events]
 R["loaded_dropped"] = tr.dropped
 R["loaded_stacks"] = {str(i): [[f.filename, f.line, f.name] for f in fs] for i, fs in tr.stacks.items()}
@@ -1072,10 +1072,10 @@ with open(path, "rb") as f:
 bad = os.path.join(TMP, "bad")
 with open(bad, "wb") as f:
     f.write(b"MEMALLOC-TRACE-0\\n" + b"\\0" * 100)
-R["bad_magic"] = err(lambda: recording.load_trace(bad))
+R["bad_magic"] = err(lambda: trace_files.load_trace(bad))
 with open(bad, "wb") as f:
     pass
-R["empty_file"] = err(lambda: recording.load_trace(bad))
+R["empty_file"] = err(lambda: trace_files.load_trace(bad))
 
 # ---- stopping one device ----
 memalloc.record_memory_history(stacks="python", max_entries=100)

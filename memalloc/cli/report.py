@@ -14,8 +14,8 @@ import os
 import struct
 
 from .._format import fmt_bytes
-from ..leaks import LeakReport
-from ..recording import load_trace
+from ..leak_report import LeakReport
+from ..trace_files import load_trace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
