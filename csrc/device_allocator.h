@@ -181,8 +181,6 @@ class DeviceAllocator {
   bool recording_enabled();
   // Stored records oldest first, and how many were overwritten.
   std::vector<TraceRecord> trace(uint64_t* dropped);
-  // (stack_id, tag_id) of the live block at ptr; false when none.
-  bool block_origin(void* ptr, uint32_t* stack_id, uint32_t* tag_id);
   // Every live allocation, in no particular order (copied under the lock).
   std::vector<LiveBlock> live_blocks();
 

@@ -1,8 +1,8 @@
 // events.h — the one record of a state change. Every allocator state change
 // is described by exactly one Event and goes through
-// DeviceAllocator::record_locked(); the counters (accounting.h) and, later,
-// the ring buffer and live table consume it. Policy code never updates a
-// counter by hand.
+// DeviceAllocator::record_locked(); the counters (accounting.h) and the
+// event ring (recorder.h) consume it. Policy code never updates a counter by
+// hand.
 //
 // Field meanings per action:
 //   kAlloc          a block became live: size = block bytes, requested = asked

@@ -58,13 +58,4 @@ std::vector<LiveBlock> DeviceAllocator::live_blocks() {
   return out;
 }
 
-bool DeviceAllocator::block_origin(void* ptr, uint32_t* stack_id, uint32_t* tag_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return false;
-  *stack_id = it->second->stack_id;
-  *tag_id = it->second->tag_id;
-  return true;
-}
-
 }  // namespace memalloc

@@ -51,7 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Optional, Union
 
-from . import _state, iteration, stats
+from . import _C, _state, iteration, stats
 from ._device import DeviceLike, existing_device_index
 from ._format import fmt_bytes
 
@@ -89,15 +89,16 @@ assert Row._fields == FIELDS
 
 # Guards the trackers' rows and the shared per-device windows: a take of the
 # allocator's window is folded into every active tracker of its device.
+# Keyed by (id of the allocator, device): each allocator has its own windows.
 _lock = threading.Lock()
-_active: dict[int, list["StepTracker"]] = {}
+_active: dict[tuple[int, int], list["StepTracker"]] = {}
 
 
-def _take_window(device: int) -> None:
-    """Folds the allocator's step window of ``device`` (peaks, OOMs) into
+def _take_window(allocator: _C.Allocator, device: int) -> None:
+    """Folds ``allocator``'s step window of ``device`` (peaks, OOMs) into
     every active tracker of it (with ``_lock`` held)."""
-    peak_allocated, peak_reserved, ooms = _state.installed_allocator().take_window(device)
-    for t in _active.get(device, ()):
+    peak_allocated, peak_reserved, ooms = allocator.take_window(device)
+    for t in _active.get((id(allocator), device), ()):
         a, r, n = t._window
         t._window = (max(a, peak_allocated), max(r, peak_reserved), n + ooms)
 
@@ -125,6 +126,8 @@ class StepTracker:
             (here if it already is, else at :meth:`start`):
             ``memalloc.InvalidArgumentError`` (a ValueError) names the valid
             range, TypeError a value of the wrong type.
+        allocator: the allocator to track (default: the one
+            :func:`memalloc.enable` installed); tests pass their own.
 
     :meth:`start` (or ``with``) registers a step listener and starts the
     window of the first step; :meth:`stop` removes the listener and keeps the
@@ -134,10 +137,12 @@ class StepTracker:
 
     FIELDS = FIELDS
 
-    def __init__(self, device: DeviceLike = None) -> None:
+    def __init__(self, device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> None:
         stats.device_index(device)  # TypeError for a value of the wrong type, now
         self._device_spec = device
-        self._device: Optional[int] = self._resolve() if _state.is_enabled() else None
+        self._given_allocator = allocator
+        self._allocator: Optional[_C.Allocator] = allocator
+        self._device: Optional[int] = self._resolve() if allocator is not None or _state.is_enabled() else None
         self._rows: list[Row] = []
         self._running = False
         self._t0: Optional[float] = None
@@ -145,11 +150,22 @@ class StepTracker:
 
     # ------------------------------------------------------------ set-up --
     def _resolve(self) -> int:
-        return existing_device_index(self._device_spec)
+        # the given allocator, or the installed one (RuntimeError naming enable() when none)
+        self._allocator = self._given_allocator or _state.installed_allocator()
+        return existing_device_index(self._device_spec, self._allocator)
+
+    def _backend(self) -> Optional[str]:
+        """"cuda" or "host" for the tracked allocator (None before one is known)."""
+        if self._allocator is not None:
+            return self._allocator.backend_name
+        return _state.enabled_backend()
+
+    def _key(self) -> tuple[int, int]:
+        return (id(self._allocator), self._device)
 
     @property
     def device(self) -> Optional[int]:
-        """The device index tracked (None until memalloc is enabled)."""
+        """The device index tracked (None until an allocator is known: given, or installed by enable())."""
         return self._device
 
     @property
@@ -165,9 +181,9 @@ class StepTracker:
             if self._running:
                 raise RuntimeError("StepTracker.start: the tracker is already running; call stop() first")
             device = self._device = self._resolve()
-            _take_window(device)  # ends the other trackers' windows here, before this one joins
+            _take_window(self._allocator, device)  # ends the other trackers' windows here, before this one joins
             self._window = (0, 0, 0)  # the allocator's next window starts at the current values
-            _active.setdefault(device, []).append(self)
+            _active.setdefault(self._key(), []).append(self)
             if self._t0 is None:
                 self._t0 = time.perf_counter()
             self._running = True
@@ -181,7 +197,7 @@ class StepTracker:
             if not self._running:
                 return
             self._running = False
-            trackers = _active.get(self._device, [])
+            trackers = _active.get(self._key(), [])
             if self in trackers:
                 trackers.remove(self)
 
@@ -214,16 +230,15 @@ class StepTracker:
         return row._asdict()
 
     def _record(self, step: Optional[int], listener: bool) -> Optional[Row]:
-        a = _state.installed_allocator()
         with _lock:
             if not self._running:
                 if listener:  # a step() racing with stop() in another thread
                     return None
                 raise RuntimeError("StepTracker: the tracker is not running; call start() "
                                    "(or use `with memalloc.StepTracker() as tracker:`) first")
-            device = self._device
+            device, a = self._device, self._allocator
             s = a.stats(device)  # currents before the window: the step's peaks then cover them
-            _take_window(device)
+            _take_window(a, device)
             (peak_allocated, peak_reserved, ooms), self._window = self._window, (0, 0, 0)
             free, total = a.mem_get_info(device)
             if step is None:
@@ -277,7 +292,7 @@ class StepTracker:
         return {
             "schema": SCHEMA,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "backend": _state.enabled_backend(),
+            "backend": self._backend(),
             "device": self._device,
             "units": UNITS,
             "rows": self.rows,
@@ -343,7 +358,7 @@ class StepTracker:
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("MiB")
-        ax.set_title(f"memalloc StepTracker: device {self._device} ({_state.enabled_backend()} backend)")
+        ax.set_title(f"memalloc StepTracker: device {self._device} ({self._backend()} backend)")
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()
@@ -354,7 +369,7 @@ class StepTracker:
         """A few lines of text: steps covered, allocated growth per step, the
         highest peak within a step, reserved and device use, OOMs."""
         rows = self.rows
-        head = f"StepTracker, device {self._device} ({_state.enabled_backend()} backend)"
+        head = f"StepTracker, device {self._device} ({self._backend()} backend)"
         if not rows:
             return f"{head}: no rows yet"
         first, last = rows[0], rows[-1]

@@ -85,3 +85,19 @@ def test_top_holders_of_an_allocator_name_the_line_holding_the_most(allocator):
 def test_an_allocator_argument_checks_its_own_devices(allocator):
     with pytest.raises(_C.InvalidArgumentError, match="device 3 does not exist"):
         memalloc.LeakTracker(3, allocator=allocator)
+
+
+def test_step_tracker_on_an_allocator_records_in_step_peaks(allocator):
+    with memalloc.StepTracker(allocator=allocator) as tracker:
+        kept = torch.from_dlpack(allocator.host_buffer(64 * KiB))
+        spike = torch.from_dlpack(allocator.host_buffer(1 << 20))  # alive only inside step 1
+        del spike
+        tracker.record_row()
+        tracker.record_row()
+    rows = tracker.rows
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["allocated"] == rows[1]["allocated"] == 64 * KiB
+    assert rows[0]["peak_allocated"] == 64 * KiB + (1 << 20)  # the spike, within step 1
+    assert rows[1]["peak_allocated"] == 64 * KiB             # gone by step 2
+    assert tracker.to_dict()["backend"] == "host"
+    del kept
