@@ -657,9 +657,9 @@ user_code.train_step(tagged=True)
 user_code.train_step(tagged=False)
 user_code.train_step_functional()
 R["bw_after"] = list(_C.backward_context())
-outside = _C._malloc_on_native_thread(a, 3000)
+outside = _C._testing.malloc_on_native_thread(a, 3000)
 with memalloc.tag("caller"):
-    outside_tagged = _C._malloc_on_native_thread(a, 3000)
+    outside_tagged = _C._testing.malloc_on_native_thread(a, 3000)
 R["bw_ptrs"] = D.native_ptrs + [outside, outside_tagged]
 R["bw_events"] = ev()
 R["bw_stacks"] = stacks_of(R["bw_events"])

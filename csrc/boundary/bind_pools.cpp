@@ -11,7 +11,7 @@
 
 #include <unordered_set>
 
-#include "bind_pools.h"
+#include "bind.h"
 #include "errors.h"
 #include "pyargs.h"
 #include "registry.h"

@@ -12,24 +12,23 @@
 //     std::string: a wrong type is a TypeError naming the argument, a value
 //     out of range an InvalidArgumentError naming it, both raised before the
 //     call starts (so before it can change anything).
-//   * Host tensors: a DLPack capsule whose deleter frees through the
-//     allocator; it holds a shared_ptr, so the allocator outlives the tensor.
-#include <ATen/dlpack.h>
+//   * One file per concept: this one holds the module, the errors, the
+//     config, the Allocator's core methods and installation; bind_host.cpp
+//     the simulated device's methods and host tensors, bind_pools.cpp the
+//     private pools, bind_attribution.cpp stacks/tags/steps and trace
+//     export, bind_testing.cpp the test hooks (memalloc._C._testing).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdio>
-#include <thread>
 
-#include "bind_pools.h"
-#include "cpu_allocator.h"
+#include "bind.h"
 #include "errors.h"
 #include "oom_report.h"
 #include "pluggable.h"
 #include "pyargs.h"
 #include "pystacks.h"
 #include "registry.h"
-#include "trace_export.h"
 #ifdef MEMALLOC_WITH_TORCH_CUDA
 #include "cuda/torch_allocator.h"
 #endif
@@ -100,79 +99,7 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
   return out;
 }
 
-// ---- host tensors through DLPack -------------------------------------------
-struct HostTensorCtx {
-  AllocatorPtr allocator;
-  int device = 0;
-  int64_t shape[1] = {0};
-  DLManagedTensor managed{};
-};
-
-void host_tensor_deleter(DLManagedTensor* m) {
-  auto* ctx = static_cast<HostTensorCtx*>(m->manager_ctx);
-  try {
-    ctx->allocator->device(ctx->device).free(m->dl_tensor.data, AllocatorRegistry::instance().thread_context());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "memalloc: host tensor free failed: %s\n", e.what());
-  }
-  delete ctx;
-}
-
-void capsule_destructor(PyObject* capsule) {
-  // Not consumed by a consumer (name unchanged): we still own it.
-  if (PyCapsule_IsValid(capsule, "dltensor")) {
-    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
-    m->deleter(m);
-  }
-}
-
-// A 1-D uint8 DLPack capsule over `nbytes` (> 0) of allocator memory.
-py::capsule host_buffer(const AllocatorPtr& a, NBytesArg nbytes, Device device, StreamArg stream) {
-  MEMALLOC_EXPECTS(nbytes > 0, "host_buffer: nbytes must be positive (zero-element tensors need no memory)");
-  const CallContext who = current_context();  // may walk Python frames: GIL held here
-  void* p = nullptr;
-  {
-    py::gil_scoped_release nogil;
-    p = malloc_for_torch(*a, device, nbytes, stream, who, "memalloc");
-  }
-  auto* ctx = new HostTensorCtx;
-  ctx->allocator = a;
-  ctx->device = device;
-  ctx->shape[0] = static_cast<int64_t>(nbytes);
-  DLTensor& t = ctx->managed.dl_tensor;
-  t.data = p;
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = DLDataType{kDLUInt, 8, 1};
-  t.shape = ctx->shape;
-  t.strides = nullptr;
-  t.byte_offset = 0;
-  ctx->managed.manager_ctx = ctx;
-  ctx->managed.deleter = host_tensor_deleter;
-  return py::capsule(&ctx->managed, "dltensor", capsule_destructor);
-}
-
-HostBackend& host_backend(CachingAllocator& a) {
-  auto* host = dynamic_cast<HostBackend*>(&a.backend());
-  MEMALLOC_EXPECTS(host != nullptr, "this method needs an allocator on the host backend (the simulated device)");
-  return *host;
-}
-
 uint64_t fn_addr(void* f) { return reinterpret_cast<uint64_t>(f); }
-
-// Symbolises an interned stack (GIL held): code objects were kept alive when
-// the stack was interned (pystacks.cpp).
-py::list stack_frames(uint32_t id) {
-  py::list out;
-  for (const RawFrame& f : AllocatorRegistry::instance().stacks().frames(id)) {
-    auto* code = reinterpret_cast<PyCodeObject*>(const_cast<void*>(f.code));
-    py::handle h(reinterpret_cast<PyObject*>(code));
-    int line = PyCode_Addr2Line(code, f.lasti);
-    py::object name = py::hasattr(h, "co_qualname") ? h.attr("co_qualname") : h.attr("co_name");
-    out.append(py::make_tuple(h.attr("co_filename"), line, name));
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -321,41 +248,12 @@ PYBIND11_MODULE(_C, m) {
              py::bytes raw(reinterpret_cast<const char*>(records.data()), records.size() * sizeof(TraceRecord));
              return py::make_tuple(raw, dropped);
            },
-           py::arg("device") = 0, "(records as bytes, 64 per record; dropped count), oldest first.")
-      .def("host_synchronize_stream",
-           [](CachingAllocator& a, StreamArg stream, Device device) {
-             host_backend(a).synchronize_stream(device, stream);
-           },
-           py::arg("stream"), py::arg("device") = 0, NoGil())
-      .def("host_inject_allocate_faults",
-           [](CachingAllocator& a, SkipArg skip, CountArg count, DriverErrorArg driver_error, Device device) {
-             host_backend(a).inject_allocate_faults(device, skip, count, driver_error);
-           },
-           py::arg("skip"), py::arg("count"), py::arg("driver_error") = false, py::arg("device") = 0, NoGil(),
-           "After `skip` more successful device allocations, fail the next `count` (as OOM, or DriverError).")
-      .def("host_inject_release_faults",
-           [](CachingAllocator& a, SkipArg skip, CountArg count, Device device) {
-             host_backend(a).inject_release_faults(device, skip, count);
-           },
-           py::arg("skip"), py::arg("count"), py::arg("device") = 0, NoGil())
-      .def("host_set_fault_rates",
-           [](CachingAllocator& a, AllocateRateArg alloc_rate, ReleaseRateArg release_rate, SeedArg seed, Device device) {
-             host_backend(a).set_fault_rates(device, alloc_rate, release_rate, seed);
-           },
-           py::arg("allocate_rate"), py::arg("release_rate"), py::arg("seed") = 0, py::arg("device") = 0, NoGil())
-      .def("host_faults_injected",
-           [](CachingAllocator& a, Device device) { return host_backend(a).faults_injected(device); },
-           py::arg("device") = 0, NoGil())
-      .def("host_live_segments",
-           [](CachingAllocator& a, Device device) {
-             return host_backend(a).live_segments(device);
-           },
-           py::arg("device") = 0, NoGil())
-      .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
-           "A DLPack capsule (1-D uint8, CPU) over nbytes of this allocator's memory; "
-           "the memory returns to the allocator when the consuming tensor dies.");
+           py::arg("device") = 0, "(records as bytes, 64 per record; dropped count), oldest first.");
 
+  bind_host(allocator_class);
   bind_pools(allocator_class);
+  bind_attribution(m);
+  bind_testing(m);
 
   // ---- torch's CUDA allocator (builds against a CUDA torch only) -------------
 #ifdef MEMALLOC_WITH_TORCH_CUDA
@@ -368,67 +266,6 @@ PYBIND11_MODULE(_C, m) {
   m.attr("has_torch_cuda") = false;
   m.def("torch_cuda_installed", [] { return false; });
 #endif
-
-  // ---- attribution ---------------------------------------------------------
-  m.def("set_stack_mode", [](int mode) {
-    MEMALLOC_EXPECTS(mode >= 0 && mode <= 2, "stack mode must be 0 (none), 1 (tags) or 2 (python)");
-    AllocatorRegistry::instance().set_stack_mode(static_cast<StackMode>(mode));
-  });
-  m.def("stack_mode", [] { return static_cast<int>(AllocatorRegistry::instance().stack_mode()); });
-  m.def("intern_tag", [](const std::string& name) { return AllocatorRegistry::instance().tags().intern(name); });
-  m.def("tag_names", [] { return AllocatorRegistry::instance().tags().names(); });
-  m.def("thread_tag", &AllocatorRegistry::thread_tag);
-  m.def("set_thread_tag", &AllocatorRegistry::set_thread_tag);
-  m.def("set_backward_context", [](uint32_t tag, uint32_t stack) {
-    AllocatorRegistry::instance().set_backward_context(tag, stack);
-  });
-  m.def("backward_context", [] {
-    auto& r = AllocatorRegistry::instance();
-    return py::make_tuple(r.backward_tag(), r.backward_stack());
-  });
-  m.def("capture_stack", &capture_stack_now, "The calling thread's Python stack id (interned).");
-  m.def("next_step", [] { return AllocatorRegistry::instance().next_step(); });
-  m.def("step", [] { return AllocatorRegistry::instance().step(); });
-  m.def("stack_count", [] { return AllocatorRegistry::instance().stacks().size(); });
-  m.def("stack_frames", &stack_frames, py::arg("stack_id"),
-        "[(filename, line, function)] of an interned stack, innermost first.");
-  m.def("set_oom_hook", [](py::object hook) {
-    MEMALLOC_EXPECTS(hook.is_none() || PyCallable_Check(hook.ptr()),
-                     "the OOM hook must be callable(device, requested_bytes) -> str, or None");
-    set_oom_hook(hook.ptr());
-  }, py::arg("hook"), "Text appended to out-of-memory errors of the installed allocator (None: off).");
-  m.def("use_for_torch_cpu", &use_for_torch_cpu,
-        "Makes torch's CPU tensors come from device 0 of the installed host-backend allocator (irreversible).");
-  m.def("used_for_torch_cpu", &used_for_torch_cpu);
-  m.def("trace_entries", &trace_entries, py::arg("raw"), py::arg("keep"), py::arg("tags"), py::arg("frames_of"),
-        "torch snapshot trace entries of raw records (see csrc/boundary/trace_export.h).");
-  m.def("record_size", [] { return sizeof(TraceRecord); });
-  m.def("max_trace_records", [] { return kMaxTraceRecords; });
-  m.def("action_names", [] {
-    size_t n = 0;
-    const char* const* names = action_names(&n);
-    return std::vector<std::string>(names, names + n);
-  });
-
-  m.def("_malloc_on_native_thread",
-        [](AllocatorPtr a, SizeArg size, Device device) {
-          // Test hook: allocate from a thread that never ran Python, as
-          // autograd's engine workers do; returns the pointer.
-          void* p = nullptr;
-          std::exception_ptr error;
-          py::gil_scoped_release nogil;
-          std::thread t([&] {
-            try {
-              p = a->device(device).malloc(size, 0, current_context());
-            } catch (...) {
-              error = std::current_exception();
-            }
-          });
-          t.join();
-          if (error) std::rethrow_exception(error);
-          return reinterpret_cast<std::uintptr_t>(p);
-        },
-        py::arg("allocator"), py::arg("size"), py::arg("device") = 0);
 
   m.def("install", [](AllocatorPtr a) { AllocatorRegistry::instance().install(std::move(a)); });
   m.def("installed", [] { return AllocatorRegistry::instance().installed_shared(); });

@@ -57,7 +57,7 @@ class Double(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         a = memalloc.installed_allocator()
-        Double.native_ptrs.append(memalloc._C._malloc_on_native_thread(a, 3000))
+        Double.native_ptrs.append(memalloc._C._testing.malloc_on_native_thread(a, 3000))
         if Double.python_thread:
             # A Python thread (it has Python frames) allocating, untagged,
             # while the backward runs.

@@ -1,0 +1,17 @@
+// bind.h — the parts of memalloc._C, one per concept (bindings.cpp builds
+// the module and calls each).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+#include "registry.h"
+
+namespace memalloc {
+using AllocatorClass = pybind11::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>;
+void bind_host(AllocatorClass& cls);         // bind_host.cpp
+void bind_pools(AllocatorClass& cls);        // bind_pools.cpp
+void bind_attribution(pybind11::module_& m);  // bind_attribution.cpp
+void bind_testing(pybind11::module_& m);     // bind_testing.cpp: memalloc._C._testing
+}  // namespace memalloc
