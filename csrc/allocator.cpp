@@ -7,11 +7,6 @@
 #include "errors.h"
 
 namespace memalloc {
-namespace {
-// Bytes and blocks a free block contributes to inactive_split_*.
-inline int64_t split_bytes(const Block* b) { return b->is_split() ? static_cast<int64_t>(b->size) : 0; }
-inline int64_t split_count(const Block* b) { return b->is_split() ? 1 : 0; }
-}  // namespace
 
 DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& config)
     : device_(device),

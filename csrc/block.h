@@ -57,6 +57,10 @@ struct Block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
+// Bytes and blocks a free block contributes to inactive_split_* (accounting.h).
+inline int64_t split_bytes(const Block* b) { return b->is_split() ? static_cast<int64_t>(b->size) : 0; }
+inline int64_t split_count(const Block* b) { return b->is_split() ? 1 : 0; }
+
 // Best-fit order: by stream, then size, then address (lowest first).
 struct BlockBySize {
   bool operator()(const Block* a, const Block* b) const {

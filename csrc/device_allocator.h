@@ -225,6 +225,9 @@ class DeviceAllocator {
   // private_pools.cpp
   PrivatePool* route_locked(Stream stream);
   PrivatePool* find_pool_locked(PoolId id);
+  PrivatePool* create_or_incref_locked(PoolId id);
+  // The free lists of the default pool and of every private pool.
+  std::vector<FreeLists*> all_free_lists_locked();
   PrivatePool& pool_or_throw_locked(PoolId id, const char* call);
   Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
   void delete_unused_pools_locked();

@@ -278,14 +278,18 @@ bool DeviceAllocator::owns(void* ptr) {
   return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
 }
 
+std::vector<FreeLists*> DeviceAllocator::all_free_lists_locked() {
+  std::vector<FreeLists*> all{&default_lists_};
+  for (auto& kv : pools_) all.push_back(&kv.second->lists);
+  return all;
+}
+
 std::map<std::uintptr_t, Block*> DeviceAllocator::blocks_by_addr_locked() {
   std::map<std::uintptr_t, Block*> blocks;
   for (auto& kv : live_) blocks.emplace(kv.first, kv.second);
   for (auto& p : pending_) blocks.emplace(p.block->addr, p.block);
   for (Block* b : deferred_) blocks.emplace(b->addr, b);
-  std::vector<FreeLists*> all{&default_lists_};
-  for (auto& kv : pools_) all.push_back(&kv.second->lists);
-  for (FreeLists* l : all)
+  for (FreeLists* l : all_free_lists_locked())
     for (FreeList* list : {&l->small, &l->large})
       for (Block* b : list->blocks()) blocks.emplace(b->addr, b);
   return blocks;

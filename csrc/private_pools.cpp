@@ -15,9 +15,6 @@ std::string pool_name(PoolId id) {
   return "private pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
 }
 
-inline int64_t split_bytes(const Block* b) { return b->is_split() ? static_cast<int64_t>(b->size) : 0; }
-inline int64_t split_count(const Block* b) { return b->is_split() ? 1 : 0; }
-
 }  // namespace
 
 PrivatePool* DeviceAllocator::find_pool_locked(PoolId id) {
@@ -39,15 +36,17 @@ PrivatePool* DeviceAllocator::route_locked(Stream stream) {
   return nullptr;
 }
 
+PrivatePool* DeviceAllocator::create_or_incref_locked(PoolId id) {
+  PrivatePool* pool = find_pool_locked(id);
+  if (pool == nullptr) return pools_.emplace(id, std::make_unique<PrivatePool>(id, &mr_)).first->second.get();
+  pool->use_count += 1;
+  return pool;
+}
+
 void DeviceAllocator::create_or_incref_pool(PoolId id) {
   MEMALLOC_EXPECTS(id != kDefaultPool, "pool id (0, 0) is the default pool; a private pool needs another id");
   std::lock_guard<std::mutex> lock(mu_);
-  PrivatePool* pool = find_pool_locked(id);
-  if (pool == nullptr) {
-    pools_.emplace(id, std::make_unique<PrivatePool>(id, &mr_));
-  } else {
-    pool->use_count += 1;
-  }
+  create_or_incref_locked(id);
 }
 
 void DeviceAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter) {
@@ -57,13 +56,7 @@ void DeviceAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter) {
   for (const PoolRoute& r : routes_)
     MEMALLOC_EXPECTS(r.id != id, "begin_allocate_to_pool: allocations already go to " + pool_name(id) +
                                      "; end that (endAllocateToPool) before beginning another");
-  PrivatePool* pool = find_pool_locked(id);
-  if (pool == nullptr) {
-    pool = pools_.emplace(id, std::make_unique<PrivatePool>(id, &mr_)).first->second.get();
-  } else {
-    pool->use_count += 1;
-  }
-  routes_.push_back(PoolRoute{id, pool, std::move(filter)});
+  routes_.push_back(PoolRoute{id, create_or_incref_locked(id), std::move(filter)});
 }
 
 void DeviceAllocator::end_allocate_to_pool(PoolId id) {
@@ -142,10 +135,8 @@ bool DeviceAllocator::pool_live_blocks_are(PoolId id, const std::vector<void*>& 
 
 size_t DeviceAllocator::largest_free_block() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<FreeLists*> all{&default_lists_};
-  for (auto& kv : pools_) all.push_back(&kv.second->lists);
   size_t largest = 0;
-  for (FreeLists* l : all)
+  for (FreeLists* l : all_free_lists_locked())
     for (FreeList* list : {&l->small, &l->large})
       for (const Block* b : list->blocks()) largest = std::max(largest, b->size);
   return largest;
@@ -194,13 +185,9 @@ PoolRestore DeviceAllocator::restore_pool(const PoolState& state) {
   for (auto& kv : live_)
     if (kv.second->owner == &pool) live.push_back(kv.second);
   for (Block* b : live) {
-    live_.erase(b->addr);
-    b->allocated = false;
-    pool.live_blocks -= 1;
-    b->stream_uses.clear();  // the graph's owner is done with them
+    b->stream_uses.clear();  // the graph's owner is done with them: freed at once
     out.freed.push_back(reinterpret_cast<void*>(b->addr));
-    record_locked(block_event(Action::kFreeRequested, *b));
-    free_block_locked(b);
+    free_live_locked(live_.find(b->addr), ctx_);
   }
   const bool pending = std::any_of(pending_.begin(), pending_.end(),
                                    [&](const Pending& p) { return p.block->owner == &pool; }) ||
@@ -250,15 +237,12 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
   // The segment's free blocks now sit inside a split segment (when it is
   // cut at all): that is the inactive_split change of the restore.
   int64_t split_bytes_delta = 0, split_count_delta = 0;
-  for (size_t i = 0; i < made.size(); ++i) {
-    if (cut[i].allocated) continue;
-    split_bytes_delta += split_bytes(made[i]);
-    split_count_delta += split_count(made[i]);
-  }
   bool deltas_recorded = false;
   for (size_t i = 0; i < made.size(); ++i) {
     Block* b = made[i];
     if (!cut[i].allocated) {
+      split_bytes_delta += split_bytes(b);
+      split_count_delta += split_count(b);
       list.insert(b);
       continue;
     }

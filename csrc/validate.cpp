@@ -66,13 +66,11 @@ void DeviceAllocator::validate() {
     n += static_cast<size_t>(std::count(deferred_.begin(), deferred_.end(), b));
     check(static_cast<int>(n) == b->event_count, "event_count differs from pending entries");
   }
-  std::vector<FreeLists*> all_lists{&default_lists_};
   for (auto& kv : pools_) {
     check(kv.first == kv.second->id && kv.first != kDefaultPool, "pool table key differs from its pool's id");
     check(kv.second->use_count >= 0, "a private pool's use count is negative");
-    all_lists.push_back(&kv.second->lists);
   }
-  for (FreeLists* lists_of_pool : all_lists) {
+  for (FreeLists* lists_of_pool : all_free_lists_locked()) {
     for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
       for (const Block* b : list->blocks()) {
         check(!b->allocated && b->event_count == 0, "free list holds a non-free block");

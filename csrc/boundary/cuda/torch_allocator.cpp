@@ -87,20 +87,17 @@ class TorchCudaAllocator final : public Pluggable {
 
   // ---- allocation ----------------------------------------------------------
   c10::DataPtr allocate(size_t size) override {
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = c10::cuda::current_device();
     void* p = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
     return {p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_anywhere; }
   void* raw_alloc(size_t nbytes) override {
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = c10::cuda::current_device();
     return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = c10::cuda::current_device();
     return malloc(nbytes, device, stream);
   }
   void raw_delete(void* ptr) override { free_anywhere(ptr); }
@@ -259,8 +256,7 @@ class TorchCudaAllocator final : public Pluggable {
   // the last user drops it.
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     const std::string raw = raw_ipc_handle(handle);
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = c10::cuda::current_device();
     std::lock_guard<std::mutex> lock(ipc_mu_);
     auto it = ipc_open_.find(raw);
     if (it != ipc_open_.end()) {
