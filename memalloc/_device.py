@@ -55,7 +55,7 @@ def existing_device_index(device: DeviceLike, allocator: Optional[_C.Allocator] 
     (default: the installed one) now (InvalidArgumentError, a ValueError,
     naming the valid range)."""
     # RuntimeError naming enable() when none is given and none is installed.
-    a = allocator if allocator is not None else _state.installed_allocator()
+    a = _state.allocator_or_installed(allocator)
     index = device_index(device, a.backend_name)
     if not 0 <= index < a.device_count:
         raise _C.InvalidArgumentError(f"device {index} does not exist: the {a.backend_name} backend has "

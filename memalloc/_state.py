@@ -70,3 +70,9 @@ def installed_allocator() -> _C.Allocator:
     if a is None:
         raise RuntimeError("memalloc is not enabled: call memalloc.enable() first")
     return a
+
+
+def allocator_or_installed(allocator: Optional[_C.Allocator]) -> _C.Allocator:
+    """``allocator`` when given, else :func:`installed_allocator` (the
+    default of every tracker and report that takes an allocator)."""
+    return allocator if allocator is not None else installed_allocator()

@@ -95,7 +95,7 @@ class LeakTracker:
         for name, value in (("warmup_steps", warmup_steps), ("threshold_bytes_per_step", threshold_bytes_per_step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, not {value!r}")
-        self.allocator = allocator if allocator is not None else _state.installed_allocator()
+        self.allocator = _state.allocator_or_installed(allocator)
         self.device = existing_device_index(device, self.allocator)
         self.warmup_steps = warmup_steps
         self.threshold_bytes_per_step = threshold_bytes_per_step

@@ -77,7 +77,7 @@ def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: Optional[_C
     (None fields when stacks were not captured; then the grouping is by tag)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
-    a = allocator if allocator is not None else _state.installed_allocator()
+    a = _state.allocator_or_installed(allocator)
     d = device_index(device, a.backend_name)
     tags = _C.tag_names()
     groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])

@@ -38,5 +38,5 @@ def live_blocks(device: int, allocator: Optional[_C.Allocator] = None) -> list[L
     """(addr, size, requested, stack_id, tag_id, step) of every live block of
     ``device`` (bytes; ``step`` = memalloc.step() count at allocation), of
     ``allocator`` or the installed one."""
-    a = allocator if allocator is not None else _state.installed_allocator()
+    a = _state.allocator_or_installed(allocator)
     return list(struct.iter_unpack(LIVE_FORMAT, a.live_blocks(device)))

@@ -151,7 +151,7 @@ class StepTracker:
     # ------------------------------------------------------------ set-up --
     def _resolve(self) -> int:
         # the given allocator, or the installed one (RuntimeError naming enable() when none)
-        self._allocator = self._given_allocator or _state.installed_allocator()
+        self._allocator = _state.allocator_or_installed(self._given_allocator)
         return existing_device_index(self._device_spec, self._allocator)
 
     def _backend(self) -> Optional[str]:

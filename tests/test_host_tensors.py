@@ -33,11 +33,8 @@ def nbytes_of(shape, dtype) -> int:
 
 
 @pytest.fixture
-def a():
-    alloc = memalloc.Allocator("host", "host_capacity_mb:64")
-    yield alloc
-    gc.collect()
-    alloc.validate()
+def a(host_allocator):
+    return host_allocator  # tests/conftest.py
 
 
 def reference(shape, dtype) -> torch.Tensor:

@@ -3,7 +3,6 @@
 allocator, default the installed one), with real torch tensors whose
 storage comes from it (DLPack). No memalloc.enable(), no subprocess.
 """
-import gc
 
 import pytest
 import torch
@@ -15,11 +14,8 @@ KiB = 1 << 10
 
 
 @pytest.fixture
-def allocator():
-    a = _C.Allocator("host", "host_capacity_mb:64")
-    yield a
-    gc.collect()
-    a.validate()
+def allocator(host_allocator):
+    return host_allocator  # tests/conftest.py
 
 
 def tensor(a, nbytes: int) -> torch.Tensor:
