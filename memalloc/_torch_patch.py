@@ -89,11 +89,6 @@ _originals: dict[str, Any] = {name: getattr(torch.cuda.memory, name)
 _patched: dict[str, Any] = {}
 
 
-def original(name: str) -> Callable[..., Any]:
-    """torch's own function ``torch.cuda.memory.<name>`` (unpatched)."""
-    return _originals[name]
-
-
 def patch(backend: str) -> None:
     """Makes ``torch.cuda.<query>`` answer from memalloc."""
     table = dict(_QUERIES)
@@ -131,4 +126,4 @@ def is_patched() -> bool:
     return bool(_patched)
 
 
-__all__ = ["is_patched", "original", "patch", "unpatch"]
+__all__ = ["is_patched", "patch", "unpatch"]

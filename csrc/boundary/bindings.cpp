@@ -261,10 +261,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("install_torch_cuda", [](AllocatorPtr a) { install_torch_cuda_allocator(a); }, py::arg("allocator"),
         "Makes `allocator` (cuda backend) torch's CUDA allocator: a subclass of torch's "
         "CUDAPluggableAllocator. Before CUDA is initialised; once per process.");
-  m.def("torch_cuda_installed", &torch_cuda_allocator_installed);
 #else
   m.attr("has_torch_cuda") = false;
-  m.def("torch_cuda_installed", [] { return false; });
 #endif
 
   m.def("install", [](AllocatorPtr a) { AllocatorRegistry::instance().install(std::move(a)); });

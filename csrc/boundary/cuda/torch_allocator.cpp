@@ -8,7 +8,6 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -431,14 +430,15 @@ class TorchCudaAllocator final : public Pluggable {
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
 };
 
-std::atomic<bool> g_installed{false};
-
 }  // namespace
 
 void install_torch_cuda_allocator(const std::shared_ptr<CachingAllocator>& core) {
   MEMALLOC_EXPECTS(core != nullptr && std::string(core->backend().name()) == "cuda",
                    "torch's CUDA allocator must be a memalloc allocator on the cuda backend");
-  MEMALLOC_EXPECTS(!g_installed.load(), "memalloc is already torch's CUDA allocator in this process");
+  // torch keeps the installed custom allocator: whether it is ours is read there, not kept here.
+  MEMALLOC_EXPECTS(
+      dynamic_cast<TorchCudaAllocator*>(torch::cuda::CUDAPluggableAllocator::getCurrentAllocator().get()) == nullptr,
+      "memalloc is already torch's CUDA allocator in this process");
   auto allocator = std::make_shared<TorchCudaAllocator>(core);
   try {
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
@@ -447,10 +447,7 @@ void install_torch_cuda_allocator(const std::shared_ptr<CachingAllocator>& core)
   }
   // torch.accelerator.* asks c10's allocator table, which changeCurrentAllocator leaves alone.
   c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/1);
-  g_installed.store(true);
   // changeCurrentAllocator keeps a shared_ptr for the life of the process.
 }
-
-bool torch_cuda_allocator_installed() { return g_installed.load(); }
 
 }  // namespace memalloc

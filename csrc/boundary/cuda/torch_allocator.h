@@ -33,6 +33,4 @@ class CachingAllocator;
 // InvalidArgument when torch's CUDA allocator is already initialised or
 // `core` is not on the cuda backend.
 void install_torch_cuda_allocator(const std::shared_ptr<CachingAllocator>& core);
-// Whether install_torch_cuda_allocator has run in this process.
-bool torch_cuda_allocator_installed();
 }  // namespace memalloc
