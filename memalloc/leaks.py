@@ -50,7 +50,7 @@ from .holders import attribute_holders
 from .leak_report import Leak, LeakError, LeakReport
 from ._config import STACK_MODES
 from .recording import stack
-from .sites import SiteKey, frame_json, live_blocks, site_of
+from .sites import SiteKey, live_blocks, site_of
 
 def _slope(xs: list[float], ys: list[float]) -> float:
     n = len(xs)
@@ -207,7 +207,7 @@ class LeakTracker:
             alloc = {"filename": key[0], "line": key[1], "function": key[2]}
             leaks.append(Leak(
                 site=dict(alloc), code=source_line(key[0], key[1]), alloc_site=alloc, alloc_code=source_line(key[0], key[1]),
-                stack=[frame_json(f) for f in frames], bytes_per_step=per_step,
+                stack=[f.to_dict() for f in frames], bytes_per_step=per_step,
                 tensors_per_step=_slope(xs, [float(c) for c in count_series[self.warmup_steps:]]),
                 retained_bytes=sum(ages[s][1] for s in since), retained_tensors=sum(ages[s][0] for s in since),
                 first_step=min(since),

@@ -43,6 +43,10 @@ class Frame:
     def __str__(self) -> str:
         return f"{self.filename}:{self.line} in {self.name}"
 
+    def to_dict(self) -> dict:
+        """The frame as torch's snapshot and the leak report write it."""
+        return {"filename": self.filename, "line": self.line, "name": self.name}
+
 
 @dataclasses.dataclass(frozen=True)
 class Event:
@@ -155,7 +159,7 @@ def stack(stack_id: int, *, user_only: bool = False) -> tuple[Frame, ...]:
 
 def frames_json(stack_id: int) -> list[dict]:
     """An interned stack as torch snapshot frames ([] for stack id 0)."""
-    return [{"filename": f.filename, "line": f.line, "name": f.name} for f in stack(stack_id)] if stack_id else []
+    return [f.to_dict() for f in stack(stack_id)] if stack_id else []
 
 
 __all__ = ["ACTIONS", "Event", "Frame", "RECORD_FORMAT", "STACK_MODES", "decode_records", "dropped", "events",

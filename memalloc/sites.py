@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import _C, _state
 from ._usercode import user_frame
-from .recording import Frame, stack
+from .recording import stack
 
 SiteKey = tuple  # (filename, line, function)
 LIVE_FORMAT = "<QQQIII4x"  # csrc/device_allocator.h LiveBlock, as _C.Allocator.live_blocks packs it
@@ -27,11 +27,6 @@ def site_of(stack_id: int) -> Optional[SiteKey]:
     interned stack; None for stack id 0 (no stack captured)."""
     f = user_frame(stack(stack_id)) if stack_id else None
     return (f.filename, f.line, f.name) if f else None
-
-
-def frame_json(f: Frame) -> dict:
-    """A frame as the reports' JSON writes it."""
-    return {"filename": f.filename, "line": f.line, "name": f.name}
 
 
 def live_blocks(device: int, allocator: Optional[_C.Allocator] = None) -> list[LiveBlock]:
