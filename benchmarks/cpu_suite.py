@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -46,8 +45,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from . import core_build
+
 REPO = Path(__file__).resolve().parents[1]
-CSRC = REPO / "csrc"
 BENCH_SRC = REPO / "benchmarks" / "cpu" / "bench_core.cpp"
 BASELINE_PATH = REPO / "benchmarks" / "baselines" / "cpu_instructions.json"
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -109,75 +109,22 @@ def callgrind_workloads(ops: int = CALLGRIND_OPS) -> Dict[str, List[str]]:
 
 
 # ------------------------------------------------------------------ build ----
-def core_sources() -> List[Path]:
-    return sorted(CSRC.glob("*.cpp"))  # the core; csrc/boundary/ needs torch and Python
-
-
-def find_compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not cxx:
-        raise SuiteError("no C++ compiler found: install g++ (or set CXX)")
-    return cxx
-
-
-def compiler_version(cxx: str) -> str:
-    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    return out.splitlines()[0].strip() if out else "unknown"
-
-
-def _fingerprint(cxx: str, version: str) -> str:
-    h = hashlib.sha256()
-    h.update("\0".join([cxx, version, *FLAGS, *WARNINGS, *LDLIBS]).encode())
-    for p in sorted(CSRC.glob("*.h")) + core_sources() + [BENCH_SRC]:
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
 def build(build_dir: Optional[Path] = None, rebuild: bool = False, jobs: Optional[int] = None,
           log: Callable[[str], None] = print) -> Dict[str, object]:
-    """Compiles bench_core (objects in parallel) into build_dir; reuses the
-    binary when compiler, flags and every source are unchanged. Returns
-    {binary, compiler, compiler_version, flags, seconds, cached}."""
-    build_dir = Path(build_dir or BUILD_DIR)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    cxx = find_compiler()
-    version = compiler_version(cxx)
-    binary = build_dir / "bench_core"
-    stamp = build_dir / "bench_core.fingerprint"
-    fp = _fingerprint(cxx, version)
-    info = {"binary": str(binary), "compiler": cxx, "compiler_version": version,
-            "flags": FLAGS + WARNINGS, "link": LDLIBS, "cached": False}
-    t0 = time.monotonic()
-    if not rebuild and binary.exists() and stamp.exists() and stamp.read_text() == fp:
-        info.update(cached=True, seconds=0.0)
-        return info
-    stamp.unlink(missing_ok=True)
-    sources = core_sources() + [BENCH_SRC]
-
-    def compile_one(src: Path) -> subprocess.CompletedProcess:
-        obj = build_dir / (src.stem + ".o")
-        cmd = [cxx, *FLAGS, *WARNINGS, "-I", str(CSRC), "-c", str(src), "-o", str(obj)]
-        return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-    workers = jobs or os.cpu_count() or 1
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(compile_one, sources))
-    errors = [(s, r) for s, r in zip(sources, results) if r.returncode != 0]
-    if errors:
-        src, r = errors[0]
-        raise SuiteError(f"compiling {src.relative_to(REPO)} failed:\n{r.stderr[-4000:]}")
-    warnings = "".join(r.stderr for r in results).strip()
-    if warnings:
-        log("compiler warnings:\n" + warnings[-4000:])
-    objs = [str(build_dir / (s.stem + ".o")) for s in sources]
-    r = subprocess.run([cxx, *FLAGS, *objs, *LDLIBS, "-o", str(binary)], capture_output=True, text=True,
-                       check=False)
-    if r.returncode != 0:
-        raise SuiteError("linking bench_core failed:\n" + r.stderr[-4000:])
-    stamp.write_text(fp)
-    info["seconds"] = round(time.monotonic() - t0, 2)
-    info["warnings"] = warnings
-    return info
+    """Compiles bench_core into build_dir with benchmarks/core_build.py (which
+    reuses the binary when compiler, flags and every source are unchanged).
+    Returns {binary, compiler, compiler_version, flags, link, seconds, cached,
+    warnings}; SuiteError when it cannot build."""
+    try:
+        b = core_build.build_executable("bench_core", [BENCH_SRC], Path(build_dir or BUILD_DIR), FLAGS,
+                                        compile_flags=WARNINGS, libs=LDLIBS, rebuild=rebuild, jobs=jobs)
+    except core_build.BuildError as e:
+        raise SuiteError(str(e)) from e
+    if b.warnings:
+        log("compiler warnings:\n" + b.warnings[-4000:])
+    return {"binary": str(b.binary), "compiler": b.compiler, "compiler_version": b.compiler_version,
+            "flags": FLAGS + WARNINGS, "link": LDLIBS, "cached": b.cached, "seconds": b.seconds,
+            "warnings": b.warnings}
 
 
 # ---------------------------------------------------------------- timings ----

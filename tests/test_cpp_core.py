@@ -3,32 +3,31 @@ Python, it runs a repeating allocation pattern and proves that the steady
 state makes no host allocation (operator new is counted)."""
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import subprocess
+import sys
 
 import pytest
 
 pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORE = sorted(glob.glob(os.path.join(REPO, "csrc", "*.cpp")))  # csrc/boundary/ needs torch
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks import core_build  # noqa: E402  (the one builder of the standalone core)
+
+FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread",
+         "-Wno-mismatched-new-delete"]  # steady_state.cpp replaces new/delete as a pair
 
 
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    assert cxx, "a C++ compiler (g++) is needed to build the standalone core test"
-    out = str(tmp_path_factory.mktemp("cpp") / "steady_state")
-    cmd = [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread",
-           "-Wno-mismatched-new-delete",  # steady_state.cpp replaces new/delete as a pair
-           "-I", os.path.join(REPO, "csrc"), os.path.join(REPO, "tests", "cpp", "steady_state.cpp"),
-           *CORE, "-ldl", "-o", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "warning" not in proc.stderr, proc.stderr[-4000:]
-    return out
+    # Raises core_build.BuildError, with the compiler's output, unless it builds.
+    built = core_build.build_executable("steady_state", [os.path.join(REPO, "tests", "cpp", "steady_state.cpp")],
+                                        tmp_path_factory.mktemp("cpp"), FLAGS)
+    assert "warning" not in built.warnings, built.warnings[-4000:]
+    return str(built.binary)
 
 
 def test_core_is_plain_cxx17_and_steady_state_makes_no_host_allocation(binary):

@@ -16,13 +16,10 @@ only when the compiler cannot link that sanitizer's runtime (probed with a
 hello-world)."""
 from __future__ import annotations
 
-import glob
-import hashlib
 import os
-import shutil
 import subprocess
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
@@ -30,7 +27,11 @@ import pytest
 pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORE = sorted(glob.glob(os.path.join(REPO, "csrc", "*.cpp")))  # csrc/boundary/ needs torch
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks import core_build  # noqa: E402  (the one builder of the standalone core)
+
 STRESS = os.path.join(REPO, "tests", "cpp", "stress.cpp")
 COMMON = ["-std=c++17", "-g", "-pthread"]
 
@@ -66,63 +67,30 @@ FLAVORS = {
 
 
 class Builder:
-    """Builds stress.cpp + the core once per flavor: each translation unit in
-    parallel, objects with identical flags shared between flavors."""
+    """Builds stress.cpp + the core once per flavor, on first use, with
+    benchmarks/core_build.py (each translation unit in parallel)."""
 
     def __init__(self, root):
         self.root = root
-        self.cxx = shutil.which("g++") or shutil.which("c++")
-        self.objects = {}  # (source, flags) -> object file
         self.binaries = {}  # flavor -> (path,) or the reason to skip
         self.seconds = {}
-
-    def _probe(self, flavor):
-        if not flavor.runtime:
-            return None
-        src = os.path.join(self.root, "hello.cpp")
-        with open(src, "w") as f:
-            f.write("#include <cstdio>\nint main() { std::puts(\"hello\"); return 0; }\n")
-        exe = os.path.join(self.root, "hello_" + flavor.name)
-        proc = subprocess.run([self.cxx, *COMMON, "-fsanitize=" + flavor.runtime, src, "-o", exe],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            return (f"{self.cxx} cannot build with -fsanitize={flavor.runtime} (sanitizer runtime "
-                    f"missing? on Debian: apt-get install libasan8 libubsan1 libtsan2): "
-                    f"{proc.stderr.strip()[-400:]}")
-        return None
-
-    def _compile(self, src, flags):
-        key = (src, tuple(flags))
-        if key not in self.objects:
-            tag = hashlib.sha1(" ".join(flags).encode()).hexdigest()[:12]
-            obj = os.path.join(self.root, "obj", tag, os.path.basename(src) + ".o")
-            os.makedirs(os.path.dirname(obj), exist_ok=True)
-            proc = subprocess.run([self.cxx, *flags, "-I", os.path.join(REPO, "csrc"), "-c", src, "-o", obj],
-                                  capture_output=True, text=True, timeout=600)
-            assert proc.returncode == 0, f"compiling {src} with {flags}:\n{proc.stderr[-4000:]}"
-            self.objects[key] = obj
-        return self.objects[key]
 
     def get(self, name):
         if name in self.binaries:
             return self.binaries[name]
         flavor = FLAVORS[name]
-        assert self.cxx, "a C++ compiler (g++) is needed to build the standalone core"
-        why = self._probe(flavor)
-        if why:
-            self.binaries[name] = why
-            return why
-        t0 = time.monotonic()
-        flags = [*COMMON, *flavor.flags]
-        jobs = [(src, flags) for src in [STRESS, *CORE]]
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            objs = list(pool.map(lambda job: self._compile(*job), jobs))
-        exe = os.path.join(self.root, name)
-        proc = subprocess.run([self.cxx, *flags, *objs, "-ldl", "-o", exe], capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, f"linking {name}:\n{proc.stderr[-4000:]}"
-        self.binaries[name] = (exe,)
-        self.seconds[name] = time.monotonic() - t0
+        if flavor.runtime:
+            output = core_build.probe([*COMMON, "-fsanitize=" + flavor.runtime], self.root)
+            if output is not None:
+                why = (f"{core_build.find_compiler()} cannot build with -fsanitize={flavor.runtime} (sanitizer "
+                       f"runtime missing? on Debian: apt-get install libasan8 libubsan1 libtsan2): "
+                       f"{output.strip()[-400:]}")
+                self.binaries[name] = why
+                return why
+        # Raises core_build.BuildError, with the compiler's output, unless it builds.
+        built = core_build.build_executable(name, [STRESS], self.root, [*COMMON, *flavor.flags])
+        self.binaries[name] = (str(built.binary),)
+        self.seconds[name] = built.seconds
         return self.binaries[name]
 
 
