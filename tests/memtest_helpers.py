@@ -76,7 +76,8 @@ def pool_of(size):
 
 # ------------------------------------------------------- test utilities ----
 class Checked:
-    """Proxy of an Allocator that validates every device after each call."""
+    """Proxy of an Allocator that validates every device after each call.
+    ``.a`` is the allocator itself: what memalloc._C._testing's hooks take."""
 
     def __init__(self, conf="host_capacity_mb:64"):
         self.a = _C.Allocator("host", conf)

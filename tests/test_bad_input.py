@@ -193,24 +193,7 @@ add(A, 'a.set_recording(2**62)', "huge capacity (2**62)", "ValueError", "capacit
 add(A, 'a.set_recording(2**64)', "capacity above size_t (2**64)", "ValueError", "capacity")
 add(A, 'a.set_recording("10")', "str capacity", "TypeError", "capacity must be")
 
-A = "Allocator.host_* faults"
-add(A, 'a.host_inject_allocate_faults(0, 1, False, 99)', "device 99", "InvalidArgumentError",
-    "device 99 does not exist")
-add(A, 'a.host_inject_allocate_faults(-1, 1)', "negative skip", "ValueError", "skip -1")
-add(A, 'a.host_inject_allocate_faults(0, -1)', "negative count", "ValueError", "count -1")
-add(A, 'a.host_inject_allocate_faults("0", 1)', "str skip", "TypeError", "skip must be")
-add(A, 'a.host_inject_release_faults(0, 1, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.host_inject_release_faults(0, -1)', "negative count", "ValueError", "count -1")
-add(A, 'a.host_set_fault_rates(2.0, 0.0)', "allocate rate above 1", "InvalidArgumentError",
-    "fault rates are probabilities in [0, 1]")
-add(A, 'a.host_set_fault_rates(0.0, -0.5)', "negative release rate", "InvalidArgumentError",
-    "fault rates are probabilities in [0, 1]")
-add(A, 'a.host_set_fault_rates(float("nan"), 0.0)', "NaN rate", "InvalidArgumentError",
-    "fault rates are probabilities in [0, 1]")
-add(A, 'a.host_set_fault_rates(0.0, 0.0, 0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.host_set_fault_rates(0.0, 0.0, -1)', "negative seed", "ValueError", "seed -1")
-add(A, 'a.host_faults_injected(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
-add(A, 'a.host_live_segments(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+A = "Allocator.host_synchronize_stream"
 add(A, 'a.host_synchronize_stream(0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.host_synchronize_stream(-1)', "negative stream", "ValueError", "stream -1")
 
@@ -221,6 +204,37 @@ add(A, 'a.host_buffer(2**62)', "huge size (2**62)", "OutOfMemoryError", "Tried t
 add(A, 'a.host_buffer(2**64)', "size above size_t (2**64)", "OutOfMemoryError", "Tried to allocate",
     alt=(("ValueError", "too large"),))
 add(A, 'a.host_buffer(10, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+
+A = "_C._testing faults"
+add(A, 'memalloc._C._testing.inject_allocate_faults(a, 0, 1, False, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
+add(A, 'memalloc._C._testing.inject_allocate_faults(a, -1, 1)', "negative skip", "ValueError", "skip -1")
+add(A, 'memalloc._C._testing.inject_allocate_faults(a, 0, -1)', "negative count", "ValueError", "count -1")
+add(A, 'memalloc._C._testing.inject_allocate_faults(a, "0", 1)', "str skip", "TypeError", "skip must be")
+add(A, 'memalloc._C._testing.inject_allocate_faults(None, 0, 1)', "None allocator", "TypeError", "allocator must be")
+add(A, 'memalloc._C._testing.inject_release_faults(a, 0, 1, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
+add(A, 'memalloc._C._testing.inject_release_faults(a, 0, -1)', "negative count", "ValueError", "count -1")
+add(A, 'memalloc._C._testing.set_fault_rates(a, 2.0, 0.0)', "allocate rate above 1", "InvalidArgumentError",
+    "fault rates are probabilities in [0, 1]")
+add(A, 'memalloc._C._testing.set_fault_rates(a, 0.0, -0.5)', "negative release rate", "InvalidArgumentError",
+    "fault rates are probabilities in [0, 1]")
+add(A, 'memalloc._C._testing.set_fault_rates(a, float("nan"), 0.0)', "NaN rate", "InvalidArgumentError",
+    "fault rates are probabilities in [0, 1]")
+add(A, 'memalloc._C._testing.set_fault_rates(a, 0.0, 0.0, 0, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
+add(A, 'memalloc._C._testing.set_fault_rates(a, 0.0, 0.0, -1)', "negative seed", "ValueError", "seed -1")
+add(A, 'memalloc._C._testing.faults_injected(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'memalloc._C._testing.live_segments(a, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'memalloc._C._testing.live_segments(a.stats)', "not an allocator", "TypeError", "allocator must be")
+
+A = "_C._testing.malloc_on_native_thread"
+add(A, 'memalloc._C._testing.malloc_on_native_thread(a, -1)', "negative size", "InvalidArgumentError",
+    "negative size -1 bytes")
+add(A, 'memalloc._C._testing.malloc_on_native_thread(a, "10")', "str size", "TypeError", "size must be")
+add(A, 'memalloc._C._testing.malloc_on_native_thread(a, 1000, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
+add(A, 'memalloc._C._testing.malloc_on_native_thread(None, 1000)', "None allocator", "TypeError", "allocator must be")
 
 A = "memalloc.Allocator()"
 add(A, 'memalloc.Allocator("bogus")', "unknown backend", "InvalidArgumentError", "unknown backend 'bogus'")
@@ -684,6 +698,8 @@ def _inproc_namespace() -> dict:
 
 
 def _allocator_state(ns: dict) -> dict:
+    from memalloc._C import _testing
+
     a = ns["a"]
     devices = range(a.device_count)
 
@@ -699,8 +715,8 @@ def _allocator_state(ns: dict) -> dict:
         "memory_fraction": [a.memory_fraction(d) for d in devices],
         "gc_threshold": [a.gc_threshold(d) for d in devices],
         "trace": [[len(a.trace(d)[0]), a.trace(d)[1]] for d in devices],
-        "faults_injected": [list(a.host_faults_injected(d)) for d in devices],
-        "live_segments": [a.host_live_segments(d) for d in devices],
+        "faults_injected": [list(_testing.faults_injected(a, d)) for d in devices],
+        "live_segments": [_testing.live_segments(a, d) for d in devices],
         "validate": [valid(d) for d in devices],
     }
 
@@ -1000,6 +1016,10 @@ if pytest is not None:
                    and callable(getattr(memalloc.Allocator, m))]
         missing = [m for m in methods if f"a.{m}(" not in calls]
         assert not missing, f"Allocator methods without a bad-input case: {missing}"
+        hooks = [f for f in dir(memalloc._C._testing) if not f.startswith("_")
+                 and callable(getattr(memalloc._C._testing, f))]
+        missing = [f for f in hooks if f"memalloc._C._testing.{f}(" not in calls]
+        assert not missing, f"memalloc._C._testing hooks without a bad-input case: {missing}"
         for fn in ("host.empty(", "host.zeros(", "memalloc.Allocator(", "memalloc._C.parse_config(",
                    "lib.memalloc_free(", "python -m memalloc info", "python -m memalloc run",
                    "python -m memalloc demo"):

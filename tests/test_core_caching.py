@@ -50,7 +50,7 @@ def test_small_request_rounding_and_segment(size):
     assert seg["blocks"][1]["state"] == "inactive"
     assert cur(a, "inactive_split_bytes") == rest
     assert cur(a, "inactive_split") == 1
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     a.free(p)
     assert cur(a, "allocated_bytes") == 0
     assert cur(a, "requested_bytes") == 0
@@ -65,7 +65,7 @@ def test_zero_size_is_null_and_counts_nothing():
     a.free(0)  # free(nullptr) is a no-op
     assert a.stats() == before
     assert a.segments() == []
-    assert a.host_live_segments() == 0
+    assert _C._testing.live_segments(a.a) == 0
 
 
 @pytest.mark.parametrize(
@@ -174,12 +174,12 @@ def test_small_segment_is_carved_until_full():
     p1 = a.malloc(MiB)
     p2 = a.malloc(MiB)  # remainder of exactly 1 MiB: used whole, nothing left
     assert p2 == p1 + MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert cur(a, "inactive_split_bytes") == 0
     (seg,) = a.segments()
     assert [b["size"] for b in seg["blocks"]] == [MiB, MiB]
     p3 = a.malloc(512)  # no free byte left: a second small segment
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert cur(a, "segment", "small_pool") == 2
     assert segment_of(a, p3)["address"] == p3
     assert cur(a, "reserved_bytes") == 2 * SMALL_SEGMENT
@@ -197,7 +197,7 @@ def test_consecutive_small_allocations_are_adjacent():
     assert cur(a, "allocated_bytes") == sum(rnd(s) for s in sizes)
     assert cur(a, "requested_bytes") == sum(sizes)
     assert cur(a, "inactive_split_bytes") == SMALL_SEGMENT - sum(rnd(s) for s in sizes)
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
 
 
 def test_small_and_large_pools_are_separate():
@@ -230,7 +230,7 @@ def test_large_segment_shared_and_unsplit_remainder_counted():
     p3 = a.malloc(9 * MiB)
     assert p3 == p1 + 10 * MiB
     assert block_of(a, p3)["size"] == 10 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert cur(a, "allocated_bytes") == 20 * MiB
     assert cur(a, "requested_bytes") == 19 * MiB
     assert cur(a, "inactive_split_bytes") == 0
@@ -250,13 +250,13 @@ def test_big_request_served_from_cached_large_remainder():
     p = a.malloc(5 * MiB)
     q = a.malloc(12 * MiB)
     assert q == p + 5 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert block_of(a, q)["size"] == 12 * MiB  # 3 MiB left > 1 MiB: split
     assert cur(a, "inactive_split_bytes") == 3 * MiB
     # 14 MiB does not fit in the 3 MiB left: own 14 MiB segment
     r = a.malloc(14 * MiB)
     assert segment_of(a, r)["total_size"] == 14 * MiB
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
 
 
 # --------------------------------------------------------------- best fit ----
@@ -269,7 +269,7 @@ def _holey_small_segment(a, hole_sizes):
         seps.append(a.malloc(512))
     for h in holes:
         a.free(h)
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     return holes
 
 
@@ -344,7 +344,7 @@ def test_coalescing_restores_whole_segment(order):
     # the whole segment is reusable for a full 1 MiB + 1 MiB
     assert a.malloc(MiB) == ptrs[0]
     assert a.malloc(MiB) == ptrs[0] + MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
 
 
 def test_coalesced_large_block_serves_bigger_request():
@@ -363,7 +363,7 @@ def test_coalesced_large_block_serves_bigger_request():
     q = a.malloc(7 * MiB)
     assert q == p1
     assert block_of(a, q)["size"] == 8 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     a.free(q)
     a.free(p3)
     (seg,) = a.segments()
@@ -384,13 +384,13 @@ def test_freed_block_reused_by_same_stream_only(size):
     assert segment_of(a, q)["address"] != segment_of(a, p)["address"]
     assert segment_of(a, q)["stream"] == 7
     assert segment_of(a, p)["stream"] == 0
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert stat(a, "segment", field="allocated") == 2
     a.free(q)
     # each stream keeps finding its own block
     assert a.malloc(size, 0, 7) == q
     assert a.malloc(size, 0, 0) == p
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
 
 
 def test_other_stream_does_not_use_free_space_of_split_segment():
@@ -519,7 +519,7 @@ def test_max_split_oversize_block_not_used_for_smaller_request():
     q = a.malloc(30 * MiB)
     assert q != p
     assert segment_of(a, q)["total_size"] == 30 * MiB
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert cur(a, "reserved_bytes") == 80 * MiB
     # the 50 MiB block is still one unsplit free block
     assert segment_of(a, p)["blocks"] == [
@@ -537,7 +537,7 @@ def test_max_split_oversize_block_serves_big_request_unsplit():
     assert cur(a, "allocated_bytes") == 60 * MiB
     assert cur(a, "requested_bytes") == 42 * MiB
     assert cur(a, "inactive_split_bytes") == 0
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
 
 
 def test_max_split_oversize_block_wasting_too_much_is_skipped():
@@ -548,7 +548,7 @@ def test_max_split_oversize_block_wasting_too_much_is_skipped():
     q = a.malloc(42 * MiB)
     assert q != p
     assert segment_of(a, q)["total_size"] == 42 * MiB
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
 
 
 def test_without_max_split_big_cached_block_is_split():
@@ -559,7 +559,7 @@ def test_without_max_split_big_cached_block_is_split():
     assert q == p
     assert block_of(a, q)["size"] == 30 * MiB
     assert cur(a, "inactive_split_bytes") == 30 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
 
 
 def test_max_split_small_requests_still_split_20mib_segments():
@@ -567,7 +567,7 @@ def test_max_split_small_requests_still_split_20mib_segments():
     p = a.malloc(5 * MiB)
     q = a.malloc(5 * MiB)
     assert q == p + 5 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert cur(a, "inactive_split_bytes") == 10 * MiB
 
 
@@ -578,7 +578,7 @@ def test_empty_cache_releases_only_fully_free_segments():
     big = a.malloc(12 * MiB)  # before mid: it would fit in mid's free remainder
     mid = a.malloc(5 * MiB)
     mid2 = a.malloc(5 * MiB, stream=3)
-    assert a.host_live_segments() == 4
+    assert _C._testing.live_segments(a.a) == 4
     free0, total = a.mem_get_info()
     assert total == 64 * MiB
     assert free0 == total - (SMALL_SEGMENT + 2 * LARGE_SEGMENT + 12 * MiB)
@@ -586,7 +586,7 @@ def test_empty_cache_releases_only_fully_free_segments():
     a.free(big)
     released = a.empty_cache()
     assert released == LARGE_SEGMENT + 12 * MiB
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert cur(a, "reserved_bytes") == SMALL_SEGMENT + LARGE_SEGMENT
     assert cur(a, "segment") == 2
     assert a.mem_get_info() == (free0 + released, total)
@@ -600,13 +600,13 @@ def test_empty_cache_releases_only_fully_free_segments():
     a.free(small)
     a.free(mid2)
     assert a.empty_cache() == SMALL_SEGMENT + LARGE_SEGMENT
-    assert a.host_live_segments() == 0
+    assert _C._testing.live_segments(a.a) == 0
     assert a.segments() == []
     assert cur(a, "reserved_bytes") == 0
     assert a.mem_get_info() == (total, total)
     # usable again afterwards
     p = a.malloc(1000)
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     a.free(p)
 
 
@@ -624,7 +624,7 @@ def test_memory_fraction_limits_reserved():
         a.malloc(4 * MiB)
     assert "Tried to allocate" in str(exc.value)
     assert a.stats()["num_ooms"] == 1
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     # a small 2 MiB segment still fits (30 + 2 <= 32)
     q = a.malloc(1000)
     assert cur(a, "reserved_bytes") == 32 * MiB
@@ -640,7 +640,7 @@ def test_memory_fraction_limits_reserved():
     a.free(r)
     a.set_memory_fraction(1.0)
     big = a.malloc(40 * MiB)  # stream 0 cannot use r's segment; 20 + 40 <= 64
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     a.free(big)
 
 
@@ -649,7 +649,7 @@ def test_lowering_fraction_releases_nothing():
     p = a.malloc(30 * MiB)
     a.set_memory_fraction(0.25)  # 16 MiB < 30 MiB reserved
     assert cur(a, "reserved_bytes") == 30 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     with pytest.raises(torch.OutOfMemoryError):
         a.malloc(1000)
     a.free(p)
@@ -671,8 +671,8 @@ def test_devices_are_accounted_separately():
     assert s0["reserved_bytes"]["all"]["current"] == SMALL_SEGMENT
     assert s1["allocated_bytes"]["all"]["current"] == 5 * MiB + rnd(3000)
     assert s1["reserved_bytes"]["all"]["current"] == LARGE_SEGMENT + SMALL_SEGMENT
-    assert a.host_live_segments(0) == 1
-    assert a.host_live_segments(1) == 2
+    assert _C._testing.live_segments(a.a, 0) == 1
+    assert _C._testing.live_segments(a.a, 1) == 2
     assert a.mem_get_info(0) == (64 * MiB - SMALL_SEGMENT, 64 * MiB)
     assert a.mem_get_info(1) == (64 * MiB - LARGE_SEGMENT - SMALL_SEGMENT, 64 * MiB)
     assert len(a.segments(0)) == 1 and len(a.segments(1)) == 2
@@ -687,7 +687,7 @@ def test_devices_are_accounted_separately():
     assert stat(a, "allocated_bytes", field="peak", device=0) == rnd(1000) + 60 * MiB
     assert stat(a, "allocated_bytes", field="peak", device=1) == rnd(3000)
     assert a.empty_cache(1) == LARGE_SEGMENT + 40 * MiB
-    assert a.host_live_segments(0) == 2
+    assert _C._testing.live_segments(a.a, 0) == 2
     a.free(q1, 1)
     a.free(p0, 0)
     assert cur(a, "allocated_bytes", device=0) == 0

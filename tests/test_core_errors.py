@@ -47,7 +47,7 @@ def test_oom_retry_releases_cache_then_succeeds():
     assert s["num_device_alloc"] == 3
     assert s["num_device_free"] == 1
     assert s["reserved_bytes"]["all"]["current"] == 42 * MiB
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert a.mem_get_info() == (22 * MiB, 64 * MiB)
     a.free(q)
     a.free(r)
@@ -74,7 +74,7 @@ def test_oom_raises_after_retry_and_leaves_state_consistent():
     assert after["reserved_bytes"]["all"]["current"] == 30 * MiB + SMALL_SEGMENT
     for key in ("allocation", "allocated_bytes", "requested_bytes", "active_bytes", "active"):
         assert after[key] == before[key], key
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     # the allocator keeps working
     a.free(live)
     big = a.malloc(40 * MiB)
@@ -103,7 +103,7 @@ def test_oom_request_bigger_than_device(size, shown):
     assert s["allocation"]["all"]["current"] == 0
     assert s["allocation"]["all"]["allocated"] == 0
     assert s["reserved_bytes"]["all"]["current"] == 0
-    assert a.host_live_segments() == 0
+    assert _C._testing.live_segments(a.a) == 0
     assert a.malloc(1000) != 0
 
 
@@ -159,7 +159,7 @@ def test_repeated_ooms_do_not_leak():
     assert s["num_alloc_retries"] == 20
     assert s["segment"]["all"]["current"] == 1
     assert s["segment"]["all"]["allocated"] == 1
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     a.free(keep)
     assert a.malloc(5 * MiB, 0, 2) != 0
 
@@ -245,7 +245,7 @@ def test_invalid_device_index(device):
         lambda: a.segments(device),
         lambda: a.a.validate(device),
         lambda: a.host_synchronize_stream(0, device),
-        lambda: a.host_live_segments(device),
+        lambda: _C._testing.live_segments(a.a, device),
     ]
     for call in calls:
         with pytest.raises(ValueError, match="does not exist"):
@@ -270,10 +270,10 @@ def test_typed_arguments_accept_int_and_real_like_values():
     assert a.memory_fraction() == 0.5
     a.set_memory_fraction(1)
     a.set_gc_threshold(0)
-    a.host_set_fault_rates(np.float64(0.0), 0, seed=2**64 - 1)
-    a.host_inject_allocate_faults(np.int64(0), 0, driver_error=False)
+    _C._testing.set_fault_rates(a.a, np.float64(0.0), 0, seed=2**64 - 1)
+    _C._testing.inject_allocate_faults(a.a, np.int64(0), 0, driver_error=False)
     with pytest.raises(TypeError, match="driver_error must be a bool"):
-        a.host_inject_allocate_faults(0, 0, 1)
+        _C._testing.inject_allocate_faults(a.a, 0, 0, 1)
     with pytest.raises(TypeError, match="device must be an int"):
         a.stats(True)
     with pytest.raises(TypeError, match="size must be an int"):

@@ -44,7 +44,7 @@ def test_pending_block_not_reused_until_stream_synchronized():
     # same stream, same size: the pending block must not be handed out
     r1 = a.malloc(MiB)
     assert r1 != p
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     r2 = a.malloc(MiB)  # fills the second segment
     assert r2 == r1 + MiB
     assert block_of(a, p)["state"] == "active_pending_free"
@@ -52,7 +52,7 @@ def test_pending_block_not_reused_until_stream_synchronized():
     # the completion is noticed at the next malloc, which then reuses the block
     r3 = a.malloc(MiB)
     assert r3 == p
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert cur(a, "active_bytes") == 4 * MiB
     assert cur(a, "active") == 4
     assert cur(a, "allocation") == 4
@@ -127,7 +127,7 @@ def test_synchronize_before_free_does_not_help():
     r3 = a.malloc(MiB)
     assert {r2, r3} == {p, r + MiB}
     assert r2 < r3
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
 
 
 def test_pending_block_does_not_coalesce_until_complete():
@@ -164,11 +164,11 @@ def test_empty_cache_synchronizes_pending_frees():
     a.record_stream(q, 4)
     a.free(p)
     a.free(q)
-    assert a.host_live_segments() == 2
+    assert _C._testing.live_segments(a.a) == 2
     assert cur(a, "active_bytes") == 5 * MiB + rnd(1000)
     released = a.empty_cache()
     assert released == LARGE_SEGMENT + SMALL_SEGMENT
-    assert a.host_live_segments() == 0
+    assert _C._testing.live_segments(a.a) == 0
     assert a.segments() == []
     s = a.stats()
     assert s["active_bytes"]["all"]["current"] == 0
@@ -182,7 +182,7 @@ def test_empty_cache_keeps_segment_with_live_block_but_completes_pending():
     a.record_stream(p, 3)
     a.free(p)
     assert a.empty_cache() == 0
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert block_of(a, p)["state"] == "inactive"
     assert cur(a, "active_bytes") == MiB
     assert a.malloc(MiB) == p
@@ -203,7 +203,7 @@ def test_oom_retry_synchronizes_pending_frees():
     assert s["num_ooms"] == 0
     assert s["num_device_free"] == 1
     assert s["reserved_bytes"]["all"]["current"] == 30 * MiB
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert a.mem_get_info() == (34 * MiB, 64 * MiB)
     a.free(q)
 
@@ -217,7 +217,7 @@ def test_pending_segment_of_other_stream_released_on_oom_retry():
     a.free(q)  # pending on stream 1's work
     r = a.malloc(50 * MiB, 0, 3)
     assert a.stats()["num_alloc_retries"] == 1
-    assert a.host_live_segments() == 1
+    assert _C._testing.live_segments(a.a) == 1
     assert a.segments()[0]["stream"] == 3
     a.free(r)
 
@@ -252,9 +252,9 @@ def test_freed_block_on_other_stream_gets_its_own_segment():
     # stream 2 reuses its own block and nothing else
     assert a.malloc(8192, 0, 2) == ptrs[2]
     assert a.malloc(100, 0, 1) == ptrs[1]
-    assert a.host_live_segments() == 4
+    assert _C._testing.live_segments(a.a) == 4
     assert a.malloc(100, 0, 4) not in ptrs.values()
-    assert a.host_live_segments() == 5
+    assert _C._testing.live_segments(a.a) == 5
 
 
 def test_record_stream_large_block():

@@ -153,7 +153,7 @@ def _check_live_and_drain(a, results, device):
     assert s["active_bytes"]["all"]["allocated"] == s["active_bytes"]["all"]["freed"]
     assert s["reserved_bytes"]["all"]["allocated"] == s["reserved_bytes"]["all"]["freed"]
     assert s["num_device_alloc"] == s["num_device_free"]
-    assert a.host_live_segments(device) == 0
+    assert _C._testing.live_segments(a, device) == 0
     assert a.segments(device) == []
     free, total = a.mem_get_info(device)
     assert free == total
@@ -262,7 +262,7 @@ def _check_model(a, m, capacity):
     assert s["active"]["all"]["current"] == len(m.live) + len(m.pending)
     reserved = sum(seg["total_size"] for seg in segs)
     assert s["reserved_bytes"]["all"]["current"] == reserved
-    assert s["segment"]["all"]["current"] == len(segs) == a.host_live_segments()
+    assert s["segment"]["all"]["current"] == len(segs) == _C._testing.live_segments(a)
     assert a.mem_get_info() == (capacity - reserved, capacity)
     split_free = [b["size"] for b, n in blocks.values() if b["state"] == "inactive" and n > 1]
     assert s["inactive_split_bytes"]["all"]["current"] == sum(split_free)
@@ -358,4 +358,4 @@ def test_random_operations_against_model(seed, capacity_mb, steps):
     s = a.stats()
     for key in STAT_KEYS:
         assert s[key]["all"]["current"] == 0, key
-    assert a.host_live_segments() == 0
+    assert _C._testing.live_segments(a) == 0

@@ -27,8 +27,8 @@ and pass validate()). The checks, independent of validate():
   * counters re-derived from segments(): allocated / requested / active /
     reserved / inactive_split bytes and the allocation / active / segment /
     inactive_split counts, for all / small_pool / large_pool;
-  * host_live_segments() == len(segments()); mem_get_info() agrees with the
-    reserved bytes; memory_fraction() is the one last set;
+  * _C._testing.live_segments() == len(segments()); mem_get_info() agrees
+    with the reserved bytes; memory_fraction() is the one last set;
   * every counter of stats() (current/peak/allocated/freed, OOM and retry
     counts, device allocs/frees, sync_all_streams, oversize) equals the
     model's, the block layout equals the model's, each pointer served from
@@ -401,7 +401,7 @@ class CachingCoreMachine(RuleBasedStateMachine):
                 segs, s = self.seen[dev]
                 assert self.a.segments(dev) == segs, f"device {dev}: segments() changed by another device's operation"
                 assert self.a.stats(dev) == s, f"device {dev}: stats() changed by another device's operation"
-                assert self.a.host_live_segments(dev) == len(segs)
+                assert _C._testing.live_segments(self.a, dev) == len(segs)
                 self.a.validate(dev)
                 RUN["quick_checks"] += 1
             spans += [(seg["address"], seg["address"] + seg["total_size"]) for seg in self.seen[dev][0]]
@@ -467,7 +467,7 @@ class CachingCoreMachine(RuleBasedStateMachine):
             assert (got["all"]["current"], got["small_pool"]["current"], got["large_pool"]["current"]) == \
                 (small + large, small, large), f"device {dev}: {key} {got} but the layout has {small}+{large}"
         reserved = tot[0][5] + tot[1][5]
-        assert a.host_live_segments(dev) == len(segs), f"device {dev}: backend segments != segments()"
+        assert _C._testing.live_segments(a, dev) == len(segs), f"device {dev}: backend segments != segments()"
         assert a.mem_get_info(dev) == (self.capacity - reserved, self.capacity)
         assert a.memory_fraction(dev) == self.fraction[dev]
         # --- every counter and the layout against the model -------------------
@@ -502,7 +502,7 @@ class CachingCoreMachine(RuleBasedStateMachine):
             s = self.a.stats(dev)
             for key in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "segment"):
                 assert s[key]["all"]["current"] == 0, (dev, key, s[key])
-            assert self.a.segments(dev) == [] and self.a.host_live_segments(dev) == 0
+            assert self.a.segments(dev) == [] and _C._testing.live_segments(self.a, dev) == 0
         RUN["grown_after_retry"] += sum(m.grown_after_retry for m in self.models)
 
 

@@ -471,7 +471,7 @@ def run_random(seed, conf, capacity_mb, max_split_mb, steps):
         assert layout(a) == m.expected_segments(), f"step {step}: block layout differs"
         reserved = m.reserved()
         assert a.mem_get_info() == (capacity - reserved, capacity)
-        assert a.host_live_segments() == len(m.segs)
+        assert _C._testing.live_segments(a) == len(m.segs)
         if m.pending:
             seen["pending_steps"] += 1
         if m.flat["oversize_allocations"].current:

@@ -1,11 +1,13 @@
 // bind.h — the parts of memalloc._C, one per concept (bindings.cpp builds
-// the module and calls each).
+// the module and calls each), and host_backend(), which the host-backend
+// bindings share (bind_host.cpp, bind_testing.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
 
 #include <memory>
 
+#include "backend.h"
 #include "registry.h"
 
 namespace memalloc {
@@ -14,4 +16,8 @@ void bind_host(AllocatorClass& cls);         // bind_host.cpp
 void bind_pools(AllocatorClass& cls);        // bind_pools.cpp
 void bind_attribution(pybind11::module_& m);  // bind_attribution.cpp
 void bind_testing(pybind11::module_& m);     // bind_testing.cpp: memalloc._C._testing
+
+// The allocator's backend as the host backend (the simulated device);
+// InvalidArgumentError when it is on another backend. bind_host.cpp.
+HostBackend& host_backend(CachingAllocator& a);
 }  // namespace memalloc

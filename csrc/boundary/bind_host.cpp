@@ -1,7 +1,9 @@
-// bind_host.cpp — the simulated device's methods of memalloc._C.Allocator
-// (fault injection, stream completion, segments) and host tensors: a DLPack
-// capsule over allocator memory whose deleter frees through the allocator; it
-// holds a shared_ptr, so the allocator outlives the tensor. Invariants as
+// bind_host.cpp — the simulated device's operations on memalloc._C.Allocator:
+// host_synchronize_stream (complete a stream's pending work) and host_buffer
+// (host tensors: a DLPack capsule over allocator memory whose deleter frees
+// through the allocator; it holds a shared_ptr, so the allocator outlives the
+// tensor); and host_backend(), shared with bind_testing.cpp, whose test hooks
+// (fault injection, live segments) reach the host backend too. Invariants as
 // bindings.cpp.
 #include <ATen/dlpack.h>
 #include <pybind11/pybind11.h>
@@ -77,13 +79,13 @@ py::capsule host_buffer(const AllocatorPtr& a, NBytesArg nbytes, Device device, 
   return py::capsule(&ctx->managed, "dltensor", capsule_destructor);
 }
 
+}  // namespace
+
 HostBackend& host_backend(CachingAllocator& a) {
   auto* host = dynamic_cast<HostBackend*>(&a.backend());
   MEMALLOC_EXPECTS(host != nullptr, "this method needs an allocator on the host backend (the simulated device)");
   return *host;
 }
-
-}  // namespace
 
 void bind_host(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>& cls) {
   cls
@@ -92,30 +94,6 @@ void bind_host(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>& 
              host_backend(a).synchronize_stream(device, stream);
            },
            py::arg("stream"), py::arg("device") = 0, NoGil())
-      .def("host_inject_allocate_faults",
-           [](CachingAllocator& a, SkipArg skip, CountArg count, DriverErrorArg driver_error, Device device) {
-             host_backend(a).inject_allocate_faults(device, skip, count, driver_error);
-           },
-           py::arg("skip"), py::arg("count"), py::arg("driver_error") = false, py::arg("device") = 0, NoGil(),
-           "After `skip` more successful device allocations, fail the next `count` (as OOM, or DriverError).")
-      .def("host_inject_release_faults",
-           [](CachingAllocator& a, SkipArg skip, CountArg count, Device device) {
-             host_backend(a).inject_release_faults(device, skip, count);
-           },
-           py::arg("skip"), py::arg("count"), py::arg("device") = 0, NoGil())
-      .def("host_set_fault_rates",
-           [](CachingAllocator& a, AllocateRateArg alloc_rate, ReleaseRateArg release_rate, SeedArg seed, Device device) {
-             host_backend(a).set_fault_rates(device, alloc_rate, release_rate, seed);
-           },
-           py::arg("allocate_rate"), py::arg("release_rate"), py::arg("seed") = 0, py::arg("device") = 0, NoGil())
-      .def("host_faults_injected",
-           [](CachingAllocator& a, Device device) { return host_backend(a).faults_injected(device); },
-           py::arg("device") = 0, NoGil())
-      .def("host_live_segments",
-           [](CachingAllocator& a, Device device) {
-             return host_backend(a).live_segments(device);
-           },
-           py::arg("device") = 0, NoGil())
       .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
            "A DLPack capsule (1-D uint8, CPU) over nbytes of this allocator's memory; "
            "the memory returns to the allocator when the consuming tensor dies.");

@@ -1,7 +1,10 @@
-// bind_testing.cpp — test hooks, in memalloc._C._testing (not API): calls
-// that only tests need to reach states a user cannot (an allocation from a
-// thread that never ran Python, as autograd's engine workers). Invariants as
-// bindings.cpp.
+// bind_testing.cpp — test hooks, in memalloc._C._testing (not API): free
+// functions, the allocator first, that only tests need to reach states a user
+// cannot: an allocation from a thread that never ran Python, as autograd's
+// engine workers (malloc_on_native_thread); and, on the host backend (the
+// simulated device), injected allocate/release faults (inject_allocate_faults,
+// inject_release_faults, set_fault_rates, faults_injected) and the count of
+// segments the device holds (live_segments). Invariants as bindings.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -20,10 +23,9 @@ namespace memalloc {
 
 void bind_testing(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "test hooks (not API)");
-  using AllocatorPtr = std::shared_ptr<CachingAllocator>;
   using namespace pyargs;
   t.def("malloc_on_native_thread",
-        [](AllocatorPtr a, SizeArg size, Device device) {
+        [](AllocatorArg a, SizeArg size, Device device) {
           // Test hook: allocate from a thread that never ran Python, as
           // autograd's engine workers do; returns the pointer.
           void* p = nullptr;
@@ -41,6 +43,33 @@ void bind_testing(py::module_& m) {
           return reinterpret_cast<std::uintptr_t>(p);
         },
         py::arg("allocator"), py::arg("size"), py::arg("device") = 0);
+
+  // ---- the host backend's fault injection ----------------------------------
+  using NoGil = py::call_guard<py::gil_scoped_release>;
+  t.def("inject_allocate_faults",
+        [](AllocatorArg a, SkipArg skip, CountArg count, DriverErrorArg driver_error, Device device) {
+          host_backend(a).inject_allocate_faults(device, skip, count, driver_error);
+        },
+        py::arg("allocator"), py::arg("skip"), py::arg("count"), py::arg("driver_error") = false,
+        py::arg("device") = 0, NoGil(),
+        "After `skip` more successful device allocations, fail the next `count` (as OOM, or DriverError).");
+  t.def("inject_release_faults",
+        [](AllocatorArg a, SkipArg skip, CountArg count, Device device) {
+          host_backend(a).inject_release_faults(device, skip, count);
+        },
+        py::arg("allocator"), py::arg("skip"), py::arg("count"), py::arg("device") = 0, NoGil());
+  t.def("set_fault_rates",
+        [](AllocatorArg a, AllocateRateArg alloc_rate, ReleaseRateArg release_rate, SeedArg seed, Device device) {
+          host_backend(a).set_fault_rates(device, alloc_rate, release_rate, seed);
+        },
+        py::arg("allocator"), py::arg("allocate_rate"), py::arg("release_rate"), py::arg("seed") = 0,
+        py::arg("device") = 0, NoGil());
+  t.def("faults_injected",
+        [](AllocatorArg a, Device device) { return host_backend(a).faults_injected(device); },
+        py::arg("allocator"), py::arg("device") = 0, NoGil());
+  t.def("live_segments",
+        [](AllocatorArg a, Device device) { return host_backend(a).live_segments(device); },
+        py::arg("allocator"), py::arg("device") = 0, NoGil());
 }
 
 }  // namespace memalloc

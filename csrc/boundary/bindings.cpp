@@ -6,12 +6,13 @@
 //     without the GIL on another thread can then never deadlock against it.
 //   * Errors: OutOfMemory -> torch.OutOfMemoryError (through c10), memalloc
 //     errors -> the exception classes registered below.
-//   * Arguments: every argument of parse_config, Allocator() and the
-//     Allocator methods is a typed argument of pyargs.h (SizeArg, Device,
-//     StreamArg, FractionArg, ...), never a bare int / size_t / double /
-//     std::string: a wrong type is a TypeError naming the argument, a value
-//     out of range an InvalidArgumentError naming it, both raised before the
-//     call starts (so before it can change anything).
+//   * Arguments: every argument of parse_config, Allocator(), the
+//     Allocator methods and the _testing hooks is a typed argument of
+//     pyargs.h (SizeArg, Device, StreamArg, FractionArg, AllocatorArg, ...),
+//     never a bare int / size_t / double / std::string / shared_ptr: a
+//     wrong type is a TypeError naming the argument, a value out of range
+//     an InvalidArgumentError naming it, both raised before the call starts
+//     (so before it can change anything).
 //   * One file per concept: this one holds the module, the errors, the
 //     config, the Allocator's core methods and installation; bind_host.cpp
 //     the simulated device's methods and host tensors, bind_pools.cpp the

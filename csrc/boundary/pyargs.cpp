@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "errors.h"
+#include "registry.h"
 
 namespace memalloc::pyargs {
 namespace {
@@ -65,6 +66,14 @@ std::string load_text(py::handle src, const TextSpec& spec) {
 bool load_flag(py::handle src, const FlagSpec& spec) {
   if (!PyBool_Check(src.ptr())) wrong_type(src, spec.name, spec.what);
   return src.ptr() == Py_True;
+}
+
+std::shared_ptr<CachingAllocator> load_allocator(py::handle src) {
+  py::detail::copyable_holder_caster<CachingAllocator, std::shared_ptr<CachingAllocator>> holder;
+  if (src.is_none() || !holder.load(src, /*convert=*/false)) {
+    wrong_type(src, "allocator", "a memalloc._C.Allocator");
+  }
+  return static_cast<std::shared_ptr<CachingAllocator>>(holder);
 }
 
 }  // namespace memalloc::pyargs

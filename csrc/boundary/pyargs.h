@@ -30,9 +30,14 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "recorder.h"
+
+namespace memalloc {
+class CachingAllocator;  // registry.h
+}  // namespace memalloc
 
 namespace memalloc::pyargs {
 
@@ -107,6 +112,7 @@ int load_device(py::handle src);
 double load_real(py::handle src, const RealSpec& spec);
 std::string load_text(py::handle src, const TextSpec& spec);
 bool load_flag(py::handle src, const FlagSpec& spec);
+std::shared_ptr<CachingAllocator> load_allocator(py::handle src);
 
 // Each argument type: its value, the name signatures show (kPyName) and
 // from_python(), the conversion. They only come from Python: never returned.
@@ -148,6 +154,16 @@ struct Device {
   static Device from_python(py::handle src) { return {load_device(src)}; }
   int index = 0;
   operator int() const { return index; }  // NOLINT
+};
+
+// The allocator as an argument (the functions of memalloc._C._testing take it
+// first): a memalloc._C.Allocator, not None.
+struct AllocatorArg {
+  static constexpr char kPyName[] = "memalloc._C.Allocator";
+  static AllocatorArg from_python(py::handle src) { return {load_allocator(src)}; }
+  std::shared_ptr<CachingAllocator> allocator;
+  operator CachingAllocator&() const { return *allocator; }  // NOLINT
+  CachingAllocator* operator->() const { return allocator.get(); }
 };
 
 using SizeArg = UInt<kSize>;
@@ -192,5 +208,7 @@ template <const memalloc::pyargs::FlagSpec& S>
 struct type_caster<memalloc::pyargs::Flag<S>> : memalloc_arg_caster<memalloc::pyargs::Flag<S>> {};
 template <>
 struct type_caster<memalloc::pyargs::Device> : memalloc_arg_caster<memalloc::pyargs::Device> {};
+template <>
+struct type_caster<memalloc::pyargs::AllocatorArg> : memalloc_arg_caster<memalloc::pyargs::AllocatorArg> {};
 
 }  // namespace pybind11::detail
