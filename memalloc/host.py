@@ -8,8 +8,9 @@ leaks are therefore real in tests that run without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -97,6 +98,34 @@ def use_for_cpu_tensors() -> None:
     capacity (``host_capacity_mb``) then bounds all CPU tensor memory.
     """
     _C.use_for_torch_cpu()
+
+
+@contextlib.contextmanager
+def cpu_tensors_from(allocator: _C.Allocator) -> Iterator[_C.Allocator]:
+    """Inside the ``with`` block, every CPU tensor torch creates comes from
+    device 0 of ``allocator`` (a host-backend ``memalloc.Allocator`` that
+    need not be installed); after it, torch's previous CPU allocator is back.
+    Tensors made inside go back to ``allocator`` whenever they die, even
+    after the block. This is :func:`use_for_cpu_tensors` for one scope,
+    without ``memalloc.enable()``: a real model's activations, gradients and
+    optimizer state in ``allocator``, for its leak reports, step tracker and
+    accounting in this process::
+
+        a = memalloc.Allocator("host", "host_capacity_mb:512")
+        with memalloc.host.cpu_tensors_from(a), memalloc.leak_check(allocator=a) as check:
+            train(model)
+
+    One block at a time, on one thread while no other thread makes CPU
+    tensors (the route is process-wide). Raises ValueError
+    (memalloc.InvalidArgumentError) when another block is open.
+    """
+    if not isinstance(allocator, _C.Allocator):
+        raise TypeError(f"allocator must be a memalloc.Allocator on the host backend, not {type(allocator).__name__}")
+    route = _C.CpuRoute(allocator)
+    try:
+        yield allocator
+    finally:
+        route.close()
 
 
 def used_for_cpu_tensors() -> bool:

@@ -13,25 +13,23 @@ of 512 bytes (minimum 512); rounded sizes <= 1 MiB come from 2 MiB segments;
 from __future__ import annotations
 
 import gc
-import subprocess
-from typing import Optional
 
 import pytest
 
 import memalloc
-from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd, run_python
+from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd
 
 PRELUDE = ""  # memtest_helpers.CHILD_PRELUDE has all these scenarios need
 
 
-def run_child(code: str, conf: Optional[str] = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """Runs PRELUDE + code in a fresh interpreter; returns the process and its
-    RESULT dict (the child must end with ``print("RESULT", json.dumps(R))``)."""
-    p, result, _ = run_python(PRELUDE, code, conf)
-    return p, result
+@pytest.fixture
+def run_child(fresh_python):
+    """run_child(code, conf=None): PRELUDE + code in a fresh interpreter (tests/conftest.py);
+    returns the process and its RESULT dict."""
+    return lambda code, conf=None: fresh_python.code(PRELUDE, code, conf)[:2]
 
 
-def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config():
+def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config(run_child):
     p, r = run_child(
         """
         R["before"] = [memalloc.is_enabled(), memalloc.enabled_backend()]
@@ -75,7 +73,7 @@ def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config():
     assert r["still"] == [True, "host"]
 
 
-def test_enable_rejects_cuda_and_unknown_backends_without_enabling():
+def test_enable_rejects_cuda_and_unknown_backends_without_enabling(run_child):
     p, r = run_child(
         """
         R["usable"] = list(memalloc.cuda_usable())
@@ -113,7 +111,7 @@ def test_enable_rejects_cuda_and_unknown_backends_without_enabling():
     assert r["enabled"] is True
 
 
-def test_memory_functions_track_host_tensors_exactly():
+def test_memory_functions_track_host_tensors_exactly(run_child):
     _, r = run_child(
         """
         memalloc.enable()
@@ -166,7 +164,7 @@ def test_memory_functions_track_host_tensors_exactly():
     assert r["bad_type"][0] == "TypeError"
 
 
-def test_mem_get_info_reports_the_configured_capacity():
+def test_mem_get_info_reports_the_configured_capacity(run_child):
     _, r = run_child(
         """
         memalloc.enable()
@@ -185,7 +183,7 @@ def test_mem_get_info_reports_the_configured_capacity():
     assert r["types"] == ["int", "int"]
 
 
-def test_capacity_from_env_raises_torch_oom_and_recovers():
+def test_capacity_from_env_raises_torch_oom_and_recovers(run_child):
     _, r = run_child(
         """
         memalloc.enable()
@@ -223,7 +221,7 @@ def test_capacity_from_env_raises_torch_oom_and_recovers():
     assert r["keep"] == 2.0 * 1000
 
 
-def test_enable_config_overrides_env():
+def test_enable_config_overrides_env(run_child):
     _, r = run_child(
         """
         R["backend"] = memalloc.enable(config="host_capacity_mb:32")

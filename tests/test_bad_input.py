@@ -270,6 +270,11 @@ add(A, 'memalloc.config_text({"host_devices": "2,host_capacity_mb:1"}, use_env=F
 add(A, 'memalloc.config_text({"host_capacity_mb:1,host_devices": 2}, use_env=False)',
     "mapping key containing ',' and ':'", "InvalidArgumentError", "host_capacity_mb:1,host_devices")
 
+A = "host.cpu_tensors_from"
+add(A, 'host.cpu_tensors_from("x").__enter__()', "allocator that is not an Allocator", "TypeError",
+    "allocator must be a memalloc.Allocator on the host backend")
+add(A, 'memalloc._C.CpuRoute(None)', "None allocator", "TypeError", "allocator must be")
+
 A = "host.empty"
 add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be")
 
@@ -959,15 +964,10 @@ if pytest is not None:
         return pytest.param(case, id=case.id, marks=marks)
 
     @pytest.fixture(scope="module")
-    def child_outcomes() -> dict[str, dict]:
-        """Runs every non-inproc environment in its own interpreter, in parallel."""
-        env = dict(os.environ)
-        env.pop("MEMALLOC_CONF", None)
-        env["CUDA_VISIBLE_DEVICES"] = ""  # "auto" means the host backend here and on a GPU machine
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    def child_outcomes(fresh_python) -> dict[str, dict]:
+        """Runs every non-inproc environment in its own interpreter (tests/conftest.py), in parallel."""
         envs = sorted({process_of(c.env) for c in CASES if c.env != "inproc"})
-        procs = {e: subprocess.Popen([sys.executable, __file__, "--run-env", e], cwd=REPO, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for e in envs}
+        procs = {e: fresh_python.start([__file__, "--run-env", e]) for e in envs}
         outcomes: dict[str, dict] = {}
         failures: dict[str, str] = {}
         for e, p in procs.items():

@@ -3,10 +3,8 @@ interpreter (enable() runs once per process). No GPU here: the host backend."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Optional
@@ -14,28 +12,23 @@ from typing import Optional
 import pytest
 from memtest_helpers import REPO, CONFIG_KEYS
 
-REPO = Path(__file__).resolve().parents[1]
 KEYS = CONFIG_KEYS
 
 
-def memalloc_cli(*args: str, conf: Optional[str] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    # These tests describe a machine without a GPU (CI); hide any GPU so that
-    # "auto" means the host backend on the device machine too.
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    if conf is not None:
-        env["MEMALLOC_CONF"] = conf
-    # The package is found through PYTHONPATH when cwd is not the repository.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "memalloc", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def memalloc_cli(fresh_python):
+    """memalloc_cli(*args, conf=None, cwd=REPO): ``python -m memalloc <args>`` in a
+    fresh interpreter (tests/conftest.py: no GPU, MEMALLOC_CONF only ``conf``,
+    the package importable from any cwd)."""
+    def run(*args: str, conf: Optional[str] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+        return fresh_python.run(["-m", "memalloc", *args], cwd=cwd, conf=conf, timeout=120)
+    return run
 
 
 ROW = re.compile(r"^\s*(\d+)\s+(-?\d+\.\d{4})\s+(.+?B)\s+(.+?B)\s+(.+?B)\s+(\d+)\s+(\d+)\s*$")
 
 
-def test_demo_runs_on_host_and_prints_table_oom_and_validate():
+def test_demo_runs_on_host_and_prints_table_oom_and_validate(memalloc_cli):
     p = memalloc_cli("demo", "--steps", "3")
     assert p.returncode == 0, p.stderr
     out = p.stdout
@@ -80,7 +73,7 @@ def test_demo_runs_on_host_and_prints_table_oom_and_validate():
 
 
 @pytest.mark.parametrize("steps", ["0"])
-def test_demo_rejects_zero_steps(steps):
+def test_demo_rejects_zero_steps(steps, memalloc_cli):
     p = memalloc_cli("demo", "--steps", steps)
     assert p.returncode != 0
     assert "--steps must be at least 1" in p.stderr
@@ -111,7 +104,7 @@ print("SCRIPT", json.dumps(info))
 """
 
 
-def test_run_executes_script_with_memalloc_enabled(tmp_path):
+def test_run_executes_script_with_memalloc_enabled(tmp_path, memalloc_cli):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     p = memalloc_cli("run", str(script), "a", "b")
@@ -136,7 +129,7 @@ def test_run_executes_script_with_memalloc_enabled(tmp_path):
     assert "0 OOMs" in summary[0]
 
 
-def test_run_passes_option_like_arguments_to_the_script(tmp_path):
+def test_run_passes_option_like_arguments_to_the_script(tmp_path, memalloc_cli):
     script = tmp_path / "args.py"
     script.write_text("import sys, memalloc\nprint('ARGV', sys.argv[1:], memalloc.is_enabled())\n")
     p = memalloc_cli("run", "--config", "host_capacity_mb:64", str(script), "--config", "x", "-v")
@@ -144,7 +137,7 @@ def test_run_passes_option_like_arguments_to_the_script(tmp_path):
     assert "ARGV ['--config', 'x', '-v'] True" in p.stdout
 
 
-def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path):
+def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path, memalloc_cli):
     script = tmp_path / "crash.py"
     script.write_text(textwrap.dedent(
         """
@@ -165,7 +158,7 @@ def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path):
     assert "1 allocations" in summary[0]
 
 
-def test_run_script_can_import_its_sibling_modules(tmp_path):
+def test_run_script_can_import_its_sibling_modules(tmp_path, memalloc_cli):
     (tmp_path / "helper_mod_for_memalloc_test.py").write_text("VALUE = 41\n")
     script = tmp_path / "main.py"
     script.write_text("import helper_mod_for_memalloc_test as h\nprint('VALUE', h.VALUE + 1)\n")
@@ -174,7 +167,7 @@ def test_run_script_can_import_its_sibling_modules(tmp_path):
     assert "VALUE 42" in p.stdout
 
 
-def test_info_prints_backend_and_config_keys():
+def test_info_prints_backend_and_config_keys(memalloc_cli):
     p = memalloc_cli("info", conf="host_capacity_mb:48")
     assert p.returncode == 0, p.stderr
     out = p.stdout
@@ -188,7 +181,7 @@ def test_info_prints_backend_and_config_keys():
     assert keys_line[0][len("config keys: "):].split(", ") == KEYS
 
 
-def test_info_reports_a_bad_environment_config():
+def test_info_reports_a_bad_environment_config(memalloc_cli):
     p = memalloc_cli("info", conf="no_such_key:1")
     assert p.returncode != 0
     assert "unknown key 'no_such_key'" in p.stderr

@@ -6,14 +6,12 @@ on SIGTERM; ``python -m memalloc report``; the pytest fixture
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+import torch
 
-from memtest_helpers import REPO
+import memalloc
 
 LEAKY = textwrap.dedent("""
     import os, signal, sys
@@ -37,11 +35,10 @@ LEAKY = textwrap.dedent("""
 """)
 
 
-def run(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-    env.pop("MEMALLOC_CONF", None)
-    return subprocess.run([sys.executable, "-m", "memalloc", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+@pytest.fixture
+def run(fresh_python):
+    """run(*args, cwd): ``python -m memalloc <args>`` in a fresh interpreter (tests/conftest.py)."""
+    return lambda *args, cwd: fresh_python.run(["-m", "memalloc", *args], cwd=cwd)
 
 
 def leak_line() -> int:
@@ -49,7 +46,7 @@ def leak_line() -> int:
 
 
 @pytest.mark.parametrize("ending,rc", [("normal", 0), ("raise", 1), ("sigterm", 128 + 15)])
-def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc):
+def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc, run):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)
     out = tmp_path / "report"
@@ -70,7 +67,7 @@ def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc):
         assert "RuntimeError: the script failed" in p.stderr
 
 
-def test_run_steps_writes_one_row_per_optimizer_step(tmp_path):
+def test_run_steps_writes_one_row_per_optimizer_step(tmp_path, run):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)
     p = run("run", "--steps", "--backend", "host", "--out", "r", str(script), cwd=tmp_path)
@@ -88,36 +85,26 @@ def test_run_steps_writes_one_row_per_optimizer_step(tmp_path):
     assert "leak" not in p.stderr  # --leaks was not asked for
 
 
-def test_leak_check_answers_like_its_report(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-    env.pop("MEMALLOC_CONF", None)
-    code = textwrap.dedent("""
-        import json, torch, memalloc
-        memalloc.enable(backend="host", config="host_capacity_mb:64")
-        memalloc.host.use_for_cpu_tensors()
-        check = memalloc.leak_check()
-        try:
-            check.leaks
-        except RuntimeError as e:
-            early = str(e)
-        kept = []
+def test_leak_check_answers_like_its_report():
+    """In this process: leak_check on an allocator the test owns, torch's CPU tensors routed to it."""
+    a = memalloc.Allocator("host", "host_capacity_mb:64")
+    check = memalloc.leak_check(allocator=a)
+    with pytest.raises(RuntimeError) as early:
+        check.leaks
+    kept = []
+    with memalloc.host.cpu_tensors_from(a):
         with check:
             for _ in range(8):
                 kept.append(torch.ones(128))
                 memalloc.step()
-        print(json.dumps({"early": early, "n": len(check.leaks), "same": check.leaks is check.report.leaks,
-                          "text": check.to_text() == check.report.to_text(),
-                          "json": json.loads(check.to_json())["leaks"][0]["bytes_per_step"]}))
-    """)
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr
-    r = json.loads(p.stdout.splitlines()[-1])
-    assert "made when the `with memalloc.leak_check()` block ends" in r["early"]
-    assert (r["n"], r["same"], r["text"], r["json"]) == (1, True, True, 512)
+    assert "made when the `with memalloc.leak_check()` block ends" in str(early.value)
+    assert len(check.leaks) == 1 and check.leaks is check.report.leaks
+    assert check.to_text() == check.report.to_text()
+    assert json.loads(check.to_json())["leaks"][0]["bytes_per_step"] == 512
+    del kept
 
 
-def test_report_renders_a_saved_leak_report_and_rejects_other_files(tmp_path):
+def test_report_renders_a_saved_leak_report_and_rejects_other_files(tmp_path, run):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)
     assert run("run", "--leaks", "--backend", "host", "--out", "r", str(script), cwd=tmp_path).returncode == 0
@@ -158,18 +145,16 @@ PYTEST_FILE = textwrap.dedent("""
 """)
 
 
-def test_pytest_fixture_fails_the_leaking_test_only(tmp_path):
+def test_pytest_fixture_fails_the_leaking_test_only(tmp_path, fresh_python):
     (tmp_path / "test_loop.py").write_text(PYTEST_FILE)
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_loop.py"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = fresh_python.run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_loop.py"], cwd=tmp_path)
     assert "1 failed, 1 passed" in p.stdout, p.stdout[-3000:]
     assert "LeakError: the loop leaks 1.00 KiB per step (allowed: 100 B)" in p.stdout
     line = next(i for i, l in enumerate(PYTEST_FILE.splitlines(), 1) if l.endswith("# KEPT"))
     assert f"test_loop.py:{line} in test_leaky" in p.stdout and "held by list `kept`" in p.stdout
 
 
-def test_report_summarises_a_saved_trace(tmp_path):
+def test_report_summarises_a_saved_trace(tmp_path, fresh_python, run):
     script = tmp_path / "record.py"
     script.write_text(textwrap.dedent("""
         import memalloc, torch
@@ -182,10 +167,7 @@ def test_report_summarises_a_saved_trace(tmp_path):
             del t
         memalloc.save_trace("run.mtrace")
     """))
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-    env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
+    p = fresh_python.run([str(script)], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     p = run("report", "run.mtrace", "--top", "1", cwd=tmp_path)
     assert p.returncode == 0, p.stderr

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 
@@ -25,7 +22,7 @@ import torch
 
 import memalloc
 from memalloc import host
-from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, stat
+from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd, stat
 
 
 def nbytes_of(shape, dtype) -> int:
@@ -363,7 +360,7 @@ def test_tensor_keeps_its_allocator_alive():
     gc.collect()
 
 
-def test_host_empty_without_installed_allocator_raises():
+def test_host_empty_without_installed_allocator_raises(fresh_python):
     code = textwrap.dedent(
         """
         import memalloc, torch
@@ -381,10 +378,7 @@ def test_host_empty_without_installed_allocator_raises():
         print("AFTER", tuple(t.shape), memalloc.memory_allocated())
         """
     )
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = fresh_python.run(["-c", code])
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     errs = [l for l in lines if l.startswith("ERR ")]
@@ -394,3 +388,80 @@ def test_host_empty_without_installed_allocator_raises():
         assert "memalloc.enable(backend='host')" in l
     # Once a host allocator is installed, host.empty uses it.
     assert "AFTER (2, 3) 512" in lines
+
+
+# ---- torch's CPU tensors from an allocator, for one scope (cpu_tensors_from) ----
+def test_cpu_tensors_from_routes_torch_cpu_tensors_for_the_block_only(a):
+    before = torch.empty(1000)  # torch's own CPU allocator
+    with host.cpu_tensors_from(a) as routed:
+        assert routed is a
+        inside = torch.empty(1000)  # 4000 B -> 4096 B block
+        model = torch.nn.Linear(64, 32)  # weight 8192 B, bias 512 B
+        assert stat(a, "allocated_bytes") == 4096 + 8192 + 512
+        assert stat(a, "allocation") == 3
+    after = torch.empty(1000)
+    assert stat(a, "allocated_bytes") == 4096 + 8192 + 512  # `after` is torch's again
+    # tensors made inside go back to the allocator when they die, after the block too
+    del inside
+    gc.collect()
+    assert stat(a, "allocated_bytes") == 8192 + 512
+    del model
+    gc.collect()
+    assert stat(a, "allocated_bytes") == 0
+    del before, after
+
+
+def test_cpu_tensors_from_restores_torch_on_an_exception(a):
+    with pytest.raises(KeyError):
+        with host.cpu_tensors_from(a):
+            torch.empty(10)
+            raise KeyError("user error")
+    t = torch.empty(1000)
+    gc.collect()
+    assert stat(a, "allocated_bytes") == 0
+    del t
+
+
+def test_cpu_tensors_from_oom_is_torch_out_of_memory_and_the_block_ends_clean():
+    small = memalloc.Allocator("host", "host_capacity_mb:4")
+    with host.cpu_tensors_from(small):
+        with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+            torch.empty(8 * MiB, dtype=torch.uint8)
+        ok = torch.empty(MiB, dtype=torch.uint8)
+    assert stat(small, "allocated_bytes") == MiB
+    del ok
+    gc.collect()
+    small.validate()
+    assert stat(small, "allocated_bytes") == 0
+
+
+def test_cpu_tensors_from_refuses_nesting_and_bad_allocators(a):
+    other = memalloc.Allocator("host", "host_capacity_mb:8")
+    with host.cpu_tensors_from(a):
+        with pytest.raises(ValueError, match="already routed to a memalloc allocator: close that route"):
+            with host.cpu_tensors_from(other):
+                pass
+        t = torch.empty(100)
+    assert stat(a, "allocation") == 1 and stat(other, "allocation") == 0
+    with pytest.raises(TypeError, match="allocator must be a memalloc.Allocator on the host backend"):
+        with host.cpu_tensors_from("host"):
+            pass
+    del t
+
+
+def test_permanent_route_waits_for_the_scoped_one_to_close(fresh_python):
+    """use_for_cpu_tensors() needs enable(), hence a fresh interpreter."""
+    _, r, _ = fresh_python.code("", """
+import gc
+memalloc.enable(backend="host", config="host_capacity_mb:64")
+other = memalloc.Allocator("host", "host_capacity_mb:8")
+with host.cpu_tensors_from(other):
+    R["inside"] = err(host.use_for_cpu_tensors)
+host.use_for_cpu_tensors()
+t = torch.empty(1000)
+R["installed"] = memalloc.memory_allocated()
+R["other"] = other.stats(0)["allocated_bytes"]["all"]["current"]
+R["used"] = host.used_for_cpu_tensors()
+""")
+    assert r["inside"][0] == "InvalidArgumentError" and "close that route" in r["inside"][2]
+    assert (r["installed"], r["other"], r["used"]) == (4096, 0, True)

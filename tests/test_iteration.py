@@ -1,9 +1,9 @@
 """Iteration boundaries (memalloc/iteration.py): explicit step(), the loop
 wrapper, step listeners and the automatic boundary after optimizer.step().
-Each scenario runs in a fresh interpreter (the step counter is process-wide)."""
+Each scenario runs in a fresh interpreter (tests/conftest.py fresh_python):
+the step numbers asserted are absolute, counted from 0 in a new process."""
 from __future__ import annotations
 
-from memtest_helpers import run_python
 
 PRELUDE = """
 memalloc.enable(backend="host", config="host_capacity_mb:64")
@@ -12,8 +12,8 @@ memalloc.add_step_listener(seen.append)
 """
 
 
-def test_step_counts_and_calls_listeners_in_order():
-    _, r, _ = run_python(PRELUDE, """
+def test_step_counts_and_calls_listeners_in_order(fresh_python):
+    _, r, _ = fresh_python.code(PRELUDE, """
 order = []
 memalloc.add_step_listener(lambda n: order.append(("b", n)))
 memalloc.add_step_listener(seen.append)  # registered twice: called once
@@ -33,8 +33,8 @@ R["bad"] = err(lambda: memalloc.add_step_listener(3))
     assert r["bad"][0] == "TypeError" and "callable" in r["bad"][2]
 
 
-def test_steps_of_steps_after_each_item_body():
-    _, r, _ = run_python(PRELUDE, """
+def test_steps_of_steps_after_each_item_body(fresh_python):
+    _, r, _ = fresh_python.code(PRELUDE, """
 bodies = []
 for x in memalloc.steps_of(["a", "b", "c"]):
     bodies.append((x, memalloc.steps()))
@@ -46,8 +46,8 @@ R["seen"] = seen[:]
     assert r["seen"] == [1, 2, 3]
 
 
-def test_auto_step_marks_one_boundary_per_iteration_of_two_optimizers():
-    _, r, _ = run_python(PRELUDE, """
+def test_auto_step_marks_one_boundary_per_iteration_of_two_optimizers(fresh_python):
+    _, r, _ = fresh_python.code(PRELUDE, """
 w1 = torch.nn.Parameter(torch.ones(3)); w2 = torch.nn.Parameter(torch.ones(3))
 g, d = torch.optim.SGD([w1], lr=0.1), torch.optim.Adam([w2], lr=0.1)
 def iteration():
@@ -79,8 +79,8 @@ R["disabled"] = memalloc.iteration.auto_step_enabled()
     assert r["off"] == [1, 2, 3, 4, 5] and r["disabled"] is False
 
 
-def test_every_n_steps_policy_is_a_listener():
-    _, r, _ = run_python("""
+def test_every_n_steps_policy_is_a_listener(fresh_python):
+    _, r, _ = fresh_python.code("""
 memalloc.enable(backend="host", config="host_capacity_mb:64,empty_cache_every_n_steps:2")
 """, """
 def cached():

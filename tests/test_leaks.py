@@ -1,12 +1,14 @@
 """Leak reports (memalloc/leaks.py) on real training loops, on the host
 backend with torch's CPU tensors allocated by memalloc
-(memalloc.host.use_for_cpu_tensors), so models, autograd graphs, optimizers
+(memalloc.host.cpu_tensors_from), so models, autograd graphs, optimizers
 and hooks behave as on a GPU.
 
 The loops live in tests/leak_cases/loops.py, each under its own
 ``memalloc.leak_check()`` as a user would write it; each leaking one marks
-the line the report must name with ``# LEAK:<name>``. All loops run in one
-fresh interpreter; the assertions are made here.
+the line the report must name with ``# LEAK:<name>``. All loops run in this
+process, once per module, on a host allocator the test owns (not installed),
+with torch's CPU tensors routed to it (memalloc.host.cpu_tensors_from); the
+assertions are made here.
 
 Expected bytes per step are computed from the tensors' shapes: every
 allocation rounds up to 512 B (a 16x64 float32 tensor is 4096 B, a 16x128
@@ -14,32 +16,33 @@ one 8192 B, a scalar loss 512 B).
 """
 from __future__ import annotations
 
-import json
+import gc
+import sys
 
 import pytest
 
-from memtest_helpers import REPO, run_python
+import memalloc
+from memtest_helpers import REPO
 
 LOOPS_FILE = REPO / "tests" / "leak_cases" / "loops.py"
 LOOPS_SOURCE = LOOPS_FILE.read_text()
-
-CHILD = """
-import gc, os, sys
-sys.path.insert(0, os.path.join(os.getcwd(), "tests", "leak_cases"))
-memalloc.enable(backend="host", config="host_capacity_mb:512")
-host.use_for_cpu_tensors()
-import loops
-for fn in loops.LEAKS + loops.NOT_LEAKS:
-    report = fn().report  # each loop runs under its own memalloc.leak_check()
-    R[fn.__name__] = report.to_dict()
-    R[fn.__name__]["text"] = report.to_text()
-    gc.collect()
-"""
+sys.path.insert(0, str(LOOPS_FILE.parent))
+import loops  # noqa: E402  (tests/leak_cases, put on the path above)
 
 
 @pytest.fixture(scope="module")
 def reports():
-    return run_python("", CHILD)[1]
+    a = memalloc.Allocator("host", "host_capacity_mb:512")
+    r = {}
+    with memalloc.host.cpu_tensors_from(a):
+        for fn in loops.LEAKS + loops.NOT_LEAKS:
+            report = fn(allocator=a).report  # each loop runs under its own memalloc.leak_check()
+            r[fn.__name__] = report.to_dict()
+            r[fn.__name__]["text"] = report.to_text()
+            gc.collect()
+    yield r
+    gc.collect()
+    a.validate()
 
 
 def marker(name: str) -> int:

@@ -1,13 +1,14 @@
 """The out-of-memory report (memalloc/oom.py, csrc/boundary/oom_report.cpp)
 on the host backend: torch.OutOfMemoryError's message names the call sites
 holding the most memory; report files are written for the first N OOMs;
-a failing report never hides the OOM. Fresh interpreter per scenario."""
+a failing report never hides the OOM. A fresh interpreter per scenario
+(tests/conftest.py fresh_python): the message comes from the hook enable()
+installs. The holders themselves are tested in-process in
+test_leaks_inprocess.py (top_holders on an allocator the test owns)."""
 from __future__ import annotations
 
-import os
 import pickle
 
-from memtest_helpers import run_python
 
 PRELUDE = """
 import os, pickle
@@ -26,8 +27,8 @@ def line_of(src: str, marker: str) -> int:
     return next(i for i, l in enumerate(src.splitlines(), 1) if l.rstrip().endswith(marker))
 
 
-def test_message_names_the_biggest_holders_and_files_are_written_once(tmp_path):
-    _, r, src = run_python(PRELUDE, f"""
+def test_message_names_the_biggest_holders_and_files_are_written_once(tmp_path, fresh_python):
+    _, r, src = fresh_python.code(PRELUDE, f"""
 memalloc.record_memory_history(max_entries=1000, stacks="python")
 memalloc.set_oom_report(directory={str(tmp_path)!r}, max_reports=1, top=2)
 big = [torch.empty(8 << 20, dtype=torch.uint8) for _ in range(3)]  # HOLDER-BIG
@@ -60,8 +61,8 @@ R["ooms"] = memalloc.memory_stats()["num_ooms"]
     assert r["ooms"] == 2
 
 
-def test_without_stacks_holders_are_grouped_by_tag_and_the_fix_is_named():
-    _, r, _ = run_python(PRELUDE, """
+def test_without_stacks_holders_are_grouped_by_tag_and_the_fix_is_named(fresh_python):
+    _, r, _ = fresh_python.code(PRELUDE, """
 memalloc.record_memory_history(max_entries=1000, stacks="tags")
 with memalloc.tag("weights"):
     w = torch.empty(8 << 20, dtype=torch.uint8)
@@ -71,8 +72,8 @@ R["msg"] = oom()
     assert "call sites need stack capture: memalloc.record_memory_history(stacks='python')" in r["msg"]
 
 
-def test_report_off_and_a_failing_report_keep_the_oom():
-    _, r, _ = run_python(PRELUDE, """
+def test_report_off_and_a_failing_report_keep_the_oom(fresh_python):
+    _, r, _ = fresh_python.code(PRELUDE, """
 memalloc.set_oom_report(False)
 R["off"] = oom()
 memalloc.set_oom_report(True)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import random
-from typing import Optional
 
 import pytest
 import torch
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, segment_size, run_python
+from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, segment_size
 from test_stats_model import Model, diff
 
 PRELUDE = """
@@ -31,8 +30,11 @@ def footer():
 """
 
 
-def run_child(code: str, conf: Optional[str] = None) -> dict:
-    return run_python(PRELUDE, code, conf)[1]
+@pytest.fixture
+def run_child(fresh_python):
+    """run_child(code, conf=None): PRELUDE + code in a fresh interpreter (enable()
+    and memory_summary() of the installed allocator; tests/conftest.py); its RESULT dict."""
+    return lambda code, conf=None: fresh_python.code(PRELUDE, code, conf)[1]
 
 
 def reserved(a):
@@ -236,7 +238,7 @@ def test_on_oom_releases_the_cache_then_retries_or_raises():
 
 
 # --------------------------------------------------- every N steps ----
-def test_every_n_steps_empties_the_cache_on_every_nth_step():
+def test_every_n_steps_empties_the_cache_on_every_nth_step(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host")
@@ -288,7 +290,7 @@ def test_every_n_steps_empties_the_cache_on_every_nth_step():
     assert r["live"] == 4096
 
 
-def test_policy_report_and_footer_name_threshold_and_every_n():
+def test_policy_report_and_footer_name_threshold_and_every_n(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host")
@@ -303,7 +305,7 @@ def test_policy_report_and_footer_name_threshold_and_every_n():
     assert r["steps0"] == [1, 2]
 
 
-def test_set_empty_cache_policy_threshold_at_run_time():
+def test_set_empty_cache_policy_threshold_at_run_time(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host", config="host_capacity_mb:64")
@@ -336,7 +338,7 @@ def test_set_empty_cache_policy_threshold_at_run_time():
     assert r["f3"].endswith("empty-cache policy: manual + on-OOM")
 
 
-def test_rejected_set_empty_cache_policy_changes_nothing():
+def test_rejected_set_empty_cache_policy_changes_nothing(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host")
@@ -348,7 +350,7 @@ def test_rejected_set_empty_cache_policy_changes_nothing():
     assert r["p"]["threshold"] == 0.0 and r["p"]["every_n_steps"] == 0
 
 
-def test_every_n_steps_from_config_works_after_a_step_before_enable():
+def test_every_n_steps_from_config_works_after_a_step_before_enable(run_child):
     r = run_child(
         """
         R["early"] = memalloc.step()          # e.g. a training-loop helper that runs before enable()

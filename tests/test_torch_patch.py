@@ -14,14 +14,9 @@ their own segment rounded up to 2 MiB.
 """
 from __future__ import annotations
 
-import subprocess
-from typing import Optional
-
 import pytest
 
-import memalloc
-from memalloc import _torch_patch
-from memtest_helpers import LARGE_SEGMENT, MiB, POOLS, SMALL_SEGMENT, STAT_KEYS, rnd, run_python
+from memtest_helpers import LARGE_SEGMENT, MiB, POOLS, SMALL_SEGMENT, STAT_KEYS, rnd
 
 # Every torch.cuda function memalloc answers on the host backend.
 PATCHED = (
@@ -58,10 +53,11 @@ def snap():
 """ % (PATCHED,)
 
 
-def run_child(code: str, conf: Optional[str] = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """PRELUDE + code in a fresh interpreter; returns the process and its RESULT dict."""
-    p, result, _ = run_python(PRELUDE, code, conf)
-    return p, result
+@pytest.fixture
+def run_child(fresh_python):
+    """run_child(code, conf=None): PRELUDE + code in a fresh interpreter (tests/conftest.py);
+    returns the process and its RESULT dict."""
+    return lambda code, conf=None: fresh_python.code(PRELUDE, code, conf)[:2]
 
 
 def fmt_size(sz: int, pref: int) -> str:
@@ -127,7 +123,7 @@ def test_fmt_size_matches_known_cells():
     assert fmt_size(700 * 1024, 700 * 1024) == "716800 B  "  # below 768 KiB: still bytes
 
 
-def test_torch_memory_queries_answer_from_memalloc():
+def test_torch_memory_queries_answer_from_memalloc(run_child):
     _, r = run_child(
         """
         before = fns()
@@ -249,7 +245,7 @@ def test_torch_memory_queries_answer_from_memalloc():
     assert "CUDA OOMs: 1 " in r["summary_limited"]
 
 
-def test_unpatch_restores_torch_and_memalloc_summary_still_works():
+def test_unpatch_restores_torch_and_memalloc_summary_still_works(run_child):
     _, r = run_child(
         """
         before = fns()
@@ -289,7 +285,7 @@ def test_unpatch_restores_torch_and_memalloc_summary_still_works():
 
 
 @pytest.mark.parametrize("how", ["argument", "env_False", "env_0"])
-def test_patch_torch_false_leaves_torch_untouched(how):
+def test_patch_torch_false_leaves_torch_untouched(how, run_child):
     code = """
         before = fns()
         memalloc.enable(backend="host"%s)
@@ -310,7 +306,7 @@ def test_patch_torch_false_leaves_torch_untouched(how):
     assert r["summary_ok"] is True
 
 
-def test_patch_torch_true_argument_overrides_the_env():
+def test_patch_torch_true_argument_overrides_the_env(run_child):
     _, r = run_child(
         """
         before = fns()

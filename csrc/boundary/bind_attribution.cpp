@@ -1,6 +1,7 @@
 // bind_attribution.cpp — who allocates: stack modes, tags, the backward
-// context, steps, interned stacks, the OOM hook, and the export of recorded
-// events to torch's trace entries (functions of memalloc._C). Invariants as
+// context, steps, interned stacks, the OOM hook, torch's CPU tensors from the
+// host backend (for good, or for a scope: CpuRoute), and the export of
+// recorded events to torch's trace entries (functions of memalloc._C). Invariants as
 // bindings.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -66,6 +67,13 @@ void bind_attribution(py::module_& m) {
   m.def("use_for_torch_cpu", &use_for_torch_cpu,
         "Makes torch's CPU tensors come from device 0 of the installed host-backend allocator (irreversible).");
   m.def("used_for_torch_cpu", &used_for_torch_cpu);
+  py::class_<CpuRoute>(m, "CpuRoute",
+                       "Routes torch's CPU tensors to device 0 of a host-backend allocator until close() "
+                       "(memalloc.host.cpu_tensors_from).")
+      .def(py::init([](pyargs::AllocatorArg a) { return std::make_unique<CpuRoute>(a.allocator); }),
+           py::arg("allocator"))
+      .def("close", &CpuRoute::close, "Gives torch back its previous CPU allocator; a second call does nothing.")
+      .def_property_readonly("open", &CpuRoute::open);
   m.def("trace_entries", &trace_entries, py::arg("raw"), py::arg("keep"), py::arg("tags"), py::arg("frames_of"),
         "torch snapshot trace entries of raw records (see csrc/boundary/trace_export.h).");
   m.def("record_size", [] { return sizeof(TraceRecord); });

@@ -19,6 +19,12 @@
 //     done; c10 holds the allocator pointer. Only the registry's installed
 //     allocator is used; it is immortal
 //     (registry.h), so frees during interpreter shutdown are safe.
+//   * A CpuRoute (the scoped form, for in-process use of an allocator that is
+//     not installed) holds no global: the route object is the c10 allocator
+//     while open, and each tensor's DataPtr context owns a reference to the
+//     allocator it came from (one small heap object per tensor: this route is
+//     a test and analysis seam, not the hot path), so a tensor may die after
+//     the route is closed. Closing hands torch back the allocator it had.
 #include "cpu_allocator.h"
 
 #include <c10/core/Allocator.h>
@@ -74,15 +80,79 @@ class HostCpuAllocator final : public c10::Allocator {
 HostCpuAllocator g_cpu_allocator;  // stateless; referenced by c10 for the process's life
 std::atomic<bool> g_installed{false};
 
+// The DataPtr context of a routed tensor: its allocator and pointer.
+struct RoutedBlock {
+  std::shared_ptr<CachingAllocator> allocator;
+  void* ptr;
+};
+
+void free_routed(void* ctx) {
+  auto* block = static_cast<RoutedBlock*>(ctx);
+  try {
+    block->allocator->device(0).free(block->ptr, AllocatorRegistry::instance().thread_context());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memalloc: CPU free ignored: %s\n", e.what());
+  }
+  delete block;
+}
+
+constexpr uint8_t kPriority = 255;  // c10 keeps an allocator of higher priority over ours
+
 }  // namespace
+
+CpuRoute::CpuRoute(std::shared_ptr<CachingAllocator> allocator) : allocator_(std::move(allocator)) {
+  MEMALLOC_EXPECTS(allocator_ != nullptr && std::strcmp(allocator_->backend().name(), "host") == 0,
+                   "torch's CPU tensors can come only from a host-backend allocator: "
+                   "pass memalloc.Allocator('host', ...)");
+  c10::Allocator* current = c10::GetCPUAllocator();
+  MEMALLOC_EXPECTS(dynamic_cast<CpuRoute*>(current) == nullptr,
+                   "torch's CPU tensors are already routed to a memalloc allocator: "
+                   "close that route (leave its `with` block) first");
+  previous_ = current;
+  c10::SetCPUAllocator(this, kPriority);
+}
+
+CpuRoute::~CpuRoute() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memalloc: CPU route left open: %s\n", e.what());
+  }
+}
+
+void CpuRoute::close() {
+  if (previous_ == nullptr) return;
+  MEMALLOC_EXPECTS(c10::GetCPUAllocator() == this,
+                   "this CPU route is not torch's CPU allocator any more: close the route opened "
+                   "inside it first");
+  c10::SetCPUAllocator(previous_, kPriority);
+  previous_ = nullptr;
+}
+
+c10::DataPtr CpuRoute::allocate(size_t n) {
+  const c10::Device cpu(c10::DeviceType::CPU);
+  if (n == 0) return {nullptr, nullptr, &free_cpu, cpu};
+  void* p = nullptr;
+  try {
+    p = malloc_for_torch(*allocator_, 0, n, 0, current_context(), "memalloc_cpu_allocate");
+  } catch (...) {
+    rethrow_for_torch("memalloc_cpu_allocate");
+  }
+  return {p, new RoutedBlock{allocator_, p}, &free_routed, cpu};
+}
+
+void CpuRoute::copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 
 void use_for_torch_cpu() {
   CachingAllocator* a = AllocatorRegistry::instance().installed();
   MEMALLOC_EXPECTS(a != nullptr && std::strcmp(a->backend().name(), "host") == 0,
                    "torch's CPU tensors can come only from the host backend: call "
                    "memalloc.enable(backend='host') first");
+  MEMALLOC_EXPECTS(dynamic_cast<CpuRoute*>(c10::GetCPUAllocator()) == nullptr,
+                   "torch's CPU tensors are routed to a memalloc allocator for a scope: close that "
+                   "route (leave its `with` block) first");
   if (g_installed.exchange(true)) return;
-  c10::SetCPUAllocator(&g_cpu_allocator, /*priority=*/255);
+  c10::SetCPUAllocator(&g_cpu_allocator, kPriority);
 }
 
 bool used_for_torch_cpu() { return g_installed.load(); }

@@ -3,7 +3,9 @@ backend with torch's CPU tensors coming from memalloc
 (memalloc.host.use_for_cpu_tensors). Each leaking line is marked with
 ``# LEAK:<name>`` (the line the report must name) and, where the leak is
 allocated elsewhere, ``# ALLOC:<name>``. Every loop calls memalloc.step()
-at the end of each iteration, except the auto_step one."""
+at the end of each iteration, except the auto_step one. Each loop takes the
+allocator its leak_check() watches (default: the installed one, as a user
+would write it); tests/test_leaks.py passes one it owns."""
 from __future__ import annotations
 
 import collections
@@ -14,7 +16,7 @@ import torch
 import memalloc
 
 STEPS = 24  # iterations per loop
-# Each loop runs under memalloc.leak_check() and returns it: the report is made
+# Each loop runs under memalloc.leak_check(allocator=allocator) and returns it: the report is made
 # when the with block ends, while the loop's locals are still alive.
 torch.manual_seed(0)
 
@@ -28,12 +30,12 @@ def batch():
 
 
 # ---- leaks -----------------------------------------------------------------------
-def losses_with_graph():
+def losses_with_graph(allocator=None):
     """Training loop that keeps each loss tensor (and its autograd graph)."""
     m, losses = model(), []
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x, y = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for _ in range(STEPS):
             loss = torch.nn.functional.mse_loss(m(x), y)  # ALLOC:losses_with_graph
             opt.zero_grad()
@@ -44,11 +46,11 @@ def losses_with_graph():
     return check
 
 
-def eval_without_no_grad():
+def eval_without_no_grad(allocator=None):
     """Evaluation that keeps outputs with their graphs (activations saved)."""
     m, outputs = model(), []
     x, _ = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for _ in range(STEPS):
             out = m(x)
             outputs.append(out)  # LEAK:eval_without_no_grad
@@ -66,11 +68,11 @@ class Recorder:
         self.store.append(output.detach().clone())  # LEAK:hook_storage
 
 
-def hook_storage():
+def hook_storage(allocator=None):
     m, rec = model(), Recorder()
     m[1].register_forward_hook(rec.hook)
     x, _ = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         with torch.no_grad():
             for _ in range(STEPS):
                 m(x)
@@ -78,11 +80,11 @@ def hook_storage():
     return check
 
 
-def cache_by_step():
+def cache_by_step(allocator=None):
     """A dict keyed by the step keeps every step's tensor."""
     cache = {}
     x, _ = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for step in range(STEPS):
             feats = x * 2.0
             cache[step] = feats  # LEAK:cache_by_step
@@ -94,11 +96,11 @@ def _remember(store, t):
     store.append(t + 1)  # LEAK:helper
 
 
-def leak_in_helper():
+def leak_in_helper(allocator=None):
     """The leak is in a helper function called from the loop."""
     store = []
     x, _ = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for _ in range(STEPS):
             _remember(store, x)
             memalloc.step()
@@ -126,11 +128,11 @@ class Outer(torch.nn.Module):
         return self.inner(x)
 
 
-def nested_module():
+def nested_module(allocator=None):
     """The leak is two modules deep (an attribute list of an inner module)."""
     m = Outer()
     x, _ = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         with torch.no_grad():
             for _ in range(STEPS):
                 m(x)
@@ -138,9 +140,9 @@ def nested_module():
     return check
 
 
-def auto_step_loss_list():
+def auto_step_loss_list(allocator=None):
     """losses.append(loss) with boundaries from optimizer.step() (no memalloc.step())."""
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         memalloc.auto_step()
         m, losses = model(), []
         opt = torch.optim.Adam(m.parameters(), lr=0.01)
@@ -156,12 +158,12 @@ def auto_step_loss_list():
 
 
 # ---- not leaks -------------------------------------------------------------------
-def training_with_item():
+def training_with_item(allocator=None):
     """The fixed loop: loss.item(); warm-up growth (Adam state) then flat."""
     m, losses = model(), []
     opt = torch.optim.Adam(m.parameters(), lr=0.01)
     x, y = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for _ in range(STEPS):
             loss = torch.nn.functional.mse_loss(m(x), y)
             opt.zero_grad()
@@ -172,9 +174,9 @@ def training_with_item():
     return check
 
 
-def cache_heavy():
+def cache_heavy(allocator=None):
     """Big tensors freed every step: reserved stays far above allocated."""
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for i in range(STEPS):
             big = torch.empty((4 << 20) + (i % 3) * (1 << 20), dtype=torch.uint8)
             big.fill_(1)
@@ -183,12 +185,12 @@ def cache_heavy():
     return check
 
 
-def one_iteration_retention():
+def one_iteration_retention(allocator=None):
     """The previous step's output is kept for one more step only."""
     m = model()
     x, _ = batch()
     prev = None
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         with torch.no_grad():
             for _ in range(STEPS):
                 out = m(x)
@@ -197,10 +199,10 @@ def one_iteration_retention():
     return check
 
 
-def warmup_then_flat():
+def warmup_then_flat(allocator=None):
     """A buffer pool that grows for 3 steps and then is reused."""
     pool = []
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for i in range(STEPS):
             if i < 3:
                 pool.append(torch.zeros(1 << 16))
@@ -215,10 +217,10 @@ class Cycle:
         self.me = self
 
 
-def gc_delayed():
+def gc_delayed(allocator=None):
     """Tensors in reference cycles, freed only when the garbage collector runs
     (every 4 steps here)."""
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         gc.disable()
         try:
             for i in range(STEPS):
@@ -231,11 +233,11 @@ def gc_delayed():
     return check
 
 
-def bounded_deque():
+def bounded_deque(allocator=None):
     """A bounded deque of the last 3 outputs: flat after it fills."""
     last = collections.deque(maxlen=3)
     x, _ = batch()
-    with memalloc.leak_check() as check:
+    with memalloc.leak_check(allocator=allocator) as check:
         for _ in range(STEPS):
             last.append(x * 3)
             memalloc.step()
