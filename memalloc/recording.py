@@ -11,7 +11,12 @@ are attributed to ``<backward>`` plus the tag path and call stack of the
 ``backward()`` call that started them.
 
 Reading: :func:`events` (Python objects) or :func:`events_array` (numpy
-structured array), :func:`stack` (an interned stack's frames). The exports
+structured array), :func:`stack` (an interned stack's frames). Every
+function that touches a ring takes ``allocator=`` (default: the one
+installed by :func:`memalloc.enable`), so recording can run on an allocator
+of one's own (a test's ``memalloc.Allocator("host")``); the stack mode, the
+stack and tag tables, the step counter and the backward context stay
+process-wide, shared by every allocator. The exports
 sit in their own modules: memalloc/snapshots.py (torch's snapshot format and
 the memory_viz pickle), memalloc/trace_files.py (compact trace files); tags
 and the backward context in memalloc/tags.py.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from . import _C, _state, tags
 from ._config import STACK_MODES
@@ -67,19 +72,28 @@ class Event:
 
 
 # ---- turning recording on ---------------------------------------------------
-_recording: set[int] = set()  # devices whose ring is on
+# Allocators with a ring on, by id: (the allocator, its devices recording).
+# Holding the allocator keeps its Python object, hence its id, the same while
+# it records (memalloc._C.installed() returns that object while it lives).
+_recording: dict[int, tuple[_C.Allocator, set[int]]] = {}
+
 
 def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python",
-                          device: DeviceLike = None) -> None:
+                          device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> None:
     """Starts (or with ``enabled=False`` stops) recording allocator events.
 
     Args:
         enabled: record or not. Stopping frees the rings.
-        max_entries: ring capacity per device, in events (64 bytes each);
-            when full the oldest are overwritten and counted as dropped.
+        max_entries: ring capacity per device, in events (64 bytes each, so
+            ``64 * max_entries`` bytes per device); when full the oldest are
+            overwritten and counted as dropped.
         stacks: "python" (interned Python call stack per allocation),
-            "tags" (only ``memalloc.tag`` paths), or "none".
+            "tags" (only ``memalloc.tag`` paths), or "none". The mode is
+            process-wide (every allocator's records): it stays on while
+            any device of any allocator records.
         device: one device, or every device when None.
+        allocator: the allocator whose rings to start or stop (default: the
+            installed one; RuntimeError when memalloc is not enabled).
     """
     if stacks not in STACK_MODES:
         raise ValueError(f"stacks must be one of {', '.join(STACK_MODES)}, not {stacks!r}")
@@ -88,11 +102,16 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
     if enabled and max_entries > _C.max_trace_records():
         raise ValueError(f"max_entries {max_entries} is too large: at most {_C.max_trace_records()} "
                          "records (64 bytes each) per device")
-    a = _state.installed_allocator()
-    devices = range(a.device_count) if device is None else [device_index(device)]
-    for d in devices:
-        a.set_recording(max_entries if enabled else 0, d)
-        (_recording.add if enabled else _recording.discard)(d)
+    a = _state.allocator_or_installed(allocator)
+    devices = range(a.device_count) if device is None else [device_index(device, a.backend_name)]
+    _, on = _recording.setdefault(id(a), (a, set()))
+    try:
+        for d in devices:
+            a.set_recording(max_entries if enabled else 0, d)
+            (on.add if enabled else on.discard)(d)
+    finally:
+        if not on:
+            del _recording[id(a)]
     # The stack mode is process-wide: it stays on while any device records.
     if enabled:
         _C.set_stack_mode(STACK_MODES[stacks])
@@ -103,14 +122,24 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
 
 
 # ---- reading events -------------------------------------------------------------
-def raw_records(device: int) -> tuple[bytes, int]:
-    """(the ring's records of ``device`` as bytes, 64 each, oldest first; dropped count)."""
-    return _state.installed_allocator().trace(device)
+def raw_records(device: int, *, allocator: Optional[_C.Allocator] = None) -> tuple[bytes, int]:
+    """(the ring's records of ``device`` of ``allocator`` (default: the
+    installed one) as bytes, 64 per record, oldest first; the number of
+    records dropped)."""
+    return _state.allocator_or_installed(allocator).trace(device)
 
 
-def dropped(device: DeviceLike = None) -> int:
-    """Events overwritten because the ring was full."""
-    return int(raw_records(device_index(device))[1])
+def _device_records(device: DeviceLike, allocator: Optional[_C.Allocator]) -> tuple[bytes, int]:
+    """raw_records of ``device`` as the readers below take it (None: device 0
+    on the host backend, the current CUDA device on CUDA)."""
+    backend = allocator.backend_name if allocator is not None else None  # None: the enabled one
+    return raw_records(device_index(device, backend), allocator=allocator)
+
+
+def dropped(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> int:
+    """Events of ``device`` of ``allocator`` (default: the installed one)
+    overwritten because the ring was full."""
+    return int(_device_records(device, allocator)[1])
 
 
 def decode_records(raw: bytes, tags: Sequence[str]) -> list[Event]:
@@ -124,21 +153,23 @@ def decode_records(raw: bytes, tags: Sequence[str]) -> list[Event]:
     return out
 
 
-def events(device: DeviceLike = None) -> list[Event]:
-    """The recorded events of ``device``, oldest first."""
-    return decode_records(raw_records(device_index(device))[0], _C.tag_names())
+def events(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> list[Event]:
+    """The recorded events of ``device`` of ``allocator`` (default: the
+    installed one), oldest first (sizes in bytes)."""
+    return decode_records(_device_records(device, allocator)[0], _C.tag_names())
 
 
-def events_array(device: DeviceLike = None):
-    """The recorded events as a numpy structured array (fields as in
-    csrc/recorder.h: time_ns, addr, size, requested, stream, stack_id,
-    tag_id, thread, step, action, device, pool)."""
+def events_array(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None):
+    """The recorded events of ``device`` of ``allocator`` (default: the
+    installed one) as a numpy structured array (fields as in
+    csrc/recorder.h: time_ns, addr, size, requested (bytes), stream,
+    stack_id, tag_id, thread, step, action, device, pool)."""
     import numpy as np
 
     dtype = np.dtype([("time_ns", "<i8"), ("addr", "<u8"), ("size", "<u8"), ("requested", "<u8"),
                       ("stream", "<u8"), ("stack_id", "<u4"), ("tag_id", "<u4"), ("thread", "<u4"),
                       ("step", "<u4"), ("action", "u1"), ("device", "u1"), ("pool", "u1"), ("pad", "V5")])
-    return np.frombuffer(raw_records(device_index(device))[0], dtype=dtype)
+    return np.frombuffer(_device_records(device, allocator)[0], dtype=dtype)
 
 
 _frames_cache: dict[int, tuple[Frame, ...]] = {}

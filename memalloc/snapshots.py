@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-from typing import Union
+from typing import Optional, Union
 
 from . import _C, _state
 from ._device import DeviceLike, device_index
@@ -15,15 +15,16 @@ from .recording import ACTIONS, frames_json, raw_records
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def snapshot(device: DeviceLike = None) -> dict:
-    """The allocator state and recorded events in the format of
-    ``torch.cuda.memory._snapshot()``: {"segments": [...], "device_traces":
-    [[...] per device]}. ``device`` None = every device.
+def snapshot(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> dict:
+    """The state and recorded events of ``allocator`` (default: the
+    installed one) in the format of ``torch.cuda.memory._snapshot()``:
+    {"segments": [...], "device_traces": [[...] per device]} (sizes in
+    bytes). ``device`` None = every device.
 
     Entries with the same stack share one ``frames`` list object (and
     pickle writes it once): copy it before modifying it."""
-    a = _state.installed_allocator()
-    devices = range(a.device_count) if device is None else [device_index(device)]
+    a = _state.allocator_or_installed(allocator)
+    devices = range(a.device_count) if device is None else [device_index(device, a.backend_name)]
     for d in devices:
         a.stats(d)  # raises "device N does not exist" for a bad index
     tags = _C.tag_names()
@@ -46,7 +47,7 @@ def snapshot(device: DeviceLike = None) -> dict:
                 "stream": seg["stream"], "segment_type": seg["segment_type"], "segment_pool_id": tuple(seg["segment_pool_id"]),
                 "is_expandable": False, "frames": [], "blocks": blocks})
         # Built in C++ (csrc/boundary/trace_export.cpp): ~0.2 s per million events.
-        traces.append(_C.trace_entries(raw_records(d)[0], _TORCH_KEEP, tags, frames_of))
+        traces.append(_C.trace_entries(raw_records(d, allocator=a)[0], _TORCH_KEEP, tags, frames_of))
     return {"segments": segments, "device_traces": traces}
 
 
@@ -54,12 +55,14 @@ _TORCH_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", 
 _TORCH_KEEP = [a in _TORCH_ACTIONS for a in ACTIONS]
 
 
-def dump_snapshot(filename: PathLike = "dump_snapshot.pickle") -> str:
-    """Writes :func:`snapshot` as the pickle pytorch.org/memory_viz opens;
-    returns the path. ``filename`` is a path (str or os.PathLike), never an
-    open file descriptor (TypeError)."""
+def dump_snapshot(filename: PathLike = "dump_snapshot.pickle", *,
+                  allocator: Optional[_C.Allocator] = None) -> str:
+    """Writes :func:`snapshot` of ``allocator`` (default: the installed one)
+    as the pickle pytorch.org/memory_viz opens; returns the path.
+    ``filename`` is a path (str or os.PathLike), never an open file
+    descriptor (TypeError)."""
     filename = os.fspath(filename)
-    snap = snapshot()  # before opening: an error must not truncate an existing file
+    snap = snapshot(allocator=allocator)  # before opening: an error must not truncate an existing file
     with open(filename, "wb") as f:
         pickle.dump(snap, f)
     return filename

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import struct
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from . import _C, _state
 from .recording import ACTIONS, RECORD_FORMAT, Event, Frame, decode_records, raw_records, stack
@@ -19,14 +19,15 @@ _MAGIC = b"MEMALLOC-TRACE-1\n"
 _HEADER = struct.Struct("<Q")  # metadata length in bytes, after the magic line
 
 
-def save_trace(path: PathLike) -> str:
-    """Writes every device's records (raw, 64 bytes each) with the stack and
-    tag tables they refer to; returns the path. Read back with
-    :func:`load_trace`. ``path`` is a path (str or os.PathLike), never an
-    open file descriptor (TypeError)."""
+def save_trace(path: PathLike, *, allocator: Optional[_C.Allocator] = None) -> str:
+    """Writes the records (raw, 64 bytes each) of every device of
+    ``allocator`` (default: the installed one) with the stack and tag tables
+    they refer to; returns the path. Read back with :func:`load_trace`.
+    ``path`` is a path (str or os.PathLike), never an open file descriptor
+    (TypeError)."""
     path = os.fspath(path)
-    a = _state.installed_allocator()
-    raws = [raw_records(d) for d in range(a.device_count)]
+    a = _state.allocator_or_installed(allocator)
+    raws = [raw_records(d, allocator=a) for d in range(a.device_count)]
     stack_ids = sorted({e.stack_id for raw, _ in raws for e in decode_records(raw, []) if e.stack_id})
     meta = {"record_format": RECORD_FORMAT, "actions": list(ACTIONS), "tags": _C.tag_names(),
             "stacks": {str(i): [[f.filename, f.line, f.name] for f in stack(i)] for i in stack_ids},

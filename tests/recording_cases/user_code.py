@@ -2,74 +2,84 @@
 
 The tests find each site's line by its marker comment (``# SITE:<name>``),
 never by a hard-coded number, and check that recorded stacks name this file,
-that line and the enclosing function. Imported only by the child
-interpreters the tests start (memalloc must be enabled on the host backend).
+that line and the enclosing function. Every site allocates from
+``allocator``: the test's own host-backend allocator when the tests run in
+their process, the installed one (None) in the fresh interpreter that
+enables memalloc.
 """
 import threading
+from typing import Optional
 
 import torch
 
 import memalloc
-from memalloc import host
+from memalloc import _C, host
 
 
-def alloc_a(nbytes=1000):
-    return host.empty(nbytes, torch.uint8)  # SITE:alloc_a
+def alloc_a(nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+    return host.empty(nbytes, torch.uint8, allocator=allocator)  # SITE:alloc_a
 
 
-def alloc_b(nbytes=1000):
-    return host.empty(nbytes, torch.uint8)  # SITE:alloc_b
+def alloc_b(nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+    return host.empty(nbytes, torch.uint8, allocator=allocator)  # SITE:alloc_b
 
 
-def outer(nbytes=1000):
-    return middle(nbytes)  # SITE:outer
+def outer(nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+    return middle(nbytes, allocator)  # SITE:outer
 
 
-def middle(nbytes):
-    return alloc_a(nbytes)  # SITE:middle
+def middle(nbytes: int, allocator: Optional[_C.Allocator]) -> torch.Tensor:
+    return alloc_a(nbytes, allocator)  # SITE:middle
 
 
-def loop_twice():
+def loop_twice(allocator: Optional[_C.Allocator] = None) -> list:
     out = []
     for _ in range(2):
-        out.append(host.empty(1000, torch.uint8))  # SITE:loop
+        out.append(host.empty(1000, torch.uint8, allocator=allocator))  # SITE:loop
     return out
 
 
-def deep(depth, nbytes=1000):
+def deep(depth: int, nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
     if depth == 0:
-        return host.empty(nbytes, torch.uint8)  # SITE:deep
-    return deep(depth - 1, nbytes)  # SITE:deep_rec
+        return host.empty(nbytes, torch.uint8, allocator=allocator)  # SITE:deep
+    return deep(depth - 1, nbytes, allocator)  # SITE:deep_rec
+
+
+class BackwardLog:
+    """What Double's backward allocated, in order: ``native`` (from a native
+    thread), ``python`` (from a Python thread, when asked for)."""
+
+    def __init__(self) -> None:
+        self.native: list = []
+        self.python: list = []
 
 
 class Double(torch.autograd.Function):
-    """x * 2 whose backward allocates the way autograd's engine threads do:
-    from a native thread with no Python state."""
-
-    native_ptrs = []  # pointers allocated by backward, in order
-    python_thread_ptrs = []  # set when `python_thread` is on
-    python_thread = False
+    """x * 2 whose backward allocates from ``allocator`` the way autograd's
+    engine threads do: from a native thread with no Python state; with
+    ``python_thread``, a Python thread (it has Python frames) also
+    allocates, untagged, while the backward runs."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, allocator, log, python_thread):
+        ctx.allocator, ctx.log, ctx.python_thread = allocator, log, python_thread
         return x * 2
 
     @staticmethod
     def backward(ctx, grad):
-        a = memalloc.installed_allocator()
-        Double.native_ptrs.append(memalloc._C._testing.malloc_on_native_thread(a, 3000))
-        if Double.python_thread:
-            # A Python thread (it has Python frames) allocating, untagged,
-            # while the backward runs.
-            t = threading.Thread(target=lambda: Double.python_thread_ptrs.append(a.malloc(3500)))
+        a, log = ctx.allocator, ctx.log
+        log.native.append(_C._testing.malloc_on_native_thread(a, 3000))
+        if ctx.python_thread:
+            t = threading.Thread(target=lambda: log.python.append(a.malloc(3500)))
             t.start()
             t.join()
-        return grad * 2
+        return grad * 2, None, None, None
 
 
-def train_step(tagged=True):
+def train_step(allocator: _C.Allocator, log: BackwardLog, tagged: bool = True,
+               python_thread: bool = False) -> torch.Tensor:
     x = torch.ones(4, requires_grad=True)
-    loss = Double.apply(x).sum()
+    loss = Double.apply(x, allocator, log, python_thread).sum()
     if tagged:
         with memalloc.tag("train"):
             loss.backward()  # SITE:backward_tagged
@@ -78,8 +88,8 @@ def train_step(tagged=True):
     return x.grad
 
 
-def train_step_functional():
+def train_step_functional(allocator: _C.Allocator, log: BackwardLog) -> torch.Tensor:
     x = torch.ones(4, requires_grad=True)
-    loss = Double.apply(x).sum()
+    loss = Double.apply(x, allocator, log, False).sum()
     torch.autograd.backward(loss)  # SITE:backward_functional
     return x.grad
