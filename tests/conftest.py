@@ -20,8 +20,7 @@ from typing import Optional, Sequence
 import pytest
 
 from memalloc import _C
-
-REPO = Path(__file__).resolve().parents[1]
+from memtest_helpers import REPO
 
 # What every fresh-interpreter scenario of FreshPython.code starts with: R
 # collects the result, err(f) returns [type name, MRO names, message] of what

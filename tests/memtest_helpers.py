@@ -5,13 +5,7 @@ the utilities wrap and inspect a host-backend ``_C.Allocator``. Test files
 import what they need: ``from memtest_helpers import ...`` (pytest puts tests/
 on sys.path, as tests/ has no __init__.py).
 """
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
-from typing import Optional
 
 from memalloc import _C
 
@@ -122,39 +116,3 @@ def block_of(a, ptr, device=0):
 def live_block_bytes(a, device=0):
     return sum(b["size"] for s in a.segments(device) for b in s["blocks"]
                if b["state"] == "active_allocated")
-
-
-# What every fresh-interpreter scenario starts with: R collects the result,
-# err(f) returns [type name, MRO names, message] of what f raised, or None.
-CHILD_PRELUDE = """
-import json, sys
-import torch
-import memalloc
-from memalloc import host
-MiB = 1 << 20
-R = {}
-def err(f):
-    try:
-        f()
-    except BaseException as e:
-        return [type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)]
-    return None
-"""
-
-
-def run_python(prelude: str, code: str, conf: Optional[str] = None) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """``CHILD_PRELUDE + prelude + code`` in a fresh interpreter (memalloc.enable() is once
-    per process), as on a machine without a GPU: any GPU is hidden, and
-    MEMALLOC_CONF is set only to ``conf``. The child ends by printing
-    ``RESULT <json of R>``. Returns (process, that dict, the source run)."""
-    env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # "auto" means the host backend, on the device machine too
-    if conf is not None:
-        env["MEMALLOC_CONF"] = conf
-    src = CHILD_PRELUDE + textwrap.dedent(prelude) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-    p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert len(lines) == 1, p.stdout
-    return p, json.loads(lines[0][len("RESULT "):]), src

@@ -19,7 +19,7 @@ import pytest
 import memalloc
 from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd
 
-PRELUDE = ""  # memtest_helpers.CHILD_PRELUDE has all these scenarios need
+PRELUDE = ""  # tests/conftest.py CHILD_PRELUDE has all these scenarios need
 
 
 @pytest.fixture
