@@ -195,7 +195,8 @@ def main(argv, command: str) -> int:
     for r in range(args.repeats):
         for group in groups:
             for alloc in order_for(allocators, r):
-                if group == "recording" and alloc not in RECORDING_MODES:
+                if (group == "recording" and alloc not in RECORDING_MODES) or (
+                        group == "call_sites" and alloc != "memalloc"):
                     continue
                 res = run_worker(alloc, group, args.timeout)
                 print(f"repeat {r + 1}/{args.repeats} {group:<12} {alloc:<16} {res['wall_s']:.1f}s"

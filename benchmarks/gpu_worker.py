@@ -7,7 +7,9 @@ allocator), so the orchestrator (gpu_suite.py) starts one worker per
 then the torch.empty+del cost per size), ``transformer`` (fp32 and bf16
 training steps), ``resnet50`` (training steps), ``recording`` (native and
 memalloc only: the cost of recording, measured inside one process by
-switching recording off and on between rounds; see run_recording).
+switching recording off and on between rounds; see run_recording),
+``call_sites`` (memalloc only: the cost of its default call-site capture,
+switched off and on the same way; see run_call_sites).
 
 Memory figures: peaks come from memalloc's own accounting under memalloc,
 from torch.cuda.max_memory_* for native, expandable and cudaMallocAsync, and
@@ -30,7 +32,7 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # recording on: torch's own history (Python stacks) and memalloc's modes
               "native_history", "memalloc_tags", "memalloc_stacks")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50", "recording")
+GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites")
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -212,37 +214,56 @@ def set_recording(name: str, mode: str) -> None:
             memalloc.record_memory_history(max_entries=1 << 20, stacks=mode)
 
 
+def set_call_sites(mode: str) -> None:
+    """memalloc's call sites (the process-wide stack mode) "off" or "on"
+    (Python stacks, the default from enable() on), no recording ring."""
+    from memalloc import _C
+
+    _C.set_stack_mode(0 if mode == "off" else 2)
+
+
 def run_recording(name: str, rounds: int = 11) -> dict:
-    """What recording costs, measured in one process: `rounds` rounds, each
-    running every mode of RECORDING_MODES[name] (order rotated per round) for
-    a bf16 transformer measurement (median of 8 steps after 2 warm-up steps)
-    and a 512 B torch.empty+del measurement (median of 3 x 5,000 pairs).
-    Per round, each mode's time is divided by the same round's "off" time;
-    the figures are medians over rounds of those ratios (rec_*_x_<mode>) and
-    of the times (rec_*_<mode>). Cross-process noise (the machine's
+    """What recording costs, measured in one process (run_modes with
+    RECORDING_MODES[name]; keys rec_*)."""
+    return run_modes(lambda mode: set_recording(name, mode), RECORDING_MODES[name], "rec", rounds)
+
+
+def run_call_sites(rounds: int = 11) -> dict:
+    """What call sites cost under memalloc, measured in one process: stack
+    capture off against on (run_modes; keys cs_*, e.g. cs_bf16_ms_x_on)."""
+    return run_modes(set_call_sites, ("off", "on"), "cs", rounds)
+
+
+def run_modes(set_mode, modes, prefix: str, rounds: int) -> dict:
+    """`rounds` rounds, each running every mode (order rotated per round;
+    modes[0] is the baseline, "off") for a bf16 transformer measurement
+    (median of 8 steps after 2 warm-up steps) and a 512 B torch.empty+del
+    measurement (median of 3 x 5,000 pairs). Per round, each mode's time is
+    divided by the same round's baseline time; the figures are medians over
+    rounds of those ratios (<prefix>_*_x_<mode>) and of the times
+    (<prefix>_*_<mode>). Cross-process noise (the machine's
     process-to-process spread) cancels out of the ratios."""
-    modes = RECORDING_MODES[name]
     bf16 = transformer_steps()["bf16"]
     times: dict[str, dict[str, list[float]]] = {"bf16_ms": {m: [] for m in modes}, "pair_us_512": {m: [] for m in modes}}
     ratios: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes[1:]} for k in times}
     for r in range(rounds):
         k = r % len(modes)
         for mode in modes[k:] + modes[:k]:
-            set_recording(name, mode)
+            set_mode(mode)
             times["bf16_ms"][mode].append(timed_steps(bf16, warmup=2, steps=8))
             pair_us(512, 500)
             times["pair_us_512"][mode].append(sorted(pair_us(512, 5_000) for _ in range(3))[1])
         for metric, per_mode in times.items():
             for mode in modes[1:]:
-                ratios[metric][mode].append(per_mode[mode][-1] / per_mode["off"][-1])
-    set_recording(name, "off")
+                ratios[metric][mode].append(per_mode[mode][-1] / per_mode[modes[0]][-1])
+    set_mode(modes[0])
     med = lambda v: sorted(v)[len(v) // 2]
-    out = {"recording_rounds": rounds}
+    out = {f"{'recording' if prefix == 'rec' else prefix}_rounds": rounds}
     for metric, per_mode in times.items():
         for mode, v in per_mode.items():
-            out[f"rec_{metric}_{mode}"] = med(v)
+            out[f"{prefix}_{metric}_{mode}"] = med(v)
         for mode, v in ratios[metric].items():
-            out[f"rec_{metric}_x_{mode}"] = med(v)
+            out[f"{prefix}_{metric}_x_{mode}"] = med(v)
     return out
 
 
@@ -289,6 +310,10 @@ def main(argv) -> int:
         if name not in RECORDING_MODES:
             raise SystemExit(f"the recording group runs under {' and '.join(RECORDING_MODES)} only")
         result.update(run_recording(name))
+    elif group == "call_sites":
+        if name != "memalloc":
+            raise SystemExit("the call_sites group runs under memalloc only")
+        result.update(run_call_sites())
     else:
         result.update(run_resnet50(name, peaks))
     print(json.dumps(result))

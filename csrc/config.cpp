@@ -115,6 +115,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     MEMALLOC_EXPECTS(value == "none" || value == "tags" || value == "python",
                      "MEMALLOC_CONF: record_stacks '" + value + "' is unknown; use one of none, tags, python");
     c.record_stacks = value;
+  } else if (key == "call_sites") {
+    c.call_sites = parse_bool(key, value);
   } else if (key == "host_capacity_mb") {
     size_t bytes = parse_mib(key, value);
     MEMALLOC_EXPECTS(bytes > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
@@ -136,7 +138,7 @@ const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "backend", "max_split_size_mb", "roundup_power2_divisions",
       "garbage_collection_threshold", "empty_cache_every_n_steps", "patch_torch",
-      "record_history", "record_stacks",
+      "record_history", "record_stacks", "call_sites",
       "host_capacity_mb", "host_devices"};
   return keys;
 }
@@ -169,6 +171,7 @@ std::string Config::to_string() const {
   if (!patch_torch) s += ",patch_torch:False";
   if (record_history) s += ",record_history:" + std::to_string(record_history);
   if (record_stacks != "python") s += ",record_stacks:" + record_stacks;
+  if (!call_sites) s += ",call_sites:False";
   s += ",host_capacity_mb:" + std::to_string(host_capacity / kMiB);
   s += ",host_devices:" + std::to_string(host_devices);
   return s;

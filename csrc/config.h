@@ -36,6 +36,11 @@ struct Config {
   // records per device (0 = off), with this stack mode.
   size_t record_history = 0;
   std::string record_stacks = "python";
+  // Python layer: from enable() on, every allocation keeps its Python call
+  // stack (the stack mode "python"), so OOM messages, top_holders and leak
+  // reports name lines with no setup; False = no stacks unless recording or
+  // a leak check asks for them.
+  bool call_sites = true;
   // Host backend only: simulated capacity of each device, in bytes.
   size_t host_capacity = size_t{1} << 30;
   // Host backend only: number of simulated devices.

@@ -66,6 +66,9 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         else:
             _C.install(_C.Allocator("host", text))
         _state.set_enabled(chosen, text)
+    # Call sites from here on (config call_sites, default True): OOM messages,
+    # top_holders and leak reports name lines with no setup.
+    _C.set_stack_mode(max(_C.stack_mode(), _state.base_stack_mode()))
     iteration.add_step_listener(_policy.on_step)
     oom.install()
     wants_patch = patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False"

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from . import _C
-from ._config import config_value
+from ._config import STACK_MODES, config_value
 
 BACKENDS = ("auto", "cuda", "host")
 
@@ -62,6 +62,17 @@ def enabled_backend() -> Optional[str]:
 def installed_config() -> Optional[str]:
     """The canonical config text memalloc was enabled with, or None."""
     return _config
+
+
+def base_stack_mode() -> int:
+    """The stack mode (memalloc._config.STACK_MODES) when nothing asks for
+    more: "python" from :func:`memalloc.enable` on, so every allocation
+    knows its call site, unless the config says ``call_sites:False``; "none"
+    before enable(). Recording and leak checks raise the mode while they run
+    and come back to this one."""
+    if _config is None or config_value(_config, "call_sites") == "False":
+        return STACK_MODES["none"]
+    return STACK_MODES["python"]
 
 
 def installed_allocator() -> _C.Allocator:

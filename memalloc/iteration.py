@@ -14,6 +14,14 @@ Three ways to mark them, which can be mixed:
 Recorded events carry the step number; step listeners (the leak tracker,
 the per-step tracker, the every-N-steps empty-cache policy) run at each
 boundary, in the thread that called :func:`step`.
+
+A watcher that needs boundaries (``leak_check``, ``LeakTracker``,
+``StepTracker``) asks for them with :func:`want_boundaries`: while one
+does, and no explicit :func:`step` has come since the first one asked,
+``optimizer.step()`` marks the boundaries (the hook of :func:`auto_step`),
+so a training loop gets them with no change. The first explicit
+:func:`step` hands the boundaries to the code. :func:`boundary_counts`
+says which source marked how many, so a report can say what it used.
 """
 from __future__ import annotations
 
@@ -21,34 +29,89 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
+import torch.optim.optimizer as torch_optimizer
+
 from . import _C
 
 T = TypeVar("T")
 StepListener = Callable[[int], None]
 
+# Where a boundary came from (the keys of boundary_counts()).
+EXPLICIT = "memalloc.step()"
+OPTIMIZER = "optimizer.step()"
+
 _lock = threading.Lock()
 _listeners: list[StepListener] = []
+_counts = {EXPLICIT: 0, OPTIMIZER: 0}
 
 
 def step() -> int:
     """Marks the end of one training iteration; returns the number of steps
-    so far (recorded events carry it). Runs the step listeners."""
+    so far (recorded events carry it). Runs the step listeners. From the
+    first call on, ``optimizer.step()`` no longer marks the boundaries that
+    watchers asked for (:func:`want_boundaries`); :func:`auto_step` still
+    does."""
+    with _lock:
+        _auto.explicit_seen = True
+    return _boundary(EXPLICIT)
+
+
+def _boundary(source: str) -> int:
     n = int(_C.next_step())
     with _lock:
+        _counts[source] += 1
         listeners = list(_listeners)
     for listener in listeners:
         listener(n)
     return n
 
 
+def boundary_counts() -> dict[str, int]:
+    """How many boundaries each source has marked in this process:
+    ``{"memalloc.step()": n, "optimizer.step()": m}`` (steps_of counts as
+    memalloc.step()). A watcher compares the counts at its start and end
+    (:func:`describe_boundaries`)."""
+    with _lock:
+        return dict(_counts)
+
+
+def describe_boundaries(before: dict[str, int], after: dict[str, int]) -> str:
+    """Which sources marked the boundaries between two
+    :func:`boundary_counts`, in words: "24 from optimizer.step()",
+    "10 from memalloc.step()", "none" ..."""
+    parts = [f"{after[k] - before.get(k, 0)} from {k}" for k in (EXPLICIT, OPTIMIZER)
+             if after[k] - before.get(k, 0) > 0]
+    return " and ".join(parts) if parts else "none"
+
+
+def want_boundaries() -> None:
+    """Called by a watcher when it starts: until the first explicit
+    :func:`step` after the first watcher asked, ``optimizer.step()`` marks
+    the boundaries. Pair with :func:`release_boundaries`."""
+    with _lock:
+        if _auto.watchers == 0:
+            _auto.explicit_seen = False
+        _auto.watchers += 1
+        _auto.update_hook()
+
+
+def release_boundaries() -> None:
+    """Called by a watcher when it stops (see :func:`want_boundaries`)."""
+    with _lock:
+        if _auto.watchers > 0:
+            _auto.watchers -= 1
+        _auto.update_hook()
+
+
 def steps() -> int:
-    """How many times :func:`step` has been called."""
+    """How many boundaries have been marked in this process (by :func:`step`
+    and by ``optimizer.step()``): the current step number."""
     return int(_C.step())
 
 
 def add_step_listener(fn: StepListener) -> None:
-    """Calls ``fn(step_number)`` after every :func:`step` (once per call,
-    in order of registration)."""
+    """Calls ``fn(step_number)`` at every boundary (:func:`step` or
+    ``optimizer.step()``; once per boundary, in order of registration)."""
     if not callable(fn):
         raise TypeError(f"a step listener must be callable, not {type(fn).__name__}")
     with _lock:
@@ -91,38 +154,53 @@ class _AutoStep:
     several optimizers step in it (GANs, multi-optimizer setups): a boundary
     is taken each time the optimizer that stepped first steps. When that
     optimizer is gone (a new training phase), the next one to step takes
-    its place."""
+    its place. Installed while :func:`auto_step` is on or a watcher wants
+    boundaries (the latter only until an explicit :func:`step`). Its fields
+    are guarded by ``_lock``."""
 
     def __init__(self) -> None:
         self.handle: Optional[Any] = None
         self.first: Optional[weakref.ref] = None  # the optimizer that marks boundaries
+        self.on = False            # auto_step(True)
+        self.watchers = 0          # want_boundaries() - release_boundaries()
+        self.explicit_seen = False  # an explicit step() since the first watcher asked
+
+    def marks(self) -> bool:
+        return self.on or (self.watchers > 0 and not self.explicit_seen)
+
+    def update_hook(self) -> None:
+        """Installs or removes the hook to match marks(); ``_lock`` held."""
+        wanted = self.on or self.watchers > 0
+        if wanted and self.handle is None:
+            self.first = None
+            self.handle = torch_optimizer.register_optimizer_step_post_hook(self)
+        elif not wanted and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.first is None or self.first() is None:
-            self.first = weakref.ref(optimizer)
-        if self.first() is optimizer:
-            step()
+        with _lock:
+            if self.first is None or self.first() is None:
+                self.first = weakref.ref(optimizer)
+            mark = self.first() is optimizer and self.marks()
+        if mark:
+            _boundary(OPTIMIZER)
 
 
 _auto = _AutoStep()
 
 
 def auto_step(enabled: bool = True) -> None:
-    """Turns on (or off) the automatic boundary after ``optimizer.step()``.
-    One boundary per iteration: the optimizer that steps first marks them."""
-    import torch.optim.optimizer as optim
-
+    """Turns on (or off) the automatic boundary after ``optimizer.step()``,
+    whether or not the code also calls :func:`step`. One boundary per
+    iteration: the optimizer that steps first marks them."""
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
     with _lock:
-        if enabled and _auto.handle is None:
-            _auto.first = None
-            _auto.handle = optim.register_optimizer_step_post_hook(_auto)
-        elif not enabled and _auto.handle is not None:
-            _auto.handle.remove()
-            _auto.handle = None
+        _auto.on = enabled
+        _auto.update_hook()
 
 
 def auto_step_enabled() -> bool:
     """Whether :func:`auto_step` is on."""
-    return _auto.handle is not None
+    return _auto.on

@@ -70,6 +70,7 @@ class LeakReport:
     warmup_steps: int = 1
     leaks: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    boundaries: str = ""  # which sources marked the steps, e.g. "24 from optimizer.step()"
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
                          .isoformat(timespec="seconds"))
 
@@ -81,7 +82,7 @@ class LeakReport:
         return {"schema": SCHEMA, "created": self.created, "backend": self.backend, "device": self.device,
                 "steps": self.steps, "allocated": self.allocated, "reserved": self.reserved,
                 "threshold_bytes_per_step": self.threshold_bytes_per_step, "warmup_steps": self.warmup_steps,
-                "leaks": [l.to_dict() for l in self.leaks], "notes": self.notes}
+                "leaks": [l.to_dict() for l in self.leaks], "notes": self.notes, "boundaries": self.boundaries}
 
     def to_json(self, path: Optional[str] = None) -> str:
         """The report as JSON (docs/leak-report.md); written to ``path`` when given."""
@@ -106,13 +107,14 @@ class LeakReport:
         return cls(backend=d["backend"], device=d["device"], steps=d["steps"], allocated=d["allocated"],
                    reserved=d["reserved"], threshold_bytes_per_step=d.get("threshold_bytes_per_step", 0),
                    warmup_steps=d.get("warmup_steps", 0), leaks=leaks, notes=d.get("notes", []),
-                   created=d.get("created", ""))
+                   boundaries=d.get("boundaries", ""), created=d.get("created", ""))
 
     def to_text(self) -> str:
         """A report for the terminal."""
         n = len(self.steps)
         head = (f"memalloc leak report: {self.backend} device {self.device}, {n} steps sampled"
-                + (f" ({self.steps[0]}..{self.steps[-1]})" if n else ""))
+                + (f" ({self.steps[0]}..{self.steps[-1]})" if n else "")
+                + (f"; boundaries: {self.boundaries}" if self.boundaries else ""))
         lines = [head]
         if not self.leaks:
             lines.append("no leaks found" if n >= self.warmup_steps + 4 else "not enough steps to judge")

@@ -3,7 +3,8 @@ iteration, and how many bytes per iteration.
 
 How it works. A :class:`LeakTracker` samples the allocator's live
 allocations at every iteration boundary (:func:`memalloc.step`, a
-:func:`memalloc.steps_of` loop, or :func:`memalloc.auto_step`). Each live
+:func:`memalloc.steps_of` loop, :func:`memalloc.auto_step`, or, when the
+code marks none, ``optimizer.step()``: see memalloc/iteration.py). Each live
 block carries the interned Python stack that allocated it and the step it
 was allocated in (the allocator records both; stacks are captured without
 the GIL, see csrc/boundary/pyframes.cpp), so a sample is a table of live
@@ -74,12 +75,15 @@ class LeakTracker:
 
         with memalloc.leak_check() as check:
             for batch in loader:
-                train(batch)
-                memalloc.step()
+                train(batch)       # optimizer.step() marks the iterations ...
+                memalloc.step()    # ... unless the code marks them itself
         print(check.report().to_text())
 
     While it runs, allocations are attributed to Python stacks (the stack
-    mode is raised to "python" and restored afterwards).
+    mode is raised to "python" and restored afterwards), and
+    ``optimizer.step()`` marks the iteration boundaries until the first
+    explicit :func:`memalloc.step` (the report's ``boundaries`` says which
+    were used).
 
     Args:
         device: the device to watch (None: the current one).
@@ -104,6 +108,8 @@ class LeakTracker:
         self._previous_mode: Optional[int] = None
         self._running = False
         self._last_ages: dict[int, dict[int, list[int]]] = {}
+        self._counts_at_start: dict[str, int] = {}
+        self._counts_at_stop: Optional[dict[str, int]] = None
 
     # ---- sampling ---------------------------------------------------------------
     def start(self) -> "LeakTracker":
@@ -114,6 +120,8 @@ class LeakTracker:
         if self._previous_mode != STACK_MODES["python"]:
             _C.set_stack_mode(STACK_MODES["python"])
         iteration.add_step_listener(self._on_step)
+        self._counts_at_start, self._counts_at_stop = iteration.boundary_counts(), None
+        iteration.want_boundaries()
         self._running = True
         return self
 
@@ -122,6 +130,8 @@ class LeakTracker:
         if not self._running:
             return
         iteration.remove_step_listener(self._on_step)
+        iteration.release_boundaries()
+        self._counts_at_stop = iteration.boundary_counts()
         if self._previous_mode is not None and _C.stack_mode() == STACK_MODES["python"]:
             _C.set_stack_mode(self._previous_mode)
         self._running = False
@@ -166,11 +176,14 @@ class LeakTracker:
                             steps=[s.step for s in samples], allocated=[s.allocated for s in samples],
                             reserved=[s.reserved for s in samples],
                             threshold_bytes_per_step=self.threshold_bytes_per_step,
-                            warmup_steps=self.warmup_steps, notes=notes)
+                            warmup_steps=self.warmup_steps, notes=notes,
+                            boundaries=iteration.describe_boundaries(
+                                self._counts_at_start, self._counts_at_stop or iteration.boundary_counts()))
         window = samples[self.warmup_steps:]
         if len(window) < 4:
             notes.append(f"{len(samples)} steps sampled: at least warmup_steps + 4 = {self.warmup_steps + 4} "
-                         "are needed to judge growth (mark iterations with memalloc.step())")
+                         "are needed to judge growth (iterations are marked by optimizer.step(), or by "
+                         "memalloc.step() where the code has no optimizer)")
             return report
         sites = self._site_series(samples)
         live = live_blocks(self.device, self.allocator)

@@ -5,9 +5,9 @@ When memalloc cannot satisfy an allocation, torch raises
 ``torch.OutOfMemoryError`` with memalloc's message (what was asked, what the
 device has, what memalloc holds), followed by the live allocations holding
 the most memory grouped by call site (the innermost line of user code that
-allocated them; needs stack capture, i.e. ``memalloc.record_memory_history``
-with ``stacks="python"``, ``memalloc.leak_check`` or ``python -m memalloc
-run --leaks``; otherwise by tag). With a report folder set
+allocated them, with that line of source when the file is readable; call
+sites are on from ``memalloc.enable()`` unless the config says
+``call_sites:False``; without them, by tag). With a report folder set
 (:func:`set_oom_report`, the ``MEMALLOC_OOM_REPORT_DIR`` environment variable,
 or ``python -m memalloc run``'s ``--out``), the first ``max_reports`` OOMs of
 the process also write ``oom-<pid>-<n>.txt`` (the message, the holders and
@@ -103,8 +103,8 @@ def _describe(holders: list[dict]) -> str:
         if h["code"]:
             lines.append(f"  {'':>11}    {h['code']}")
     if holders and all(h["filename"] is None for h in holders):
-        lines.append("  (call sites need stack capture: memalloc.record_memory_history(stacks='python'), "
-                     "or python -m memalloc run --leaks)")
+        lines.append("  (call sites are off: remove call_sites:False from MEMALLOC_CONF or enable()'s config, "
+                     "or call memalloc.record_memory_history(stacks='python'))")
     return "\n".join(lines)
 
 

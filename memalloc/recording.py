@@ -90,7 +90,10 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
         stacks: "python" (interned Python call stack per allocation),
             "tags" (only ``memalloc.tag`` paths), or "none". The mode is
             process-wide (every allocator's records): it stays on while
-            any device of any allocator records.
+            any device of any allocator records. It never goes below the
+            call sites' mode: after ``memalloc.enable()`` stacks are kept
+            unless the config says ``call_sites:False``, so "tags" and
+            "none" then record stacks too, and stopping keeps them.
         device: one device, or every device when None.
         allocator: the allocator whose rings to start or stop (default: the
             installed one; RuntimeError when memalloc is not enabled).
@@ -114,9 +117,9 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
             del _recording[id(a)]
     # The stack mode is process-wide: it stays on while any device records.
     if enabled:
-        _C.set_stack_mode(STACK_MODES[stacks])
+        _C.set_stack_mode(max(STACK_MODES[stacks], _state.base_stack_mode()))
     elif not _recording:
-        _C.set_stack_mode(0)
+        _C.set_stack_mode(_state.base_stack_mode())
     if enabled and stacks != "none":
         tags.install_backward_context()
 

@@ -130,7 +130,9 @@ class StepTracker:
             :func:`memalloc.enable` installed); tests pass their own.
 
     :meth:`start` (or ``with``) registers a step listener and starts the
-    window of the first step; :meth:`stop` removes the listener and keeps the
+    window of the first step; until the code calls :func:`memalloc.step`,
+    ``optimizer.step()`` marks the boundaries (:attr:`boundaries` says which
+    were used); :meth:`stop` removes the listener and keeps the
     rows. Starting again continues the same table (``time_s`` keeps counting
     from the first start). Thread-safe: boundaries may come from any thread.
     """
@@ -147,6 +149,8 @@ class StepTracker:
         self._running = False
         self._t0: Optional[float] = None
         self._window = (0, 0, 0)  # (peak allocated, peak reserved, OOMs) taken so far in this step
+        self._used: dict[str, int] = {}  # boundaries by source while running (iteration.boundary_counts)
+        self._counts_at_start: dict[str, int] = {}
 
     # ------------------------------------------------------------ set-up --
     def _resolve(self) -> int:
@@ -187,7 +191,9 @@ class StepTracker:
             if self._t0 is None:
                 self._t0 = time.perf_counter()
             self._running = True
+            self._counts_at_start = iteration.boundary_counts()
         iteration.add_step_listener(self._on_step)
+        iteration.want_boundaries()
         return self
 
     def stop(self) -> None:
@@ -197,6 +203,11 @@ class StepTracker:
             if not self._running:
                 return
             self._running = False
+            now = iteration.boundary_counts()
+            for source, n in now.items():
+                self._used[source] = self._used.get(source, 0) + n - self._counts_at_start.get(source, 0)
+        iteration.release_boundaries()
+        with _lock:
             trackers = _active.get(self._key(), [])
             if self in trackers:
                 trackers.remove(self)
@@ -208,9 +219,21 @@ class StepTracker:
                  tb: Optional[TracebackType]) -> None:
         self.stop()
 
+    @property
+    def boundaries(self) -> str:
+        """Which sources marked the boundaries while the tracker ran, in words
+        ("24 from optimizer.step()", "10 from memalloc.step()", "none")."""
+        with _lock:
+            used = dict(self._used)
+            if self._running:
+                for source, n in iteration.boundary_counts().items():
+                    used[source] = used.get(source, 0) + n - self._counts_at_start.get(source, 0)
+        return iteration.describe_boundaries({}, {k: used.get(k, 0) for k in iteration.boundary_counts()})
+
     def __repr__(self) -> str:
         state = "running" if self._running else "stopped"
-        return f"<memalloc.StepTracker device={self._device} {state}, {len(self._rows)} rows>"
+        return (f"<memalloc.StepTracker device={self._device} {state}, {len(self._rows)} rows, "
+                f"boundaries: {self.boundaries}>")
 
     # --------------------------------------------------------- recording --
     def _on_step(self, step: int) -> None:
@@ -295,6 +318,7 @@ class StepTracker:
             "backend": self._backend(),
             "device": self._device,
             "units": UNITS,
+            "boundaries": self.boundaries,
             "rows": self.rows,
         }
 
@@ -309,6 +333,7 @@ class StepTracker:
               "backend": "cuda",                        // or "host"
               "device": 0,
               "units": {"step": "count", "time_s": "seconds", "allocated": "bytes", ...},
+              "boundaries": "24 from optimizer.step()",  // what marked the steps
               "rows": [
                 {"step": 1,                  // memalloc.step() number
                  "time_s": 0.53,             // seconds since the first start()

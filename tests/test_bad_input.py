@@ -329,6 +329,7 @@ BAD_CONF = [
     ("record_history:x", "record_history", "InvalidArgumentError", "value 'x' of key 'record_history'"),
     ("record_history:-5", "record_history", "InvalidArgumentError", "value '-5' of key 'record_history'"),
     ("record_stacks:all", "record_stacks", "InvalidArgumentError", "record_stacks 'all' is unknown"),
+    ("call_sites:on", "call_sites", "InvalidArgumentError", "value 'on' of key 'call_sites' is not a boolean"),
     ("host_capacity_mb:0", "host_capacity_mb", "InvalidArgumentError", "host_capacity_mb must be positive"),
     ("host_capacity_mb:1e3", "host_capacity_mb", "InvalidArgumentError", "value '1e3' of key 'host_capacity_mb'"),
     ("host_devices:0", "host_devices", "InvalidArgumentError", "host_devices must be between 1 and 64 (got 0)"),

@@ -61,15 +61,17 @@ R["ooms"] = memalloc.memory_stats()["num_ooms"]
     assert r["ooms"] == 2
 
 
-def test_without_stacks_holders_are_grouped_by_tag_and_the_fix_is_named(fresh_python):
+def test_without_call_sites_holders_are_grouped_by_tag_and_the_fix_is_named(fresh_python):
     _, r, _ = fresh_python.code(PRELUDE, """
+R["mode"] = memalloc._C.stack_mode()
 memalloc.record_memory_history(max_entries=1000, stacks="tags")
 with memalloc.tag("weights"):
     w = torch.empty(8 << 20, dtype=torch.uint8)
 R["msg"] = oom()
-""")
+""", conf="call_sites:False")
+    assert r["mode"] == 0  # call_sites:False: no stacks from enable()
     assert "in     1 allocations  tag 'weights'" in r["msg"]
-    assert "call sites need stack capture: memalloc.record_memory_history(stacks='python')" in r["msg"]
+    assert "(call sites are off: remove call_sites:False from MEMALLOC_CONF" in r["msg"]
 
 
 def test_report_off_and_a_failing_report_keep_the_oom(fresh_python):

@@ -1302,7 +1302,9 @@ R["default"] = _C.stack_mode()
 
 @pytest.fixture(scope="module")
 def enabled(fresh_python):
-    return fresh_python.code("", ENABLED, conf="record_history:3,record_stacks:tags")[1]
+    # call_sites:False: the stack mode is exactly what the recording asks for (test_zero_setup.py
+    # covers the default, where stacks stay on under every recording mode)
+    return fresh_python.code("", ENABLED, conf="record_history:3,record_stacks:tags,call_sites:False")[1]
 
 
 def test_recording_from_memalloc_conf(enabled):

@@ -330,6 +330,22 @@ def leak_report(mode: str) -> dict:
     return out
 
 
+def _marker_line(marker: str) -> int:
+    """The line of this file that ends with ``marker``."""
+    src = open(os.path.abspath(__file__)).read().splitlines()
+    return next(i + 1 for i, l in enumerate(src) if l.rstrip().endswith(marker))
+
+
+def _oom_beyond_free() -> str:
+    """The message of an allocation 8 GiB beyond the device's free memory."""
+    free, _ = torch.cuda.mem_get_info()
+    try:
+        torch.empty(free + 8 * GiB, dtype=torch.uint8, device="cuda")
+        return "no error"
+    except torch.OutOfMemoryError as e:
+        return str(e)
+
+
 def oom_report(mode: str) -> dict:
     """An OOM under memalloc with Python stacks: the message names the line
     holding the memory, and the report files are written."""
@@ -339,18 +355,47 @@ def oom_report(mode: str) -> dict:
     memalloc.record_memory_history(max_entries=10_000, stacks="python")
     d = tempfile.mkdtemp()
     memalloc.set_oom_report(directory=d, max_reports=1)
-    src = open(os.path.abspath(__file__)).read().splitlines()
-    line = next(i + 1 for i, l in enumerate(src) if l.rstrip().endswith("# HOLDS-MEMORY"))
+    line = _marker_line("# HOLDS-MEMORY")
     held = [torch.empty(4 * GiB, dtype=torch.uint8, device="cuda") for _ in range(4)]  # HOLDS-MEMORY
-    free, _ = torch.cuda.mem_get_info()
-    try:
-        torch.empty(free + 8 * GiB, dtype=torch.uint8, device="cuda")
-        message = "no error"
-    except torch.OutOfMemoryError as e:
-        message = str(e)
+    message = _oom_beyond_free()
     files = sorted(os.listdir(d))
     del held
     return {"message": message, "line": line, "file": os.path.abspath(__file__), "files": files}
+
+
+def zero_setup_oom(mode: str) -> dict:
+    """memalloc.enable() and nothing else ("memalloc"), or with call sites
+    off ("memalloc_no_call_sites"): the OOM message names the filling line."""
+    if mode == "memalloc_no_call_sites":
+        assert memalloc.enable(backend="cuda", config="call_sites:False") == "cuda"
+    else:
+        setup(mode)
+    line = _marker_line("# FILLS-GPU")
+    held = [torch.empty(4 * GiB, dtype=torch.uint8, device="cuda") for _ in range(4)]  # FILLS-GPU
+    message = _oom_beyond_free()
+    del held
+    return {"message": message, "line": line, "file": os.path.abspath(__file__)}
+
+
+def zero_setup_leak(mode: str) -> dict:
+    """memalloc.enable() and a leak_check() around a training loop that calls
+    optimizer.step() but never memalloc.step(); the loop keeps every loss."""
+    setup(mode)
+    line = _marker_line("# KEEPS-LOSS")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+    losses = []
+    with memalloc.leak_check() as check:
+        for _ in range(20):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss)  # KEEPS-LOSS
+    return {"report": check.report.to_dict(), "text": check.to_text(), "line": line,
+            "file": os.path.abspath(__file__)}
 
 
 def record_stream(mode: str) -> dict:
@@ -544,7 +589,7 @@ def memalloc_validate() -> None:
 
 SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
                                      pair_cost, c_entry_points, late_enable, record_training, oom_loop, ddp, leak_report,
-                                     oom_report)}
+                                     oom_report, zero_setup_oom, zero_setup_leak)}
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]
