@@ -234,17 +234,27 @@ def run_call_sites(rounds: int = 11) -> dict:
     return run_modes(set_call_sites, ("off", "on"), "cs", rounds)
 
 
+DEEP = 24  # extra Python frames above the deep pair measurement (a training script's depth)
+
+
+def nested(depth: int, fn):
+    """fn() called `depth` Python frames further down."""
+    return fn() if depth == 0 else nested(depth - 1, fn)
+
+
 def run_modes(set_mode, modes, prefix: str, rounds: int) -> dict:
     """`rounds` rounds, each running every mode (order rotated per round;
     modes[0] is the baseline, "off") for a bf16 transformer measurement
     (median of 8 steps after 2 warm-up steps) and a 512 B torch.empty+del
-    measurement (median of 3 x 5,000 pairs). Per round, each mode's time is
+    measurement (median of 3 x 5,000 pairs), also DEEP frames further down
+    (pair_us_512_deep: stack capture walks every frame). Per round, each mode's time is
     divided by the same round's baseline time; the figures are medians over
     rounds of those ratios (<prefix>_*_x_<mode>) and of the times
     (<prefix>_*_<mode>). Cross-process noise (the machine's
     process-to-process spread) cancels out of the ratios."""
     bf16 = transformer_steps()["bf16"]
-    times: dict[str, dict[str, list[float]]] = {"bf16_ms": {m: [] for m in modes}, "pair_us_512": {m: [] for m in modes}}
+    times: dict[str, dict[str, list[float]]] = {"bf16_ms": {m: [] for m in modes}, "pair_us_512": {m: [] for m in modes},
+                                                "pair_us_512_deep": {m: [] for m in modes}}
     ratios: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes[1:]} for k in times}
     for r in range(rounds):
         k = r % len(modes)
@@ -253,6 +263,7 @@ def run_modes(set_mode, modes, prefix: str, rounds: int) -> dict:
             times["bf16_ms"][mode].append(timed_steps(bf16, warmup=2, steps=8))
             pair_us(512, 500)
             times["pair_us_512"][mode].append(sorted(pair_us(512, 5_000) for _ in range(3))[1])
+            times["pair_us_512_deep"][mode].append(nested(DEEP, lambda: sorted(pair_us(512, 5_000) for _ in range(3))[1]))
         for metric, per_mode in times.items():
             for mode in modes[1:]:
                 ratios[metric][mode].append(per_mode[mode][-1] / per_mode[modes[0]][-1])

@@ -7,12 +7,17 @@
 namespace memalloc {
 namespace {
 uint64_t hash_frames(const RawFrame* frames, size_t n) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the raw words
+  // One multiply per frame on the dependency chain (the word of a frame is
+  // formed off the chain): a deep stack hashes in about a cycle per byte
+  // less than FNV-1a over both words. Equal stacks hash equal; a collision
+  // only costs a compare (intern() confirms every hit).
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
   for (size_t i = 0; i < n; ++i) {
-    h = (h ^ reinterpret_cast<uintptr_t>(frames[i].code)) * 1099511628211ull;
-    h = (h ^ static_cast<uint64_t>(static_cast<uint32_t>(frames[i].lasti))) * 1099511628211ull;
+    const uint64_t w = reinterpret_cast<uintptr_t>(frames[i].code) ^
+                       (static_cast<uint64_t>(static_cast<uint32_t>(frames[i].lasti)) << 40);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
   }
-  return h ^ n;
+  return h ^ (h >> 33);
 }
 
 // The per-thread cache of recently interned stacks (see stacks.h). An entry
