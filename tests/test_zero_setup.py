@@ -3,7 +3,7 @@ fresh interpreter (tests/conftest.py fresh_python; enable() is once per
 process): an OOM message names the line that fills memory, with its source;
 a leak_check() around an optimizer loop that never calls memalloc.step()
 names the leaking line; ``call_sites:False`` gives the message without call
-sites. The same scenarios on CUDA: tests/gpu/test_cuda.py."""
+sites. The same scenarios on CUDA: tests/gpu/test_cuda_zero_setup.py."""
 from __future__ import annotations
 
 import json
