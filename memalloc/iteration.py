@@ -169,7 +169,9 @@ class _AutoStep:
         return self.on or (self.watchers > 0 and not self.explicit_seen)
 
     def update_hook(self) -> None:
-        """Installs or removes the hook to match marks(); ``_lock`` held."""
+        """Installs the hook while auto_step is on or any watcher runs (it
+        marks a boundary only when marks() says so), removes it otherwise;
+        ``_lock`` held."""
         wanted = self.on or self.watchers > 0
         if wanted and self.handle is None:
             self.first = None
