@@ -1,4 +1,4 @@
-"""The command line, ``python -m memalloc {demo,run,info}``, each in a fresh
+"""The command line, ``python -m memalloc {demo,run,info,replay}``, each in a fresh
 interpreter (enable() runs once per process). No GPU here: the host backend."""
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Optional
 
 import pytest
 from memtest_helpers import REPO, CONFIG_KEYS
+
+from memalloc import _C, recording, replay, save_trace
 
 KEYS = CONFIG_KEYS
 
@@ -185,3 +187,74 @@ def test_info_reports_a_bad_environment_config(memalloc_cli):
     p = memalloc_cli("info", conf="no_such_key:1")
     assert p.returncode != 0
     assert "unknown key 'no_such_key'" in p.stderr
+
+
+def record_trace(path: Path, *, late: bool = False) -> Path:
+    """A trace of a host allocator of this process: 1000 B, 3 MiB (freed)
+    and 20 MiB allocations. ``late``: the 3 MiB one is allocated before
+    recording starts, so the trace frees an address it never allocated."""
+    a = _C.Allocator("host", "host_capacity_mb:64")
+    mode = _C.stack_mode()
+    early = a.malloc(3 << 20) if late else None
+    try:
+        recording.record_memory_history(max_entries=1000, stacks="none", allocator=a)
+        keep = [a.malloc(1000), early if late else a.malloc(3 << 20), a.malloc(20 << 20)]
+        a.free(keep.pop(1))
+        save_trace(path, allocator=a)
+    finally:
+        recording.record_memory_history(False, allocator=a)
+        _C.set_stack_mode(mode)
+    for ptr in keep:
+        a.free(ptr)
+    return path
+
+
+def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli):
+    trace = record_trace(tmp_path / "run.trace")
+    out = tmp_path / "replay.json"
+    p = memalloc_cli("replay", str(trace), "--random", "2000", "--config", "", "--config",
+                     "roundup_power2_divisions:4", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:3] == ["workload", "config", "device"] and lines[-1] == f"wrote {out}"
+    rows = [l.split()[:2] for l in lines[1:5]]
+    assert rows == [[str(trace), "(default)"], [str(trace), "roundup_power2_divisions:4"],
+                    ["random:2000", "(default)"], ["random:2000", "roundup_power2_divisions:4"]]
+    data = json.loads(out.read_text())
+    assert data["command"] == (f"python -m memalloc replay {trace} --random 2000 --config '' "
+                               f"--config roundup_power2_divisions:4 --json {out}")
+    # The trace's figures are the in-process replay's (no equal-size ties in it) and the recording's.
+    for got, config in zip(data["results"][:2], ["", "roundup_power2_divisions:4"]):
+        assert got == replay.replay_trace(trace, config).to_dict()
+    first = data["results"][0]["devices"][0]
+    assert first["peak_reserved"] == first["recorded_peak_reserved"] == (2 + 20 + 20) << 20  # small, 20, 20 MiB
+    for got, config in zip(data["results"][2:], ["", "roundup_power2_divisions:4"]):
+        want = replay.replay_source("random:2000", config).devices[0]
+        assert got["devices"][0]["allocations"] == 2000
+        assert abs(got["devices"][0]["ratio"] / want.ratio - 1) < 0.01  # equal-size ties: memalloc/replay.py
+    assert "Traceback" not in p.stderr
+
+
+def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli):
+    trace = record_trace(tmp_path / "late.trace", late=True)
+    p = memalloc_cli("replay", str(trace))
+    assert p.returncode != 0
+    assert "frees 0x" in p.stderr and "--skip-unknown-frees" in p.stderr
+    assert "Traceback" not in p.stderr
+    out = tmp_path / "late.json"
+    p = memalloc_cli("replay", str(trace), "--skip-unknown-frees", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    device = json.loads(out.read_text())["results"][0]["devices"][0]
+    assert (device["unknown_frees"], device["allocations"], device["recorded_peak_allocated"]) == (1, 2, None)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "nothing to replay: give trace files, --random N, or both"),
+    (("--random", "10", "--config", "no_such_key:1"), "unknown key 'no_such_key'"),
+    (("/nonexistent/run.trace",), "cannot read /nonexistent/run.trace"),
+])
+def test_replay_refuses_bad_arguments(args, message, memalloc_cli):
+    p = memalloc_cli("replay", *args)
+    assert p.returncode != 0
+    assert message in p.stderr
+    assert "Traceback" not in p.stderr

@@ -24,12 +24,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("memalloc.recording",),                                     # events, stacks
     ("memalloc.snapshots", "memalloc.trace_files"),              # torch's snapshot format; trace files
     ("memalloc.stats", "memalloc.sites", "memalloc.holders"),    # queries; call sites; holder search
-    ("memalloc.leaks", "memalloc.oom", "memalloc.tracker"),      # features
+    ("memalloc.leaks", "memalloc.oom", "memalloc.tracker", "memalloc.replay"),  # features
     ("memalloc._torch_patch",),                                  # torch integration (host backend)
     ("memalloc._install",),                                      # enable(): wires every feature
     ("memalloc", "memalloc.pytest_plugin"),                      # the public API
     ("memalloc.examples", "memalloc.examples.leaky_training", "memalloc.cli", "memalloc.cli._common"),
-    ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.report", "memalloc.cli.run"),
+    ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run"),
     ("memalloc.__main__",),
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
