@@ -10,7 +10,21 @@
 //   All state is guarded by one mutex: the host backend serves every device.
 //   Injected faults (tests) fail a call before it touches any state, so a
 //   failed allocate obtains nothing and a failed release keeps the segment.
+//   Addresses are deterministic: each device reserves one range of address
+//   space (4 x capacity rounded up to 2 MiB, so that freed runs between live
+//   segments never make a request within capacity fail; PROT_NONE, no
+//   memory committed) on
+//   its first allocation, and a segment takes the lowest free run of pages
+//   that fits (first fit, like cudaMalloc's increasing addresses), made
+//   readable and writable while it lives and given back (MADV_DONTNEED,
+//   PROT_NONE) when released. So the same calls give the same addresses in
+//   every run, and so do the allocator's best-fit ties (lowest address):
+//   a replay's figures repeat to the byte. free_ranges of a device tile the
+//   reserved range minus the live segments, coalesced.
+#include <sys/mman.h>
+
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <random>
 #include <mutex>
@@ -23,7 +37,63 @@
 namespace memalloc {
 
 namespace {
-constexpr size_t kSegmentAlignment = 512;
+constexpr size_t kPage = size_t{4} << 10;      // mprotect granularity
+constexpr size_t kReserveRound = size_t{2} << 20;
+constexpr size_t kReserveFactor = 4;  // address space per byte of capacity
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// One device's address space: a reserved range and its free runs
+// (offset -> length, coalesced, in address order).
+struct AddressSpace {
+  char* base = nullptr;
+  size_t size = 0;
+  std::map<size_t, size_t> free_ranges;
+
+  // Reserves the range on first use; throws DriverError when the host
+  // cannot give that much address space.
+  void reserve(int device, size_t capacity) {
+    if (base != nullptr) return;
+    size = round_up(capacity, kReserveRound) * kReserveFactor;
+    void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw DriverError("host backend: cannot reserve " + std::to_string(size) + " bytes of address space for "
+                        "device " + std::to_string(device) + ": lower host_capacity_mb");
+    base = static_cast<char*>(p);
+    free_ranges.emplace(0, size);
+  }
+  // The lowest free run of `n` bytes (a multiple of kPage), or nullptr.
+  char* take(size_t n) {
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
+      if (it->second < n) continue;
+      const size_t off = it->first, len = it->second;
+      free_ranges.erase(it);
+      if (len > n) free_ranges.emplace(off + n, len - n);
+      return base + off;
+    }
+    return nullptr;
+  }
+  // Gives back [p, p + n), merging with its free neighbours.
+  void give_back(char* p, size_t n) {
+    size_t off = static_cast<size_t>(p - base), len = n;
+    auto next = free_ranges.lower_bound(off);
+    if (next != free_ranges.end() && off + len == next->first) {
+      len += next->second;
+      next = free_ranges.erase(next);
+    }
+    if (next != free_ranges.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        prev->second += len;
+        return;
+      }
+    }
+    free_ranges.emplace(off, len);
+  }
+  ~AddressSpace() {
+    if (base != nullptr) ::munmap(base, size);
+  }
+};
 
 struct HostEvent {
   int device = 0;
@@ -65,6 +135,7 @@ struct HostBackend::State {
   size_t capacity = 0;
   std::vector<size_t> used;
   std::vector<std::unordered_map<void*, size_t>> segments;
+  std::vector<AddressSpace> spaces;
   std::vector<std::map<Stream, StreamClock>> streams;
   std::vector<Faults> faults;
 
@@ -80,14 +151,12 @@ HostBackend::HostBackend(const Config& config) : state_(new State) {
   state_->capacity = config.host_capacity;
   state_->used.assign(config.host_devices, 0);
   state_->segments.resize(config.host_devices);
+  state_->spaces.resize(config.host_devices);
   state_->streams.resize(config.host_devices);
   state_->faults.resize(config.host_devices);
 }
 
-HostBackend::~HostBackend() {
-  for (auto& segs : state_->segments)
-    for (auto& kv : segs) std::free(kv.first);
-}
+HostBackend::~HostBackend() = default;  // each AddressSpace unmaps its whole range
 
 int HostBackend::device_count() const { return static_cast<int>(state_->used.size()); }
 
@@ -101,9 +170,15 @@ void* HostBackend::allocate(int device, size_t size) {
     return nullptr;
   }
   if (size > state_->capacity - state_->used[device]) return nullptr;
-  size_t rounded = (size + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment;
-  void* p = std::aligned_alloc(kSegmentAlignment, rounded);
-  if (p == nullptr) throw DriverError("host backend: the host itself is out of memory");
+  AddressSpace& space = state_->spaces[device];
+  space.reserve(device, state_->capacity);
+  const size_t rounded = round_up(size, kPage);
+  char* p = space.take(rounded);
+  if (p == nullptr) return nullptr;  // within capacity but no run that long (pages of freed segments)
+  if (::mprotect(p, rounded, PROT_READ | PROT_WRITE) != 0) {
+    space.give_back(p, rounded);
+    throw DriverError("host backend: the host itself is out of memory");
+  }
   state_->used[device] += size;
   state_->segments[device].emplace(p, size);
   return p;
@@ -121,7 +196,10 @@ bool HostBackend::release(int device, void* ptr, size_t size) noexcept {
   }
   state_->used[device] -= size;
   state_->segments[device].erase(it);
-  std::free(ptr);
+  const size_t rounded = round_up(size, kPage);
+  ::madvise(ptr, rounded, MADV_DONTNEED);  // the pages go back to the host
+  ::mprotect(ptr, rounded, PROT_NONE);
+  state_->spaces[device].give_back(static_cast<char*>(ptr), rounded);
   return true;
 }
 

@@ -27,12 +27,10 @@ host capacity defaults to an upper bound of what any replay of the workload
 can reserve (:func:`capacity_bound`), so it never limits a replay unless
 ``host_capacity_mb`` asks it to. Sizes are in bytes throughout.
 
-Repeatable up to one rule of native's policy: among free blocks of equal
-size, best fit takes the lowest address, and the host backend's addresses
-come from the C library's allocator, so their order depends on what the
-process allocated before. On the random workload this moved a ratio by at
-most 0.15% (peak reserved by one 2 MiB segment) across differently primed
-processes; the first replay in a fresh interpreter gave the H200's bytes.
+Repeatable to the byte: among free blocks of equal size best fit takes the
+lowest address, and the host backend hands out addresses deterministically
+(first fit in one reserved range per device, csrc/backend_host.cpp), so the
+ties fall the same way in every run and process.
 
 Not replayed: private pools (CUDA graphs, ``MemPool``): their allocations
 go to the default pool. Events the trace's ring dropped are lost: frees of
