@@ -4,6 +4,8 @@ tag tables they refer to (:func:`save_trace`), read back by
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import io
 import json
 import os
 import struct
@@ -16,6 +18,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 _MAGIC = b"MEMALLOC-TRACE-1\n"
+_GZIP_MAGIC = b"\x1f\x8b"
 _HEADER = struct.Struct("<Q")  # metadata length in bytes, after the magic line
 
 
@@ -24,7 +27,8 @@ def save_trace(path: PathLike, *, allocator: Optional[_C.Allocator] = None) -> s
     ``allocator`` (default: the installed one) with the stack and tag tables
     they refer to; returns the path. Read back with :func:`load_trace`.
     ``path`` is a path (str or os.PathLike), never an open file descriptor
-    (TypeError)."""
+    (TypeError); a path ending in ``.gz`` is written gzip-compressed (a
+    trace to commit: records of a training loop compress several-fold)."""
     path = os.fspath(path)
     a = _state.allocator_or_installed(allocator)
     raws = [raw_records(d, allocator=a) for d in range(a.device_count)]
@@ -33,7 +37,7 @@ def save_trace(path: PathLike, *, allocator: Optional[_C.Allocator] = None) -> s
             "stacks": {str(i): [[f.filename, f.line, f.name] for f in stack(i)] for i in stack_ids},
             "devices": [{"records": len(raw) // 64, "dropped": int(dropped_)} for raw, dropped_ in raws]}
     blob = json.dumps(meta).encode()
-    with open(path, "wb") as f:
+    with (gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")) as f:
         f.write(_MAGIC + _HEADER.pack(len(blob)) + blob)
         for raw, _ in raws:
             f.write(raw)
@@ -55,7 +59,7 @@ class _CorruptTrace(Exception):
 
 
 def load_trace(path: PathLike) -> Trace:
-    """Reads a file written by :func:`save_trace`.
+    """Reads a file written by :func:`save_trace` (gzip-compressed or not).
 
     ``path`` is a path (str or os.PathLike), never an open file descriptor
     (TypeError). Raises ValueError naming the file when it is not a memalloc
@@ -64,10 +68,21 @@ def load_trace(path: PathLike) -> Trace:
     """
     path = os.fspath(path)
     with open(path, "rb") as f:
+        if f.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC:  # written to a .gz path: decompress in memory
+            f.seek(0)
+            try:
+                data = gzip.decompress(f.read())
+            except (OSError, EOFError) as e:
+                raise ValueError(f"{path} is a damaged gzip file ({e})") from None
+            f = io.BytesIO(data)
+            size = len(data)
+        else:
+            f.seek(0)
+            size = os.fstat(f.fileno()).st_size
         if f.read(len(_MAGIC)) != _MAGIC:
             raise ValueError(f"{path} is not a memalloc trace file (bad magic)")
         try:
-            return _read_trace(f, os.fstat(f.fileno()).st_size)
+            return _read_trace(f, size)
         except _CorruptTrace as e:
             raise ValueError(f"{path} is not a valid memalloc trace file: {e}; it was not written "
                              "by memalloc.save_trace, or was truncated or changed since") from None

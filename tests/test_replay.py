@@ -27,12 +27,13 @@ import pytest
 
 from memalloc import _C, recording, replay, save_trace
 from memalloc.recording import Event
-from memalloc.trace_files import Trace
+from memalloc.trace_files import Trace, load_trace
 from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, rnd_pow2, segment_size
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks import record_traces  # noqa: E402  (the GPU traces' recorder)
 from benchmarks.gpu_worker import random_plan  # noqa: E402  (the GPU benchmark's plan, stdlib only)
 
 BASELINE = REPO / "benchmarks" / "baselines" / "replay.json"
@@ -380,3 +381,32 @@ def test_results_table_and_json(tmp_path):
     assert data["results"][1] == {**dataclasses.asdict(results[1]),
                                   "devices": [{**dataclasses.asdict(results[1].devices[0]), "ratio": 20 / 3}]}
     assert data["results"][2]["devices"][0]["ratio"] is None
+
+
+# =============================================================================
+# 7. Compressed traces and the recording script
+# =============================================================================
+def test_a_gz_trace_reads_back_the_same_and_a_damaged_one_is_named(tmp_path):
+    with recorded_allocator("host_capacity_mb:64") as a:
+        ptrs = [a.malloc(1000 * (i + 1)) for i in range(20)]
+        for p in ptrs[::2]:
+            a.free(p)
+        plain = save_trace(tmp_path / "t.mtrace", allocator=a)
+        packed = save_trace(tmp_path / "t.mtrace.gz", allocator=a)
+        for p in ptrs[1::2]:
+            a.free(p)
+    assert load_trace(packed) == load_trace(plain)
+    assert (tmp_path / "t.mtrace.gz").stat().st_size < (tmp_path / "t.mtrace").stat().st_size
+    assert replay.replay_trace(packed).devices[0].peak_reserved == replay.replay_trace(plain).devices[0].peak_reserved
+    (tmp_path / "bad.gz").write_bytes(b"\x1f\x8bnot gzip")
+    with pytest.raises(ValueError, match="bad.gz is a damaged gzip file"):
+        load_trace(tmp_path / "bad.gz")
+
+
+def test_record_traces_on_the_host_replays_to_the_runs_own_peaks(tmp_path):
+    """benchmarks/record_traces.py (the GPU traces' recorder) on the host
+    backend: a training loop's trace replays to the peaks the run had."""
+    assert record_traces.main(["--out", str(tmp_path), "--backend", "host"]) == 0
+    (r,) = json.loads((tmp_path / "record_traces.json").read_text())["results"]
+    assert r["workload"] == "tiny" and r["dropped"] == 0 and r["events"] > 100
+    assert (r["replay_peak_allocated"], r["replay_peak_reserved"]) == (r["peak_allocated"], r["peak_reserved"])

@@ -1,0 +1,159 @@
+"""Records the allocator events of real training loops to trace files for
+replay on the host backend (memalloc/replay.py, benchmarks/traces/).
+
+    python -m benchmarks.record_traces --out DIR [--backend cuda|host] [--workloads a,b]
+
+Each workload runs in a fresh process (memalloc is enabled once per
+process) under memalloc with the event ring on from the first allocation
+and no stacks (``call_sites:False,record_history:N,record_stacks:none``:
+the file then holds records only), and writes ``DIR/<workload>.mtrace.gz``.
+The parent prints, per workload, the events, dropped records (must be 0),
+the file size and the replay under the default config next to the run's
+own peaks (equal when the replay reproduces the run).
+
+Workloads on CUDA: ``transformer`` (12 layers, 768 wide, bf16 autocast,
+batch 16x512, AdamW; benchmarks/gpu_worker.py), ``resnet50`` (torchvision,
+batch 64 at 224x224, SGD with momentum), ``varlen`` (6 layers, 512 wide,
+bf16, batch 16, sequence lengths drawn long-tailed between 64 and 2048 per
+step, seed 0). On the host backend (CPU tensors from memalloc): ``tiny``, a
+small MLP with varying batch sizes, to test the plumbing without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RING = 4_000_000  # records per device (64 B each): every event of the run
+WORKLOADS = {"cuda": ("transformer", "resnet50", "varlen"), "host": ("tiny",)}
+
+
+def _varlen_lengths(steps: int, seed: int = 0) -> list[int]:
+    """Long-tailed sequence lengths in [64, 2048]: most short, a few long."""
+    rng = random.Random(seed)
+    return [max(64, min(2048, int(64 * 2 ** rng.expovariate(0.9)))) // 8 * 8 for _ in range(steps)]
+
+
+def _steps(name: str, device: str):
+    """(step(i), number of steps) of one workload."""
+    import torch
+
+    torch.manual_seed(0)
+    if name == "transformer":
+        sys.path.insert(0, REPO)
+        from benchmarks.gpu_worker import transformer_steps
+
+        step = transformer_steps()["bf16"]
+        return (lambda i: step()), 8
+    if name == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(64, 3, 224, 224, device=device)
+        y = torch.randint(0, 1000, (64,), device=device)
+
+        def resnet_step(i):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return resnet_step, 6
+    if name == "varlen":
+        layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, norm_first=True)
+        model = torch.nn.TransformerEncoder(layer, 6).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        lengths = _varlen_lengths(30)
+
+        def varlen_step(i):
+            x = torch.randn(16, lengths[i], 512, device=device)
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return varlen_step, len(lengths)
+    if name == "tiny":
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        batches = [16, 64, 32, 128, 16, 96]
+
+        def tiny_step(i):
+            x = torch.randn(batches[i % len(batches)], 64)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return tiny_step, len(batches)
+    raise SystemExit(f"unknown workload {name!r}")
+
+
+def record_one(name: str, backend: str, out_dir: str) -> dict:
+    """Runs one workload in this process and writes its trace."""
+    os.environ["MEMALLOC_CONF"] = f"call_sites:False,record_history:{RING},record_stacks:none"
+    import memalloc
+
+    memalloc.enable(backend=backend)
+    if backend == "host":
+        memalloc.host.use_for_cpu_tensors()
+    step, n = _steps(name, "cuda" if backend == "cuda" else "cpu")
+    t0 = time.perf_counter()
+    for i in range(n):
+        step(i)
+        memalloc.step()
+    if backend == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    path = memalloc.save_trace(os.path.join(out_dir, f"{name}.mtrace.gz"))
+    stats = memalloc.memory_stats()
+    return {"workload": name, "steps": n, "seconds": time.perf_counter() - t0, "path": path,
+            "events": len(memalloc.events()), "dropped": memalloc.recording.dropped(),
+            "bytes": os.path.getsize(path), "peak_allocated": stats["allocated_bytes.all.peak"],
+            "peak_reserved": stats["reserved_bytes.all.peak"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for the .mtrace.gz files")
+    p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
+    p.add_argument("--workloads", default=None, help="comma-separated (default: all of the backend's)")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one workload
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.one:
+        print("RESULT " + json.dumps(record_one(args.one, args.backend, args.out)))
+        return 0
+    from memalloc import replay
+
+    names = args.workloads.split(",") if args.workloads else list(WORKLOADS[args.backend])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    results = []
+    for name in names:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.record_traces", "--out", args.out,
+                               "--backend", args.backend, "--one", name], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            print(f"{name}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        r = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
+        d = replay.replay_trace(r["path"]).devices[0]
+        r.update(replay_peak_allocated=d.peak_allocated, replay_peak_reserved=d.peak_reserved,
+                 replay_ratio=d.ratio)
+        results.append(r)
+        print(f"{name:<12} {r['steps']:>3} steps {r['events']:>9} events {r['dropped']} dropped "
+              f"{r['bytes'] / 1e6:8.2f} MB  run peaks {r['peak_allocated']} / {r['peak_reserved']} B, "
+              f"replay {d.peak_allocated} / {d.peak_reserved} B ({d.ratio:.4f})", flush=True)
+    with open(os.path.join(args.out, "record_traces.json"), "w") as f:
+        json.dump({"command": "python -m benchmarks.record_traces " + " ".join(argv or sys.argv[1:]),
+                   "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
