@@ -132,13 +132,14 @@ void CpuRoute::close() {
 c10::DataPtr CpuRoute::allocate(size_t n) {
   const c10::Device cpu(c10::DeviceType::CPU);
   if (n == 0) return {nullptr, nullptr, &free_cpu, cpu};
-  void* p = nullptr;
+  auto block = std::make_unique<RoutedBlock>(RoutedBlock{allocator_, nullptr});  // before the memory: no leak
   try {
-    p = malloc_for_torch(*allocator_, 0, n, 0, current_context(), "memalloc_cpu_allocate");
+    block->ptr = malloc_for_torch(*allocator_, 0, n, 0, current_context(), "memalloc_cpu_allocate");
   } catch (...) {
     rethrow_for_torch("memalloc_cpu_allocate");
   }
-  return {p, new RoutedBlock{allocator_, p}, &free_routed, cpu};
+  void* p = block->ptr;
+  return {p, block.release(), &free_routed, cpu};
 }
 
 void CpuRoute::copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
