@@ -1,5 +1,6 @@
 // backend.cpp — what a Backend does by default (backend.h): no
-// inter-process handles. The CUDA backend overrides them.
+// inter-process handles and no virtual memory. The backends that have them
+// override these.
 #include "backend.h"
 #include "errors.h"
 
@@ -16,5 +17,17 @@ void* Backend::ipc_open(int device, const std::string&) {
 }
 
 void Backend::ipc_close(int, void*) noexcept {}
+
+namespace {
+[[noreturn]] void no_vm(const Backend& b) {
+  throw DriverError(std::string("the ") + b.name() + " backend has no virtual memory (expandable segments)");
+}
+}  // namespace
+
+size_t Backend::vm_page_size(int) { no_vm(*this); }
+void* Backend::vm_reserve(int, size_t) { no_vm(*this); }
+bool Backend::vm_map(int, void*, size_t) { no_vm(*this); }
+void Backend::vm_unmap(int, void*, size_t) { no_vm(*this); }
+void Backend::vm_free(int, void*) { no_vm(*this); }
 
 }  // namespace memalloc

@@ -18,6 +18,14 @@
 //     allocates in the relaxed capture mode, which a capture tolerates.
 //   * Inter-process handles (CUDA IPC) name whole segments; the host
 //     backend has none and throws DriverError.
+//   * Virtual memory (expandable segments, not used by the pool yet):
+//     vm_reserve() takes address space only; vm_map() backs whole pages
+//     (vm_page_size() bytes) inside a reservation with device memory and
+//     returns false exactly when the device is out of memory; vm_unmap()
+//     gives them back; vm_free() ends a reservation whose pages are all
+//     unmapped. Mapped bytes count as device memory in use
+//     (mem_get_info), reserved address space does not. A backend without
+//     virtual memory throws DriverError from all of them.
 #pragma once
 
 #include <cstddef>
@@ -62,6 +70,20 @@ class Backend {
   virtual void* ipc_open(int device, const std::string& handle);
   // Unmaps what ipc_open returned.
   virtual void ipc_close(int device, void* ptr) noexcept;
+
+  // ---- virtual memory (see the invariants above) ----------------------------
+  // Granularity of vm_map / vm_unmap, bytes.
+  virtual size_t vm_page_size(int device);
+  // `bytes` (a multiple of the page size) of address space; nullptr when the
+  // address space is exhausted.
+  virtual void* vm_reserve(int device, size_t bytes);
+  // Backs [addr, addr + bytes) (page-aligned, inside one reservation, not
+  // mapped) with device memory; false when the device is out of memory.
+  virtual bool vm_map(int device, void* addr, size_t bytes);
+  // Unmaps [addr, addr + bytes) (mapped pages of one reservation).
+  virtual void vm_unmap(int device, void* addr, size_t bytes);
+  // Ends the reservation at `base` (every page unmapped).
+  virtual void vm_free(int device, void* base);
 };
 
 // The simulated device: `config.host_devices` devices of
@@ -82,6 +104,13 @@ class HostBackend : public Backend {
   void record_event(int device, EventHandle event, Stream stream) override;
   bool query_event(int device, EventHandle event) override;
   void synchronize_event(int device, EventHandle event) override;
+
+  // Pages of 2 MiB, reservations in the device's one address range.
+  size_t vm_page_size(int device) override;
+  void* vm_reserve(int device, size_t bytes) override;
+  bool vm_map(int device, void* addr, size_t bytes) override;
+  void vm_unmap(int device, void* addr, size_t bytes) override;
+  void vm_free(int device, void* base) override;
 
   // Simulation controls (tests): complete all work queued on `stream`.
   void synchronize_stream(int device, Stream stream);

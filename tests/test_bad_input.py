@@ -228,6 +228,22 @@ add(A, 'memalloc._C._testing.faults_injected(a, 99)', "device 99", "InvalidArgum
 add(A, 'memalloc._C._testing.live_segments(a, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'memalloc._C._testing.live_segments(a.stats)', "not an allocator", "TypeError", "allocator must be")
 
+A = "_C._testing virtual memory"
+add(A, 'memalloc._C._testing.vm_page_size(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'memalloc._C._testing.vm_page_size(None)', "None allocator", "TypeError", "allocator must be")
+add(A, 'memalloc._C._testing.vm_reserve(a, 3)', "not a page multiple", "InvalidArgumentError",
+    "positive multiple of the page size")
+add(A, 'memalloc._C._testing.vm_reserve(a, -1)', "negative size", "InvalidArgumentError", "negative size -1")
+add(A, 'memalloc._C._testing.vm_map(a, 4096, 2 << 20)', "unaligned address", "InvalidArgumentError",
+    "multiples of the page size")
+add(A, 'memalloc._C._testing.vm_map(a, 0, 2 << 20)', "address in no reservation", "InvalidArgumentError",
+    "in no reservation")
+add(A, 'memalloc._C._testing.vm_map(a, -1, 2 << 20)', "negative address", "ValueError", "-1")
+add(A, 'memalloc._C._testing.vm_unmap(a, 0, 2 << 20)', "address in no reservation", "InvalidArgumentError",
+    "in no reservation")
+add(A, 'memalloc._C._testing.vm_free(a, 4096)', "no reservation there", "InvalidArgumentError",
+    "no reservation starts at this address")
+
 A = "_C._testing.malloc_on_native_thread"
 add(A, 'memalloc._C._testing.malloc_on_native_thread(a, -1)', "negative size", "InvalidArgumentError",
     "negative size -1 bytes")

@@ -4,7 +4,9 @@
 // engine workers (malloc_on_native_thread); and, on the host backend (the
 // simulated device), injected allocate/release faults (inject_allocate_faults,
 // inject_release_faults, set_fault_rates, faults_injected) and the count of
-// segments the device holds (live_segments). Invariants as bindings.cpp.
+// segments the device holds (live_segments); and the backend's virtual
+// memory (vm_*: reserve, map, unmap, free), the bottom layer of expandable
+// segments before the pool uses it. Invariants as bindings.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,6 +14,7 @@
 #include "errors.h"
 #include "pyargs.h"
 #include "registry.h"
+#include "backend.h"
 #include "pystacks.h"
 
 #include <exception>
@@ -43,6 +46,32 @@ void bind_testing(py::module_& m) {
           return reinterpret_cast<std::uintptr_t>(p);
         },
         py::arg("allocator"), py::arg("size"), py::arg("device") = 0);
+
+  // ---- the backend's virtual memory (the bottom layer of expandable
+  // segments; backend.h): addresses are ints ----------------------------------
+  auto at = [](PtrArg addr) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)); };
+  t.def("vm_page_size", [](AllocatorArg a, Device device) { return a->backend().vm_page_size(device); },
+        py::arg("allocator"), py::arg("device") = 0, "Granularity of vm_map / vm_unmap, bytes.");
+  t.def("vm_reserve",
+        [](AllocatorArg a, NBytesArg bytes, Device device) {
+          return reinterpret_cast<std::uintptr_t>(a->backend().vm_reserve(device, bytes));
+        },
+        py::arg("allocator"), py::arg("nbytes"), py::arg("device") = 0,
+        "Reserves nbytes of address space (no memory); its address, 0 when exhausted.");
+  t.def("vm_map",
+        [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
+          return a->backend().vm_map(device, at(addr), bytes);
+        },
+        py::arg("allocator"), py::arg("addr"), py::arg("nbytes"), py::arg("device") = 0,
+        "Backs pages of a reservation with device memory; False when the device is full.");
+  t.def("vm_unmap",
+        [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
+          a->backend().vm_unmap(device, at(addr), bytes);
+        },
+        py::arg("allocator"), py::arg("addr"), py::arg("nbytes"), py::arg("device") = 0);
+  t.def("vm_free", [at](AllocatorArg a, PtrArg base, Device device) { a->backend().vm_free(device, at(base)); },
+        py::arg("allocator"), py::arg("base"), py::arg("device") = 0,
+        "Ends a reservation whose pages are all unmapped.");
 
   // ---- the host backend's fault injection ----------------------------------
   using NoGil = py::call_guard<py::gil_scoped_release>;
