@@ -25,7 +25,8 @@
 //     gives them back; vm_free() ends a reservation whose pages are all
 //     unmapped. Mapped bytes count as device memory in use
 //     (mem_get_info), reserved address space does not. A backend without
-//     virtual memory throws DriverError from all of them.
+//     virtual memory (or a driver without its entry points) throws
+//     DriverError from all of them.
 #pragma once
 
 #include <cstddef>

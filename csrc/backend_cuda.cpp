@@ -18,36 +18,32 @@
 //     a CUDA graph is being captured, as native's cudaMallocMaybeCapturing.
 //   * IPC entry points are optional: a driver without them loads, and
 //     ipc_handle/ipc_open then throw DriverError.
+//   * Virtual memory entry points (cuMemAddressReserve, cuMemCreate,
+//     cuMemMap, ...) are optional the same way. A mapped page is one
+//     cuMemCreate handle of vm_page_size() bytes (the device's recommended
+//     granularity), mapped read-write for its device; vm_unmap unmaps and
+//     releases the handles; the reservations (their pages' handles, 0 =
+//     unmapped) are guarded by vm_mu_. The driver structs used
+//     (CUmemAllocationProp, CUmemAccessDesc) are declared in
+//     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
+//     compiles a check of each against cuda.h. Written before a GPU ran it: the GPU test of the
+//     expandable-segments work will be its first run.
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
+#include "cuda_driver_abi.h"
 #include "errors.h"
 
 namespace memalloc {
 namespace {
 
-// The few driver types used here, declared as the driver's ABI defines them.
-using CUresult = int;
-using CUdevice = int;
-using CUcontext = void*;
-using CUdeviceptr = unsigned long long;
-using CUevent = void*;
-using CUstream = void*;
-
-constexpr CUresult kSuccess = 0;
-constexpr CUresult kErrorOutOfMemory = 2;
-constexpr CUresult kErrorNotReady = 600;
-constexpr unsigned kEventDisableTiming = 0x2;
-constexpr int kCaptureModeRelaxed = 2;            // CU_STREAM_CAPTURE_MODE_RELAXED
-constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-constexpr size_t kIpcHandleBytes = 64;            // CU_IPC_HANDLE_SIZE
-struct CUipcMemHandle {
-  char reserved[kIpcHandleBytes];
-};
+using namespace cuda_abi;  // the driver's types and constants (cuda_driver_abi.h)
 
 struct DriverApi {
   CUresult (*cuInit)(unsigned);
@@ -71,6 +67,14 @@ struct DriverApi {
   CUresult (*cuIpcGetMemHandle)(CUipcMemHandle*, CUdeviceptr);
   CUresult (*cuIpcOpenMemHandle)(CUdeviceptr*, CUipcMemHandle, unsigned);
   CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*, int);
+  CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+  CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
 };
 
 template <typename F>
@@ -112,6 +116,14 @@ const DriverApi* driver(std::string* why) {
                  load(lib, "cuIpcOpenMemHandle", api.cuIpcOpenMemHandle)) &&
                 load(lib, "cuIpcCloseMemHandle", api.cuIpcCloseMemHandle))) {
       api.cuIpcGetMemHandle = nullptr;  // IPC unavailable; the rest works
+    }
+    if (ok && !(load(lib, "cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity) &&
+                load(lib, "cuMemAddressReserve", api.cuMemAddressReserve) &&
+                load(lib, "cuMemAddressFree", api.cuMemAddressFree) &&
+                load(lib, "cuMemCreate", api.cuMemCreate) && load(lib, "cuMemRelease", api.cuMemRelease) &&
+                load(lib, "cuMemMap", api.cuMemMap) && load(lib, "cuMemUnmap", api.cuMemUnmap) &&
+                load(lib, "cuMemSetAccess", api.cuMemSetAccess))) {
+      api.cuMemCreate = nullptr;  // virtual memory unavailable; the rest works
     }
     if (!ok) {
       error = "the CUDA driver lacks a required entry point (driver too old?)";
@@ -210,6 +222,101 @@ class CudaBackend final : public Backend {
     return reinterpret_cast<void*>(p);
   }
 
+  // ---- virtual memory -------------------------------------------------------
+  size_t vm_page_size(int device) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    const CUmemAllocationProp prop = page_prop(device);
+    size_t granularity = 0;
+    check(api_->cuMemGetAllocationGranularity(&granularity, &prop, kMemAllocGranularityRecommended),
+          "cuMemGetAllocationGranularity");
+    return granularity;
+  }
+
+  void* vm_reserve(int device, size_t bytes) override {
+    const size_t page = vm_page_size(device);
+    MEMALLOC_EXPECTS(bytes > 0 && bytes % page == 0,
+                     "vm_reserve: the size must be a positive multiple of the page size (" + std::to_string(page) +
+                         " bytes)");
+    ScopedContext ctx(this, device);
+    CUdeviceptr p = 0;
+    CUresult r = api_->cuMemAddressReserve(&p, bytes, page, 0, 0);
+    if (r == kErrorOutOfMemory) return nullptr;
+    check(r, "cuMemAddressReserve");
+    std::lock_guard<std::mutex> g(vm_mu_);
+    vm_[{device, p}] = Reservation{bytes, page, std::vector<CUmemGenericAllocationHandle>(bytes / page, 0)};
+    return reinterpret_cast<void*>(p);
+  }
+
+  bool vm_map(int device, void* addr, size_t bytes) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    auto [r, first, n] = pages_of(device, addr, bytes);
+    for (size_t i = first; i < first + n; ++i)
+      MEMALLOC_EXPECTS(r->handles[i] == 0, "vm_map: a page of the range is already mapped");
+    const CUmemAllocationProp prop = page_prop(device);
+    const auto base = reinterpret_cast<CUdeviceptr>(addr);
+    size_t done = 0;  // pages created and mapped so far; undone on failure
+    auto undo = [&] {
+      for (size_t k = 0; k < done; ++k) {
+        api_->cuMemUnmap(base + k * r->page, r->page);
+        api_->cuMemRelease(r->handles[first + k]);
+        r->handles[first + k] = 0;
+      }
+    };
+    for (; done < n; ++done) {
+      CUmemGenericAllocationHandle h = 0;
+      CUresult res = api_->cuMemCreate(&h, r->page, &prop, 0);
+      if (res == kErrorOutOfMemory) {
+        undo();
+        return false;
+      }
+      if (res == kSuccess) {
+        res = api_->cuMemMap(base + done * r->page, r->page, 0, h, 0);
+        if (res != kSuccess) api_->cuMemRelease(h);
+      }
+      if (res != kSuccess) {
+        undo();
+        check(res, "cuMemCreate/cuMemMap");
+      }
+      r->handles[first + done] = h;
+    }
+    CUmemAccessDesc access{{kMemLocationTypeDevice, device}, kMemAccessProtReadWrite};
+    CUresult res = api_->cuMemSetAccess(base, bytes, &access, 1);
+    if (res != kSuccess) {
+      undo();
+      check(res, "cuMemSetAccess");
+    }
+    return true;
+  }
+
+  void vm_unmap(int device, void* addr, size_t bytes) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    auto [r, first, n] = pages_of(device, addr, bytes);
+    for (size_t i = first; i < first + n; ++i)
+      MEMALLOC_EXPECTS(r->handles[i] != 0, "vm_unmap: a page of the range is not mapped");
+    check(api_->cuMemUnmap(reinterpret_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap");
+    for (size_t i = first; i < first + n; ++i) {
+      api_->cuMemRelease(r->handles[i]);
+      r->handles[i] = 0;
+    }
+  }
+
+  void vm_free(int device, void* base) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    auto it = vm_.find({device, reinterpret_cast<CUdeviceptr>(base)});
+    MEMALLOC_EXPECTS(it != vm_.end(), "vm_free: no reservation starts at this address");
+    for (CUmemGenericAllocationHandle h : it->second.handles)
+      MEMALLOC_EXPECTS(h == 0, "vm_free: unmap every page of the reservation first");
+    check(api_->cuMemAddressFree(it->first.second, it->second.bytes), "cuMemAddressFree");
+    vm_.erase(it);
+  }
+
   void ipc_close(int device, void* ptr) noexcept override {
     if (api_->cuIpcCloseMemHandle == nullptr) return;
     try {
@@ -257,6 +364,44 @@ class CudaBackend final : public Backend {
     return contexts_[device];
   }
 
+  struct Reservation {
+    size_t bytes = 0;
+    size_t page = 0;
+    std::vector<CUmemGenericAllocationHandle> handles;  // per page; 0 = unmapped
+  };
+  struct Pages {
+    Reservation* r;
+    size_t first, n;
+  };
+
+  // The reservation holding [addr, addr + bytes) and its pages; vm_mu_ held.
+  Pages pages_of(int device, void* addr, size_t bytes) {
+    const auto a = reinterpret_cast<CUdeviceptr>(addr);
+    auto it = vm_.upper_bound({device, a});
+    MEMALLOC_EXPECTS(it != vm_.begin(), "vm_map/vm_unmap: the range is in no reservation");
+    --it;
+    Reservation& r = it->second;
+    MEMALLOC_EXPECTS(it->first.first == device && a + bytes <= it->first.second + r.bytes,
+                     "vm_map/vm_unmap: the range is in no reservation");
+    MEMALLOC_EXPECTS(bytes > 0 && bytes % r.page == 0 && (a - it->first.second) % r.page == 0,
+                     "vm_map/vm_unmap: address and size must be multiples of the page size (" +
+                         std::to_string(r.page) + " bytes)");
+    return {&r, (a - it->first.second) / r.page, bytes / r.page};
+  }
+
+  static CUmemAllocationProp page_prop(int device) {
+    CUmemAllocationProp prop{};
+    prop.type = kMemAllocationTypePinned;
+    prop.location = CUmemLocation{kMemLocationTypeDevice, device};
+    return prop;
+  }
+
+  void require_vm() const {
+    if (api_->cuMemCreate == nullptr)
+      throw DriverError("this CUDA driver has no virtual memory entry points (cuMemCreate...): expandable "
+                        "segments need a newer driver");
+  }
+
   void require_ipc() const {
     if (api_->cuIpcGetMemHandle == nullptr)
       throw DriverError("this CUDA driver has no IPC entry points (cuIpcGetMemHandle...): CUDA tensors cannot be "
@@ -274,6 +419,8 @@ class CudaBackend final : public Backend {
   const DriverApi* api_;
   std::mutex ctx_mu_;  // guards contexts_ (filled lazily, one entry per device)
   std::vector<CUcontext> contexts_;
+  std::mutex vm_mu_;  // guards vm_
+  std::map<std::pair<int, CUdeviceptr>, Reservation> vm_;  // by (device, base)
 };
 
 }  // namespace
