@@ -26,8 +26,8 @@
 //     unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
 //     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
-//     compiles a check of each against cuda.h. Written before a GPU ran it: the GPU test of the
-//     expandable-segments work will be its first run.
+//     compiles a check of each against cuda.h. Not yet run on a GPU:
+//     tests/gpu/test_cuda_vm.py is its first test there.
 #include <dlfcn.h>
 
 #include <algorithm>
