@@ -22,8 +22,8 @@
 //     cuMemMap, ...) are optional the same way. A mapped page is one
 //     cuMemCreate handle of vm_page_size() bytes (the device's recommended
 //     granularity), mapped read-write for its device; vm_unmap unmaps and
-//     releases the handles; the reservations (their pages' handles, 0 =
-//     unmapped) are guarded by vm_mu_. The driver structs used
+//     releases the handles; the reservations (vm_reservations.h: their
+//     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
 //     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
 //     compiles a check of each against cuda.h. Not yet run on a GPU:
@@ -31,14 +31,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <map>
 #include <mutex>
-#include <utility>
 #include <vector>
 
 #include "backend.h"
 #include "cuda_driver_abi.h"
 #include "errors.h"
+#include "vm_reservations.h"
 
 namespace memalloc {
 namespace {
@@ -244,43 +243,42 @@ class CudaBackend final : public Backend {
     if (r == kErrorOutOfMemory) return nullptr;
     check(r, "cuMemAddressReserve");
     std::lock_guard<std::mutex> g(vm_mu_);
-    vm_[{device, p}] = Reservation{bytes, page, std::vector<CUmemGenericAllocationHandle>(bytes / page, 0)};
+    vm_.add(device, p, bytes, page);
     return reinterpret_cast<void*>(p);
   }
 
   bool vm_map(int device, void* addr, size_t bytes) override {
-    require_vm();
+    const size_t page = vm_page_size(device);
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
-    auto [r, first, n] = pages_of(device, addr, bytes);
-    for (size_t i = first; i < first + n; ++i)
-      MEMALLOC_EXPECTS(r->handles[i] == 0, "vm_map: a page of the range is already mapped");
+    const auto pages = vm_.run(device, addr, bytes, page);
+    pages.expect(false, "vm_map: a page of the range is already mapped");
     const CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
     size_t done = 0;  // pages created and mapped so far; undone on failure
     auto undo = [&] {
       for (size_t k = 0; k < done; ++k) {
-        api_->cuMemUnmap(base + k * r->page, r->page);
-        api_->cuMemRelease(r->handles[first + k]);
-        r->handles[first + k] = 0;
+        api_->cuMemUnmap(base + k * page, page);
+        api_->cuMemRelease(pages[k]);
+        pages[k] = 0;
       }
     };
-    for (; done < n; ++done) {
+    for (; done < pages.n; ++done) {
       CUmemGenericAllocationHandle h = 0;
-      CUresult res = api_->cuMemCreate(&h, r->page, &prop, 0);
+      CUresult res = api_->cuMemCreate(&h, page, &prop, 0);
       if (res == kErrorOutOfMemory) {
         undo();
         return false;
       }
       if (res == kSuccess) {
-        res = api_->cuMemMap(base + done * r->page, r->page, 0, h, 0);
+        res = api_->cuMemMap(base + done * page, page, 0, h, 0);
         if (res != kSuccess) api_->cuMemRelease(h);
       }
       if (res != kSuccess) {
         undo();
         check(res, "cuMemCreate/cuMemMap");
       }
-      r->handles[first + done] = h;
+      pages[done] = h;
     }
     CUmemAccessDesc access{{kMemLocationTypeDevice, device}, kMemAccessProtReadWrite};
     CUresult res = api_->cuMemSetAccess(base, bytes, &access, 1);
@@ -292,16 +290,15 @@ class CudaBackend final : public Backend {
   }
 
   void vm_unmap(int device, void* addr, size_t bytes) override {
-    require_vm();
+    const size_t page = vm_page_size(device);
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
-    auto [r, first, n] = pages_of(device, addr, bytes);
-    for (size_t i = first; i < first + n; ++i)
-      MEMALLOC_EXPECTS(r->handles[i] != 0, "vm_unmap: a page of the range is not mapped");
+    const auto pages = vm_.run(device, addr, bytes, page);
+    pages.expect(true, "vm_unmap: a page of the range is not mapped");
     check(api_->cuMemUnmap(reinterpret_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap");
-    for (size_t i = first; i < first + n; ++i) {
-      api_->cuMemRelease(r->handles[i]);
-      r->handles[i] = 0;
+    for (size_t k = 0; k < pages.n; ++k) {
+      api_->cuMemRelease(pages[k]);
+      pages[k] = 0;
     }
   }
 
@@ -309,12 +306,9 @@ class CudaBackend final : public Backend {
     require_vm();
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
-    auto it = vm_.find({device, reinterpret_cast<CUdeviceptr>(base)});
-    MEMALLOC_EXPECTS(it != vm_.end(), "vm_free: no reservation starts at this address");
-    for (CUmemGenericAllocationHandle h : it->second.handles)
-      MEMALLOC_EXPECTS(h == 0, "vm_free: unmap every page of the reservation first");
-    check(api_->cuMemAddressFree(it->first.second, it->second.bytes), "cuMemAddressFree");
-    vm_.erase(it);
+    const size_t bytes = vm_.removable(device, base);
+    check(api_->cuMemAddressFree(reinterpret_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree");
+    vm_.erase(device, base);
   }
 
   void ipc_close(int device, void* ptr) noexcept override {
@@ -364,31 +358,6 @@ class CudaBackend final : public Backend {
     return contexts_[device];
   }
 
-  struct Reservation {
-    size_t bytes = 0;
-    size_t page = 0;
-    std::vector<CUmemGenericAllocationHandle> handles;  // per page; 0 = unmapped
-  };
-  struct Pages {
-    Reservation* r;
-    size_t first, n;
-  };
-
-  // The reservation holding [addr, addr + bytes) and its pages; vm_mu_ held.
-  Pages pages_of(int device, void* addr, size_t bytes) {
-    const auto a = reinterpret_cast<CUdeviceptr>(addr);
-    auto it = vm_.upper_bound({device, a});
-    MEMALLOC_EXPECTS(it != vm_.begin(), "vm_map/vm_unmap: the range is in no reservation");
-    --it;
-    Reservation& r = it->second;
-    MEMALLOC_EXPECTS(it->first.first == device && a + bytes <= it->first.second + r.bytes,
-                     "vm_map/vm_unmap: the range is in no reservation");
-    MEMALLOC_EXPECTS(bytes > 0 && bytes % r.page == 0 && (a - it->first.second) % r.page == 0,
-                     "vm_map/vm_unmap: address and size must be multiples of the page size (" +
-                         std::to_string(r.page) + " bytes)");
-    return {&r, (a - it->first.second) / r.page, bytes / r.page};
-  }
-
   static CUmemAllocationProp page_prop(int device) {
     CUmemAllocationProp prop{};
     prop.type = kMemAllocationTypePinned;
@@ -420,7 +389,7 @@ class CudaBackend final : public Backend {
   std::mutex ctx_mu_;  // guards contexts_ (filled lazily, one entry per device)
   std::vector<CUcontext> contexts_;
   std::mutex vm_mu_;  // guards vm_
-  std::map<std::pair<int, CUdeviceptr>, Reservation> vm_;  // by (device, base)
+  VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
 };
 
 }  // namespace

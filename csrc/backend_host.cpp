@@ -39,6 +39,7 @@
 
 #include "backend.h"
 #include "errors.h"
+#include "vm_reservations.h"
 
 namespace memalloc {
 
@@ -49,11 +50,6 @@ constexpr size_t kReserveFactor = 4;  // address space per byte of capacity
 constexpr size_t kVmPage = size_t{2} << 20;  // vm_map granularity, as CUDA's usual one
 constexpr size_t kVmFactor = 8;              // vm address space per byte of capacity
 
-// One vm reservation: which of its pages are mapped.
-struct Reservation {
-  size_t bytes = 0;
-  std::vector<bool> mapped;  // per kVmPage page
-};
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -151,23 +147,7 @@ struct HostBackend::State {
   std::vector<std::unordered_map<void*, size_t>> segments;
   std::vector<AddressSpace> spaces;     // segments
   std::vector<AddressSpace> vm_spaces;  // vm reservations
-  std::vector<std::map<std::uintptr_t, Reservation>> reservations;  // by base address
-
-  // The reservation holding [addr, addr + bytes) and the index of its first
-  // page; InvalidArgument naming the problem otherwise.
-  std::pair<Reservation*, size_t> pages_of(int device, void* addr, size_t bytes) {
-    check_device(device);
-    const auto a = reinterpret_cast<std::uintptr_t>(addr);
-    MEMALLOC_EXPECTS(bytes > 0 && bytes % kVmPage == 0 && a % kVmPage == 0,
-                     "vm_map/vm_unmap: address and size must be multiples of the page size (" +
-                         std::to_string(kVmPage) + " bytes)");
-    auto& by_base = reservations[device];
-    auto it = by_base.upper_bound(a);
-    MEMALLOC_EXPECTS(it != by_base.begin(), "vm_map/vm_unmap: the range is in no reservation");
-    --it;
-    MEMALLOC_EXPECTS(a + bytes <= it->first + it->second.bytes, "vm_map/vm_unmap: the range is in no reservation");
-    return {&it->second, (a - it->first) / kVmPage};
-  }
+  VmReservations<unsigned char> reservations;  // a page is 1 while mapped
   std::vector<std::map<Stream, StreamClock>> streams;
   std::vector<Faults> faults;
 
@@ -185,7 +165,6 @@ HostBackend::HostBackend(const Config& config) : state_(new State) {
   state_->segments.resize(config.host_devices);
   state_->spaces.resize(config.host_devices);
   state_->vm_spaces.resize(config.host_devices);
-  state_->reservations.resize(config.host_devices);
   state_->streams.resize(config.host_devices);
   state_->faults.resize(config.host_devices);
 }
@@ -252,32 +231,14 @@ void* HostBackend::vm_reserve(int device, size_t bytes) {
   space.reserve(device, state_->capacity, kVmFactor);
   char* p = space.take(bytes);
   if (p == nullptr) return nullptr;
-  Reservation r;
-  r.bytes = bytes;
-  r.mapped.assign(bytes / kVmPage, false);
-  state_->reservations[device].emplace(reinterpret_cast<std::uintptr_t>(p), std::move(r));
+  state_->reservations.add(device, reinterpret_cast<std::uintptr_t>(p), bytes, kVmPage);
   return p;
 }
 
-namespace {
-// Pages [first, first + n) of r: checks that each is `was` (InvalidArgument
-// `message` otherwise), with nothing changed, then returns a setter to `now`.
-struct PageRun {
-  Reservation* r;
-  size_t first, n;
-  void expect(bool was, const char* message) const {
-    for (size_t i = first; i < first + n; ++i) MEMALLOC_EXPECTS(r->mapped[i] == was, message);
-  }
-  void set(bool now) const {
-    for (size_t i = first; i < first + n; ++i) r->mapped[i] = now;
-  }
-};
-}  // namespace
-
 bool HostBackend::vm_map(int device, void* addr, size_t bytes) {
   std::lock_guard<std::mutex> g(state_->mu);
-  auto [r, first] = state_->pages_of(device, addr, bytes);
-  const PageRun pages{r, first, bytes / kVmPage};
+  state_->check_device(device);
+  const auto pages = state_->reservations.run(device, addr, bytes, kVmPage);
   pages.expect(false, "vm_map: a page of the range is already mapped");
   Faults& f = state_->faults[device];
   if (Faults::take(f.alloc_skip, f.alloc_count, f.alloc_rate, f.rng)) {
@@ -288,31 +249,28 @@ bool HostBackend::vm_map(int device, void* addr, size_t bytes) {
   if (bytes > state_->capacity - state_->used[device]) return false;
   if (::mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0)
     throw DriverError("host backend: the host itself is out of memory");
-  pages.set(true);
+  for (size_t k = 0; k < pages.n; ++k) pages[k] = 1;
   state_->used[device] += bytes;
   return true;
 }
 
 void HostBackend::vm_unmap(int device, void* addr, size_t bytes) {
   std::lock_guard<std::mutex> g(state_->mu);
-  auto [r, first] = state_->pages_of(device, addr, bytes);
-  const PageRun pages{r, first, bytes / kVmPage};
+  state_->check_device(device);
+  const auto pages = state_->reservations.run(device, addr, bytes, kVmPage);
   pages.expect(true, "vm_unmap: a page of the range is not mapped");
   ::madvise(addr, bytes, MADV_DONTNEED);
   ::mprotect(addr, bytes, PROT_NONE);
-  pages.set(false);
+  for (size_t k = 0; k < pages.n; ++k) pages[k] = 0;
   state_->used[device] -= bytes;
 }
 
 void HostBackend::vm_free(int device, void* base) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
-  auto& by_base = state_->reservations[device];
-  auto it = by_base.find(reinterpret_cast<std::uintptr_t>(base));
-  MEMALLOC_EXPECTS(it != by_base.end(), "vm_free: no reservation starts at this address");
-  for (bool m : it->second.mapped) MEMALLOC_EXPECTS(!m, "vm_free: unmap every page of the reservation first");
-  state_->vm_spaces[device].give_back(static_cast<char*>(base), it->second.bytes);
-  by_base.erase(it);
+  const size_t bytes = state_->reservations.removable(device, base);
+  state_->vm_spaces[device].give_back(static_cast<char*>(base), bytes);
+  state_->reservations.erase(device, base);
 }
 
 MemInfo HostBackend::mem_get_info(int device) {

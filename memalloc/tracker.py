@@ -202,10 +202,8 @@ class StepTracker:
         with _lock:
             if not self._running:
                 return
+            self._used = self._used_locked()
             self._running = False
-            now = iteration.boundary_counts()
-            for source, n in now.items():
-                self._used[source] = self._used.get(source, 0) + n - self._counts_at_start.get(source, 0)
         iteration.release_boundaries()
         with _lock:
             trackers = _active.get(self._key(), [])
@@ -224,11 +222,16 @@ class StepTracker:
         """Which sources marked the boundaries while the tracker ran, in words
         ("24 from optimizer.step()", "10 from memalloc.step()", "none")."""
         with _lock:
-            used = dict(self._used)
-            if self._running:
-                for source, n in iteration.boundary_counts().items():
-                    used[source] = used.get(source, 0) + n - self._counts_at_start.get(source, 0)
-        return iteration.describe_boundaries({}, {k: used.get(k, 0) for k in iteration.boundary_counts()})
+            used = self._used_locked()
+        return iteration.describe_boundaries({}, used)
+
+    def _used_locked(self) -> dict[str, int]:
+        """Boundaries by source over every running period, the current one
+        included; ``_lock`` held."""
+        now = iteration.boundary_counts()
+        return {source: self._used.get(source, 0)
+                + (n - self._counts_at_start.get(source, 0) if self._running else 0)
+                for source, n in now.items()}
 
     def __repr__(self) -> str:
         state = "running" if self._running else "stopped"
