@@ -30,7 +30,9 @@ import time
 
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # recording on: torch's own history (Python stacks) and memalloc's modes
-              "native_history", "memalloc_tags", "memalloc_stacks")
+              "native_history", "memalloc_tags", "memalloc_stacks",
+              # memalloc's expandable segments (MEMALLOC_CONF=expandable_segments:True)
+              "memalloc_expandable")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
 GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites")
 # The recording group's modes per allocator ("python" = Python call stacks:
@@ -58,6 +60,8 @@ def setup(name: str):
         return lambda: None
     if name == "native_history":
         torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+    if name == "memalloc_expandable":
+        os.environ["MEMALLOC_CONF"] = "expandable_segments:True"
     if name.startswith("memalloc"):
         import memalloc
 

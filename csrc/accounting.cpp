@@ -51,6 +51,17 @@ void Accounting::apply(const Event& e) {
       update(s.reserved_bytes, e.pool, -size);
       s.num_device_free += 1;
       break;
+    case Action::kSegmentMap:
+      update(s.segment, e.pool, e.segment_delta);
+      update(s.reserved_bytes, e.pool, size);
+      raise_to(window_.peak_reserved_bytes, s.reserved_bytes[kStatAll].current);
+      s.num_device_alloc += 1;
+      break;
+    case Action::kSegmentUnmap:
+      update(s.segment, e.pool, e.segment_delta);
+      update(s.reserved_bytes, e.pool, -size);
+      s.num_device_free += 1;
+      break;
     case Action::kAllocRetry:
       s.num_alloc_retries += 1;
       break;

@@ -72,6 +72,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
     rest->stream = b->stream;
     rest->pool = b->pool;
     rest->owner = b->owner;
+    rest->vm = b->vm;
     rest->prev = b;
     rest->next = b->next;
     if (rest->next != nullptr) rest->next->prev = rest;
@@ -134,8 +135,18 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
 void DeviceAllocator::free_block_locked(Block* b) {
   FreeList& list = free_list(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
+  merge_free_neighbours_locked(b, list, e);
+  b->requested = 0;
+  b->stack_id = b->tag_id = b->step = 0;
+  e.inactive_split_bytes_delta += split_bytes(b);
+  e.inactive_split_count_delta += split_count(b);
+  list.insert(b);
+  record_locked(e);
+}
+
+void DeviceAllocator::merge_free_neighbours_locked(Block* b, FreeList& list, Event& e) {
   for (Block* n : {b->prev, b->next}) {
-    if (n == nullptr || n->allocated || n->event_count > 0) continue;
+    if (n == nullptr || !n->is_free()) continue;
     list.erase(n);
     e.inactive_split_bytes_delta -= split_bytes(n);
     e.inactive_split_count_delta -= split_count(n);
@@ -150,12 +161,6 @@ void DeviceAllocator::free_block_locked(Block* b) {
     b->size += n->size;
     delete_block(n);
   }
-  b->requested = 0;
-  b->stack_id = b->tag_id = b->step = 0;
-  e.inactive_split_bytes_delta += split_bytes(b);
-  e.inactive_split_count_delta += split_count(b);
-  list.insert(b);
-  record_locked(e);
 }
 
 }  // namespace memalloc

@@ -13,12 +13,12 @@
 //   * Events: record_event(e, s) marks the work queued on stream s so far;
 //     query_event(e) is true once that work has completed;
 //     synchronize_event(e) waits for it.
-//   * allocate() may run while a stream of the device is being captured
-//     into a CUDA graph (a private pool growing): the CUDA backend then
+//   * allocate() and vm_map() may run while a stream of the device is being
+//     captured into a CUDA graph (a pool growing): the CUDA backend then
 //     allocates in the relaxed capture mode, which a capture tolerates.
 //   * Inter-process handles (CUDA IPC) name whole segments; the host
 //     backend has none and throws DriverError.
-//   * Virtual memory (expandable segments, not used by the pool yet):
+//   * Virtual memory (expandable segments, expandable.h):
 //     vm_reserve() takes address space only; vm_map() backs whole pages
 //     (vm_page_size() bytes) inside a reservation with device memory and
 //     returns false exactly when the device is out of memory; vm_unmap()
@@ -64,6 +64,9 @@ class Backend {
   virtual void record_event(int device, EventHandle event, Stream stream) = 0;
   virtual bool query_event(int device, EventHandle event) = 0;
   virtual void synchronize_event(int device, EventHandle event) = 0;
+  // Waits until all work queued on `stream` so far has completed (before
+  // the pages of an expandable segment are unmapped).
+  virtual void synchronize_stream(int device, Stream stream) = 0;
 
   // The bytes of an inter-process handle of the segment starting at `base`.
   virtual std::string ipc_handle(int device, void* base);
@@ -105,6 +108,8 @@ class HostBackend : public Backend {
   void record_event(int device, EventHandle event, Stream stream) override;
   bool query_event(int device, EventHandle event) override;
   void synchronize_event(int device, EventHandle event) override;
+  // Completes all work queued on `stream` (the simulation's only clock).
+  void synchronize_stream(int device, Stream stream) override;
 
   // Pages of 2 MiB, reservations in the device's one address range.
   size_t vm_page_size(int device) override;
@@ -113,8 +118,6 @@ class HostBackend : public Backend {
   void vm_unmap(int device, void* addr, size_t bytes) override;
   void vm_free(int device, void* base) override;
 
-  // Simulation controls (tests): complete all work queued on `stream`.
-  void synchronize_stream(int device, Stream stream);
   // Number of live segments obtained from the simulated device.
   size_t live_segments(int device);
 

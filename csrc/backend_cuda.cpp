@@ -26,8 +26,9 @@
 //     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
 //     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
-//     compiles a check of each against cuda.h. Not yet run on a GPU:
-//     tests/gpu/test_cuda_vm.py is its first test there.
+//     compiles a check of each against cuda.h; tests/gpu/test_cuda_vm.py
+//     runs them on a GPU. vm_map, like allocate, runs in the relaxed
+//     stream-capture mode.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -60,6 +61,7 @@ struct DriverApi {
   CUresult (*cuEventRecord)(CUevent, CUstream);
   CUresult (*cuEventQuery)(CUevent);
   CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuThreadExchangeStreamCaptureMode)(int*);
   // Optional (nullptr when the driver lacks them).
@@ -108,6 +110,7 @@ const DriverApi* driver(std::string* why) {
               load(lib, "cuEventRecord", api.cuEventRecord) &&
               load(lib, "cuEventQuery", api.cuEventQuery) &&
               load(lib, "cuEventSynchronize", api.cuEventSynchronize) &&
+              load(lib, "cuStreamSynchronize", api.cuStreamSynchronize) &&
               load(lib, "cuGetErrorString", api.cuGetErrorString) &&
               load(lib, "cuThreadExchangeStreamCaptureMode", api.cuThreadExchangeStreamCaptureMode);
     if (ok && !(load(lib, "cuIpcGetMemHandle", api.cuIpcGetMemHandle) &&
@@ -151,10 +154,11 @@ class CudaBackend final : public Backend {
   void* allocate(int device, size_t size) override {
     ScopedContext ctx(this, device);
     CUdeviceptr p = 0;
-    int mode = kCaptureModeRelaxed;
-    check(api_->cuThreadExchangeStreamCaptureMode(&mode), "cuThreadExchangeStreamCaptureMode");
-    CUresult r = api_->cuMemAlloc(&p, size);
-    api_->cuThreadExchangeStreamCaptureMode(&mode);  // back to the caller's mode
+    CUresult r;
+    {
+      CaptureModeRelaxed relaxed(this);
+      r = api_->cuMemAlloc(&p, size);
+    }
     if (r == kErrorOutOfMemory) return nullptr;
     check(r, "cuMemAlloc");
     return reinterpret_cast<void*>(p);
@@ -199,6 +203,10 @@ class CudaBackend final : public Backend {
   void synchronize_event(int, EventHandle event) override {
     check(api_->cuEventSynchronize(static_cast<CUevent>(event)), "cuEventSynchronize");
   }
+  void synchronize_stream(int device, Stream stream) override {
+    ScopedContext ctx(this, device);
+    check(api_->cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
+  }
 
   std::string ipc_handle(int device, void* base) override {
     require_ipc();
@@ -225,11 +233,14 @@ class CudaBackend final : public Backend {
   size_t vm_page_size(int device) override {
     require_vm();
     ScopedContext ctx(this, device);
-    const CUmemAllocationProp prop = page_prop(device);
-    size_t granularity = 0;
-    check(api_->cuMemGetAllocationGranularity(&granularity, &prop, kMemAllocGranularityRecommended),
-          "cuMemGetAllocationGranularity");
-    return granularity;
+    std::lock_guard<std::mutex> g(vm_mu_);
+    if (vm_pages_.size() <= static_cast<size_t>(device)) vm_pages_.resize(device + 1, 0);
+    if (vm_pages_[device] == 0) {
+      const CUmemAllocationProp prop = page_prop(device);
+      check(api_->cuMemGetAllocationGranularity(&vm_pages_[device], &prop, kMemAllocGranularityRecommended),
+            "cuMemGetAllocationGranularity");
+    }
+    return vm_pages_[device];
   }
 
   void* vm_reserve(int device, size_t bytes) override {
@@ -255,6 +266,7 @@ class CudaBackend final : public Backend {
     pages.expect(false, "vm_map: a page of the range is already mapped");
     const CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
+    CaptureModeRelaxed relaxed(this);  // a pool may grow during a capture
     size_t done = 0;  // pages created and mapped so far; undone on failure
     auto undo = [&] {
       for (size_t k = 0; k < done; ++k) {
@@ -345,6 +357,21 @@ class CudaBackend final : public Backend {
     bool pushed_ = false;
   };
 
+  // The calling thread's stream-capture mode is relaxed for one scope.
+  class CaptureModeRelaxed {
+   public:
+    explicit CaptureModeRelaxed(CudaBackend* b) : api_(b->api_) {
+      b->check(api_->cuThreadExchangeStreamCaptureMode(&mode_), "cuThreadExchangeStreamCaptureMode");
+    }
+    ~CaptureModeRelaxed() { api_->cuThreadExchangeStreamCaptureMode(&mode_); }  // the caller's mode again
+    CaptureModeRelaxed(const CaptureModeRelaxed&) = delete;
+    CaptureModeRelaxed& operator=(const CaptureModeRelaxed&) = delete;
+
+   private:
+    const DriverApi* api_;
+    int mode_ = kCaptureModeRelaxed;
+  };
+
   CUcontext primary_context(int device) {
     MEMALLOC_EXPECTS(device >= 0 && device < device_count(),
                      "CUDA device " + std::to_string(device) + " does not exist (" +
@@ -388,8 +415,9 @@ class CudaBackend final : public Backend {
   const DriverApi* api_;
   std::mutex ctx_mu_;  // guards contexts_ (filled lazily, one entry per device)
   std::vector<CUcontext> contexts_;
-  std::mutex vm_mu_;  // guards vm_
+  std::mutex vm_mu_;  // guards vm_ and vm_pages_
   VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
+  std::vector<size_t> vm_pages_;  // page size per device, 0 = not read yet
 };
 
 }  // namespace

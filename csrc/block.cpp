@@ -39,7 +39,10 @@ size_t segment_size_for(size_t rounded) {
 bool should_split(const Block& block, size_t size, size_t max_split) {
   size_t remaining = block.size - size;
   if (block.pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
-  return size < max_split && remaining > kSmallSize;
+  // A large block of an expandable segment splits off any remainder: it
+  // coalesces with the pages mapped next to it, or is unmapped, so it is
+  // not the stranded sliver native avoids (remaining > 1 MiB).
+  return size < max_split && (block.vm != nullptr ? remaining >= kMinBlockSize : remaining > kSmallSize);
 }
 
 }  // namespace memalloc

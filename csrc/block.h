@@ -11,6 +11,11 @@
 // (its pool: the default pool's lists, or its owner's: private_pool.h).
 // Every block of a segment has the same owner, stream and kind.
 // Free neighbours are always coalesced: no free block has a free prev/next.
+// Blocks of an expandable segment (expandable.h) have a fourth state,
+//   unmapped  (!mapped: no device memory behind it) -> in its segment's
+//             `unmapped` set, never in a free list, never coalesced with a
+//             mapped block;
+// every other block is mapped.
 // All Block objects and container nodes come from the owning device's
 // NodeCache (node_cache.h): no host allocation in steady state.
 #pragma once
@@ -36,6 +41,7 @@ constexpr size_t kMaxRequest = size_t{1} << 60;      // beyond this, nothing can
 enum class PoolKind : uint8_t { kSmall = 0, kLarge = 1 };
 
 struct PrivatePool;  // private_pool.h
+struct VmSegment;    // expandable.h
 
 struct Block {
   std::uintptr_t addr = 0;
@@ -44,17 +50,21 @@ struct Block {
   Stream stream = 0;     // allocation stream: reuse is restricted to it
   PoolKind pool = PoolKind::kSmall;
   bool allocated = false;
+  bool mapped = true;   // false: an unmapped run of an expandable segment
   int event_count = 0;  // outstanding cross-stream events (pending state)
   uint32_t stack_id = 0;  // who allocated it (live blocks; recorder.h)
   uint32_t tag_id = 0;
   uint32_t step = 0;      // memalloc.step() count when it was allocated (live blocks)
   PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
+  VmSegment* vm = nullptr;       // its expandable segment; nullptr = a plain segment
   Block* prev = nullptr;
   Block* next = nullptr;
   std::pmr::vector<Stream> stream_uses;  // other streams that used it (record_stream)
 
   explicit Block(std::pmr::memory_resource* mr) : stream_uses(mr) {}
   bool is_split() const { return prev != nullptr || next != nullptr; }
+  // Free: in a free list (not live, no pending events, mapped).
+  bool is_free() const { return !allocated && event_count == 0 && mapped; }
 };
 
 // Bytes and blocks a free block contributes to inactive_split_* (accounting.h).

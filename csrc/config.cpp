@@ -102,6 +102,10 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   } else if (key == "garbage_collection_threshold") {
     c.garbage_collection_threshold =
         parse_real(key, value, 0.0, 1.0, "use a fraction in (0, 1), e.g. 0.8, or 0 for off");
+  } else if (key == "expandable_segments") {
+    c.expandable_segments = parse_bool(key, value);
+  } else if (key == "reuse_free_pages") {
+    c.reuse_free_pages = parse_bool(key, value);
   } else if (key == "patch_torch") {
     c.patch_torch = parse_bool(key, value);
   } else if (key == "empty_cache_every_n_steps") {
@@ -137,7 +141,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "backend", "max_split_size_mb", "roundup_power2_divisions",
-      "garbage_collection_threshold", "empty_cache_every_n_steps", "patch_torch",
+      "garbage_collection_threshold", "expandable_segments", "reuse_free_pages",
+      "empty_cache_every_n_steps", "patch_torch",
       "record_history", "record_stacks", "call_sites",
       "host_capacity_mb", "host_devices"};
   return keys;
@@ -167,6 +172,8 @@ std::string Config::to_string() const {
     s += ",roundup_power2_divisions:" + std::to_string(roundup_power2_divisions);
   if (garbage_collection_threshold > 0.0)
     s += ",garbage_collection_threshold:" + real_text(garbage_collection_threshold);
+  if (expandable_segments) s += ",expandable_segments:True";
+  if (!reuse_free_pages) s += ",reuse_free_pages:False";
   if (empty_cache_every_n_steps) s += ",empty_cache_every_n_steps:" + std::to_string(empty_cache_every_n_steps);
   if (!patch_torch) s += ",patch_torch:False";
   if (record_history) s += ",record_history:" + std::to_string(record_history);

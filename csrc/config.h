@@ -30,6 +30,15 @@ struct Config {
   // Python layer, host backend: answer torch.cuda.memory_allocated & co.
   // from the simulated device (on CUDA torch's own functions answer).
   bool patch_torch = true;
+  // Expandable segments (expandable.h; torch's key): the default pool's
+  // segments are address ranges backed page by page, reserved = mapped bytes.
+  bool expandable_segments = false;
+  // With expandable_segments: before mapping new pages, unmap free whole
+  // pages of the same stream's segments (one stream synchronisation), so
+  // reserved bytes grow only when free pages cannot cover the request;
+  // False: free pages are unmapped only by empty_cache and before an OOM
+  // (native's expandable segments).
+  bool reuse_free_pages = true;
   // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
   size_t empty_cache_every_n_steps = 0;
   // Python layer: record events from enable() on, in a ring of this many

@@ -12,7 +12,9 @@
 // pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
 // segments), stream_uses.cpp the cross-stream rules (record_stream, events),
 // private_pools.cpp the private pools and their routes (graph capture,
-// MemPool), checkpoints of a pool (CUDA graph trees).
+// MemPool), checkpoints of a pool (CUDA graph trees), expandable.cpp the
+// expandable segments (expandable.h: growth by mapping pages, unmapping of
+// free pages).
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -22,7 +24,8 @@
 // relaxed capture mode (backend.h).
 //
 // Invariants (checked by validate()):
-//   reserved_bytes  == sum of segment sizes
+//   reserved_bytes  == sum of segment sizes (an expandable segment's
+//                      mapped bytes)
 //   allocated_bytes == sum of live block sizes;  requested_bytes likewise
 //   active_bytes    == allocated_bytes + pending block bytes
 //   reserved_bytes  == active_bytes + free block bytes
@@ -48,6 +51,7 @@
 #include "block.h"
 #include "config.h"
 #include "events.h"
+#include "expandable.h"
 #include "node_cache.h"
 #include "private_pool.h"
 #include "recorder.h"
@@ -79,6 +83,7 @@ struct SegmentInfo {
   Stream stream;
   PoolKind pool;
   PoolId owner;  // kDefaultPool or the private pool that owns it
+  bool expandable;  // a mapped run of an expandable segment (expandable.h)
   std::vector<BlockInfo> blocks;
 };
 
@@ -148,9 +153,10 @@ class DeviceAllocator {
   // Size of the largest free cached block, private pools included (bytes;
   // native's cacheInfo counts them too).
   size_t largest_free_block();
-  // The segment holding the live block at ptr: {base, bytes}; false when no
-  // live block of this device starts at ptr.
-  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes);
+  // The segment holding the live block at ptr: {base, bytes} (in an
+  // expandable segment: its mapped run, and *expandable = true); false when
+  // no live block of this device starts at ptr.
+  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr);
   // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction();
@@ -190,8 +196,9 @@ class DeviceAllocator {
     Block* block;
   };
   struct Segment {
-    size_t bytes;
+    size_t bytes;        // a plain segment's size; an expandable one's address space
     PrivatePool* owner;  // nullptr = default pool
+    VmSegment* vm;       // nullptr = a plain segment
   };
 
   // allocator.cpp
@@ -220,8 +227,35 @@ class DeviceAllocator {
   // default pool and every freeable private pool when `only` is nullptr.
   size_t release_cached_locked(PrivatePool* only = nullptr);
   bool release_segment_locked(Block* b);
-  // Every block (live, pending, free) by address.
+  // Every mapped block (live, pending, free) by address.
   std::map<std::uintptr_t, Block*> blocks_by_addr_locked();
+  // Merges the free block `b` (in no free list) with its free neighbours,
+  // which leave their free list (b grows to cover them); `e` gets their
+  // inactive-split change.
+  void merge_free_neighbours_locked(Block* b, FreeList& list, Event& e);
+  // expandable.cpp (expandable.h)
+  bool use_vm_locked(const PrivatePool* owner) const { return config_.expandable_segments && owner == nullptr; }
+  // A free block of >= rounded bytes on `stream`, in the free list, made by
+  // mapping pages into an expandable segment; nullptr when the memory
+  // fraction or the device refuses. *no_vm: no segment could be reserved
+  // (the caller falls back to a plain segment).
+  Block* grow_vm_locked(size_t rounded, Stream stream, bool* no_vm);
+  size_t vm_page_locked();
+  VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool);
+  VmRoom find_room_locked(const VmSegment& seg, size_t rounded);
+  Block* map_room_locked(VmSegment& seg, const VmRoom& room);
+  // Unmaps free whole pages of the expandable segments on `stream`, at least
+  // `want` bytes when there are that many (SIZE_MAX: all), never from
+  // `keep_a`/`keep_b`; synchronises the stream first. Returns bytes unmapped.
+  size_t unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a, const Block* keep_b);
+  // Unmaps [lo, hi) (whole pages) of the free block f.
+  void unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi);
+  // Unmaps every free page of every expandable segment and ends the
+  // reservations left with nothing mapped. Returns bytes unmapped.
+  size_t release_vm_locked();
+  // Splits `b` at `offset` bytes; returns the upper part (same stream, pool,
+  // owner, segment, mapping; in no list).
+  Block* split_block_locked(Block* b, size_t offset);
   // private_pools.cpp
   PrivatePool* route_locked(Stream stream);
   PrivatePool* find_pool_locked(PoolId id);
@@ -253,6 +287,9 @@ class DeviceAllocator {
   FreeLists default_lists_;
   LiveTable live_;
   std::pmr::map<std::uintptr_t, Segment> segments_;  // addr -> bytes, owner
+  std::vector<std::unique_ptr<VmSegment>> vm_segments_;  // expandable segments, oldest first
+  size_t vm_page_ = 0;          // the backend's page size, read once
+  bool vm_unavailable_ = false;  // the backend has no virtual memory: plain segments
   std::pmr::vector<Pending> pending_;
   // Blocks freed during a capture that still need stream events (recorded
   // once no route is open, like native's deferral).

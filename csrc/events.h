@@ -18,6 +18,10 @@
 //   kGcRelease      size = bytes the garbage-collection threshold released
 //   kSegmentFreeFailed the backend refused to take a segment back; it stays
 //                   cached and reserved
+//   kSegmentMap     pages [addr, addr + size) of an expandable segment were
+//                   mapped (reserved grows by size); segment_delta = change
+//                   of the number of mapped runs
+//   kSegmentUnmap   pages [addr, addr + size) were unmapped (reserved drops)
 // inactive_split_{bytes,count}_delta: change of the free bytes/blocks that
 // sit inside split segments, caused by this event (kAlloc, kFreeCompleted).
 #pragma once
@@ -42,6 +46,8 @@ enum class Action : uint8_t {
   kSyncAllStreams,
   kGcRelease,
   kSegmentFreeFailed,
+  kSegmentMap,
+  kSegmentUnmap,
 };
 
 // Names by Action value (exported as memalloc.recording.ACTIONS; torch's
@@ -49,7 +55,8 @@ enum class Action : uint8_t {
 inline const char* const* action_names(size_t* count) {
   static const char* const names[] = {"alloc",       "free_requested", "free_completed",   "segment_alloc",
                                       "segment_free", "alloc_retry",    "oom",              "empty_cache",
-                                      "sync_all_streams", "gc_release", "segment_free_failed"};
+                                      "sync_all_streams", "gc_release", "segment_free_failed",
+                                      "segment_map", "segment_unmap"};
   *count = sizeof(names) / sizeof(names[0]);
   return names;
 }
@@ -63,6 +70,7 @@ struct Event {
   size_t requested = 0;
   int64_t inactive_split_bytes_delta = 0;
   int64_t inactive_split_count_delta = 0;
+  int64_t segment_delta = 0;  // kSegmentMap / kSegmentUnmap
   // Attribution (recorder.h): alloc events carry the caller's; free events
   // the allocation's; segment events the triggering call's.
   uint32_t stack_id = 0;

@@ -35,7 +35,24 @@ std::string hex(std::uintptr_t addr) {
 DeviceAllocator::~DeviceAllocator() {
   for (auto& p : pending_) backend_.destroy_event(device_, p.event);
   for (EventHandle e : spare_events_) backend_.destroy_event(device_, e);
-  for (auto& seg : segments_) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
+  for (auto& seg : segments_)
+    if (seg.second.vm == nullptr) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
+  // Expandable segments: unmap each mapped run (the gaps between unmapped
+  // blocks), then end the reservation.
+  for (auto& vm : vm_segments_) {
+    try {
+      std::uintptr_t at = vm->base;
+      for (const Block* hole : vm->unmapped) {
+        if (hole->addr > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), hole->addr - at);
+        at = hole->addr + hole->size;
+      }
+      if (vm->base + vm->size > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), vm->base + vm->size - at);
+      backend_.vm_free(device_, reinterpret_cast<void*>(vm->base));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "memalloc: could not give back expandable segment 0x%llx on device %d: %s\n",
+                   static_cast<unsigned long long>(vm->base), device_, e.what());
+    }
+  }
   // Block objects live in mr_, which releases them all when destroyed.
 }
 
@@ -54,7 +71,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   b->stream = stream;
   b->pool = pool_kind_for(rounded);
   b->owner = owner;
-  segments_.emplace(b->addr, Segment{bytes, owner});
+  segments_.emplace(b->addr, Segment{bytes, owner, nullptr});
   if (owner != nullptr) owner->segments += 1;
   Event e = block_event(Action::kSegmentAlloc, *b);
   e.stack_id = ctx_.stack_id;
@@ -82,7 +99,18 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
                                            bool* from_cache) {
   *from_cache = false;
   const bool fits = rounded <= kMaxRequest;
-  Block* b = fits ? grow_locked(rounded, stream, owner) : nullptr;
+  // A new segment, or pages mapped into an expandable one (then the block
+  // is a cached free block).
+  auto grow = [&]() -> Block* {
+    if (use_vm_locked(owner)) {
+      bool no_vm = false;
+      Block* v = grow_vm_locked(rounded, stream, &no_vm);
+      *from_cache = v != nullptr;
+      if (!no_vm) return v;
+    }
+    return grow_locked(rounded, stream, owner);
+  };
+  Block* b = fits ? grow() : nullptr;
   if (b == nullptr && fits && routes_.empty()) {
     Event retry;
     retry.action = Action::kAllocRetry;
@@ -90,7 +118,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
     retry.size = rounded;
     record_locked(retry);
     release_cached_locked();
-    b = grow_locked(rounded, stream, owner);
+    b = grow();
   }
   if (b == nullptr && fits && owner == nullptr) {
     b = take_from_oom_pools_locked(rounded, stream);
@@ -151,12 +179,13 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   for (FreeLists* l : sources)
     for (FreeList* list : {&l->small, &l->large})
       for (Block* b : list->blocks())
-        if (!b->is_split()) whole.push_back(b);
+        if (!b->is_split() && b->vm == nullptr) whole.push_back(b);
   size_t released = 0;
   for (Block* b : whole) {
     const size_t bytes = b->size;
     if (release_segment_locked(b)) released += bytes;
   }
+  if (only == nullptr) released += release_vm_locked();
   delete_unused_pools_locked();
   return released;
 }
@@ -301,17 +330,24 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
   std::vector<SegmentInfo> out;
   for (auto& seg : segments_) {
     const PoolId owner = seg.second.owner != nullptr ? seg.second.owner->id : kDefaultPool;
-    SegmentInfo info{seg.first, seg.second.bytes, 0, PoolKind::kSmall, owner, {}};
+    const bool expandable = seg.second.vm != nullptr;
+    // A plain segment is one SegmentInfo; an expandable one gives one per
+    // maximal mapped run (blocks holds mapped blocks only).
+    SegmentInfo* info = nullptr;
+    std::uintptr_t end = 0;
     for (auto it = blocks.lower_bound(seg.first); it != blocks.end() && it->first < seg.first + seg.second.bytes;
          ++it) {
       const Block* b = it->second;
-      info.stream = b->stream;
-      info.pool = b->pool;
+      if (info == nullptr || (expandable && b->addr != end)) {
+        out.push_back(SegmentInfo{b->addr, 0, b->stream, b->pool, owner, expandable, {}});
+        info = &out.back();
+      }
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->stack_id, b->tag_id});
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->stack_id, b->tag_id});
+      info->size += b->size;
+      end = b->addr + b->size;
     }
-    out.push_back(std::move(info));
   }
   return out;
 }

@@ -142,10 +142,21 @@ size_t DeviceAllocator::largest_free_block() {
   return largest;
 }
 
-bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes) {
+bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (live_.count(addr) == 0) return false;
+  auto live = live_.find(addr);
+  if (live == live_.end()) return false;
+  const Block* b = live->second;
+  if (expandable != nullptr) *expandable = b->vm != nullptr;
+  if (b->vm != nullptr) {  // its mapped run
+    const Block* first = b;
+    while (first->prev != nullptr && first->prev->mapped) first = first->prev;
+    *base = first->addr;
+    *bytes = 0;
+    for (const Block* m = first; m != nullptr && m->mapped; m = m->next) *bytes += m->size;
+    return true;
+  }
   auto it = std::prev(segments_.upper_bound(addr));  // a live block lies in a segment
   *base = it->first;
   *bytes = it->second.bytes;

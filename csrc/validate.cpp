@@ -73,7 +73,7 @@ void DeviceAllocator::validate() {
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
     for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
       for (const Block* b : list->blocks()) {
-        check(!b->allocated && b->event_count == 0, "free list holds a non-free block");
+        check(b->is_free(), "free list holds a non-free block");
         check(&free_list(b) == list, "free block in the wrong pool's list");
         check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
       }
@@ -82,42 +82,62 @@ void DeviceAllocator::validate() {
   std::map<const PrivatePool*, size_t> pool_segments, pool_live;
   for (auto& kv : live_)
     if (kv.second->owner != nullptr) pool_live[kv.second->owner] += 1;
+  // Unmapped blocks of expandable segments (expandable.h) join the map.
+  for (auto& vm : vm_segments_) {
+    for (const Block* b : vm->unmapped) {
+      check(!b->mapped && !b->allocated && b->event_count == 0 && b->vm == vm.get(),
+            "an expandable segment's unmapped set holds a mapped or used block");
+      check(b->addr % vm_page_ == 0 && b->size % vm_page_ == 0, "an unmapped block is not whole pages");
+      check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
+    }
+    check(segments_.count(vm->base) && segments_.at(vm->base).vm == vm.get(),
+          "an expandable segment is not in the segment table");
+  }
   Totals t;
   size_t covered = 0;
   for (auto& seg : segments_) {
     auto it = blocks.find(seg.first);
     check(it != blocks.end(), "segment has no block at its start");
     const Block* first = it->second;
+    const VmSegment* vm = seg.second.vm;
     check(first->prev == nullptr, "first block of a segment has a prev");
     check(first->owner == seg.second.owner, "a segment's first block has another owner than the segment");
+    check(vm == nullptr || seg.second.owner == nullptr, "a private pool has an expandable segment");
     if (seg.second.owner != nullptr) {
       check(pools_.count(seg.second.owner->id) && pools_.at(seg.second.owner->id).get() == seg.second.owner,
             "a segment's owner is not in the pool table");
       pool_segments[seg.second.owner] += 1;
     }
-    Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second.bytes));
-    Totals::add(t.segments, first->pool, 1);
+    if (vm == nullptr) {
+      Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second.bytes));
+      Totals::add(t.segments, first->pool, 1);
+    }
     std::uintptr_t end = seg.first;
+    size_t mapped = 0;
     for (const Block* b = first; b != nullptr; b = b->next) {
       check(b->addr == end, "blocks of a segment are not contiguous");
       check(blocks.count(b->addr) && blocks[b->addr] == b, "a segment's block is in no table");
-      check(b->stream == first->stream && b->pool == first->pool && b->owner == first->owner,
-            "blocks of a segment differ in stream/pool/owner");
+      check(b->stream == first->stream && b->pool == first->pool && b->owner == first->owner && b->vm == vm,
+            "blocks of a segment differ in stream/pool/owner/segment");
       check(b->size % kMinBlockSize == 0 && b->size > 0, "block size is not a positive multiple of 512");
+      check(b->mapped || vm != nullptr, "a plain segment has an unmapped block");
       if (b->next) check(b->next->prev == b, "next->prev link broken");
-      bool is_free = !b->allocated && b->event_count == 0;
-      if (is_free && b->next) {
-        check(b->next->allocated || b->next->event_count > 0, "two adjacent free blocks are not coalesced");
+      if (b->is_free() && b->next) check(!b->next->is_free(), "two adjacent free blocks are not coalesced");
+      if (!b->mapped && b->next) check(b->next->mapped, "two adjacent unmapped blocks are not coalesced");
+      if (b->mapped && vm != nullptr) {
+        mapped += b->size;
+        Totals::add(t.reserved, b->pool, static_cast<int64_t>(b->size));
+        if (b->prev == nullptr || !b->prev->mapped) Totals::add(t.segments, b->pool, 1);  // a run starts
       }
       if (b->allocated) {
         Totals::add(t.allocated, b->pool, static_cast<int64_t>(b->size));
         Totals::add(t.requested, b->pool, static_cast<int64_t>(b->requested));
         Totals::add(t.live_count, b->pool, 1);
       }
-      if (!is_free) {
+      if (b->mapped && !b->is_free()) {
         Totals::add(t.active, b->pool, static_cast<int64_t>(b->size));
         Totals::add(t.active_count, b->pool, 1);
-      } else if (b->is_split()) {
+      } else if (b->is_free() && b->is_split()) {
         Totals::add(t.split_bytes, b->pool, static_cast<int64_t>(b->size));
         Totals::add(t.split_count, b->pool, 1);
       }
@@ -125,6 +145,7 @@ void DeviceAllocator::validate() {
       ++covered;
     }
     check(end == seg.first + seg.second.bytes, "blocks do not tile their segment");
+    if (vm != nullptr) check(mapped == vm->mapped, "an expandable segment's mapped bytes differ from its blocks");
   }
   for (auto& kv : pools_) {
     const PrivatePool* p = kv.second.get();

@@ -195,16 +195,21 @@ def _trace_ops(events: Sequence[Event]) -> list[_Code]:
 def _recorded_peaks(events: Sequence[Event]) -> tuple[Optional[int], Optional[int]]:
     """(peak allocated, peak reserved) of the trace's own events, from its
     first event; (None, None) when a free or segment_free names an address
-    the trace never allocated (it did not start on an empty allocator)."""
+    the trace never allocated (it did not start on an empty allocator).
+    Reserved bytes: segments allocated minus freed, plus pages mapped minus
+    unmapped (expandable segments)."""
     live: dict[str, dict[int, int]] = {"block": {}, "segment": {}}
     current = {"block": 0, "segment": 0}
     peak = {"block": 0, "segment": 0}
     for e in events:
         kind = "segment" if e.action.startswith("segment_") else "block"
-        if e.action in ("alloc", "segment_alloc"):
-            live[kind][e.addr] = e.size
+        if e.action in ("alloc", "segment_alloc", "segment_map"):
+            if e.action != "segment_map":
+                live[kind][e.addr] = e.size
             current[kind] += e.size
             peak[kind] = max(peak[kind], current[kind])
+        elif e.action == "segment_unmap":
+            current[kind] -= e.size
         elif e.action in ("free_requested", "segment_free"):
             size = live[kind].pop(e.addr, None)
             if size is None:

@@ -323,7 +323,8 @@ def test_parse_config_later_key_wins():
     "text,needles",
     [
         ("bogus:1", ["bogus"] + VALID_KEYS),
-        ("expandable_segments:True", ["expandable_segments"] + VALID_KEYS),
+        ("expandable_segment:True", ["expandable_segment"] + VALID_KEYS),
+        ("expandable_segments:maybe", ["expandable_segments", "maybe", "expandable_segments:True"]),
         ("max_split_size_mb:20", ["max_split_size_mb", "20"]),
         ("max_split_size_mb:abc", ["max_split_size_mb", "abc"]),
         ("max_split_size_mb:-5", ["max_split_size_mb", "-5"]),

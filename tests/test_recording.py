@@ -259,7 +259,7 @@ def test_action_names_are_torch_trace_names():
     r = {"actions": list(recording.ACTIONS), "record_size": _C.record_size()}
     assert r["actions"] == ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
                             "alloc_retry", "oom", "empty_cache", "sync_all_streams", "gc_release",
-                            "segment_free_failed"]
+                            "segment_free_failed", "segment_map", "segment_unmap"]
     assert r["record_size"] == 64
 
 

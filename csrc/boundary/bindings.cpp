@@ -94,6 +94,7 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
     sd["stream"] = s.stream;
     sd["segment_type"] = s.pool == PoolKind::kSmall ? "small" : "large";
     sd["segment_pool_id"] = py::make_tuple(s.owner.first, s.owner.second);
+    sd["is_expandable"] = s.expandable;
     sd["blocks"] = blocks;
     out.append(sd);
   }

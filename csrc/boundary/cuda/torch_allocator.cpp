@@ -63,6 +63,8 @@ cda::TraceEntry::Action torch_action(Action a, bool* known) {
     case Action::kFreeCompleted: return cda::TraceEntry::FREE_COMPLETED;
     case Action::kSegmentAlloc: return cda::TraceEntry::SEGMENT_ALLOC;
     case Action::kSegmentFree: return cda::TraceEntry::SEGMENT_FREE;
+    case Action::kSegmentMap: return cda::TraceEntry::SEGMENT_MAP;
+    case Action::kSegmentUnmap: return cda::TraceEntry::SEGMENT_UNMAP;
     case Action::kOom: return cda::TraceEntry::OOM;
     default: *known = false; return cda::TraceEntry::ALLOC;
   }
@@ -243,7 +245,13 @@ class TorchCudaAllocator final : public Pluggable {
     for (int d = 0; d < core_->device_count(); ++d) {
       std::uintptr_t base = 0;
       size_t bytes = 0;
-      if (!core_->device(d).segment_of(ptr, &base, &bytes)) continue;
+      bool expandable = false;
+      if (!core_->device(d).segment_of(ptr, &base, &bytes, &expandable)) continue;
+      TORCH_CHECK(!expandable,
+                  "memalloc: cannot share this CUDA tensor with another process: it lives in an expandable "
+                  "segment (MEMALLOC_CONF=expandable_segments:True), and CUDA IPC handles need plain device "
+                  "allocations. Run the sending process without expandable_segments, or keep the tensors you "
+                  "share in a torch.cuda.MemPool (its segments are plain).");
       cca::ShareableHandle h;
       h.offset = static_cast<ptrdiff_t>(reinterpret_cast<std::uintptr_t>(ptr) - base);
       guard([&] { h.handle = core_->backend().ipc_handle(d, reinterpret_cast<void*>(base)); });
@@ -306,7 +314,7 @@ class TorchCudaAllocator final : public Pluggable {
     }
     out.config_metadata.garbage_collection_threshold = core_->config().garbage_collection_threshold;
     out.config_metadata.max_split_size = core_->config().max_split_size;
-    out.config_metadata.expandable_segments = false;
+    out.config_metadata.expandable_segments = core_->config().expandable_segments;
     out.config_metadata.last_allocator_settings = core_->config().to_string();
     return out;
   }
@@ -367,7 +375,7 @@ class TorchCudaAllocator final : public Pluggable {
     seg.total_size = s.size;
     seg.stream = reinterpret_cast<void*>(s.stream);
     seg.is_large = s.pool == PoolKind::kLarge;
-    seg.is_expandable = false;
+    seg.is_expandable = s.expandable;
     seg.owner_private_pool_id = s.owner;
     for (const BlockInfo& b : s.blocks) {
       cda::BlockInfo bi;
