@@ -39,6 +39,6 @@ fi
 
 echo "== results"
 python3 -m benchmarks.collect_gpu_results --junit "$OUT/gpu_junit.xml" \
-  --scenarios "$MEMALLOC_GPU_RESULTS" --command "MEMALLOC_GPU_TESTS='${MEMALLOC_GPU_TESTS:-tests/gpu}' MEMALLOC_DEVICE_CPU_TESTS=${MEMALLOC_DEVICE_CPU_TESTS:-subset} bash benchmarks/device_run.sh" \
+  --scenarios "$MEMALLOC_GPU_RESULTS" --command "${MEMALLOC_CONF:+MEMALLOC_CONF=$MEMALLOC_CONF }MEMALLOC_GPU_TESTS='${MEMALLOC_GPU_TESTS:-tests/gpu}' MEMALLOC_DEVICE_CPU_TESTS=${MEMALLOC_DEVICE_CPU_TESTS:-subset} bash benchmarks/device_run.sh" \
   --out "$OUT/gpu-results.json"
 exit "$gpu_rc"

@@ -53,15 +53,15 @@ MIN_LEN, MAX_LEN = 64, 4096
 LOG_PATH = os.environ.get("FIT_MORE_LOG")  # every trial's JSON, appended as it ends
 
 
-def lengths(steps: int, seed: int = 0) -> list[int]:
-    """Long-tailed sequence lengths in [64, 4096], multiples of 8: 64 x 2^X
+def lengths(steps: int, seed: int = 0, max_len: int = MAX_LEN) -> list[int]:
+    """Long-tailed sequence lengths in [64, max_len], multiples of 8: 64 x 2^X
     with X exponential (rate 0.6): median ~140 tokens, ~3% at 4096."""
     rng = random.Random(seed)
-    return [max(MIN_LEN, min(MAX_LEN, int(MIN_LEN * 2 ** rng.expovariate(0.6)))) // 8 * 8 for _ in range(steps)]
+    return [max(MIN_LEN, min(max_len, int(MIN_LEN * 2 ** rng.expovariate(0.6)))) // 8 * 8 for _ in range(steps)]
 
 
 # ---- one trial (a fresh process) ---------------------------------------------------
-def trial(mode: str, batch: int, steps: int, fraction: float) -> dict:
+def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN) -> dict:
     """Trains `steps` steps at `batch` under `fraction` (0 = no limit)."""
     if mode.startswith("memalloc"):
         sys.path.insert(0, REPO)
@@ -84,7 +84,7 @@ def trial(mode: str, batch: int, steps: int, fraction: float) -> dict:
     out = {"mode": mode, "batch": batch, "steps": steps, "fraction": fraction, "ok": True, "steps_done": 0}
     times = []
     try:
-        for i, n in enumerate(lengths(steps)):
+        for i, n in enumerate(lengths(steps, max_len=max_len)):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             tokens = torch.randint(0, vocab, (batch, n), device="cuda", generator=gen)
@@ -107,13 +107,15 @@ def trial(mode: str, batch: int, steps: int, fraction: float) -> dict:
     return out
 
 
-def run_trial(mode: str, batch: int, steps: int, fraction: float, timeout: int = 300) -> dict:
+def run_trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN,
+              timeout: int = 300) -> dict:
+    """One trial in a fresh process (the allocator's environment set)."""
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "MEMALLOC_CONF"):
         env.pop(k, None)
     env.update(ENV.get(mode, {}))
     cmd = [sys.executable, "-m", "benchmarks.fit_more", "--worker", mode, str(batch), "--steps", str(steps),
-           "--fraction", repr(fraction)]
+           "--fraction", repr(fraction), "--max-len", str(max_len)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -127,13 +129,13 @@ def run_trial(mode: str, batch: int, steps: int, fraction: float, timeout: int =
 
 
 # ---- the search -------------------------------------------------------------------
-def largest_batch(mode: str, start: int, steps: int, fraction: float, log: list) -> dict:
+def largest_batch(mode: str, start: int, steps: int, fraction: float, log: list, max_len: int = MAX_LEN) -> dict:
     """Bisection: `lo` fits, `hi` does not."""
     lo, hi = 0, None
     b = max(1, start)
     tried = {}
     while True:
-        r = run_trial(mode, b, steps, fraction)
+        r = run_trial(mode, b, steps, fraction, max_len)
         tried[b] = r
         log.append(r)
         if LOG_PATH:
@@ -167,6 +169,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", nargs=2, metavar=("MODE", "BATCH"), help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--max-len", type=int, default=MAX_LEN, help="longest sequence (tokens)")
     p.add_argument("--fraction", type=float, default=None, help="budget; default: calibrated")
     p.add_argument("--target-limit", type=int, default=40, help="the calibrated budget's ideal batch")
     p.add_argument("--modes", default=",".join(MODES))
@@ -174,16 +177,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(trial(args.worker[0], int(args.worker[1]), args.steps, args.fraction or 0.0)))
+        print(json.dumps(trial(args.worker[0], int(args.worker[1]), args.steps, args.fraction or 0.0, args.max_len)))
         return 0
 
     t_start = time.time()
     command = "python -m benchmarks.fit_more " + " ".join(argv if argv is not None else sys.argv[1:])
-    lens = lengths(args.steps)
+    lens = lengths(args.steps, max_len=args.max_len)
     print(f"lengths: max {max(lens)}, median {sorted(lens)[len(lens) // 2]}, "
-          f"{sum(n == MAX_LEN for n in lens)} of {len(lens)} at {MAX_LEN}", flush=True)
+          f"{sum(n == args.max_len for n in lens)} of {len(lens)} at {args.max_len}", flush=True)
     with ThreadPoolExecutor(2) as pool:
-        cal = list(pool.map(lambda b: run_trial("native", b, args.steps, 0.0), (4, 8)))
+        cal = list(pool.map(lambda b: run_trial("native", b, args.steps, 0.0, args.max_len), (4, 8)))
     for r in cal:
         if not r.get("ok"):
             print(json.dumps(cal, indent=1))
@@ -201,7 +204,7 @@ def main(argv=None) -> int:
     log: list = []
     start = int(limit * 0.85)
     with ThreadPoolExecutor(args.parallel) as pool:
-        results = list(pool.map(lambda m: largest_batch(m, start, args.steps, fraction, log), modes))
+        results = list(pool.map(lambda m: largest_batch(m, start, args.steps, fraction, log, args.max_len), modes))
     by_mode = {r["mode"]: r for r in results}
     native = by_mode.get("native", {}).get("largest_batch") or None
     for r in results:
@@ -211,7 +214,7 @@ def main(argv=None) -> int:
         "machine": machine(),
         "command": command,
         "workload": {"model": "6-layer 512-wide pre-norm encoder + classifier, bf16 autocast, AdamW",
-                     "steps": args.steps, "lengths": lens},
+                     "steps": args.steps, "max_len": args.max_len, "lengths": lens},
         "calibration": cal, "per_sample_bytes": per_sample, "fixed_bytes": fixed,
         "fraction": fraction, "budget_bytes": budget, "limit": limit,
         "results": results, "trials": log, "wall_s": time.time() - t_start,

@@ -19,7 +19,7 @@ def test_lengths_are_long_tailed_within_bounds_and_repeatable():
 def test_bisection_finds_the_largest_batch_that_fits(monkeypatch, answer, start):
     calls = []
 
-    def fake(mode, batch, steps, fraction, timeout=300):
+    def fake(mode, batch, steps, fraction, max_len=4096, timeout=300):
         calls.append(batch)
         fits = batch <= answer
         return {"mode": mode, "batch": batch, "ok": fits, "steps_done": steps if fits else 3,

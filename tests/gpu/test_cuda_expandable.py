@@ -2,7 +2,8 @@
 tests/gpu/expandable_child.py runs once with MEMALLOC_CONF=
 expandable_segments:True and once with the default config, each in a fresh
 process: training with varying lengths (the same losses in both), reserved
-bytes == the snapshot's segments == memory_stats, empty_cache gives free
+bytes == the snapshot's segments == memory_stats (losses equal to 1e-4:
+blocks sit at other alignments), empty_cache gives free
 pages back to the device, a 40 MiB tensor fits in the pages of freed 5 MiB
 holes where plain segments run out of memory (data intact), CUDA IPC is
 refused with a message that names the fix, a CUDA graph (a private pool:
@@ -64,7 +65,8 @@ def consistent(b: dict) -> None:
 
 def test_training_gives_the_same_losses_and_consistent_books(exp, plain):
     e, p = ok(exp, "training"), ok(plain, "training")
-    assert e["losses"] == pytest.approx(p["losses"], rel=1e-6, abs=1e-7)
+    # Not bitwise: kernels may pick other code paths for other pointer alignments.
+    assert e["losses"] == pytest.approx(p["losses"], rel=1e-4)
     consistent(e["books"])
     assert e["books"]["expandable"] == [True] and p["books"]["expandable"] == [False]
     consistent(ok(exp, "final"))
