@@ -231,8 +231,15 @@ def test_graph_frees():
             assert rep["out_ok"], (r["mode"], f"replay {i}", rep)
     # Per-pool accounting: after each capture, after the replays, and after the
     # graphs are gone and the cache emptied, torch.cuda.memory_stats() under
-    # memalloc equals native's to the byte.
-    assert mem["stats"] == native["stats"], (native["stats"], mem["stats"])
+    # memalloc equals native's to the byte. With expandable segments the
+    # default pool's layout differs by design (segments are mapped runs, so
+    # the segment and inactive-split figures differ); the bytes must not.
+    if EXPANDABLE:
+        layout = ("segment", "inactive_split_bytes")
+        strip = lambda stats: [{k: v for k, v in s.items() if k not in layout} for s in stats]  # noqa: E731
+        assert strip(mem["stats"]) == strip(native["stats"]), (native["stats"], mem["stats"])
+    else:
+        assert mem["stats"] == native["stats"], (native["stats"], mem["stats"])
 
 
 # ---- 8: single-GPU rows ---------------------------------------------------------------
