@@ -31,8 +31,9 @@ import time
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # recording on: torch's own history (Python stacks) and memalloc's modes
               "native_history", "memalloc_tags", "memalloc_stacks",
-              # memalloc's expandable segments (MEMALLOC_CONF=expandable_segments:True)
-              "memalloc_expandable")
+              # memalloc's expandable segments (MEMALLOC_CONF=expandable_segments:True),
+              # and without giving free pages back before growing (reuse_free_pages:False)
+              "memalloc_expandable", "memalloc_expandable_noreuse")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
 GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites")
 # The recording group's modes per allocator ("python" = Python call stacks:
@@ -62,6 +63,8 @@ def setup(name: str):
         torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
     if name == "memalloc_expandable":
         os.environ["MEMALLOC_CONF"] = "expandable_segments:True"
+    elif name == "memalloc_expandable_noreuse":
+        os.environ["MEMALLOC_CONF"] = "expandable_segments:True,reuse_free_pages:False"
     if name.startswith("memalloc"):
         import memalloc
 

@@ -290,6 +290,11 @@ class DeviceAllocator {
   std::vector<std::unique_ptr<VmSegment>> vm_segments_;  // expandable segments, oldest first
   size_t vm_page_ = 0;          // the backend's page size, read once
   bool vm_unavailable_ = false;  // the backend has no virtual memory: plain segments
+  // reuse_free_pages: the most bytes allocated at once that expandable growth
+  // has served (not reset by reset_peak_stats); free pages are given back
+  // before growing only above hwm + hwm / kReuseSlackDivisor reserved bytes.
+  size_t vm_allocated_hwm_ = 0;
+  static constexpr size_t kReuseSlackDivisor = 20;
   std::pmr::vector<Pending> pending_;
   // Blocks freed during a capture that still need stream events (recorded
   // once no route is open, like native's deferral).

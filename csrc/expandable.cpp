@@ -170,9 +170,17 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
     room = find_room_locked(*seg, rounded);
     if (room.hole == nullptr) return nullptr;  // larger than the device
   }
-  if (config_.reuse_free_pages && routes_.empty() && room.bytes > 0) {
-    // Keep reserved bytes flat: give back as many free pages as this maps.
-    if (unmap_free_pages_locked(stream, room.bytes, room.hole->prev, room.hole->next) > 0) find();
+  const DeviceStats& s = accounting_.stats();
+  const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
+  const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
+  vm_allocated_hwm_ = std::max(vm_allocated_hwm_, allocated + rounded);
+  const size_t ceiling = vm_allocated_hwm_ + vm_allocated_hwm_ / kReuseSlackDivisor;
+  if (config_.reuse_free_pages && routes_.empty() && room.bytes > 0 && reserved + room.bytes > ceiling) {
+    // Keep reserved bytes under the ceiling: give back free pages for the
+    // part of this mapping above it (below it, pages are mapped without a
+    // stream synchronisation, so a steady loop stops moving pages).
+    const size_t over = std::min(room.bytes, reserved + room.bytes - ceiling);
+    if (unmap_free_pages_locked(stream, over, room.hole->prev, room.hole->next) > 0) find();
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
   }
   return map_room_locked(*seg, room);

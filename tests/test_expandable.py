@@ -110,7 +110,7 @@ def test_empty_cache_unmaps_free_pages_and_ends_empty_reservations():
     a.free(p)
 
 
-def test_reuse_keeps_reserved_flat_where_native_like_growth_adds_pages():
+def test_reuse_keeps_reserved_near_the_most_allocated_where_native_like_growth_adds_pages():
     def run(config):
         a = make(config, capacity_mb=512)
         big = a.malloc(100 * MiB)
@@ -125,7 +125,10 @@ def test_reuse_keeps_reserved_flat_where_native_like_growth_adds_pages():
         return peak
 
     assert run(NATIVE_LIKE) == 260 * MiB
-    assert run(EXPANDABLE) == 160 * MiB  # the hole's pages went to the new block
+    # The most allocated at once is 160 MiB; reserved may reach 5% above it
+    # (168 MiB) without a stream synchronisation, and the hole's pages make up
+    # the rest: 92 MiB of them are unmapped and mapped again under c.
+    assert run(EXPANDABLE) == 168 * MiB
 
 
 def test_a_batch_that_plain_segments_cannot_fit():
