@@ -288,3 +288,29 @@ def test_random_operations_keep_every_invariant(config):
         a.free(p)
     a.empty_cache()
     assert check(a) == []
+
+
+def test_a_steady_loop_stops_giving_pages_back_after_its_first_steps():
+    """reuse_free_pages gives pages back (a stream synchronisation each time on
+    CUDA) only while growth would pass 1.05x the most ever allocated: a loop
+    repeating the same allocations settles, and then maps and unmaps nothing."""
+    rng = random.Random(5)
+    sizes = [int(2 ** rng.uniform(20, 26)) for _ in range(40)]
+    a = make(capacity_mb=4096)
+    a.set_recording(100_000)
+    marks = []
+    for step in range(12):
+        marks.append(len(events(allocator=a)))
+        live = []
+        for i, size in enumerate(sizes):
+            live.append(a.malloc(size))
+            if i % 3 == 2:  # activations freed along the way, in another order
+                a.free(live.pop(len(live) // 2))
+        for p in reversed(live):
+            a.free(p)
+        check(a)
+    evs = events(allocator=a)
+    late = [e.action for e in evs[marks[4]:] if e.action in ("segment_map", "segment_unmap")]
+    assert late == []
+    s = a.stats(0)
+    assert s["reserved_bytes"]["all"]["peak"] <= 1.05 * s["allocated_bytes"]["all"]["peak"] + PAGE

@@ -410,3 +410,17 @@ def test_record_traces_on_the_host_replays_to_the_runs_own_peaks(tmp_path):
     (r,) = json.loads((tmp_path / "record_traces.json").read_text())["results"]
     assert r["workload"] == "tiny" and r["dropped"] == 0 and r["events"] > 100
     assert (r["replay_peak_allocated"], r["replay_peak_reserved"]) == (r["peak_allocated"], r["peak_reserved"])
+
+
+def test_expandable_segments_meet_the_fragmentation_target_on_every_baseline_workload():
+    """Issue 14's target, guarded in CI: peak reserved / peak allocated <= 1.05
+    under expandable_segments:True (the GPU run measured 1.0474 on the random
+    workload, the replay's figure), and never more reserved than the default."""
+    by_source: dict = {}
+    for entry in baseline_results():
+        by_source.setdefault(entry["source"], {})[entry["config"]] = entry["devices"][0]
+    assert len(by_source) >= 4  # the three GPU traces and the random workload
+    for source, configs in by_source.items():
+        exp, default = configs["expandable_segments:True"], configs[""]
+        assert exp["peak_reserved"] <= 1.05 * exp["peak_allocated"], source
+        assert exp["peak_reserved"] < default["peak_reserved"], source
