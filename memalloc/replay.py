@@ -391,6 +391,46 @@ def replay_source(source: str, config: str = "", **options) -> ReplayResult:
     return replay_trace(source, config, **options)
 
 
+def smallest_capacity_mb(source: str, config: str = "", *, step_mb: int = 8, **options) -> int:
+    """The smallest capacity of the simulated device, in MiB and a multiple
+    of ``step_mb``, under which :func:`replay_source` of ``source`` under
+    ``config`` makes no OOM: the smallest device the workload trains on with
+    that policy (what "fit more" saves, measured on the CPU).
+
+    Bisection between a capacity that fails and one that fits (the
+    unlimited replay's peak reserved, rounded up): it assumes that a device
+    larger than one that fits fits too, and checks both ends. ``options``
+    go to :func:`replay_source` (``host_capacity_mb`` is this function's).
+    Raises ValueError when the unlimited replay itself has OOMs."""
+    if isinstance(step_mb, bool) or not isinstance(step_mb, int) or step_mb < 1:
+        raise ValueError(f"step_mb must be an int >= 1, not {step_mb!r}")
+    if "host_capacity_mb" in options:
+        raise ValueError("smallest_capacity_mb chooses host_capacity_mb itself")
+    step = step_mb * MiB
+
+    def fits(units: int) -> bool:
+        result = replay_source(source, config, host_capacity_mb=units * step_mb, **options)
+        return all(d.ooms == 0 for d in result.devices)
+
+    free = replay_source(source, config, **options)
+    if any(d.ooms for d in free.devices):
+        raise ValueError(f"{source} has OOMs under {config or 'the default config'!r} without a capacity limit")
+    hi = -(-max(d.peak_reserved for d in free.devices) // step) + 1  # fits
+    lo = max(d.peak_allocated for d in free.devices) // step - 1     # fails, as a rule
+    if not fits(hi):
+        raise ValueError(f"{source}: a device of {hi * step_mb} MiB, above the unlimited replay's peak reserved, "
+                         "still runs out of memory")
+    if lo > 0 and fits(lo):
+        lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi * step_mb
+
+
 # ---- reports ----------------------------------------------------------------------
 _COLUMNS = ("workload", "config", "device", "peak allocated", "peak reserved", "reserved/allocated", "OOMs")
 
@@ -409,10 +449,14 @@ def results_table(results: Sequence[ReplayResult]) -> str:
 
 
 def results_to_json(results: Sequence[ReplayResult], path: Optional[PathLike] = None,
-                    command: Optional[str] = None) -> str:
+                    command: Optional[str] = None, smallest_device_mb: Optional[dict] = None) -> str:
     """``{"command": command, "results": [result.to_dict(), ...]}`` as JSON
-    text, also written to ``path`` when given."""
-    text = json.dumps({"command": command, "results": [r.to_dict() for r in results]}, indent=2) + "\n"
+    text (plus ``"smallest_device_mb": {source: {config: MiB}}`` when
+    given), also written to ``path`` when given."""
+    data: dict = {"command": command, "results": [r.to_dict() for r in results]}
+    if smallest_device_mb:
+        data["smallest_device_mb"] = smallest_device_mb
+    text = json.dumps(data, indent=2) + "\n"
     if path is not None:
         with open(path, "w") as f:
             f.write(text)

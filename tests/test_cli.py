@@ -235,6 +235,18 @@ def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli):
     assert "Traceback" not in p.stderr
 
 
+def test_replay_finds_the_smallest_device(tmp_path, memalloc_cli):
+    out = tmp_path / "smallest.json"
+    p = memalloc_cli("replay", "--random", "3000", "--config", "", "--config", "expandable_segments:True",
+                     "--smallest-device", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    want = {c: replay.smallest_capacity_mb("random:3000", c) for c in ("", "expandable_segments:True")}
+    assert data["smallest_device_mb"] == {"random:3000": want}
+    assert f"random:3000  (default)  {want['']}" in p.stdout
+    assert data["command"].endswith("--smallest-device --json " + str(out))
+
+
 def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli):
     trace = record_trace(tmp_path / "late.trace", late=True)
     p = memalloc_cli("replay", str(trace))
@@ -252,6 +264,7 @@ def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli):
     ((), "nothing to replay: give trace files, --random N, or both"),
     (("--random", "10", "--config", "no_such_key:1"), "unknown key 'no_such_key'"),
     (("/nonexistent/run.trace",), "cannot read /nonexistent/run.trace"),
+    (("--random", "10", "--smallest-device", "--host-capacity-mb", "64"), "drop --host-capacity-mb"),
 ])
 def test_replay_refuses_bad_arguments(args, message, memalloc_cli):
     p = memalloc_cli("replay", *args)

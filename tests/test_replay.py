@@ -424,3 +424,33 @@ def test_expandable_segments_meet_the_fragmentation_target_on_every_baseline_wor
         exp, default = configs["expandable_segments:True"], configs[""]
         assert exp["peak_reserved"] <= 1.05 * exp["peak_allocated"], source
         assert exp["peak_reserved"] < default["peak_reserved"], source
+
+
+# =============================================================================
+# 7. The smallest device a workload runs on (fit more, on the CPU)
+# =============================================================================
+@pytest.mark.parametrize("config", ["", "expandable_segments:True"])
+def test_smallest_capacity_is_the_boundary_between_an_oom_and_none(config):
+    mb = replay.smallest_capacity_mb("random:3000", config, step_mb=4)
+    assert mb % 4 == 0
+    assert replay.replay_source("random:3000", config, host_capacity_mb=mb).devices[0].ooms == 0
+    assert replay.replay_source("random:3000", config, host_capacity_mb=mb - 4).devices[0].ooms > 0
+
+
+def test_expandable_segments_run_the_gpu_workloads_on_smaller_devices():
+    """Issue 14's fit-more figure, on the CPU and guarded to the MiB: the
+    smallest simulated device (to 8 MiB) that replays the variable-length
+    GPU trace and the random workload without an OOM."""
+    got = {(source, config): replay.smallest_capacity_mb(source, config)
+           for source in (str(REPO / "benchmarks/traces/varlen.mtrace.gz"), "random:50000")
+           for config in ("", "expandable_segments:True")}
+    assert list(got.values()) == [3768, 3472, 1616, 1160]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"step_mb": 0}, "step_mb must be an int >= 1"),
+    ({"host_capacity_mb": 64}, "chooses host_capacity_mb itself"),
+])
+def test_smallest_capacity_refuses_bad_arguments(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        replay.smallest_capacity_mb("random:100", "", **kwargs)

@@ -1,8 +1,9 @@
-"""``python -m memalloc replay TRACE... [--random N] [--config TEXT ...] [--json PATH]``:
+"""``python -m memalloc replay TRACE... [--random N] [--config TEXT ...] [--smallest-device] [--json PATH]``:
 replays traces saved by ``memalloc.save_trace`` (and the GPU benchmark's
 random workload) on the host backend under each config, and prints peak
-allocated, peak reserved, their ratio and OOMs per (workload, config, device)
-(memalloc/replay.py)."""
+allocated, peak reserved, their ratio and OOMs per (workload, config, device);
+``--smallest-device`` also finds, per (workload, config), the smallest
+simulated device that runs it without an OOM (memalloc/replay.py)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ from typing import Callable
 
 from .. import _C
 from ..replay import RANDOM_SOURCE, ReplayResult, random_workload, replay_ops, replay_trace, results_table, \
-    results_to_json
+    results_to_json, smallest_capacity_mb
 from ..trace_files import load_trace
 
 
@@ -30,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="capacity of each simulated device (default: more than any replay can reserve)")
     p.add_argument("--skip-unknown-frees", action="store_true",
                    help="skip (and count) frees of blocks allocated before the trace began")
+    p.add_argument("--smallest-device", action="store_true",
+                   help="also find the smallest simulated device (MiB, to 8 MiB) each workload runs on "
+                        "without an OOM under each config (a bisection: ~10 replays each)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results here as JSON")
     p.set_defaults(func=main)
 
@@ -57,9 +61,25 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, _C.MemallocError) as e:
         raise SystemExit(f"memalloc: {e}") from None
     print(results_table(results), end="")
+    smallest: dict = {}
+    if args.smallest_device:
+        if args.host_capacity_mb is not None:
+            raise SystemExit("memalloc: --smallest-device chooses the capacity itself: drop --host-capacity-mb")
+        sources = [*args.traces, *(f"{RANDOM_SOURCE}{n}" for n in args.random)]
+        print("\nsmallest device without an OOM (MiB):")
+        try:
+            for source in sources:
+                for config in configs:
+                    options = {"skip_unknown_frees": True} if args.skip_unknown_frees and \
+                        not source.startswith(RANDOM_SOURCE) else {}
+                    mb = smallest_capacity_mb(source, config, **options)
+                    smallest.setdefault(source, {})[config] = mb
+                    print(f"  {source}  {config or '(default)'}  {mb}")
+        except (ValueError, TypeError, _C.MemallocError) as e:
+            raise SystemExit(f"memalloc: {e}") from None
     if args.json:
         try:
-            results_to_json(results, args.json, command=_command(args))
+            results_to_json(results, args.json, command=_command(args), smallest_device_mb=smallest)
         except OSError as e:
             raise SystemExit(f"memalloc: cannot write {args.json}: {e}") from None
         print(f"wrote {args.json}")
@@ -77,4 +97,6 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--host-capacity-mb", str(args.host_capacity_mb)]
     if args.skip_unknown_frees:
         words.append("--skip-unknown-frees")
+    if args.smallest_device:
+        words.append("--smallest-device")
     return shlex.join(words + ["--json", args.json])
