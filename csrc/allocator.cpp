@@ -144,23 +144,4 @@ void DeviceAllocator::free_block_locked(Block* b) {
   record_locked(e);
 }
 
-void DeviceAllocator::merge_free_neighbours_locked(Block* b, FreeList& list, Event& e) {
-  for (Block* n : {b->prev, b->next}) {
-    if (n == nullptr || !n->is_free()) continue;
-    list.erase(n);
-    e.inactive_split_bytes_delta -= split_bytes(n);
-    e.inactive_split_count_delta -= split_count(n);
-    if (n == b->prev) {
-      b->addr = n->addr;
-      b->prev = n->prev;
-      if (b->prev != nullptr) b->prev->next = b;
-    } else {
-      b->next = n->next;
-      if (b->next != nullptr) b->next->prev = b;
-    }
-    b->size += n->size;
-    delete_block(n);
-  }
-}
-
 }  // namespace memalloc

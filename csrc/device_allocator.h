@@ -311,4 +311,24 @@ class DeviceAllocator {
   size_t capacity_ = 0;        // device total bytes, read once when first needed
 };
 
+// Inline: the free path's hot loop (allocator.cpp), also used by expandable.cpp.
+inline void DeviceAllocator::merge_free_neighbours_locked(Block* b, FreeList& list, Event& e) {
+  for (Block* n : {b->prev, b->next}) {
+    if (n == nullptr || !n->is_free()) continue;
+    list.erase(n);
+    e.inactive_split_bytes_delta -= split_bytes(n);
+    e.inactive_split_count_delta -= split_count(n);
+    if (n == b->prev) {
+      b->addr = n->addr;
+      b->prev = n->prev;
+      if (b->prev != nullptr) b->prev->next = b;
+    } else {
+      b->next = n->next;
+      if (b->next != nullptr) b->next->prev = b;
+    }
+    b->size += n->size;
+    delete_block(n);
+  }
+}
+
 }  // namespace memalloc
