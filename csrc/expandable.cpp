@@ -19,7 +19,7 @@ std::uintptr_t round_up(std::uintptr_t n, size_t to) { return (n + to - 1) / to 
 std::uintptr_t round_down(std::uintptr_t n, size_t to) { return n / to * to; }
 void* ptr(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 
-// Inactive-split bytes and blocks of the free blocks among `blocks`.
+// Adds sign x the inactive-split bytes and count of `b` (when it is free) to e.
 void add_split(Event& e, const Block* b, int sign) {
   if (b == nullptr || !b->is_free()) return;
   e.inactive_split_bytes_delta += sign * split_bytes(b);
