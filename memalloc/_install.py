@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from . import _C, _policy, _state, _torch_patch, iteration, oom, recording
-from ._config import ConfigLike, config_text, config_value
+from ._config import ConfigLike, config_text, config_value, warn_about_torch_conf
 
 
 def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
@@ -62,6 +62,7 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
                 "Call memalloc.enable() once, at the start of the program."
             )
         if chosen == "cuda":
+            warn_about_torch_conf()
             _install_cuda(text)
         else:
             _C.install(_C.Allocator("host", text))
