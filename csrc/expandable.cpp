@@ -144,6 +144,10 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
 Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_vm) {
   *no_vm = false;
   const PoolKind pool = pool_kind_for(rounded);
+  // The "threshold" empty-cache policy, as for plain segments (it may unmap
+  // the free pages a room would have joined: rooms are looked for after it).
+  if (gc_threshold_ > 0.0 && routes_.empty() && !vm_segments_.empty())
+    maybe_collect_locked(round_up(rounded, vm_page_locked()));
   VmSegment* seg = nullptr;
   VmRoom room;
   auto find = [&] {

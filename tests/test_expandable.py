@@ -314,3 +314,36 @@ def test_a_steady_loop_stops_giving_pages_back_after_its_first_steps():
     assert late == []
     s = a.stats(0)
     assert s["reserved_bytes"]["all"]["peak"] <= 1.05 * s["allocated_bytes"]["all"]["peak"] + PAGE
+
+
+def test_the_threshold_policy_unmaps_free_pages_before_growing_past_it():
+    a = make(EXPANDABLE + ",garbage_collection_threshold:0.5,reuse_free_pages:False", capacity_mb=256)
+    ptrs = [a.malloc(20 * MiB) for _ in range(6)]  # 120 MiB
+    for x in ptrs[0::2]:
+        a.free(x)  # three 20 MiB holes between live blocks, still mapped
+    assert stat(a, "reserved_bytes") == 120 * MiB
+    big = a.malloc(40 * MiB)  # fits no hole; 160 MiB would pass 0.5 x 256: the free pages go first
+    assert a.stats(0)["num_gc_releases"] == 1
+    assert stat(a, "reserved_bytes") == 100 * MiB  # 120 - 60 + 40
+    check(a)
+    for x in [big, *ptrs[1::2]]:
+        a.free(x)
+    check(a)
+
+
+def test_each_device_has_its_own_expandable_segments():
+    a = memalloc.Allocator("host", EXPANDABLE + ",host_capacity_mb:128,host_devices:2")
+    p0 = a.malloc(30 * MiB, 0)
+    p1 = a.malloc(50 * MiB, 1)
+    for d, want in ((0, 30 * MiB), (1, 50 * MiB)):
+        a.validate(d)
+        assert a.stats(d)["reserved_bytes"]["all"]["current"] == want
+        assert a.mem_get_info(d)[0] == 128 * MiB - want
+        assert [s["is_expandable"] for s in a.segments(d)] == [True]
+    with pytest.raises(memalloc.InvalidPointerError):
+        a.free(p0, 1)  # device 1 never allocated it
+    a.free(p0, 0)
+    a.free(p1, 1)
+    assert a.empty_cache(0) == 30 * MiB and a.empty_cache(1) == 50 * MiB
+    a.validate(0)
+    a.validate(1)
