@@ -255,9 +255,11 @@ std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded
            std::to_string(fraction_) + "). ";
   }
   msg += "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch, and " +
-         format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. "
-         "If reserved but unallocated memory is large try setting "
-         "MEMALLOC_CONF=max_split_size_mb:<N> to avoid fragmentation. (memalloc)";
+         format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. ";
+  msg += config_.expandable_segments
+             ? "(memalloc, expandable segments: free pages were given back before this error)"
+             : "If reserved but unallocated memory is large try setting "
+               "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation. (memalloc)";
   return msg;
 }
 

@@ -347,3 +347,13 @@ def test_each_device_has_its_own_expandable_segments():
     assert a.empty_cache(0) == 30 * MiB and a.empty_cache(1) == 50 * MiB
     a.validate(0)
     a.validate(1)
+
+
+def test_the_oom_message_suggests_expandable_segments_unless_they_are_on():
+    for config, fragment in (("", "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation"),
+                             (EXPANDABLE, "expandable segments: free pages were given back")):
+        a = make(config, capacity_mb=64)
+        with pytest.raises(torch.OutOfMemoryError) as e:
+            a.malloc(100 * MiB)
+        assert fragment in str(e.value)
+        a.validate()
