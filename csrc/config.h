@@ -33,11 +33,12 @@ struct Config {
   // Expandable segments (expandable.h; torch's key): the default pool's
   // segments are address ranges backed page by page, reserved = mapped bytes.
   bool expandable_segments = false;
-  // With expandable_segments: before mapping new pages, unmap free whole
-  // pages of the same stream's segments (one stream synchronisation), so
-  // reserved bytes grow only when free pages cannot cover the request;
-  // False: free pages are unmapped only by empty_cache and before an OOM
-  // (native's expandable segments).
+  // With expandable_segments: before mapping pages that would take reserved
+  // bytes above 1.05 x the most bytes ever allocated, unmap free whole pages
+  // of the same stream's segments (one stream synchronisation), so reserved
+  // stays near allocated while a steady loop (below the ceiling) never
+  // synchronises; False: free pages are unmapped only by empty_cache and
+  // before an OOM (native's expandable segments).
   bool reuse_free_pages = true;
   // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
   size_t empty_cache_every_n_steps = 0;

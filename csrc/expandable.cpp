@@ -1,6 +1,7 @@
 // expandable.cpp — expandable segments (expandable.h): growth by mapping
 // pages where a request finds room, and unmapping of free whole pages
-// (before growing, when reuse_free_pages; on empty_cache; before an OOM).
+// (before growing above 1.05 x the most ever allocated, when
+// reuse_free_pages; on empty_cache; before an OOM; by the threshold policy).
 // All of it is the slow path: the fast path (allocator.cpp) handles mapped
 // blocks of expandable segments exactly like blocks of plain ones.
 // Invariants: expandable.h, device_allocator.h, block.h.
