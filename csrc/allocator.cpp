@@ -66,18 +66,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   }
   const bool no_split = b->owner != nullptr && b->owner->no_split;
   if (!no_split && should_split(*b, size, config_.max_split_size)) {
-    Block* rest = new_block();
-    rest->addr = b->addr + size;
-    rest->size = b->size - size;
-    rest->stream = b->stream;
-    rest->pool = b->pool;
-    rest->owner = b->owner;
-    rest->vm = b->vm;
-    rest->prev = b;
-    rest->next = b->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    b->next = rest;
-    b->size = size;
+    Block* rest = split_block_locked(b, size);
     free_list(rest).insert(rest);
     split_bytes_delta += split_bytes(rest);
     split_count_delta += split_count(rest);

@@ -256,6 +256,9 @@ class DeviceAllocator {
   // Splits `b` at `offset` bytes; returns the upper part (same stream, pool,
   // owner, segment, mapping; in no list).
   Block* split_block_locked(Block* b, size_t offset);
+  // Merges the neighbour `n` (b's prev or next, in no list) into `b` and
+  // deletes it.
+  void absorb_locked(Block* b, Block* n);
   // private_pools.cpp
   PrivatePool* route_locked(Stream stream);
   PrivatePool* find_pool_locked(PoolId id);
@@ -311,23 +314,45 @@ class DeviceAllocator {
   size_t capacity_ = 0;        // device total bytes, read once when first needed
 };
 
-// Inline: the free path's hot loop (allocator.cpp), also used by expandable.cpp.
+// Inline below: the alloc and free paths' hot code (allocator.cpp), also
+// used by expandable.cpp.
+inline Block* DeviceAllocator::split_block_locked(Block* b, size_t offset) {
+  Block* upper = new_block();
+  upper->addr = b->addr + offset;
+  upper->size = b->size - offset;
+  upper->stream = b->stream;
+  upper->pool = b->pool;
+  upper->owner = b->owner;
+  upper->vm = b->vm;
+  upper->mapped = b->mapped;
+  upper->prev = b;
+  upper->next = b->next;
+  if (upper->next != nullptr) upper->next->prev = upper;
+  b->next = upper;
+  b->size = offset;
+  return upper;
+}
+
+inline void DeviceAllocator::absorb_locked(Block* b, Block* n) {
+  if (n == b->prev) {
+    b->addr = n->addr;
+    b->prev = n->prev;
+    if (b->prev != nullptr) b->prev->next = b;
+  } else {
+    b->next = n->next;
+    if (b->next != nullptr) b->next->prev = b;
+  }
+  b->size += n->size;
+  delete_block(n);
+}
+
 inline void DeviceAllocator::merge_free_neighbours_locked(Block* b, FreeList& list, Event& e) {
   for (Block* n : {b->prev, b->next}) {
     if (n == nullptr || !n->is_free()) continue;
     list.erase(n);
     e.inactive_split_bytes_delta -= split_bytes(n);
     e.inactive_split_count_delta -= split_count(n);
-    if (n == b->prev) {
-      b->addr = n->addr;
-      b->prev = n->prev;
-      if (b->prev != nullptr) b->prev->next = b;
-    } else {
-      b->next = n->next;
-      if (b->next != nullptr) b->next->prev = b;
-    }
-    b->size += n->size;
-    delete_block(n);
+    absorb_locked(b, n);
   }
 }
 

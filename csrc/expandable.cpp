@@ -34,23 +34,6 @@ size_t DeviceAllocator::vm_page_locked() {
   return vm_page_;
 }
 
-Block* DeviceAllocator::split_block_locked(Block* b, size_t offset) {
-  Block* upper = new_block();
-  upper->addr = b->addr + offset;
-  upper->size = b->size - offset;
-  upper->stream = b->stream;
-  upper->pool = b->pool;
-  upper->owner = b->owner;
-  upper->vm = b->vm;
-  upper->mapped = b->mapped;
-  upper->prev = b;
-  upper->next = b->next;
-  if (upper->next != nullptr) upper->next->prev = upper;
-  b->next = upper;
-  b->size = offset;
-  return upper;
-}
-
 // A reservation of the device's whole capacity (as native), one unmapped
 // block spanning it. nullptr (and plain segments from then on) when the
 // backend has no virtual memory or no address space left.
@@ -217,16 +200,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   for (Block* n : {u->prev, u->next}) {
     if (n == nullptr || n->mapped) continue;
     seg.unmapped.erase(n);
-    if (n == u->prev) {
-      u->addr = n->addr;
-      u->prev = n->prev;
-      if (u->prev != nullptr) u->prev->next = u;
-    } else {
-      u->next = n->next;
-      if (u->next != nullptr) u->next->prev = u;
-    }
-    u->size += n->size;
-    delete_block(n);
+    absorb_locked(u, n);
   }
   seg.unmapped.insert(u);
   record_locked(e);
