@@ -31,7 +31,6 @@ results do not depend on it as long as parallel x budget fits the device).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -39,6 +38,8 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from .gpu_suite import machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("native", "expandable", "cudaMallocAsync", "memalloc", "memalloc_expandable",
@@ -230,16 +231,6 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=1)
         print(f"-> {args.out}")
     return 0
-
-
-def machine() -> dict:
-    import platform
-
-    import torch
-
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 import pytest
 import torch
 
+from test_cuda import record
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -53,13 +55,6 @@ def _last_json(stdout: str):
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def _record(name: str, mode: str, result: dict) -> None:
-    path = os.environ.get("MEMALLOC_GPU_RESULTS")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"scenario": f"compat_{name}", "mode": mode, "result": result}, default=str) + "\n")
 
 
 def run_case(name: str, mode: str, timeout: int = 300, check: bool = True) -> dict:
@@ -96,7 +91,7 @@ def run_case(name: str, mode: str, timeout: int = 300, check: bool = True) -> di
         if result is not None:
             failed["partial"] = result
         result = failed
-    _record(name, mode, result)
+    record(f"compat_{name}", mode, result)
     if check and (result.get("crashed") or result.get("timed_out")):
         require_ok(result)
     return result

@@ -18,7 +18,6 @@ compat_cases.py / test_compat.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 
@@ -26,6 +25,7 @@ import pytest
 import torch
 
 from test_compat import TIME_FACTOR, require_ok, run_case
+from test_cuda import record
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,10 +43,7 @@ def interleaved(case: str, key: str) -> dict:
             r = run_case(case, mode, timeout=420)
             require_ok(r)
             times[mode].append(r[key])
-    path = os.environ.get("MEMALLOC_GPU_RESULTS")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"scenario": f"timing_{case}", "mode": "interleaved", "result": times}) + "\n")
+    record(f"timing_{case}", "interleaved", times)
     return times
 
 

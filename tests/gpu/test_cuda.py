@@ -24,6 +24,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MiB = 1 << 20
 
 
+def record(name: str, mode: str, result: dict) -> None:
+    """Appends one GPU run's result to $MEMALLOC_GPU_RESULTS (one JSON line:
+    scenario, mode, result), when it names a file; device_run.sh collects it."""
+    path = os.environ.get("MEMALLOC_GPU_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"scenario": name, "mode": mode, "result": result}, default=str) + "\n")
+
+
 def scenario(name: str, mode: str) -> dict:
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "scenarios.py"), name, mode],
@@ -31,10 +40,7 @@ def scenario(name: str, mode: str) -> dict:
     )
     assert proc.returncode == 0, f"{name}/{mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    path = os.environ.get("MEMALLOC_GPU_RESULTS")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"scenario": name, "mode": mode, "result": result}) + "\n")
+    record(name, mode, result)
     return result
 
 

@@ -19,6 +19,8 @@ import sys
 import pytest
 import torch
 
+from test_cuda import record
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -35,10 +37,7 @@ def run_child(conf: str) -> dict:
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    path = os.environ.get("MEMALLOC_GPU_RESULTS")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"scenario": "expandable_child", "mode": conf or "default", "result": r}) + "\n")
+    record("expandable_child", conf or "default", r)
     return r
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from test_cuda import scenario
+from test_cuda import record, scenario
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,9 +58,6 @@ def test_call_site_capture_costs_within_budget():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    path = os.environ.get("MEMALLOC_GPU_RESULTS")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"scenario": "call_site_overhead", "mode": "memalloc", "result": r}) + "\n")
+    record("call_site_overhead", "memalloc", r)
     assert r["cs_bf16_ms_x_on"] <= 1.02, r
     assert r["cs_pair_us_512_x_on"] <= 1.10, r
