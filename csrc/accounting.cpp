@@ -27,12 +27,14 @@ void Accounting::apply(const Event& e) {
       update(s.requested_bytes, e.pool, static_cast<int64_t>(e.requested));
       update(s.active, e.pool, 1);
       update(s.active_bytes, e.pool, size);
+      breakdown_.on_alloc(size, e.block->phase, e.block->category, e.block->seq);
       break;
     case Action::kFreeRequested:
       if (oversize(e.size)) s.oversize_allocations.update(-1);
       update(s.allocation, e.pool, -1);
       update(s.allocated_bytes, e.pool, -size);
       update(s.requested_bytes, e.pool, -static_cast<int64_t>(e.requested));
+      breakdown_.on_free(size, e.block->phase, e.block->category, e.block->seq);
       break;
     case Action::kFreeCompleted:
       update(s.active, e.pool, -1);

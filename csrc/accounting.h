@@ -1,4 +1,5 @@
-// accounting.h — torch-compatible memory counters, driven only by Events.
+// accounting.h — torch-compatible memory counters, and the breakdown by
+// category (breakdown.h), driven only by Events.
 //
 // One counter type (Stat: current/peak/allocated/freed); the list of
 // per-pool stats is written once (MEMALLOC_POOL_STATS) and drives the C++
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 
+#include "breakdown.h"
 #include "events.h"
 
 namespace memalloc {
@@ -105,6 +107,9 @@ class Accounting {
   // (torch.cuda.reset_accumulated_memory_stats).
   void reset_accumulated();
   const StepWindow& window() const { return window_; }
+  // Bytes by category (breakdown.h): fed by kAlloc / kFreeRequested here;
+  // the landmarks (phases.cpp) resolve and mark through it.
+  Breakdown& breakdown() { return breakdown_; }
   // The window since the previous call; the next one starts with the peaks
   // at the current values and no OOMs. O(1), no allocation.
   StepWindow take_window();
@@ -115,6 +120,7 @@ class Accounting {
   const size_t max_split_size_;
   DeviceStats stats_;
   StepWindow window_;
+  Breakdown breakdown_;
 };
 
 }  // namespace memalloc

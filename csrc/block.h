@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "breakdown.h"
 
 namespace memalloc {
 
@@ -55,6 +56,9 @@ struct Block {
   uint32_t stack_id = 0;  // who allocated it (live blocks; recorder.h)
   uint32_t tag_id = 0;
   uint32_t step = 0;      // memalloc.step() count when it was allocated (live blocks)
+  uint64_t seq = 0;       // allocation sequence number on its device (live blocks)
+  Phase phase = Phase::kIdle;                 // when it was allocated (breakdown.h)
+  Category category = Category::kOther;       // what it holds, or kUnresolved (breakdown.h)
   PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
   VmSegment* vm = nullptr;       // its expandable segment; nullptr = a plain segment
   Block* prev = nullptr;

@@ -35,6 +35,8 @@
 //   a segment is obtained only while reserved + segment <= allowed_max_
 //   (memory fraction); lowering the fraction later releases nothing.
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
+//   the breakdown's bytes by category (breakdown.h) match the live blocks'
+//   categories and phases and add up to allocated_bytes
 // plus the tiling and coalescing invariants of block.h.
 #pragma once
 
@@ -49,6 +51,7 @@
 #include "accounting.h"
 #include "backend.h"
 #include "block.h"
+#include "breakdown.h"
 #include "config.h"
 #include "events.h"
 #include "expandable.h"
@@ -174,6 +177,34 @@ class DeviceAllocator {
   // step tracker's window, independent of reset_peak_stats and
   // reset_accumulated_stats); starts the next window at the current values.
   StepWindow take_window();
+
+  // ---- breakdown by category (phases.cpp; breakdown.h) -------------------
+  // New blocks are stamped with `phase`; entering kBackward resolves the
+  // forward blocks (activations), entering kOptimizer the backward ones
+  // (gradients).
+  void enter_phase(Phase phase);
+  Phase phase();
+  // Every live unresolved block of `phase` gets the final category `cat`
+  // now (the Python layer: what is left of a first backward once the
+  // gradients are marked is not gradients).
+  void resolve(Phase phase, Category cat);
+  // The step ended: resolves every unresolved block (optimizer state,
+  // gradients, other), keeps the window's peak as last(), starts the next
+  // window at the current split, and enters kForward.
+  void end_step(uint32_t step);
+  // Gives the live block holding `ptr` (its start or an interior address)
+  // the final category `cat`. Returns its bytes (0: no live block holds
+  // ptr). Walking the segment for an interior pointer
+  // costs O(blocks in it).
+  size_t mark(std::uintptr_t ptr, Category cat);
+  struct BreakdownState {
+    CategoryBytes now, peak, last;
+    bool has_last;
+    uint32_t last_step;
+    Phase phase;
+  };
+  BreakdownState breakdown();
+
   MemInfo mem_get_info();
   std::vector<SegmentInfo> segments();
   // Throws memalloc::Error naming the first broken invariant.
@@ -211,6 +242,9 @@ class DeviceAllocator {
     accounting_.apply(e);
     if (ring_.enabled()) trace_locked(e);
   }
+  // Sets the category of every live unresolved block of `phase` to `cat`.
+  void resolve_locked(Phase phase, Category cat);
+  void validate_breakdown_locked();  // validate.cpp
   void trace_locked(const Event& e) noexcept;
   FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
   FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
@@ -305,7 +339,9 @@ class DeviceAllocator {
   std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
   std::vector<PoolRoute> routes_;  // open routes, oldest first
   std::pmr::vector<EventHandle> spare_events_;
-  Accounting accounting_;
+  Accounting accounting_;  // the counters and the breakdown by category
+  Phase phase_ = Phase::kIdle;  // stamped on new blocks
+  uint64_t alloc_seq_ = 0;      // the last block's sequence number
   TraceRing ring_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
   double fraction_ = 0.0;  // 0 = no limit set

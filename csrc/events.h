@@ -1,7 +1,8 @@
 // events.h — the one record of a state change. Every allocator state change
 // is described by exactly one Event and goes through
-// DeviceAllocator::record_locked(); the counters (accounting.h) and the
-// event ring (recorder.h) consume it. Policy code never updates a counter by
+// DeviceAllocator::record_locked(); the counters (accounting.h), the
+// breakdown by category (breakdown.h) and the event ring (recorder.h)
+// consume it. Policy code never updates a counter by
 // hand.
 //
 // Field meanings per action:
@@ -75,6 +76,10 @@ struct Event {
   // the allocation's; segment events the triggering call's.
   uint32_t stack_id = 0;
   uint32_t tag_id = 0;
+  // The block (kAlloc, kFreeRequested): the breakdown by category reads its
+  // phase, category and sequence number (breakdown.h). Valid during
+  // record_locked() only.
+  const Block* block = nullptr;
 };
 
 // An Event about block `b`: pool, stream, address, size, requested bytes and
@@ -89,6 +94,7 @@ inline Event block_event(Action action, const Block& b) {
   e.requested = b.requested;
   e.stack_id = b.stack_id;
   e.tag_id = b.tag_id;
+  e.block = &b;
   return e;
 }
 

@@ -168,6 +168,45 @@ void DeviceAllocator::validate() {
   const StepWindow& w = accounting_.window();
   check(w.peak_allocated_bytes >= s.allocated_bytes[kStatAll].current, "step window: peak allocated < current");
   check(w.peak_reserved_bytes >= s.reserved_bytes[kStatAll].current, "step window: peak reserved < current");
+  validate_breakdown_locked();
+}
+
+// The invariants of breakdown.h against the live blocks.
+void DeviceAllocator::validate_breakdown_locked() {
+  CategoryBytes want;
+  for (auto& kv : live_) {
+    const Block* b = kv.second;
+    const auto bytes = static_cast<int64_t>(b->size);
+    if (b->category == Category::kUnresolved) {
+      check(b->phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
+      want.unresolved[static_cast<int>(b->phase)] += bytes;
+    } else {
+      check(static_cast<int>(b->category) < kNumCategories, "breakdown: a block has no valid category");
+      want.live[static_cast<int>(b->category)] += bytes;
+    }
+    check(b->seq >= 1 && b->seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
+    want.total += bytes;
+  }
+  const CategoryBytes& now = accounting_.breakdown().now();
+  for (int c = 0; c < kNumCategories; ++c)
+    check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +
+                                           std::to_string(now.live[c]) + ", expected " + std::to_string(want.live[c]));
+  for (int p = 0; p < kNumPhases; ++p)
+    check(now.unresolved[p] == want.unresolved[p],
+          std::string("breakdown: unresolved ") + phase_name(p) + " bytes " + std::to_string(now.unresolved[p]) +
+              ", expected " + std::to_string(want.unresolved[p]));
+  check(now.total == accounting_.stats().allocated_bytes[kStatAll].current,
+        "breakdown: total differs from allocated_bytes");
+  const CategoryBytes& peak = accounting_.breakdown().peak();
+  int64_t sum = 0;
+  for (int64_t v : peak.live) sum += v;
+  for (int p = 0; p < kNumPhases; ++p) {
+    sum += peak.unresolved[p];
+    check(accounting_.breakdown().freed_since_peak()[p] >= 0 && accounting_.breakdown().freed_since_peak()[p] <= peak.unresolved[p],
+          std::string("breakdown: freed-since-peak bytes of ") + phase_name(p) + " out of range");
+  }
+  check(sum == peak.total, "breakdown: the peak's categories do not add up to its total");
+  check(peak.total >= now.total, "breakdown: window peak < current total");
 }
 
 }  // namespace memalloc

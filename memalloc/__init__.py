@@ -38,6 +38,7 @@ from .leak_report import LeakError, LeakReport
 from .leaks import LeakTracker, leak_check
 from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
 from .tracker import StepTracker
+from .breakdown import MemoryBreakdown, memory_breakdown
 from .stats import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -64,6 +65,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidPointerError",
     "MemallocError",
+    "MemoryBreakdown",
     "StepTracker",
     "config_keys",
     "config_text",
@@ -89,6 +91,7 @@ __all__ = [
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_breakdown",
     "memory_reserved",
     "memory_stats",
     "memory_stats_as_nested_dict",

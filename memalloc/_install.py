@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import _C, _policy, _state, _torch_patch, iteration, oom, recording
+from . import _C, _policy, _state, _torch_patch, iteration, oom, phases, recording
 from ._config import ConfigLike, config_text, config_value, warn_about_torch_conf
 
 
@@ -71,6 +71,9 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     # top_holders and leak reports name lines with no setup.
     _C.set_stack_mode(max(_C.stack_mode(), _state.base_stack_mode()))
     iteration.add_step_listener(_policy.on_step)
+    # The training phases behind memory_breakdown(): backward(), optimizer
+    # steps and step boundaries, hooked in torch (memalloc/phases.py).
+    phases.install()
     oom.install()
     wants_patch = patch_torch if patch_torch is not None else config_value(text, "patch_torch") != "False"
     if chosen == "host" and wants_patch:

@@ -203,6 +203,19 @@ def auto_step(enabled: bool = True) -> None:
         _auto.update_hook()
 
 
+def optimizer_marks_boundaries() -> bool:
+    """Whether ``optimizer.step()`` marks boundaries now (:func:`auto_step`
+    is on, or a watcher wants them and no explicit :func:`step` came)."""
+    with _lock:
+        return _auto.handle is not None and _auto.marks()
+
+
+def explicit_steps_seen() -> bool:
+    """Whether the code has called :func:`step` (or used :func:`steps_of`)."""
+    with _lock:
+        return _counts[EXPLICIT] > 0
+
+
 def auto_step_enabled() -> bool:
     """Whether :func:`auto_step` is on."""
     return _auto.on

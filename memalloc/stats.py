@@ -17,6 +17,7 @@ import torch
 
 from . import _policy, _state
 from ._device import DeviceLike, device_index
+from .breakdown import memory_breakdown
 
 # memalloc's own counters that torch does not have: kept out of the
 # torch-format dictionaries, available through memory_stats_raw().
@@ -119,7 +120,8 @@ def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
 def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
     """torch's ``memory_summary`` table for ``device``, computed from
     memalloc's statistics, followed by memalloc's backend and empty-cache
-    policy."""
+    policy and the bytes by category now and at the step's peak
+    (:func:`memalloc.memory_breakdown`)."""
     index = device_index(device)
     formatter = _TORCH_MEMORY_SUMMARY
     module = torch.cuda.memory
@@ -136,9 +138,11 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
 
 
 def _footer(index: int) -> str:
+    """The bytes by category, then memalloc's line (backend, policy)."""
     a = _state.installed_allocator()
     split = a.max_split_size
     return (
+        memory_breakdown(index).to_text() + "\n"
         f"memalloc: {a.backend_name} backend, device {index}; "
         f"max_split_size {'unlimited' if split < 0 else f'{split} B'}; "
         f"empty-cache policy: {_policy.describe(index)}\n"

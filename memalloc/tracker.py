@@ -33,6 +33,12 @@ one row (:data:`FIELDS`; sizes in bytes, times in seconds):
     out-of-memory errors raised during this step (a count per step, not the
     cumulative ``memory_stats()["num_ooms"]``; counted in the same window, so
     ``reset_accumulated_memory_stats`` does not disturb it)
+``peak_parameters`` ... ``peak_other``
+    the allocated bytes at the step's peak by category
+    (:func:`memalloc.memory_breakdown`: parameters, gradients,
+    optimizer_state, activations, temporaries, other); at a boundary the
+    finished step's resolved split, for :meth:`~StepTracker.record_row` the
+    split so far (unresolved blocks under their provisional category)
 
 Several trackers may watch one device: the allocator's window is shared and
 each take is folded into every active tracker of that device, so each one
@@ -52,6 +58,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, Optional, Union
 
 from . import _C, _state, iteration, stats
+from .breakdown import CATEGORIES
 from ._device import DeviceLike, existing_device_index
 from ._format import fmt_bytes
 
@@ -59,15 +66,17 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 SCHEMA = "memalloc.step_tracker/1"
 
+BREAKDOWN_FIELDS: tuple[str, ...] = tuple(f"peak_{c}" for c in CATEGORIES)
+
 FIELDS: tuple[str, ...] = (
     "step", "time_s", "allocated", "reserved", "peak_allocated", "peak_reserved",
-    "device_used", "device_total", "num_ooms",
+    "device_used", "device_total", "num_ooms", *BREAKDOWN_FIELDS,
 )
 
 UNITS: dict[str, str] = {
     "step": "count", "time_s": "seconds", "allocated": "bytes", "reserved": "bytes",
     "peak_allocated": "bytes", "peak_reserved": "bytes", "device_used": "bytes",
-    "device_total": "bytes", "num_ooms": "count",
+    "device_total": "bytes", "num_ooms": "count", **dict.fromkeys(BREAKDOWN_FIELDS, "bytes"),
 }
 
 
@@ -83,6 +92,12 @@ class Row(NamedTuple):
     device_used: int
     device_total: int
     num_ooms: int
+    peak_parameters: int
+    peak_gradients: int
+    peak_optimizer_state: int
+    peak_activations: int
+    peak_temporaries: int
+    peak_other: int
 
 
 assert Row._fields == FIELDS
@@ -267,6 +282,8 @@ class StepTracker:
             _take_window(a, device)
             (peak_allocated, peak_reserved, ooms), self._window = self._window, (0, 0, 0)
             free, total = a.mem_get_info(device)
+            b = a.breakdown(device)
+            split = (b["last"] if listener and b["last"] is not None else b["peak"])["split"]
             if step is None:
                 step = self._rows[-1].step + 1 if self._rows else 1
             assert self._t0 is not None
@@ -280,6 +297,7 @@ class StepTracker:
                 device_used=int(total) - int(free),
                 device_total=int(total),
                 num_ooms=int(ooms),
+                **{f"peak_{c}": int(split[c]) for c in CATEGORIES},
             )
             self._rows.append(row)
         return row
@@ -346,7 +364,10 @@ class StepTracker:
                  "peak_reserved": 20971520,  // bytes, highest within the step
                  "device_used": 20971520,    // bytes, total - free of mem_get_info
                  "device_total": 1073741824, // bytes
-                 "num_ooms": 0},             // OOMs raised within the step
+                 "num_ooms": 0,              // OOMs raised within the step
+                 "peak_parameters": 1048576, // bytes by category at the step's peak:
+                 ...                         //   parameters, gradients, optimizer_state,
+                 "peak_other": 0},           //   activations, temporaries, other
                 ...
               ]
             }
@@ -419,4 +440,10 @@ class StepTracker:
             f"  OOMs: {sum(r['num_ooms'] for r in ooms)}"
             + (f" (steps {', '.join(str(r['step']) for r in ooms)})" if ooms else ""),
         ]
+        split = {c: peak[f"peak_{c}"] for c in CATEGORIES if peak[f"peak_{c}"]}
+        if split:
+            whole = sum(split.values())
+            lines.append("  at that peak: " + ", ".join(
+                f"{c} {fmt_bytes(v)} ({100 * v / whole:.0f}%)"
+                for c, v in sorted(split.items(), key=lambda kv: -kv[1])))
         return "\n".join(lines)

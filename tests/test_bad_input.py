@@ -162,6 +162,16 @@ add(A, 'a.reset_accumulated_stats(-1)', "device -1", "InvalidArgumentError", "de
 add(A, 'a.validate(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.take_window(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.take_window(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
+add(A, 'a.enter_phase("fwd")', "unknown phase name", "InvalidArgumentError", "unknown phase 'fwd'")
+add(A, 'a.enter_phase(None)', "None phase", "TypeError", "phase must be a str")
+add(A, 'a.phase(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.resolve("idle", "other")', "the idle phase", "InvalidArgumentError", "phase 'idle' has nothing to resolve")
+add(A, 'a.resolve("backward", "grads")', "unknown category name", "InvalidArgumentError", "unknown category 'grads'")
+add(A, 'a.end_step(-1)', "negative step number", "InvalidArgumentError", "negative step -1")
+add(A, 'a.end_step("3")', "str step number", "TypeError", "step must be an int >= 0")
+add(A, 'a.mark(-1, "parameters")', "negative pointer", "InvalidArgumentError", "ptr")
+add(A, 'a.mark(4096, "weights")', "unknown category name", "InvalidArgumentError", "unknown category 'weights'")
+add(A, 'a.breakdown(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 
 A = "Allocator private pools"
 add(A, 'a.create_or_incref_pool((0, 0))', "the default pool's id", "InvalidArgumentError", "default pool")
@@ -304,7 +314,8 @@ for call in ("memory_allocated()", "max_memory_allocated()", "memory_reserved()"
              "get_per_process_memory_fraction()", "set_per_process_memory_fraction(0.5)",
              "list_gpu_processes()", "set_empty_cache_policy(threshold=0.5)", "empty_cache_policy()",
              "record_memory_history()", "events()", "events_array()", "snapshot()",
-             'save_trace(scratch + "/run.trace")', "installed_allocator()", "memory_allocated(99)"):
+             'save_trace(scratch + "/run.trace")', "installed_allocator()", "memory_allocated(99)",
+             "memory_breakdown()"):
     add("before enable()", f"memalloc.{call}", "not enabled yet", "RuntimeError", NOT_ENABLED, env="before")
 add("before enable()", 'memalloc.dump_snapshot(scratch + "/snap.pickle")', "not enabled yet", "RuntimeError",
     NOT_ENABLED, env="before")
@@ -410,7 +421,8 @@ E = "enabled"
 DEVICE_QUERIES = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                   "memory_stats", "memory_stats_raw", "memory_stats_as_nested_dict", "memory_summary",
                   "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
-                  "get_per_process_memory_fraction", "list_gpu_processes", "events", "events_array", "snapshot")
+                  "get_per_process_memory_fraction", "list_gpu_processes", "events", "events_array", "snapshot",
+                  "memory_breakdown")
 for fn in DEVICE_QUERIES:
     for dev, what, error, fragment in (
             ("-1", "device -1", "InvalidArgumentError", "device -1 does not exist"),
@@ -1030,7 +1042,7 @@ if pytest is not None:
         # Names that take no input a caller could get wrong, or are types.
         no_input = {"Allocator", "DriverError", "InvalidArgumentError", "InvalidPointerError", "MemallocError",
                     "config_keys", "cuda_usable", "enabled_backend", "host", "is_enabled", "patch_torch",
-                    "torch_is_patched", "unpatch_torch", "LeakReport", "LeakError"}
+                    "torch_is_patched", "unpatch_torch", "LeakReport", "LeakError", "MemoryBreakdown"}
         missing = [n for n in memalloc.__all__ if n not in no_input and f"memalloc.{n}(" not in calls]
         assert not missing, f"public functions without a bad-input case: {missing}"
         methods = [m for m in dir(memalloc.Allocator) if not m.startswith("_")

@@ -129,6 +129,10 @@ def test_run_executes_script_with_memalloc_enabled(tmp_path, memalloc_cli):
     assert "2 allocations" in summary[0]
     assert "2 device allocations" in summary[0]
     assert "0 OOMs" in summary[0]
+    # No training step: the split of the peak so far (what the script allocated is "other").
+    split = [l for l in p.stderr.splitlines() if l.startswith("memalloc by category (host, device 0)")]
+    assert split == ["memalloc by category (host, device 0): at the peak so far (no step ended): "
+                     "other 3.00 MiB (100%)"], p.stderr
 
 
 def test_run_passes_option_like_arguments_to_the_script(tmp_path, memalloc_cli):

@@ -21,8 +21,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("memalloc._state",),                                        # runtime state (read from _C)
     ("memalloc._device",),                                       # the device argument
     ("memalloc._policy", "memalloc.iteration", "memalloc.host", "memalloc.tags"),
-    ("memalloc.recording",),                                     # events, stacks
-    ("memalloc.snapshots", "memalloc.trace_files"),              # torch's snapshot format; trace files
+    ("memalloc.recording", "memalloc.phases"),                   # events, stacks; training phases
+    ("memalloc.snapshots", "memalloc.trace_files", "memalloc.breakdown"),  # snapshot format; trace files; categories
     ("memalloc.stats", "memalloc.sites", "memalloc.holders"),    # queries; call sites; holder search
     ("memalloc.leaks", "memalloc.oom", "memalloc.tracker", "memalloc.replay"),  # features
     ("memalloc._torch_patch",),                                  # torch integration (host backend)

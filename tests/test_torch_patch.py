@@ -90,8 +90,11 @@ def flat_from_raw(raw: dict, max_split: int) -> dict:
 
 def check_table(summary: str, stats: dict, footer: str, abbreviated: bool = False):
     lines = summary.rstrip("\n").split("\n")
-    table, tail = lines[:-1], lines[-1]
+    end = max(i for i, l in enumerate(lines) if l.startswith("|")) + 1
+    table, between, tail = lines[:end], lines[end:-1], lines[-1]
     assert tail == footer
+    # memalloc's bytes by category (memory_breakdown) sit between the table and the footer
+    assert between[0].startswith("memory by category, device 0") and between[-1].startswith("  total"), between
     assert all(l.startswith("|") and l.endswith("|") for l in table), table
     assert "PyTorch CUDA memory summary, device ID 0" in table[1]
     assert f"CUDA OOMs: {stats['num_ooms']} " in table[3]

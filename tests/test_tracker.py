@@ -22,6 +22,7 @@ import torch
 
 import memalloc
 from memalloc import host, iteration
+from memalloc import tracker as tracker_module
 from memtest_helpers import stat
 
 MiB = 1 << 20
@@ -46,7 +47,9 @@ def row(step, allocated, reserved, peak_allocated, peak_reserved, ooms=0):
 
 
 def no_time(rows):
-    return [{k: v for k, v in r.items() if k != "time_s"} for r in rows]
+    """The rows without time_s and the breakdown fields (tests/test_breakdown.py checks those)."""
+    return [{k: v for k, v in r.items() if k != "time_s" and k not in tracker_module.BREAKDOWN_FIELDS}
+            for r in rows]
 
 
 def raised(f) -> BaseException:
@@ -196,7 +199,9 @@ def test_csv_json_round_trip_and_plot(host_allocator, tmp_path):
     with open(tmp_path / "m.csv", newline="") as f:
         reader = csv.DictReader(f)
         assert tuple(reader.fieldnames) == ("step", "time_s", "allocated", "reserved", "peak_allocated",
-                                            "peak_reserved", "device_used", "device_total", "num_ooms")
+                                            "peak_reserved", "device_used", "device_total", "num_ooms",
+                                            "peak_parameters", "peak_gradients", "peak_optimizer_state",
+                                            "peak_activations", "peak_temporaries", "peak_other")
         back = [{k: float(v) if k == "time_s" else int(v) for k, v in x.items()} for x in reader]
     assert back == rows
     doc = json.loads((tmp_path / "m.json").read_text())

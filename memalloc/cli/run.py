@@ -1,6 +1,7 @@
 """``python -m memalloc run [--leaks] [--out DIR] script.py [args...]``:
 enable memalloc before the script starts, run it as ``__main__``, print the
-memory totals at exit.
+memory totals at exit, and the bytes by category (parameters, gradients,
+optimizer state, activations, temporaries, other) at the last step's peak.
 
 With ``--leaks``: iteration boundaries come from every ``optimizer.step()``
 (memalloc.auto_step) and from any ``memalloc.step()`` the script calls; a
@@ -29,6 +30,7 @@ from typing import Any, Optional
 
 from .. import _state, host, iteration, oom
 from .._format import fmt_bytes
+from ..breakdown import memory_breakdown
 from ..leaks import LeakTracker
 from ..tracker import StepTracker
 from ._common import check_or_exit, enable_or_exit
@@ -127,6 +129,8 @@ def _write_leaks(tracker, out: str) -> None:
 
 
 def _print_totals(backend: str) -> None:
+    """Per device used: the peaks and counts, and the bytes by category at
+    the last step's peak."""
     a = _state.installed_allocator()
     for d in range(a.device_count):
         s = a.stats(d)
@@ -140,3 +144,13 @@ def _print_totals(backend: str) -> None:
             f"{s['num_device_alloc']} device allocations, {s['num_ooms']} OOMs",
             file=sys.stderr,
         )
+        print(f"memalloc by category ({backend}, device {d}): {_breakdown_line(d)}", file=sys.stderr)
+
+
+def _breakdown_line(device: int) -> str:
+    """The bytes by category at the last step's peak, largest first."""
+    b = memory_breakdown(device)
+    where = f"at step {b.peak_step}'s peak" if b.peak_step is not None else "at the peak so far (no step ended)"
+    parts = [f"{c} {fmt_bytes(v)} ({100 * v / b.peak_total:.0f}%)"
+             for c, v in sorted(b.peak.items(), key=lambda kv: -kv[1]) if v]
+    return f"{where}: " + (", ".join(parts) if parts else "nothing allocated")

@@ -1,0 +1,403 @@
+"""The breakdown by category (csrc/breakdown.h, memalloc/breakdown.py) on
+allocators the tests own: the landmark rules step by step, a seeded random
+run checked against a reference model written from breakdown.h's rules,
+bad input; then a real model trained on the host backend
+(memalloc.host.use_for_cpu_tensors) in a fresh interpreter, each category
+checked against what the model, its gradients, its optimizer and autograd
+hold."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import memalloc
+from memalloc import _C
+from memalloc.breakdown import CATEGORIES, memory_breakdown
+
+MiB = 1 << 20
+PROVISIONAL = {"forward": "activations", "backward": "gradients", "optimizer": "optimizer_state", "idle": "other"}
+
+
+def alloc(a: _C.Allocator, size: int) -> tuple[int, int]:
+    """(pointer, block bytes) of a new allocation."""
+    before = a.stats()["allocated_bytes"]["all"]["current"]
+    p = a.malloc(size)
+    return p, a.stats()["allocated_bytes"]["all"]["current"] - before
+
+
+def split(a: _C.Allocator, which: str = "now") -> dict:
+    d = a.breakdown()[which]
+    return {c: v for c, v in d["split"].items() if v}
+
+
+def test_landmarks_decide_each_category(host_allocator):
+    a = host_allocator
+    w, wb = alloc(a, 4 * MiB)                  # before training: other...
+    assert a.mark(w, "parameters") == wb       # ...until marked a parameter
+    a.enter_phase("forward")
+    x, xb = alloc(a, 2 * MiB)                  # live at backward: an activation
+    t, tb = alloc(a, 5 * MiB)                  # freed before backward: a temporary
+    a.free(t)
+    assert split(a) == {"parameters": wb, "activations": xb}  # x provisional
+    assert a.breakdown()["now"]["unresolved"]["forward"] == xb
+    a.enter_phase("backward")
+    assert a.breakdown()["now"]["unresolved"]["forward"] == 0
+    g, gb = alloc(a, 4 * MiB)                  # live at optimizer.step(): a gradient
+    bt, btb = alloc(a, 6 * MiB)                # the step's peak is here
+    peak_total = wb + xb + gb + btb
+    a.free(bt)
+    a.free(x)
+    a.enter_phase("optimizer")
+    s, sb = alloc(a, 1 * MiB)                  # live after the step: optimizer state
+    a.enter_phase("forward")
+    kept, kb = alloc(a, 1 * MiB)               # never used by a backward: other at the step's end
+    a.end_step()
+    a.validate()
+    b = a.breakdown()
+    assert b["last"]["total"] == peak_total
+    assert {c: v for c, v in b["last"]["split"].items() if v} == {
+        "parameters": wb, "activations": xb, "gradients": gb, "temporaries": btb}
+    assert split(a) == {"parameters": wb, "gradients": gb, "optimizer_state": sb, "other": kb}
+    assert b["phase"] == "forward" and b["now"]["unresolved"] == {"forward": 0, "backward": 0, "optimizer": 0}
+    for p in (w, g, s, kept):
+        a.free(p)
+    assert split(a) == {}
+
+
+def test_a_block_freed_after_the_peak_but_before_its_landmark_is_a_temporary_there(host_allocator):
+    a = host_allocator
+    a.enter_phase("forward")
+    keep, kb = alloc(a, 3 * MiB)
+    scratch, sb = alloc(a, 8 * MiB)            # the peak: both forward, unresolved
+    a.free(scratch)                            # freed before backward starts
+    assert a.breakdown()["peak"]["unresolved"]["forward"] == kb + sb
+    a.enter_phase("backward")
+    assert {c: v for c, v in a.breakdown()["peak"]["split"].items() if v} == {"activations": kb, "temporaries": sb}
+    a.free(keep)
+    a.end_step()
+    a.validate()
+
+
+def test_marking_after_the_peak_moves_the_peak_bytes_too(host_allocator):
+    a = host_allocator
+    a.enter_phase("forward")
+    p, pb = alloc(a, 2 * MiB)
+    q, qb = alloc(a, 2 * MiB)
+    a.free(q)                                  # peak was p + q
+    assert a.mark(p, "parameters") == pb
+    assert a.mark(p, "parameters") == pb       # again: no change
+    a.enter_phase("backward")
+    assert {c: v for c, v in a.breakdown()["peak"]["split"].items() if v} == {"parameters": pb, "temporaries": qb}
+    late, lb = alloc(a, 1 * MiB)               # allocated after the peak: not in it...
+    a.mark(late, "other")                      # ...so marking it leaves the peak alone
+    assert a.breakdown()["peak"]["split"]["other"] == 0
+    a.validate()
+    for x in (p, late):
+        a.free(x)
+
+
+def test_mark_finds_interior_pointers_and_ignores_unknown_ones(host_allocator):
+    a = host_allocator
+    p, pb = alloc(a, 4 * MiB)
+    assert a.mark(p + 1000, "optimizer_state") == pb
+    assert split(a) == {"optimizer_state": pb}
+    assert a.mark(p + pb + (64 << 20), "parameters") == 0
+    assert a.mark(12345, "parameters") == 0
+    a.free(p)
+    assert a.mark(p, "parameters") == 0          # freed: nothing holds it
+    a.validate()
+
+
+def test_bad_phase_and_category_names_are_refused_and_change_nothing(host_allocator):
+    a = host_allocator
+    p, _ = alloc(a, MiB)
+    with pytest.raises(memalloc.InvalidArgumentError, match="unknown phase 'fwd'.*'forward'"):
+        a.enter_phase("fwd")
+    with pytest.raises(TypeError, match="phase"):
+        a.enter_phase(1)
+    with pytest.raises(memalloc.InvalidArgumentError, match="unknown category 'weights'.*'parameters'"):
+        a.mark(p, "weights")
+    with pytest.raises(memalloc.InvalidArgumentError, match="ptr"):
+        a.mark(-1, "parameters")
+    assert a.phase() == "idle" and split(a) == {"other": a.stats()["allocated_bytes"]["all"]["current"]}
+    a.free(p)
+
+
+class Reference:
+    """breakdown.h's rules, block by block: the oracle of the random run."""
+
+    RESOLVES = {"backward": [("forward", "activations")], "optimizer": [("backward", "gradients")]}
+    END = [("optimizer", "optimizer_state"), ("backward", "gradients"), ("forward", "other")]
+
+    def __init__(self) -> None:
+        self.phase = "idle"
+        self.blocks: dict[int, dict] = {}   # id -> {size, phase, cat, live}
+        self.by_ptr: dict[int, int] = {}
+        self.next_id = 0
+        self.peak_total = 0
+        self.peak_ids: set[int] = set()
+        self.last = None
+
+    def total(self) -> int:
+        return sum(b["size"] for b in self.blocks.values() if b["live"])
+
+    def alloc(self, ptr: int, size: int) -> None:
+        self.next_id += 1
+        self.blocks[self.next_id] = {"size": size, "phase": self.phase, "live": True,
+                                     "cat": "other" if self.phase == "idle" else None}
+        self.by_ptr[ptr] = self.next_id
+        if self.total() > self.peak_total:
+            self.peak_total = self.total()
+            self.peak_ids = {i for i, b in self.blocks.items() if b["live"]}
+
+    def free(self, ptr: int) -> None:
+        self.blocks[self.by_ptr.pop(ptr)]["live"] = False
+
+    def resolve(self, phase: str, cat: str) -> None:
+        for b in self.blocks.values():
+            if b["cat"] is None and b["phase"] == phase:
+                b["cat"] = cat if b["live"] else "temporaries"
+
+    def enter(self, phase: str) -> None:
+        for p, c in self.RESOLVES.get(phase, []):
+            self.resolve(p, c)
+        self.phase = phase
+
+    def end_step(self) -> None:
+        for p, c in self.END:
+            self.resolve(p, c)
+        self.last = self.split(self.peak_ids)
+        self.peak_total = self.total()
+        self.peak_ids = {i for i, b in self.blocks.items() if b["live"]}
+        self.blocks = {i: b for i, b in self.blocks.items() if b["live"]}
+        self.phase = "forward"
+
+    def mark(self, ptr: int, cat: str) -> None:
+        self.blocks[self.by_ptr[ptr]]["cat"] = cat
+
+    def split(self, ids) -> dict:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for i in ids:
+            b = self.blocks[i]
+            out[b["cat"] or PROVISIONAL[b["phase"]]] += b["size"]
+        return out
+
+    def now(self) -> dict:
+        return self.split(i for i, b in self.blocks.items() if b["live"])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_runs_match_the_reference(seed):
+    rng = random.Random(seed)
+    a = _C.Allocator("host", "host_capacity_mb:512")
+    ref = Reference()
+    live: list[int] = []
+    sizes = [256, 4096, 300_000, 2 * MiB, 3 * MiB + 512, 12 * MiB]
+    for step in range(1500):
+        r = rng.random()
+        if (r < 0.45 and len(live) < 48) or not live:
+            p, size = alloc(a, rng.choice(sizes))
+            live.append(p)
+            ref.alloc(p, size)
+        elif r < 0.85 or len(live) >= 48:
+            p = live.pop(rng.randrange(len(live)))
+            a.free(p)
+            ref.free(p)
+        elif r < 0.95:
+            phase = rng.choice(["forward", "backward", "optimizer", "forward"])
+            a.enter_phase(phase)
+            ref.enter(phase)
+        elif r < 0.98:
+            a.end_step()
+            ref.end_step()
+            assert a.breakdown()["last"]["split"] == ref.last, step
+        else:
+            p, cat = rng.choice(live), rng.choice(CATEGORIES)
+            a.mark(p, cat)
+            ref.mark(p, cat)
+        b = a.breakdown()
+        assert b["now"]["split"] == ref.now(), step
+        assert b["peak"]["total"] == ref.peak_total, step
+        assert b["peak"]["split"] == ref.split(ref.peak_ids), step
+        if step % 50 == 0:
+            a.validate()
+    for p in live:
+        a.free(p)
+    a.validate()
+
+
+def test_memory_breakdown_reads_an_allocator_it_is_given(host_allocator):
+    a = host_allocator
+    p, pb = alloc(a, 3 * MiB)
+    b = memory_breakdown(allocator=a)
+    assert b.now == {**dict.fromkeys(CATEGORIES, 0), "other": pb}
+    assert b.peak_step is None and b.peak_total == pb and b.largest() == "other"
+    assert "other" in b.to_text() and "3.00 MiB" in str(b)
+    assert b.to_dict()["now_total"] == pb
+    a.free(p)
+
+
+def model_script(backend: str) -> str:
+    """A 5-layer MLP trained 3 steps with Adam (backend "host": on the host
+    backend through use_for_cpu_tensors; "cuda": on the GPU, the model also
+    under torch.compile when COMPILE is set); R["steps"] holds, per step,
+    the breakdown and what the model, its gradients, Adam and autograd hold."""
+    return (PRELUDE[backend] + MODEL)
+
+
+PRELUDE = {
+    "host": """
+import torch, memalloc
+memalloc.enable(backend="host", config="host_capacity_mb:512")
+memalloc.host.use_for_cpu_tensors()
+device = "cpu"
+""",
+    "cuda": """
+import os, torch, memalloc
+memalloc.enable(backend="cuda")
+device = "cuda"
+""",
+}
+
+MODEL = """
+import os
+from memalloc import sites
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                            torch.nn.Tanh(), torch.nn.Linear(512, 16)).to(device)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x, y = torch.randn(4096, 128, device=device), torch.randn(4096, 16, device=device)  # activations dominate
+forward = torch.compile(model) if os.environ.get("COMPILE") else model
+a = memalloc.installed_allocator()
+
+def block_bytes(tensors):
+    sizes = {blk[0]: blk[1] for blk in sites.live_blocks(0)}
+    return sum(sizes[p] for p in {t.untyped_storage().data_ptr() for t in tensors})
+
+R = {"steps": []}
+tracker = memalloc.StepTracker().start()
+for step in range(3):
+    opt.zero_grad(set_to_none=True)
+    saved = []
+    def pack(t):
+        saved.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+    params = list(model.parameters())
+    mine = [t for t in saved if t.untyped_storage().data_ptr() not in {p.data_ptr() for p in params}
+            and t.untyped_storage().data_ptr() not in {x.data_ptr(), y.data_ptr()}]
+    before_backward = memalloc.memory_breakdown()
+    expected_activations = block_bytes(mine + [loss])
+    del saved, mine, out
+    memalloc.reset_peak_memory_stats()
+    loss.backward()
+    opt.step()
+    b = memalloc.memory_breakdown()
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.device == x.device]
+    R["steps"].append({
+        "before_backward": before_backward.now, "expected_activations": expected_activations,
+        "now": b.now, "peak": b.peak, "peak_step": b.peak_step,
+        "params": block_bytes(params), "grads": block_bytes([p.grad for p in params]),
+        "state": block_bytes(state), "inputs": block_bytes([x, y]), "loss": block_bytes([loss]),
+        "max_allocated": memalloc.max_memory_allocated(), "loss_value": loss.item(),
+    })
+tracker.stop()
+R["rows"] = tracker.rows
+R["summary"] = tracker.summary()
+R["memory_summary"] = memalloc.memory_summary()
+a.validate()
+"""
+
+
+def test_a_real_model_on_the_host_backend(fresh_python):
+    _, R, _ = fresh_python.code("", model_script("host"))
+    check_model_run(R)
+
+
+def check_model_run(R: dict, compiled: bool = False, workspaces: int = 0) -> None:
+    """The checks of model_script's results (also run on CUDA by
+    tests/gpu/test_cuda_breakdown.py, where ``other`` also holds up to
+    ``workspaces`` bytes of library workspaces: cuBLAS keeps one per handle
+    and stream, made by the first matmul of the forward and of the autograd
+    engine's thread)."""
+
+    def other_is_inputs(other: int, inputs: int) -> None:
+        assert inputs <= other <= inputs + workspaces
+    first, *later = R["steps"]
+    assert first["peak_step"] == 1
+    for s in R["steps"]:
+        # After the step: what the model, its gradients and Adam hold, to the byte.
+        assert s["now"]["parameters"] == s["params"] > 0
+        assert s["now"]["gradients"] == s["grads"] == s["params"]
+        assert s["now"]["optimizer_state"] == s["state"] > 2 * s["params"] - 1
+        assert s["now"]["temporaries"] == 0
+    for s in later:
+        # Before backward: what autograd saved, plus the loss (provisional
+        # activations); a compiled graph saves what it chose to, in its own
+        # buffers, which the hooks of saved_tensors_hooks do not see.
+        if not compiled:
+            assert s["before_backward"]["activations"] == s["expected_activations"] > 0
+        else:
+            assert s["before_backward"]["activations"] > s["loss"]
+        assert s["before_backward"]["parameters"] == s["params"]
+        assert s["before_backward"]["gradients"] == 0  # set_to_none: freed at zero_grad
+        # Data made before the loop: other; the loss kept by the loop variable: an activation.
+        other_is_inputs(s["now"]["other"], s["inputs"])
+        assert s["now"]["activations"] == s["loss"]
+        # The step's peak: in backward, when its first gradients and temporaries
+        # join the activations; every byte accounted for.
+        assert sum(s["peak"].values()) == s["max_allocated"]
+        assert s["peak"]["parameters"] == s["params"]
+        assert s["peak"]["optimizer_state"] == s["state"]
+        assert 0 < s["peak"]["activations"] <= s["before_backward"]["activations"]
+        assert s["peak"]["temporaries"] > 0
+        other_is_inputs(s["peak"]["other"], s["inputs"])
+    # The step tracker's rows carry the same split, which adds up to the step's peak.
+    assert len(R["rows"]) == 3
+    for row, s in zip(R["rows"], R["steps"]):
+        assert {c: row[f"peak_{c}"] for c in CATEGORIES} == s["peak"]
+        assert sum(s["peak"].values()) == row["peak_allocated"]
+    assert "at that peak: activations" in R["summary"]
+    assert "memory by category" in R["memory_summary"] and "step 3's peak" in R["memory_summary"]
+
+
+WORKSPACE = """
+memalloc.enable(backend="host", config="host_capacity_mb:256")
+memalloc.host.use_for_cpu_tensors()
+from memalloc import sites
+cache = {}
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if "workspace" not in cache:  # made by the first backward, kept (as cuBLAS keeps its workspace)
+            cache["workspace"] = torch.empty(1 << 20, dtype=torch.uint8)
+        return g * 2
+
+torch.manual_seed(0)
+model = torch.nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 256)
+for _ in range(3):
+    opt.zero_grad(set_to_none=True)
+    Scale.apply(model(x)).sum().backward()
+    opt.step()
+sizes = {blk[0]: blk[1] for blk in sites.live_blocks(0)}
+R["now"] = memalloc.memory_breakdown().now
+R["grads"] = sum(sizes[p.grad.data_ptr()] for p in model.parameters())
+R["workspace"] = sizes[cache["workspace"].data_ptr()]
+R["x"] = sizes[x.data_ptr()]
+"""
+
+
+def test_a_block_the_first_backward_keeps_is_not_a_gradient(fresh_python):
+    _, R, _ = fresh_python.code("", WORKSPACE)
+    assert R["now"]["gradients"] == R["grads"] > 0
+    assert R["now"]["other"] == R["workspace"] + R["x"]
