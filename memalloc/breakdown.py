@@ -77,6 +77,11 @@ class MemoryBreakdown:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {"now_total": self.now_total, "peak_total": self.peak_total}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "MemoryBreakdown":
+        """The breakdown :meth:`to_dict` wrote (its totals are recomputed)."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
     def to_text(self) -> str:
         """A table: one row per category, bytes and share now and at the peak."""
         where = f"step {self.peak_step}'s peak" if self.peak_step is not None else "peak so far"

@@ -57,6 +57,7 @@ class _Landmarks:
         self.parameters: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
         self.unmarked = 0  # parameters registered since the last marking
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.backward_listeners: list[Any] = []  # called when a backward starts
         self.first: Optional[weakref.ref] = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
 
@@ -111,6 +112,8 @@ def _make_backward(original: Any) -> Any:
             return original(*args, **kwargs)
         if _marks.unmarked:
             mark_parameters(a)
+        for listener in list(_marks.backward_listeners):
+            listener()
         a.enter_phase("backward")
         try:
             return original(*args, **kwargs)
@@ -120,6 +123,23 @@ def _make_backward(original: Any) -> Any:
     backward.__wrapped__ = original  # type: ignore[attr-defined]
     backward.__doc__ = original.__doc__
     return backward
+
+
+def add_backward_listener(fn: Any) -> None:
+    """Calls ``fn()`` when a backward starts (before the allocator enters
+    the backward phase), on the thread that called backward."""
+    if not callable(fn):
+        raise TypeError(f"a backward listener must be callable, not {type(fn).__name__}")
+    with _lock:
+        if fn not in _marks.backward_listeners:
+            _marks.backward_listeners.append(fn)
+
+
+def remove_backward_listener(fn: Any) -> None:
+    """Stops calling ``fn``; one that is not registered is ignored."""
+    with _lock:
+        if fn in _marks.backward_listeners:
+            _marks.backward_listeners.remove(fn)
 
 
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:

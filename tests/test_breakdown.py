@@ -360,7 +360,9 @@ def check_model_run(R: dict, compiled: bool = False, workspaces: int = 0) -> Non
     for row, s in zip(R["rows"], R["steps"]):
         assert {c: row[f"peak_{c}"] for c in CATEGORIES} == s["peak"]
         assert sum(s["peak"].values()) == row["peak_allocated"]
-    assert "at that peak: activations" in R["summary"]
+    highest = max(R["rows"], key=lambda r: r["peak_allocated"])
+    largest = max(CATEGORIES, key=lambda c: highest[f"peak_{c}"])
+    assert f"at that peak: {largest} " in R["summary"]
     assert "memory by category" in R["memory_summary"] and "step 3's peak" in R["memory_summary"]
 
 
@@ -394,6 +396,18 @@ R["now"] = memalloc.memory_breakdown().now
 R["grads"] = sum(sizes[p.grad.data_ptr()] for p in model.parameters())
 R["workspace"] = sizes[cache["workspace"].data_ptr()]
 R["x"] = sizes[x.data_ptr()]
+# A block the rules got wrong, corrected by hand; bad input refused.
+R["marked"] = memalloc.phases.mark(cache["workspace"], "optimizer_state")
+R["after_mark"] = memalloc.memory_breakdown().now
+R["bad_category"] = err(lambda: memalloc.phases.mark(x, "weights"))
+R["bad_tensor"] = err(lambda: memalloc.phases.mark(3, "other"))
+# The hooks come off and back: backward is torch's own again, new blocks are idle.
+memalloc.phases.uninstall()
+R["unwrapped"] = not hasattr(torch.autograd.backward, "__wrapped__") and not memalloc.phases.installed()
+R["phase_off"] = memalloc.installed_allocator().phase()
+memalloc.phases.install()
+memalloc.phases.install()  # idempotent
+R["rewrapped"] = torch.autograd.backward.__wrapped__.__module__ == "torch.autograd"
 """
 
 
@@ -401,3 +415,9 @@ def test_a_block_the_first_backward_keeps_is_not_a_gradient(fresh_python):
     _, R, _ = fresh_python.code("", WORKSPACE)
     assert R["now"]["gradients"] == R["grads"] > 0
     assert R["now"]["other"] == R["workspace"] + R["x"]
+    assert R["marked"] == R["workspace"]
+    assert R["after_mark"]["optimizer_state"] == R["now"]["optimizer_state"] + R["workspace"]
+    assert R["after_mark"]["other"] == R["x"]
+    assert R["bad_category"][0] == "ValueError" and "unknown category 'weights'" in R["bad_category"][2]
+    assert R["bad_tensor"][0] == "TypeError" and "torch.Tensor" in R["bad_tensor"][2]
+    assert R["unwrapped"] and R["phase_off"] == "idle" and R["rewrapped"]

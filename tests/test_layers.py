@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("memalloc.recording", "memalloc.phases"),                   # events, stacks; training phases
     ("memalloc.snapshots", "memalloc.trace_files", "memalloc.breakdown"),  # snapshot format; trace files; categories
     ("memalloc.stats", "memalloc.sites", "memalloc.holders"),    # queries; call sites; holder search
-    ("memalloc.leaks", "memalloc.oom", "memalloc.tracker", "memalloc.replay"),  # features
+    ("memalloc.leaks", "memalloc.oom", "memalloc.tracker", "memalloc.replay", "memalloc.advisor"),  # features
     ("memalloc._torch_patch",),                                  # torch integration (host backend)
     ("memalloc._install",),                                      # enable(): wires every feature
     ("memalloc", "memalloc.pytest_plugin"),                      # the public API

@@ -11,6 +11,11 @@ and ``leaks.html``. On the host backend torch's CPU tensors come from the
 simulated device (memalloc.host.use_for_cpu_tensors), so a CPU script is
 tracked too.
 
+With ``--advise``: a forward profile (memalloc.advisor.ForwardProfile:
+what each module's forward keeps) and, at exit, the strategies that would
+save memory, each with its estimated saving (memalloc/advisor.py), printed
+and written to DIR as ``advice.json``.
+
 With ``--steps``: a :class:`memalloc.StepTracker` row per boundary
 (allocated, reserved, peaks within the step, device use, OOMs), written at
 exit to DIR as ``steps.csv`` and ``steps.json``, and ``steps.png`` when
@@ -22,13 +27,14 @@ DIR as well, with or without these flags.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import runpy
 import signal
 import sys
 from typing import Any, Optional
 
-from .. import _state, host, iteration, oom
+from .. import _state, advisor, host, iteration, oom, stats
 from .._format import fmt_bytes
 from ..breakdown import memory_breakdown
 from ..leaks import LeakTracker
@@ -43,6 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
     p.add_argument("--steps", action="store_true", help="record memory per step (steps.csv, .json, .png)")
+    p.add_argument("--advise", action="store_true",
+                   help="profile the forward and print which strategies would save memory (advice.json)")
     p.add_argument("--out", default="memalloc-report",
                    help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports")
     p.add_argument("script")
@@ -66,10 +74,11 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
     backend = enable_or_exit(args.backend, args.config)
     oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
-    if args.leaks or args.steps:
+    if args.leaks or args.steps or args.advise:
         _start_boundaries(backend)
     tracker = _start_leaks(args.warmup_steps) if args.leaks else None
     step_tracker = _start_steps() if args.steps else None
+    advice = _start_advice() if args.advise else None
     sys.argv = [args.script, *args.script_args]
     # As `python script.py` does: the script's folder first on sys.path.
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
@@ -83,6 +92,8 @@ def main(args: argparse.Namespace) -> int:
             _write_steps(step_tracker, args.out)
         if tracker is not None:
             _write_leaks(tracker, args.out)
+        if advice is not None:
+            _write_advice(*advice, args.out)
         _print_totals(backend)
         del script_globals
     return 0
@@ -102,6 +113,35 @@ def _start_leaks(warmup_steps: int):
 
 def _start_steps():
     return StepTracker().start()
+
+
+def _start_advice() -> tuple[advisor.ForwardProfile, dict]:
+    """A forward profile of the current device, and the reserved bytes at
+    each step boundary (the last one is what del + empty_cache would cut)."""
+    device = stats.device_index(None)
+    seen: dict = {"device": device, "reserved_after": None}
+
+    def at_boundary(step: int) -> None:
+        seen["reserved_after"] = stats.memory_reserved(device)
+
+    iteration.add_step_listener(at_boundary)
+    seen["listener"] = at_boundary
+    return advisor.ForwardProfile(device=device).start(), seen
+
+
+def _write_advice(profile: advisor.ForwardProfile, seen: dict, out: str) -> None:
+    profile.stop()
+    iteration.remove_step_listener(seen["listener"])
+    b = memory_breakdown(seen["device"])
+    p = profile.profile()
+    advice = advisor.advise(b, p, seen["reserved_after"])
+    print(advisor.to_text(advice, b), file=sys.stderr)
+    path = os.path.join(out, "advice.json")
+    with open(path, "w") as f:
+        json.dump({"schema": "memalloc.advice/1", "breakdown": b.to_dict(), "reserved_after": seen["reserved_after"],
+                   "profile": p.to_dict() if p is not None else None,
+                   "advice": [a.to_dict() for a in advice]}, f, indent=1)
+    print(f"memalloc: wrote {path}", file=sys.stderr)
 
 
 def _write_steps(tracker, out: str) -> None:
