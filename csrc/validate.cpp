@@ -173,6 +173,7 @@ void DeviceAllocator::validate() {
 
 // The invariants of breakdown.h against the live blocks.
 void DeviceAllocator::validate_breakdown_locked() {
+  const Breakdown& bd = accounting_.breakdown();
   CategoryBytes want;
   for (auto& kv : live_) {
     const Block* b = kv.second;
@@ -187,7 +188,7 @@ void DeviceAllocator::validate_breakdown_locked() {
     check(b->seq >= 1 && b->seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
     want.total += bytes;
   }
-  const CategoryBytes& now = accounting_.breakdown().now();
+  const CategoryBytes& now = bd.now();
   for (int c = 0; c < kNumCategories; ++c)
     check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +
                                            std::to_string(now.live[c]) + ", expected " + std::to_string(want.live[c]));
@@ -197,12 +198,12 @@ void DeviceAllocator::validate_breakdown_locked() {
               ", expected " + std::to_string(want.unresolved[p]));
   check(now.total == accounting_.stats().allocated_bytes[kStatAll].current,
         "breakdown: total differs from allocated_bytes");
-  const CategoryBytes& peak = accounting_.breakdown().peak();
+  const CategoryBytes& peak = bd.peak();
   int64_t sum = 0;
   for (int64_t v : peak.live) sum += v;
   for (int p = 0; p < kNumPhases; ++p) {
     sum += peak.unresolved[p];
-    check(accounting_.breakdown().freed_since_peak()[p] >= 0 && accounting_.breakdown().freed_since_peak()[p] <= peak.unresolved[p],
+    check(bd.freed_since_peak()[p] >= 0 && bd.freed_since_peak()[p] <= peak.unresolved[p],
           std::string("breakdown: freed-since-peak bytes of ") + phase_name(p) + " out of range");
   }
   check(sum == peak.total, "breakdown: the peak's categories do not add up to its total");

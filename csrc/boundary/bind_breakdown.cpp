@@ -88,14 +88,18 @@ void bind_breakdown(AllocatorClass& cls) {
           [](CachingAllocator& a, const PhaseArg& phase, const CategoryArg& category) {
             const Phase p = phase_of(phase);
             const Category c = category_of(category);
-            MEMALLOC_EXPECTS(p != Phase::kIdle, "phase 'idle' has nothing to resolve: its blocks are 'other' at once");
+            MEMALLOC_EXPECTS(p != Phase::kIdle,
+                             "phase 'idle' has nothing to resolve: its blocks are 'other' at once");
             py::gil_scoped_release nogil;
             for (int d = 0; d < a.device_count(); ++d) a.device(d).resolve(p, c);
           },
           py::arg("phase"), py::arg("category"),
           "Gives every live unresolved block of `phase` (every device) the category now.")
       .def(
-          "phase", [](CachingAllocator& a, Device device) { return std::string(phase_name(static_cast<int>(a.device(device).phase()))); },
+          "phase",
+          [](CachingAllocator& a, Device device) {
+            return std::string(phase_name(static_cast<int>(a.device(device).phase())));
+          },
           py::arg("device") = 0, "The phase new blocks of `device` are stamped with.")
       .def(
           "end_step",

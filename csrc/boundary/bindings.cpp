@@ -16,8 +16,9 @@
 //   * One file per concept: this one holds the module, the errors, the
 //     config, the Allocator's core methods and installation; bind_host.cpp
 //     the simulated device's methods and host tensors, bind_pools.cpp the
-//     private pools, bind_breakdown.cpp the breakdown by category, bind_attribution.cpp stacks/tags/steps and trace
-//     export, bind_testing.cpp the test hooks (memalloc._C._testing).
+//     private pools, bind_breakdown.cpp the breakdown by category,
+//     bind_attribution.cpp stacks/tags/steps and trace export,
+//     bind_testing.cpp the test hooks (memalloc._C._testing).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
