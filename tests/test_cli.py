@@ -69,7 +69,13 @@ def test_demo_runs_on_host_and_prints_table_oom_and_validate(memalloc_cli):
     line = next(i for i, l in enumerate(example.read_text().splitlines(), 1) if "the leak" in l)
     assert f"{example}:{line} in train: +512 B per step" in out, out
     assert "held by list `losses`" in out
-    assert lines[-1] == "no leaks found"
+    assert "no leaks found" in lines
+    # Where the memory goes: the encoder's split at its last step's peak, every category present.
+    tour = lines[lines.index("no leaks found") + 1:]
+    assert tour[1].startswith("where the memory goes") and tour[2].startswith("memory by category")
+    split = {l.split()[0]: l for l in tour[4:10]}
+    assert list(split) == ["parameters", "gradients", "optimizer_state", "activations", "temporaries", "other"]
+    assert "0 B" not in split["optimizer_state"] and tour[10].lstrip().startswith("total")
     assert "unexpected" not in out
     assert "Traceback" not in p.stderr
 

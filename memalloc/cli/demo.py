@@ -12,7 +12,9 @@ tensor (``losses.append(loss)``) runs under ``memalloc.leak_check()``, whose
 report names that line and the bytes it leaks per step; the fixed loop
 (``loss.item()``) reports nothing. On the host backend torch's own CPU
 tensors come from the simulated device for that part
-(memalloc.host.use_for_cpu_tensors).
+(memalloc.host.use_for_cpu_tensors). Last, a small encoder trains three
+AdamW steps and memalloc.memory_breakdown() shows where its memory goes
+(parameters, gradients, optimizer state, activations, temporaries, other).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from typing import Callable
 
 import torch
 
-from .. import _state, host
+from .. import _state, host, iteration
 from .._format import fmt_bytes
+from ..breakdown import memory_breakdown
 from ..examples import leaky_training
 from ._common import enable_or_exit
 
@@ -60,7 +63,27 @@ def main(args: argparse.Namespace) -> int:
     a.validate(0)
     print("allocator invariants hold (validate() passed)")
     _leak_hunt(backend)
+    _where_it_goes(backend)
     return 0
+
+
+def _where_it_goes(backend: str) -> None:
+    """A small encoder trained 3 steps with AdamW (after _leak_hunt, CPU
+    tensors are memalloc's on the host backend), then memory_breakdown()."""
+    device = "cuda" if backend == "cuda" else "cpu"
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(128, 4, 512, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(16, 64, 128, device=device)
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+        iteration.step()  # the leak hunt called memalloc.step(): the code marks the boundaries now
+    print()
+    print("where the memory goes (memalloc.memory_breakdown()): a 4-layer encoder, 3 AdamW steps")
+    print(memory_breakdown().to_text())
 
 
 def _leak_hunt(backend: str) -> None:
