@@ -62,6 +62,7 @@ def main(args: argparse.Namespace) -> int:
           f"reserved now {fmt_bytes(a.stats(0)['reserved_bytes']['all']['current'])}")
     a.validate(0)
     print("allocator invariants hold (validate() passed)")
+    del step  # the first model and its optimizer go: the breakdown below is the encoder's
     _leak_hunt(backend)
     _where_it_goes(backend)
     return 0
