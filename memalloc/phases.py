@@ -60,6 +60,7 @@ class _Landmarks:
         self.backward_listeners: list[Any] = []  # called when a backward starts
         self.first: Optional[weakref.ref] = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
+        self.depth = 0  # backward calls in progress (one inside another: reentrant checkpointing)
 
 
 _marks = _Landmarks()
@@ -110,15 +111,23 @@ def _make_backward(original: Any) -> Any:
         a = _marks.allocator
         if a is None:
             return original(*args, **kwargs)
-        if _marks.unmarked:
-            mark_parameters(a)
-        for listener in list(_marks.backward_listeners):
-            listener()
-        a.enter_phase("backward")
+        with _lock:
+            _marks.depth += 1
+            outermost = _marks.depth == 1
+        if outermost:  # a backward inside a backward (reentrant checkpointing) stays in the phase
+            if _marks.unmarked:
+                mark_parameters(a)
+            for listener in list(_marks.backward_listeners):
+                listener()
+            a.enter_phase("backward")
         try:
             return original(*args, **kwargs)
         finally:
-            a.enter_phase("forward")
+            with _lock:
+                _marks.depth -= 1
+                done = _marks.depth == 0
+            if done:
+                a.enter_phase("forward")
 
     backward.__wrapped__ = original  # type: ignore[attr-defined]
     backward.__doc__ = original.__doc__

@@ -421,3 +421,39 @@ def test_a_block_the_first_backward_keeps_is_not_a_gradient(fresh_python):
     assert R["bad_category"][0] == "ValueError" and "unknown category 'weights'" in R["bad_category"][2]
     assert R["bad_tensor"][0] == "TypeError" and "torch.Tensor" in R["bad_tensor"][2]
     assert R["unwrapped"] and R["phase_off"] == "idle" and R["rewrapped"]
+
+
+REENTRANT = """
+memalloc.enable(backend="host", config="host_capacity_mb:256")
+memalloc.host.use_for_cpu_tensors()
+from torch.utils.checkpoint import checkpoint
+a = memalloc.installed_allocator()
+phases_seen = []
+
+class Probe(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        phases_seen.append(a.phase())  # after the checkpointed block's inner backward has returned
+        return g
+
+torch.manual_seed(0)
+block = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+opt = torch.optim.SGD(block.parameters(), lr=0.1)
+x = torch.randn(32, 64, requires_grad=True)
+for _ in range(2):
+    opt.zero_grad()
+    y = checkpoint(block, Probe.apply(x), use_reentrant=True)  # its backward calls backward again
+    y.sum().backward()
+    opt.step()
+R["phases"] = phases_seen
+R["after"] = a.phase()
+"""
+
+
+def test_a_backward_inside_a_backward_keeps_the_backward_phase(fresh_python):
+    _, R, _ = fresh_python.code("", REENTRANT)
+    assert R["phases"] == ["backward", "backward"] and R["after"] == "forward"
