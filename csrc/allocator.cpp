@@ -76,9 +76,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   b->stack_id = ctx_.stack_id;
   b->tag_id = ctx_.tag_id;
   b->step = ctx_.step;
-  b->seq = ++alloc_seq_;
-  b->phase = phase_;
-  b->category = initial_category(phase_);
+  stamp_breakdown_locked(b);
   live_.emplace(b->addr, b);
   if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);

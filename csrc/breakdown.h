@@ -148,14 +148,14 @@ class Breakdown {
     peak_.live[static_cast<int>(to)] += bytes;
   }
   // Ends the window (call after resolving every phase): `last()` becomes
-  // its peak; the next window starts at the current split. `next_seq` is
-  // the sequence number the next block will get.
-  void end_window(uint64_t next_seq, uint32_t step) {
+  // its peak; the next window starts at the current split. `last_seq` is
+  // the sequence number of the last block allocated so far.
+  void end_window(uint64_t last_seq, uint32_t step) {
     last_ = peak_;
     has_last_ = true;
     last_step_ = step;
     peak_ = now_;
-    peak_seq_ = next_seq - 1;
+    peak_seq_ = last_seq;
     freed_ = {};
   }
 

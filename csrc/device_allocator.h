@@ -194,8 +194,7 @@ class DeviceAllocator {
   void end_step(uint32_t step);
   // Gives the live block holding `ptr` (its start or an interior address)
   // the final category `cat`. Returns its bytes (0: no live block holds
-  // ptr). Walking the segment for an interior pointer
-  // costs O(blocks in it).
+  // ptr). An interior pointer costs a walk over the live blocks.
   size_t mark(std::uintptr_t ptr, Category cat);
   struct BreakdownState {
     CategoryBytes now, peak, last;
@@ -241,6 +240,13 @@ class DeviceAllocator {
   void record_locked(const Event& e) {
     accounting_.apply(e);
     if (ring_.enabled()) trace_locked(e);
+  }
+  // A block becoming live (malloc, restore_pool) gets the next sequence
+  // number, the current phase and that phase's initial category.
+  void stamp_breakdown_locked(Block* b) {
+    b->seq = ++alloc_seq_;
+    b->phase = phase_;
+    b->category = initial_category(phase_);
   }
   // Sets the category of every live unresolved block of `phase` to `cat`.
   void resolve_locked(Phase phase, Category cat);

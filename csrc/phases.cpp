@@ -39,7 +39,7 @@ void DeviceAllocator::end_step(uint32_t step) {
   resolve_locked(Phase::kOptimizer, Category::kOptimizerState);
   resolve_locked(Phase::kBackward, Category::kGradients);
   resolve_locked(Phase::kForward, Category::kOther);
-  accounting_.breakdown().end_window(alloc_seq_ + 1, step);
+  accounting_.breakdown().end_window(alloc_seq_, step);
   phase_ = Phase::kForward;
 }
 

@@ -262,9 +262,7 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
     b->stack_id = cut[i].stack_id;
     b->tag_id = cut[i].tag_id;
     b->step = ctx_.step;
-    b->seq = ++alloc_seq_;
-    b->phase = phase_;
-    b->category = initial_category(phase_);
+    stamp_breakdown_locked(b);
     live_.emplace(b->addr, b);
     pool->live_blocks += 1;
     out->allocated.push_back(reinterpret_cast<void*>(b->addr));

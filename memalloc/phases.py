@@ -41,7 +41,6 @@ import torch.optim.optimizer as torch_optimizer
 
 from . import _C, _state, iteration
 
-PHASES = ("idle", "forward", "backward", "optimizer")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 
 _lock = threading.Lock()

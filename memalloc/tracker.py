@@ -58,7 +58,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, Optional, Union
 
 from . import _C, _state, iteration, stats
-from .breakdown import CATEGORIES
+from .breakdown import CATEGORIES, describe_split
 from ._device import DeviceLike, existing_device_index
 from ._format import fmt_bytes
 
@@ -440,10 +440,7 @@ class StepTracker:
             f"  OOMs: {sum(r['num_ooms'] for r in ooms)}"
             + (f" (steps {', '.join(str(r['step']) for r in ooms)})" if ooms else ""),
         ]
-        split = {c: peak[f"peak_{c}"] for c in CATEGORIES if peak[f"peak_{c}"]}
+        split = describe_split({c: peak[f"peak_{c}"] for c in CATEGORIES})
         if split:
-            whole = sum(split.values())
-            lines.append("  at that peak: " + ", ".join(
-                f"{c} {fmt_bytes(v)} ({100 * v / whole:.0f}%)"
-                for c, v in sorted(split.items(), key=lambda kv: -kv[1])))
+            lines.append(f"  at that peak: {split}")
         return "\n".join(lines)

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from .. import _state, advisor, host, iteration, oom, stats
 from .._format import fmt_bytes
-from ..breakdown import memory_breakdown
+from ..breakdown import describe_split, memory_breakdown
 from ..leaks import LeakTracker
 from ..tracker import StepTracker
 from ._common import check_or_exit, enable_or_exit
@@ -191,6 +191,4 @@ def _breakdown_line(device: int) -> str:
     """The bytes by category at the last step's peak, largest first."""
     b = memory_breakdown(device)
     where = f"at step {b.peak_step}'s peak" if b.peak_step is not None else "at the peak so far (no step ended)"
-    parts = [f"{c} {fmt_bytes(v)} ({100 * v / b.peak_total:.0f}%)"
-             for c, v in sorted(b.peak.items(), key=lambda kv: -kv[1]) if v]
-    return f"{where}: " + (", ".join(parts) if parts else "nothing allocated")
+    return f"{where}: " + (describe_split(b.peak) or "nothing allocated")
