@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import recording, snapshots, stats
+from . import _hooks, recording, snapshots, stats
 
 # torch name -> memalloc function, on every backend.
 _QUERIES: dict[str, Callable[..., Any]] = {
@@ -86,11 +86,12 @@ _HOST_ONLY: dict[str, Callable[..., Any]] = {
 _lock = threading.Lock()
 _originals: dict[str, Any] = {name: getattr(torch.cuda.memory, name)
                               for name in (*_QUERIES, *_HOST_ONLY) if hasattr(torch.cuda.memory, name)}
-_patched: dict[str, Any] = {}
+_MODULES = (torch.cuda.memory, torch.cuda)
 
 
 def patch(backend: str) -> None:
-    """Makes ``torch.cuda.<query>`` answer from memalloc."""
+    """Makes ``torch.cuda.<query>`` answer from memalloc (through
+    memalloc._hooks.replace_attribute, which keeps torch's originals)."""
     table = dict(_QUERIES)
     if backend == "host":
         table.update(_HOST_ONLY)
@@ -99,9 +100,8 @@ def patch(backend: str) -> None:
             if name not in _originals:
                 continue
             wrapped = functools.wraps(_originals[name])(_named(fn))
-            for module in (torch.cuda.memory, torch.cuda):
-                setattr(module, name, wrapped)
-            _patched[name] = wrapped
+            for module in _MODULES:
+                _hooks.replace_attribute(module, name, wrapped)
 
 
 def _named(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,15 +115,14 @@ def _named(fn: Callable[..., Any]) -> Callable[..., Any]:
 def unpatch() -> None:
     """Restores torch's own functions."""
     with _lock:
-        for name in list(_patched):
-            for module in (torch.cuda.memory, torch.cuda):
-                setattr(module, name, _originals[name])
-            del _patched[name]
+        for name in _originals:
+            for module in _MODULES:
+                _hooks.restore_attribute(module, name)
 
 
 def is_patched() -> bool:
     """True while ``torch.cuda`` memory queries answer from memalloc."""
-    return bool(_patched)
+    return any(module in _MODULES for module, _ in _hooks.replaced_attributes())
 
 
 __all__ = ["is_patched", "patch", "unpatch"]

@@ -29,9 +29,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
-import torch.optim.optimizer as torch_optimizer
-
-from . import _C
+from . import _C, _hooks
 
 T = TypeVar("T")
 StepListener = Callable[[int], None]
@@ -39,6 +37,8 @@ StepListener = Callable[[int], None]
 # Where a boundary came from (the keys of boundary_counts()).
 EXPLICIT = "memalloc.step()"
 OPTIMIZER = "optimizer.step()"
+
+FEATURE = "step boundaries from optimizer.step()"  # its name in hook warnings
 
 _lock = threading.Lock()
 _listeners: list[StepListener] = []
@@ -159,7 +159,7 @@ class _AutoStep:
     are guarded by ``_lock``."""
 
     def __init__(self) -> None:
-        self.handle: Optional[Any] = None
+        self.hooked = False
         self.first: Optional[weakref.ref] = None  # the optimizer that marks boundaries
         self.on = False            # auto_step(True)
         self.watchers = 0          # want_boundaries() - release_boundaries()
@@ -173,12 +173,13 @@ class _AutoStep:
         marks a boundary only when marks() says so), removes it otherwise;
         ``_lock`` held."""
         wanted = self.on or self.watchers > 0
-        if wanted and self.handle is None:
+        if wanted and not self.hooked:
             self.first = None
-            self.handle = torch_optimizer.register_optimizer_step_post_hook(self)
-        elif not wanted and self.handle is not None:
-            self.handle.remove()
-            self.handle = None
+            _hooks.subscribe(_hooks.OPTIMIZER_STEP_POST, FEATURE, self)
+            self.hooked = True
+        elif not wanted and self.hooked:
+            _hooks.unsubscribe(_hooks.OPTIMIZER_STEP_POST, FEATURE)
+            self.hooked = False
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with _lock:
@@ -207,7 +208,7 @@ def optimizer_marks_boundaries() -> bool:
     """Whether ``optimizer.step()`` marks boundaries now (:func:`auto_step`
     is on, or a watcher wants them and no explicit :func:`step` came)."""
     with _lock:
-        return _auto.handle is not None and _auto.marks()
+        return _auto.hooked and _hooks.subscribed(_hooks.OPTIMIZER_STEP_POST, FEATURE) and _auto.marks()
 
 
 def explicit_steps_seen() -> bool:

@@ -26,7 +26,7 @@ import pickle
 import threading
 from typing import Optional
 
-from . import _C, _state, snapshots, stats
+from . import _C, _hooks, _state, snapshots, stats
 from ._device import DeviceLike, device_index
 from ._format import fmt_bytes
 from ._usercode import source_line
@@ -61,12 +61,19 @@ def set_oom_report(enabled: bool = True, *, directory: Optional[str] = None, max
     with _lock:
         _settings.update(enabled=enabled, directory=None if directory is None else os.fspath(directory),
                          max_reports=max_reports, top=top)
-    _C.set_oom_hook(_hook if enabled else None)
+    install()
+
+
+FEATURE = "out-of-memory report"  # its name in hook warnings
 
 
 def install() -> None:
-    """Installs the hook with the current settings (done by memalloc.enable)."""
-    _C.set_oom_hook(_hook if _settings["enabled"] else None)
+    """Subscribes the report to the allocator's out-of-memory hook
+    (memalloc._hooks) with the current settings (done by memalloc.enable)."""
+    if _settings["enabled"]:
+        _hooks.subscribe(_hooks.OUT_OF_MEMORY, FEATURE, _hook)
+    else:
+        _hooks.unsubscribe(_hooks.OUT_OF_MEMORY, FEATURE)
 
 
 def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: Optional[_C.Allocator] = None) -> list[dict]:

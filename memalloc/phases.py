@@ -21,9 +21,15 @@ landmarks of a training step, with no change to the user's code:
   step per iteration with several optimizers, the rule of
   :func:`memalloc.auto_step`), until the code calls ``memalloc.step()``;
 - torch's global parameter-registration hook remembers every
-  ``nn.Parameter`` (weakly); their storages are marked ``parameters`` before
-  the first backward after new ones appear, for each optimizer's parameters
-  when it first steps, and at every report (:func:`mark_parameters`).
+  ``nn.Parameter`` (weakly, by identity: a tied weight is one); their
+  storages are marked ``parameters`` before the first backward after new
+  ones appear, for each optimizer's parameters when it first steps, and at
+  every report (:func:`mark_parameters`).
+
+The hooks are subscriptions of :mod:`memalloc._hooks` (one wrapper per hook
+point, shared with the backward context of :mod:`memalloc.tags` and the
+boundaries of :mod:`memalloc.iteration`); a failing one turns the breakdown
+off with a warning and never reaches the user's code.
 
 Each landmark costs one call into the allocator (a few microseconds with a
 walk over the live blocks of the phase it resolves); the malloc/free path
@@ -36,12 +42,12 @@ import weakref
 from typing import Any, Iterable, Optional
 
 import torch
-import torch.nn.modules.module as torch_module
-import torch.optim.optimizer as torch_optimizer
 
-from . import _C, _state, iteration
+from . import _C, _hooks, _state, iteration
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+
+FEATURE = "memory breakdown"  # its name in hook warnings (memalloc._hooks)
 
 _lock = threading.Lock()
 
@@ -51,11 +57,11 @@ class _Landmarks:
 
     def __init__(self) -> None:
         self.allocator: Optional[_C.Allocator] = None  # None: not installed
-        self.handles: list[Any] = []
-        self.original_backward: Optional[Any] = None
-        self.parameters: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+        # Known by identity: a tied weight is registered twice, and tensors'
+        # == is elementwise (a WeakSet of parameters raised there).
+        self.parameters: _hooks.IdentityRegistry[torch.Tensor] = _hooks.IdentityRegistry()
         self.unmarked = 0  # parameters registered since the last marking
-        self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.optimizers: _hooks.IdentityRegistry[Any] = _hooks.IdentityRegistry()
         self.backward_listeners: list[Any] = []  # called when a backward starts
         self.first: Optional[weakref.ref] = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
@@ -73,13 +79,10 @@ def install(allocator: Optional[_C.Allocator] = None) -> None:
         if _marks.allocator is not None:
             return
         _marks.allocator = a
-        _marks.handles = [
-            torch_optimizer.register_optimizer_step_pre_hook(_before_optimizer_step),
-            torch_optimizer.register_optimizer_step_post_hook(_after_optimizer_step),
-            torch_module.register_module_parameter_registration_hook(_parameter_registered),
-        ]
-        _marks.original_backward = torch.autograd.backward
-        torch.autograd.backward = _make_backward(_marks.original_backward)
+    _hooks.subscribe(_hooks.OPTIMIZER_STEP_PRE, FEATURE, _before_optimizer_step)
+    _hooks.subscribe(_hooks.OPTIMIZER_STEP_POST, FEATURE, _after_optimizer_step)
+    _hooks.subscribe(_hooks.PARAMETER_REGISTRATION, FEATURE, _parameter_registered)
+    _hooks.subscribe(_hooks.BACKWARD, FEATURE, _backward_begins, _backward_ends)
     iteration.add_step_listener(_end_step)
 
 
@@ -90,12 +93,10 @@ def uninstall() -> None:
         if _marks.allocator is None:
             return
         a = _marks.allocator
-        for h in _marks.handles:
-            h.remove()
-        _marks.handles = []
-        if getattr(torch.autograd.backward, "__wrapped__", None) is _marks.original_backward:
-            torch.autograd.backward = _marks.original_backward
         _marks.allocator = None
+    for point in (_hooks.OPTIMIZER_STEP_PRE, _hooks.OPTIMIZER_STEP_POST, _hooks.PARAMETER_REGISTRATION,
+                  _hooks.BACKWARD):
+        _hooks.unsubscribe(point, FEATURE)
     iteration.remove_step_listener(_end_step)
     a.enter_phase("idle")
 
@@ -105,32 +106,33 @@ def installed() -> bool:
     return _marks.allocator is not None
 
 
-def _make_backward(original: Any) -> Any:
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        a = _marks.allocator
-        if a is None:
-            return original(*args, **kwargs)
-        with _lock:
-            _marks.depth += 1
-            outermost = _marks.depth == 1
-        if outermost:  # a backward inside a backward (reentrant checkpointing) stays in the phase
-            if _marks.unmarked:
-                mark_parameters(a)
-            for listener in list(_marks.backward_listeners):
-                listener()
-            a.enter_phase("backward")
-        try:
-            return original(*args, **kwargs)
-        finally:
-            with _lock:
-                _marks.depth -= 1
-                done = _marks.depth == 0
-            if done:
-                a.enter_phase("forward")
+def _backward_begins() -> Optional[_C.Allocator]:
+    """Before a backward: the allocator enters the backward phase (once for
+    a backward inside a backward: reentrant checkpointing). Returns the
+    allocator to leave the phase of, None when not installed."""
+    a = _marks.allocator
+    if a is None:
+        return None
+    with _lock:
+        _marks.depth += 1
+        outermost = _marks.depth == 1
+    if outermost:
+        if _marks.unmarked:
+            mark_parameters(a)
+        for listener in list(_marks.backward_listeners):
+            listener()
+        a.enter_phase("backward")
+    return a
 
-    backward.__wrapped__ = original  # type: ignore[attr-defined]
-    backward.__doc__ = original.__doc__
-    return backward
+
+def _backward_ends(a: Optional[_C.Allocator]) -> None:
+    if a is None:
+        return
+    with _lock:
+        _marks.depth -= 1
+        done = _marks.depth == 0
+    if done:
+        a.enter_phase("forward")
 
 
 def add_backward_listener(fn: Any) -> None:
@@ -154,8 +156,7 @@ def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     a = _marks.allocator
     if a is None:
         return
-    if optimizer not in _marks.optimizers:
-        _marks.optimizers.add(optimizer)
+    if _marks.optimizers.add(optimizer):  # its first step
         params = _optimizer_parameters(optimizer)
         mark_parameters(a, params)
         _mark_tensors(a, [p.grad for p in params if p.grad is not None], "gradients")
@@ -186,8 +187,7 @@ def _end_step(step: int) -> None:
 
 
 def _parameter_registered(module: Any, name: str, param: Any) -> None:
-    if param is not None:
-        _marks.parameters.add(param)
+    if param is not None and _marks.parameters.add(param):
         _marks.unmarked += 1
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Iterator
 
-import torch
-
-from . import _C
+from . import _C, _hooks
 from ._config import STACK_MODES
 
 
@@ -47,31 +45,25 @@ def tag(name: str) -> Iterator[str]:
         _C.set_thread_tag(previous)
 
 
-_backward_installed = False
-_backward_lock = threading.Lock()
+BACKWARD_FEATURE = "call-site attribution of backward()"  # its name in hook warnings
+
+
+def _backward_begins() -> tuple:
+    path = current_tag()
+    tag_id = _C.intern_tag("<backward>" + (f"/{path}" if path else ""))
+    stack_id = _C.capture_stack() if _C.stack_mode() == STACK_MODES["python"] else 0
+    previous = _C.backward_context()
+    _C.set_backward_context(tag_id, stack_id)
+    return previous
+
+
+def _backward_ends(previous: tuple) -> None:
+    _C.set_backward_context(*previous)
 
 
 def install_backward_context() -> None:
-    """Wraps torch.autograd.backward so that engine-thread allocations are
-    attributed to "<backward>[/tag path]" and the caller's stack."""
-    global _backward_installed
-    with _backward_lock:
-        if _backward_installed:
-            return
-        original = torch.autograd.backward
-
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            path = current_tag()
-            tag_id = _C.intern_tag("<backward>" + (f"/{path}" if path else ""))
-            stack_id = _C.capture_stack() if _C.stack_mode() == STACK_MODES["python"] else 0
-            previous = _C.backward_context()
-            _C.set_backward_context(tag_id, stack_id)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                _C.set_backward_context(*previous)
-
-        backward.__wrapped__ = original  # type: ignore[attr-defined]
-        backward.__doc__ = original.__doc__
-        torch.autograd.backward = backward
-        _backward_installed = True
+    """Attributes the allocations of autograd's engine threads (which run no
+    Python) to "<backward>[/tag path]" and the stack of the ``backward()``
+    call that started them: a subscription to torch.autograd.backward
+    (memalloc._hooks). Idempotent."""
+    _hooks.subscribe(_hooks.BACKWARD, BACKWARD_FEATURE, _backward_begins, _backward_ends)

@@ -32,9 +32,9 @@ def allocator():
 @pytest.fixture(autouse=True)
 def no_hook_left():
     """Every test leaves the optimizer hook as it found it (off)."""
-    assert iteration._auto.handle is None and not iteration.auto_step_enabled()
+    assert not iteration._auto.hooked and not iteration.auto_step_enabled()
     yield
-    assert iteration._auto.handle is None and iteration._auto.watchers == 0
+    assert not iteration._auto.hooked and iteration._auto.watchers == 0
 
 
 def sgd():

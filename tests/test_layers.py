@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memalloc"
 # Bottom to top. A module may import only modules of lower layers.
 LAYERS: list[tuple[str, ...]] = [
     ("memalloc._C", "memalloc._format", "memalloc._usercode"),  # the extension; plain helpers
+    ("memalloc._hooks",),                                        # every hook memalloc installs into torch
     ("memalloc._config", "memalloc.report_html"),                # config text; reporters of plain data
     ("memalloc.leak_report",),                                   # leak report types (plain data)
     ("memalloc._state",),                                        # runtime state (read from _C)

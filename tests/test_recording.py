@@ -57,7 +57,7 @@ import torch
 from torch.cuda import _memory_viz as mv
 
 import memalloc
-from memalloc import _C, host, recording, snapshots, trace_files
+from memalloc import _C, _hooks, host, recording, snapshots, trace_files
 from memalloc import tags as tags_module
 from memalloc._usercode import is_internal
 from conftest import CHILD_PRELUDE
@@ -83,19 +83,19 @@ def owned_recording(config: str = "host_capacity_mb:64") -> Iterator[_C.Allocato
     """A fresh host-backend allocator (not installed) for one scenario.
     Afterwards its recording is stopped, it is validated, and the
     process-wide recording state is as before: the stack mode, this
-    thread's tag, the backward context, and torch.autograd.backward (which
-    record_memory_history wraps once per process)."""
+    thread's tag, the backward context, and the backward hook (which
+    record_memory_history subscribes to, memalloc._hooks)."""
     mode, thread_tag, backward = _C.stack_mode(), _C.thread_tag(), _C.backward_context()
+    subscribed = _hooks.subscribed(_hooks.BACKWARD, tags_module.BACKWARD_FEATURE)
     a = _C.Allocator("host", config)
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(torch.autograd, "backward", torch.autograd.backward)
-            mp.setattr(tags_module, "_backward_installed", tags_module._backward_installed)
-            try:
-                yield a
-            finally:
-                recording.record_memory_history(False, allocator=a)
+        try:
+            yield a
+        finally:
+            recording.record_memory_history(False, allocator=a)
     finally:
+        if not subscribed:
+            _hooks.unsubscribe(_hooks.BACKWARD, tags_module.BACKWARD_FEATURE)
         _C.set_stack_mode(mode)
         _C.set_thread_tag(thread_tag)
         _C.set_backward_context(*backward)
