@@ -350,7 +350,7 @@ class DeviceAllocator {
   uint64_t alloc_seq_ = 0;      // the last block's sequence number
   TraceRing ring_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
-  double fraction_ = 0.0;  // 0 = no limit set
+  double fraction_ = -1.0;  // < 0: no limit set
   size_t allowed_max_ = static_cast<size_t>(-1);
   double gc_threshold_ = 0.0;  // 0 = policy off
   size_t capacity_ = 0;        // device total bytes, read once when first needed

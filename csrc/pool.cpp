@@ -83,7 +83,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
 // The "threshold" empty-cache policy (see set_gc_threshold).
 void DeviceAllocator::maybe_collect_locked(size_t bytes) {
   if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
-  const size_t limit = fraction_ > 0.0 ? allowed_max_ : capacity_;
+  const size_t limit = fraction_ >= 0.0 ? allowed_max_ : capacity_;
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (static_cast<double>(reserved + bytes) <= gc_threshold_ * static_cast<double>(limit)) return;
   Event e;
@@ -212,9 +212,9 @@ size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
 }
 
 void DeviceAllocator::set_memory_fraction(double fraction) {
-  MEMALLOC_EXPECTS(fraction > 0.0 && fraction <= 1.0,
+  MEMALLOC_EXPECTS(fraction >= 0.0 && fraction <= 1.0,  // torch's range: 0 allows nothing
                    "invalid memory fraction " + std::to_string(fraction) +
-                       ": set a value in (0, 1]");
+                       ": set a value in [0, 1]");
   std::lock_guard<std::mutex> lock(mu_);
   const size_t total = backend_.mem_get_info(device_).total;
   fraction_ = fraction;
@@ -250,7 +250,7 @@ std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded
                     format_bytes(rounded > kMaxRequest ? requested : rounded) + ". " + dev +
                     " has a total capacity of " + format_bytes(info.total) + " of which " +
                     format_bytes(info.free) + " is free. ";
-  if (fraction_ > 0.0) {
+  if (fraction_ >= 0.0) {
     msg += "This process has a memory fraction limit of " + format_bytes(allowed_max_) + " (fraction " +
            std::to_string(fraction_) + "). ";
   }

@@ -181,13 +181,12 @@ def _nvml_processes(index: int) -> list[str]:
 
 def get_per_process_memory_fraction(device: DeviceLike = None) -> float:
     """The memory fraction set for ``device`` (1.0 when none is set)."""
-    f = _state.installed_allocator().memory_fraction(device_index(device))
-    return f if f > 0 else 1.0
+    return float(_state.installed_allocator().memory_fraction(device_index(device)))
 
 
 def set_per_process_memory_fraction(fraction: float, device: DeviceLike = None) -> None:
     """Caps memalloc's reserved bytes on ``device`` at ``fraction`` (a float
-    in (0, 1]) of its capacity in bytes.
+    in [0, 1], as torch: 0 allows nothing) of its capacity in bytes.
 
     The fraction is not coerced: like torch, a str or a bool is a TypeError
     (raised by memalloc._C, which also checks the range)."""

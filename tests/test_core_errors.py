@@ -281,7 +281,23 @@ def test_typed_arguments_accept_int_and_real_like_values():
     assert "size: int, device: int = 0, stream: int = 0" in _C.Allocator.malloc.__doc__
 
 
-@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.0000001, 2.0, float("nan")])
+def test_memory_fraction_zero_allows_nothing_new_as_torch():
+    """torch accepts fractions in [0, 1]; 0 lets no new segment be made
+    (cached blocks still serve), and the fraction reads back as 0.0."""
+    a = Checked()
+    assert a.memory_fraction() == 1.0  # none set: the whole device, as torch answers
+    kept = a.malloc(1 * MiB)
+    a.free(kept)  # a cached 2 MiB segment
+    a.set_memory_fraction(0.0)
+    assert a.memory_fraction() == 0.0
+    a.free(a.malloc(1 * MiB))  # the cached segment serves
+    with pytest.raises(torch.OutOfMemoryError, match=r"memory fraction limit of 0 bytes \(fraction 0"):
+        a.malloc(40 * MiB)
+    a.set_memory_fraction(1.0)
+    a.free(a.malloc(40 * MiB))
+
+
+@pytest.mark.parametrize("fraction", [-0.5, 1.0000001, 2.0, float("nan")])
 def test_invalid_memory_fraction(fraction):
     a = Checked()
     a.set_memory_fraction(0.5)

@@ -229,7 +229,7 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
     assert sa["max_split_size"] == -1
 
     # Memory fraction: 0.5 of 64 MiB caps reserved bytes at 32 MiB.
-    assert r["frac0"] == [1.0, 0.0]
+    assert r["frac0"] == [1.0, 1.0]  # none set: the whole device, as torch
     assert r["frac1"] == [0.5, 0.5, 0.5]
     name, mro, msg = r["oom"]
     assert name == "OutOfMemoryError" and "RuntimeError" in mro

@@ -168,7 +168,11 @@ PYBIND11_MODULE(_C, m) {
       .def("set_memory_fraction",
            [](CachingAllocator& a, FractionArg f, Device device) { a.device(device).set_memory_fraction(f); },
            py::arg("fraction"), py::arg("device") = 0, NoGil())
-      .def("memory_fraction", [](CachingAllocator& a, Device device) { return a.device(device).memory_fraction(); },
+      .def("memory_fraction",
+           [](CachingAllocator& a, Device device) {
+             const double f = a.device(device).memory_fraction();
+             return f >= 0.0 ? f : 1.0;  // none set: the whole device, as torch answers
+           },
            py::arg("device") = 0, NoGil())
       .def("set_gc_threshold",
            [](CachingAllocator& a, ThresholdArg t, Device device) { a.device(device).set_gc_threshold(t); },

@@ -92,7 +92,7 @@ inline constexpr UIntSpec kCount{"count", "count", "", "an int >= 0 (calls to fa
 inline constexpr UIntSpec kSeed{"seed", "seed", "", "an int >= 0 (a random seed)",
                                 std::numeric_limits<uint64_t>::max()};
 
-inline constexpr RealSpec kFraction{"fraction", "a float in (0, 1] (a share of the device's memory)"};
+inline constexpr RealSpec kFraction{"fraction", "a float in [0, 1] (a share of the device's memory)"};
 inline constexpr RealSpec kThreshold{"threshold", "a float in [0, 1) (a share of the limit; 0 = off)"};
 inline constexpr RealSpec kAllocateRate{"allocate_rate", "a float in [0, 1] (a probability)"};
 inline constexpr RealSpec kReleaseRate{"release_rate", "a float in [0, 1] (a probability)"};

@@ -88,6 +88,10 @@ class TorchCudaAllocator final : public Pluggable {
 
   // ---- allocation ----------------------------------------------------------
   c10::DataPtr allocate(size_t size) override {
+    // Native's first check (before any observer or retry), word for word.
+    constexpr size_t kOneExaByte = size_t{1} << 60;
+    TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     const c10::DeviceIndex device = c10::cuda::current_device();
     void* p = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
     return {p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device)};
@@ -114,7 +118,7 @@ class TorchCudaAllocator final : public Pluggable {
   // ---- limits and the cache --------------------------------------------------
   double getMemoryFraction(c10::DeviceIndex device) override {
     const double f = core_->device(device).memory_fraction();
-    return f > 0.0 ? f : 1.0;
+    return f >= 0.0 ? f : 1.0;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     guard([&] { core_->device(device).set_memory_fraction(fraction); });
@@ -423,7 +427,7 @@ class TorchCudaAllocator final : public Pluggable {
       memalloc::DeviceAllocator& d = core_->device(device);
       const MemInfo info = d.mem_get_info();
       const double fraction = d.memory_fraction();
-      const size_t limit = fraction > 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total))
+      const size_t limit = fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total))
                                           : info.total;
       for (auto& obs : observers) obs(device, size, limit, info.free);
     } catch (const std::exception& e) {

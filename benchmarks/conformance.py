@@ -1,0 +1,197 @@
+"""torch's own allocator tests as memalloc's conformance suite.
+
+Runs upstream ``test/test_cuda.py`` (its allocator tests, selected by
+benchmarks/conformance_plugin.py) and ``test/inductor/test_cudagraph_trees.py``
+unmodified, natively and under memalloc, with the default config and with
+expandable segments, each (suite, mode, config) in its own processes, and
+writes every test's outcome in each mode::
+
+    python -m benchmarks.conformance --upstream upstream/test --out DIR
+
+The upstream files are not in this repository (git-ignored ``upstream/``;
+upstream/SOURCE.txt says where they came from); the device run carries them.
+A test that crashes the process (a poisoned CUDA context, a segfault, a
+timeout) is recorded as ``crashed`` and the run restarts after it. The two
+suites run side by side (the trees compile on the CPU); the modes and
+configs of one suite run one after another, so no two processes of a
+suite share the GPU.
+
+Writes DIR/conformance.json: meta (date, torch, GPU, command), per suite and
+config each test's outcome natively and under memalloc (with the failure's
+last lines), and the counts: passed natively, of those passed under
+memalloc, and the list of tests that pass natively and not under memalloc.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = {"cuda": "test_cuda.py", "trees": "inductor/test_cudagraph_trees.py"}
+MODES = ("native", "memalloc")
+CONFIGS = {"default": "", "expandable": "expandable_segments:True"}
+OUTCOMES_PASSED = ("passed",)
+
+
+def _env(suite: str, mode: str, config: str, log: Path, skip: Path) -> dict:
+    env = dict(os.environ)
+    env.pop("MEMALLOC_CONF", None)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.update(PYTHONUNBUFFERED="1", MEMALLOC_CONFORMANCE_MODE=mode, MEMALLOC_CONFORMANCE_SELECT=suite,
+               MEMALLOC_CONFORMANCE_LOG=str(log), MEMALLOC_CONFORMANCE_SKIP=str(skip),
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
+    conf = CONFIGS[config]
+    if conf:
+        # The same variable in both modes: the tests read it (EXPANDABLE_SEGMENTS)
+        # and memalloc honours the keys it shares with torch.
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    return env
+
+
+def _read_log(log: Path) -> tuple[dict, list]:
+    """({id: {"outcome", "message"}}, ids started in order)."""
+    results: dict = {}
+    started: list = []
+    if not log.exists():
+        return results, started
+    for line in log.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if "start" in e:
+            started.append(e["start"])
+        elif e.get("outcome") == "failed" or e["id"] not in results:
+            results[e["id"]] = {"outcome": e["outcome"], "message": e.get("message", "")}
+    return results, started
+
+
+def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeout: int,
+            deadline: float) -> dict:
+    """All passes of one (suite, mode, config); {id: {"outcome", "message"}}."""
+    tag = f"{suite}-{mode}-{config}"
+    log, skip, stdout = out / f"{tag}.jsonl", out / f"{tag}.skip", out / f"{tag}.log"
+    for p in (log, skip, stdout):
+        p.unlink(missing_ok=True)
+    crashed: dict = {}
+    passes = 0
+    while time.monotonic() < deadline:
+        passes += 1
+        cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.conformance_plugin", str(upstream / SUITES[suite]),
+               "-q", "-rN", "-p", "no:cacheprovider", "-o", "addopts="]
+        if importlib.util.find_spec("pytest_timeout") is not None:
+            cmd.append(f"--timeout={timeout}")
+        with open(stdout, "a") as f:
+            f.write(f"\n=== pass {passes}: {' '.join(cmd)}\n")
+            f.flush()
+            try:
+                rc = subprocess.run(cmd, cwd=REPO, env=_env(suite, mode, config, log, skip), stdout=f,
+                                    stderr=subprocess.STDOUT, timeout=max(1, deadline - time.monotonic())).returncode
+            except subprocess.TimeoutExpired:
+                rc = "budget"
+        results, started = _read_log(log)
+        unfinished = [t for t in started if t not in results and t not in crashed]
+        if not unfinished:
+            if rc not in (0, 1, 5) and not results:
+                print(f"{tag}: pytest exited {rc} before any test; the end of {stdout}:\n"
+                      + "\n".join(stdout.read_text().splitlines()[-15:]), flush=True)
+            break
+        crashed[unfinished[-1]] = {"outcome": "crashed", "message": f"the process ended (rc {rc}) in this test"}
+        skip.write_text("\n".join([*results, *crashed]) + "\n")
+        if rc == "budget":
+            break
+    results, _ = _read_log(log)
+    results.update(crashed)
+    print(f"{tag}: {sum(r['outcome'] == 'passed' for r in results.values())} passed of {len(results)} "
+          f"in {passes} pass(es)", flush=True)
+    return results
+
+
+def _short(message: str, n: int = 600) -> str:
+    lines = [l for l in message.splitlines() if l.strip()]
+    return "\n".join(lines[-8:])[-n:]
+
+
+def summarise(tables: dict) -> dict:
+    """Counts and regressions per suite and config from {suite: {config: {mode: results}}}."""
+    out: dict = {}
+    for suite, by_config in tables.items():
+        for config, by_mode in by_config.items():
+            native, ours = by_mode.get("native", {}), by_mode.get("memalloc", {})
+            passed_native = sorted(t for t, r in native.items() if r["outcome"] in OUTCOMES_PASSED)
+            passed_both = [t for t in passed_native if ours.get(t, {}).get("outcome") in OUTCOMES_PASSED]
+            out[f"{suite}/{config}"] = {
+                "tests": len(set(native) | set(ours)),
+                "passed_natively": len(passed_native),
+                "passed_natively_and_under_memalloc": len(passed_both),
+                "passed_only_under_memalloc": sorted(t for t, r in ours.items() if r["outcome"] in OUTCOMES_PASSED
+                                                     and native.get(t, {}).get("outcome") not in OUTCOMES_PASSED),
+                "regressions": {t: {"outcome": ours.get(t, {}).get("outcome", "not run"),
+                                    "message": _short(ours.get(t, {}).get("message", ""))}
+                                for t in passed_native if t not in passed_both},
+            }
+    return out
+
+
+def _machine() -> dict:
+    import torch
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "gpu": gpu,
+            "python": sys.version.split()[0]}
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--upstream", type=Path, default=REPO / "upstream" / "test")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--suites", default="cuda,trees")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--timeout", type=int, default=300, help="seconds per test")
+    p.add_argument("--budget", type=float, default=1500, help="seconds for the whole run")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget
+    suites = [s for s in args.suites.split(",") if s]
+    tables: dict = {s: {c: {} for c in args.configs.split(",") if c} for s in suites}
+
+    def chain(suite: str) -> None:
+        for config in tables[suite]:
+            for mode in [m for m in args.modes.split(",") if m]:
+                tables[suite][config][mode] = run_one(args.upstream, args.out, suite, mode, config,
+                                                      args.timeout, deadline)
+
+    threads = [threading.Thread(target=chain, args=(s,)) for s in suites]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    source = args.upstream.parent / "SOURCE.txt"
+    result = {"meta": {**_machine(), "command": "python -m benchmarks.conformance " + " ".join(argv or sys.argv[1:]),
+                       "upstream": source.read_text().strip() if source.exists() else ""},
+              "summary": summarise(tables),
+              "tests": {s: {c: {t: {m: by_mode[m].get(t, {}).get("outcome", "not run") for m in by_mode}
+                                for t in sorted(set().union(*[set(r) for r in by_mode.values()]) if by_mode else [])}
+                            for c, by_mode in by_config.items()} for s, by_config in tables.items()},
+              "messages": {s: {c: {m: {t: _short(r["message"]) for t, r in res.items()
+                                       if r["outcome"] in ("failed", "crashed")}
+                                   for m, res in by_mode.items()} for c, by_mode in by_config.items()}
+                           for s, by_config in tables.items()}}
+    (args.out / "conformance.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    for key, s in result["summary"].items():
+        print(f"{key}: {s['passed_natively']} pass natively, {s['passed_natively_and_under_memalloc']} of them "
+              f"under memalloc; regressions: {', '.join(t.split('::')[-1] for t in s['regressions']) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""pytest plugin for running torch's own allocator tests (upstream files,
+unmodified) natively or under memalloc: benchmarks/conformance.py loads it
+with ``-p benchmarks.conformance_plugin`` in each child pytest.
+
+Environment (set by the runner):
+- ``MEMALLOC_CONFORMANCE_MODE``: ``native`` or ``memalloc``. ``memalloc``
+  calls ``memalloc.enable()`` when the plugin loads, before pytest imports
+  the test module (the module reads device properties at import).
+- ``MEMALLOC_CONFORMANCE_SELECT``: ``cuda`` (the allocator tests of
+  test/test_cuda.py) or ``trees`` (the pool, checkpoint and liveness tests
+  of test/inductor/test_cudagraph_trees.py).
+- ``MEMALLOC_CONFORMANCE_SKIP``: a file of node ids not to run again (done,
+  or crashed the process, in an earlier pass of the runner).
+- ``MEMALLOC_CONFORMANCE_LOG``: a JSON-lines file: {"start": id} when a test
+  starts and {"id", "outcome", "message"} when it ends, flushed at once so
+  that a crash leaves the last started test behind.
+
+The shims give torch 2.11's testing package the names newer upstream files
+import (``TEST_CUDAMALLOCASYNC``, ``HAS_CUDA``, the ``expecttest`` package
+that the GPU image lacks); the test files themselves are not changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import types
+import unittest
+
+import pytest
+
+MODE = os.environ.get("MEMALLOC_CONFORMANCE_MODE", "native")
+SELECT = os.environ.get("MEMALLOC_CONFORMANCE_SELECT", "")
+
+# test/test_cuda.py: whole classes about the allocator, and TestCuda's tests
+# whose names are about memory (stats, caching, record_stream, OOM, the
+# fraction, graphs and their pools, snapshots, history); host (pinned)
+# memory is torch's host allocator, not the one memalloc replaces.
+CUDA_CLASSES = ("TestCudaMallocAsync", "TestMemPool", "TestBlockStateAbsorption", "TestFXMemoryProfiler")
+CUDA_NAMES = re.compile(r"memory|alloc|cach|stats|record_stream|oom|fraction|graph|pool|snapshot|history|"
+                        r"empty_cache|expandable|workspace|segment|leak")
+CUDA_EXCLUDE = re.compile(r"pinned|host_memory|cudart_register")
+# test/inductor/test_cudagraph_trees.py (229 tests, each compiling): the
+# graph-tree tests about pools, checkpoints, liveness and deallocation, and
+# the basic forward/backward runs (56 names, about a quarter).
+TREES_NAMES = re.compile(r"memory|pool|checkpoint|dealloc|live|storage|multi_dispatch|free|workspace|allocat|"
+                         r"cleanup|dies|persist|run_simple|forward_backward|separate_recordings|mark_step|warmup")
+
+
+def selected(nodeid: str) -> bool:
+    """Whether a test of the selection runs (by its pytest node id)."""
+    parts = nodeid.split("::")
+    cls, name = (parts[-2], parts[-1]) if len(parts) >= 3 else ("", parts[-1])
+    if SELECT == "cuda":
+        if cls.startswith(CUDA_CLASSES):
+            return True
+        return cls == "TestCuda" and bool(CUDA_NAMES.search(name)) and not CUDA_EXCLUDE.search(name)
+    if SELECT == "trees":
+        return bool(TREES_NAMES.search(name))
+    return True
+
+
+def _shim_testing_package() -> None:
+    """Names newer upstream test files import that torch 2.11 lacks."""
+    if "expecttest" not in sys.modules:
+        try:
+            import expecttest  # noqa: F401
+        except ImportError:
+            stub = types.ModuleType("expecttest")
+
+            class TestCase(unittest.TestCase):
+                def assertExpectedInline(self, actual, expect, skip=0):  # noqa: N802 - upstream's name
+                    self.assertEqual(str(actual).strip(), str(expect).strip())
+
+            stub.TestCase = TestCase
+            sys.modules["expecttest"] = stub
+    import torch
+    from torch.testing._internal import common_utils
+    if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):
+        common_utils.TEST_CUDAMALLOCASYNC = (torch.cuda.is_available()
+                                             and torch.cuda.get_allocator_backend() == "cudaMallocAsync")
+    if not hasattr(common_utils, "EXPANDABLE_SEGMENTS"):
+        common_utils.EXPANDABLE_SEGMENTS = "expandable_segments:True" in os.environ.get(
+            "PYTORCH_CUDA_ALLOC_CONF", "")
+    try:  # newer test_cudagraph_trees.py defines an opaque custom class at import
+        import torch._library.opaque_object as opaque
+        if not hasattr(opaque, "CustomClassBase"):
+            opaque.CustomClassBase = type("CustomClassBase", (), {})
+            opaque.register_custom_class = lambda cls, **kwargs: cls
+    except ImportError:
+        pass
+    try:
+        from torch.testing._internal import inductor_utils
+        if not hasattr(inductor_utils, "HAS_CUDA") and hasattr(inductor_utils, "HAS_CUDA_AND_TRITON"):
+            inductor_utils.HAS_CUDA = inductor_utils.HAS_CUDA_AND_TRITON
+    except ImportError:
+        pass
+
+
+if MODE == "memalloc":
+    import memalloc
+    memalloc.enable(backend="cuda")
+_shim_testing_package()
+
+_log = open(os.environ["MEMALLOC_CONFORMANCE_LOG"], "a") if os.environ.get("MEMALLOC_CONFORMANCE_LOG") else None
+
+
+def _write(entry: dict) -> None:
+    if _log is not None:
+        _log.write(json.dumps(entry) + "\n")
+        _log.flush()
+        os.fsync(_log.fileno())
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    skip = set()
+    path = os.environ.get("MEMALLOC_CONFORMANCE_SKIP")
+    if path and os.path.exists(path):
+        skip = {line.strip() for line in open(path) if line.strip()}
+    keep = [it for it in items if selected(it.nodeid) and it.nodeid not in skip]
+    dropped = [it for it in items if it not in keep]
+    items[:] = keep
+    config.hook.pytest_deselected(items=dropped)
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    _write({"start": nodeid})
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        message = ""
+        if report.outcome == "failed":
+            message = str(report.longrepr)[-4000:]
+        elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[2])[:300]
+        _write({"id": report.nodeid, "outcome": report.outcome, "message": message})
+    elif report.when == "teardown" and report.outcome == "failed":
+        _write({"id": report.nodeid, "outcome": "failed", "message": "teardown: " + str(report.longrepr)[-4000:]})
