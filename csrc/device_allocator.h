@@ -124,8 +124,11 @@ class DeviceAllocator {
   size_t empty_pool_cache(PoolId pool, const CallContext& ctx = CallContext{});
 
   // ---- private pools (private_pools.cpp; torch's MempoolId_t calls) -------
-  // Creates the pool with use count 1, or adds 1 to its use count.
-  void create_or_incref_pool(PoolId pool);
+  // Creates the pool with use count 1, or adds 1 to its use count. With a
+  // `source`, the pool's new segments come from it instead of the backend
+  // (a pool that exists keeps the source it was created with; InvalidArgument
+  // when another one is given).
+  void create_or_incref_pool(PoolId pool, std::shared_ptr<SegmentSource> source = nullptr);
   // create_or_incref_pool(pool), then routes allocations whose stream
   // `filter` accepts to it until end_allocate_to_pool(pool). Throws
   // InvalidArgument when a route to `pool` is already open.
@@ -220,6 +223,17 @@ class DeviceAllocator {
   // Every live allocation, in no particular order (copied under the lock).
   std::vector<LiveBlock> live_blocks();
 
+  // One more consumer of every Event, for a boundary (torch's own history
+  // format, its profiler): called under the device lock after the counters,
+  // with the allocated and reserved bytes after the event. It must not
+  // throw (an exception is swallowed) nor call into this allocator.
+  // nullptr removes it.
+  struct EventObserver {
+    void (*fn)(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) = nullptr;
+    void* user = nullptr;
+  };
+  void set_event_observer(EventObserver observer);
+
  private:
   struct Pending {
     EventHandle event;
@@ -240,7 +254,9 @@ class DeviceAllocator {
   void record_locked(const Event& e) {
     accounting_.apply(e);
     if (ring_.enabled()) trace_locked(e);
+    if (observer_.fn != nullptr) observe_locked(e);
   }
+  void observe_locked(const Event& e) noexcept;  // recording.cpp
   // A block becoming live (malloc, restore_pool) gets the next sequence
   // number, the current phase and that phase's initial category.
   void stamp_breakdown_locked(Block* b) {
@@ -349,6 +365,7 @@ class DeviceAllocator {
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number
   TraceRing ring_;
+  EventObserver observer_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
   double fraction_ = -1.0;  // < 0: no limit set
   size_t allowed_max_ = static_cast<size_t>(-1);

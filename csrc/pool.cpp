@@ -63,7 +63,8 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   if (gc_threshold_ > 0.0 && routes_.empty()) maybe_collect_locked(bytes);
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
-  void* p = backend_.allocate(device_, bytes);
+  void* p = owner != nullptr && owner->source ? owner->source->allocate(bytes, stream)
+                                              : backend_.allocate(device_, bytes);
   if (p == nullptr) return nullptr;
   Block* b = new_block();
   b->addr = reinterpret_cast<std::uintptr_t>(p);
@@ -142,7 +143,10 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
 // segment stays cached (still counted as reserved) and a later release
 // retries it: nothing is lost from the books.
 bool DeviceAllocator::release_segment_locked(Block* b) {
-  if (!backend_.release(device_, reinterpret_cast<void*>(b->addr), b->size)) {
+  void* ptr = reinterpret_cast<void*>(b->addr);
+  const bool released = b->owner != nullptr && b->owner->source ? b->owner->source->release(ptr, b->size)
+                                                                 : backend_.release(device_, ptr, b->size);
+  if (!released) {
     std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
                  "it stays cached\n", backend_.name(), hex(b->addr).c_str(), b->size, device_);
     record_locked(block_event(Action::kSegmentFreeFailed, *b));

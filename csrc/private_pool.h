@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <memory_resource>
 #include <utility>
 
@@ -47,9 +48,21 @@ struct FreeLists {
   FreeList large;
 };
 
+// Where a private pool's segments come from when it is not the backend:
+// torch.cuda.MemPool(allocator=...) (ncclMemAlloc, symmetric memory). The
+// pool still caches, splits and accounts its blocks as any other.
+struct SegmentSource {
+  virtual ~SegmentSource() = default;
+  virtual void* allocate(size_t bytes, Stream stream) = 0;  // nullptr: refused (OOM)
+  virtual bool release(void* ptr, size_t bytes) noexcept = 0;
+};
+
 struct PrivatePool {
   PrivatePool(PoolId pool_id, std::pmr::memory_resource* mr) : id(pool_id), lists(mr) {}
   PoolId id;
+  // nullptr: segments from the backend. Kept while any segment of the pool
+  // lives, also after its last use (the pool object outlives them).
+  std::shared_ptr<SegmentSource> source;
   int use_count = 1;
   size_t segments = 0;
   size_t live_blocks = 0;

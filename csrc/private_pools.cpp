@@ -43,10 +43,18 @@ PrivatePool* DeviceAllocator::create_or_incref_locked(PoolId id) {
   return pool;
 }
 
-void DeviceAllocator::create_or_incref_pool(PoolId id) {
+void DeviceAllocator::create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source) {
   MEMALLOC_EXPECTS(id != kDefaultPool, "pool id (0, 0) is the default pool; a private pool needs another id");
   std::lock_guard<std::mutex> lock(mu_);
-  create_or_incref_locked(id);
+  const bool existed = find_pool_locked(id) != nullptr;
+  PrivatePool* pool = create_or_incref_locked(id);
+  if (source == nullptr) return;
+  if (!existed) {
+    pool->source = std::move(source);
+  } else if (pool->source != source) {
+    pool->use_count -= 1;  // nothing changed
+    MEMALLOC_EXPECTS(false, pool_name(id) + " already exists with another segment source");
+  }
 }
 
 void DeviceAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter) {

@@ -1,7 +1,9 @@
 // recording.cpp — DeviceAllocator's side of the event ring (recorder.h):
 // turning Events into TraceRecords, enabling, reading back.
-// Invariant: trace_locked runs under the device lock, after accounting, for
+// Invariants: trace_locked runs under the device lock, after accounting, for
 // every Event while recording is on; it allocates nothing and cannot throw.
+// observe_locked hands the same Event to the boundary's observer (if any),
+// swallowing whatever it throws.
 #include <chrono>
 
 #include "device_allocator.h"
@@ -26,6 +28,19 @@ void DeviceAllocator::trace_locked(const Event& e) noexcept {
   r.device = static_cast<uint8_t>(device_);
   r.pool = static_cast<uint8_t>(e.pool);
   ring_.push(r);
+}
+
+void DeviceAllocator::observe_locked(const Event& e) noexcept {
+  const DeviceStats& s = accounting_.stats();
+  try {
+    observer_.fn(observer_.user, device_, e, s.allocated_bytes[kStatAll].current, s.reserved_bytes[kStatAll].current);
+  } catch (...) {  // an observer never breaks the allocator
+  }
+}
+
+void DeviceAllocator::set_event_observer(EventObserver observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  observer_ = observer;
 }
 
 void DeviceAllocator::set_recording(size_t capacity) {

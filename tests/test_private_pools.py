@@ -245,3 +245,60 @@ def test_restoring_a_state_whose_segment_is_gone_is_refused_and_changes_nothing(
     with pytest.raises(_C.InvalidArgumentError, match="no longer"):
         a.restore_pool(state)
     assert a.stats() == before
+
+
+# ------------------------------------------------ a pool's own segment source ----
+# torch.cuda.MemPool(allocator=...) (ncclMemAlloc, symmetric memory): the
+# pool's segments come from that allocator; memalloc caches, splits,
+# accounts and releases them as any pool's.
+def test_a_pool_with_its_own_source_takes_and_returns_segments_through_it():
+    a = Checked()
+    src = _C.Allocator.HostSegmentSource(64 * MiB)
+    a.create_or_incref_pool(POOL, source=src)
+    a.begin_allocate_to_pool(POOL, [CAPTURE_STREAM])
+    p = a.malloc(MiB, 0, CAPTURE_STREAM)
+    q = a.malloc(MiB, 0, CAPTURE_STREAM)  # the same small segment: cached, no second call
+    eager = a.malloc(MiB)  # not routed: the backend's default pool
+    a.end_allocate_to_pool(POOL)
+    a.release_pool(POOL)  # the route's use, as torch's use_mem_pool
+    assert src.allocations == 1 and src.held == SMALL_SEGMENT
+    assert [s["total_size"] for s in segments_of(a, POOL)] == [SMALL_SEGMENT]
+    assert cur(a, "reserved_bytes") == 2 * SMALL_SEGMENT  # counted as any segment
+    a.release_pool(POOL)  # the MemPool is gone; its blocks still live
+    a.free(p)
+    a.empty_cache()
+    assert src.releases == 0  # q still lives in the segment
+    a.free(q)
+    a.empty_cache()
+    assert src.releases == 1 and src.held == 0 and segments_of(a, POOL) == []
+    a.free(eager)
+
+
+def test_a_source_that_refuses_is_an_out_of_memory_of_that_pool_only():
+    import torch
+    a = Checked()
+    src = _C.Allocator.HostSegmentSource(SMALL_SEGMENT)
+    a.create_or_incref_pool(POOL, source=src)
+    a.begin_allocate_to_pool(POOL, [CAPTURE_STREAM])
+    p = a.malloc(MiB, 0, CAPTURE_STREAM)
+    with pytest.raises(torch.OutOfMemoryError):
+        a.malloc(4 * MiB, 0, CAPTURE_STREAM)  # needs a second segment: the source says no
+    a.end_allocate_to_pool(POOL)
+    a.release_pool(POOL)  # the route's use
+    a.free(a.malloc(4 * MiB))  # the default pool is not limited by it
+    assert src.allocations == 1 and cur(a, "allocated_bytes") == MiB
+    a.free(p)
+    a.release_pool(POOL)
+    a.empty_cache()
+    assert src.held == 0
+
+
+def test_a_pool_keeps_the_source_it_was_made_with():
+    a = Checked()
+    src, other = _C.Allocator.HostSegmentSource(8 * MiB), _C.Allocator.HostSegmentSource(8 * MiB)
+    a.create_or_incref_pool(POOL, source=src)
+    a.create_or_incref_pool(POOL, source=src)  # the same one: one more use
+    assert a.pool_use_count(POOL) == 2
+    with pytest.raises(ValueError, match="already exists with another segment source"):
+        a.create_or_incref_pool(POOL, source=other)
+    assert a.pool_use_count(POOL) == 2  # nothing changed

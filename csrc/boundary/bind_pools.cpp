@@ -9,6 +9,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <unordered_set>
 
 #include "bind.h"
@@ -74,6 +76,30 @@ py::dict state_dict(const PoolState& s) {
   return out;
 }
 
+// A pool's own segment source in host memory (the host backend's stand-in
+// for torch.cuda.MemPool(allocator=...)): counts its calls and refuses to
+// hold more than `limit` bytes at once.
+class HostSegmentSource final : public SegmentSource {
+ public:
+  explicit HostSegmentSource(size_t limit) : limit_(limit) {}
+  void* allocate(size_t bytes, Stream) override {
+    if (held_ + bytes > limit_) return nullptr;
+    void* p = std::aligned_alloc(512, (bytes + 511) / 512 * 512);
+    if (p == nullptr) return nullptr;
+    held_ += bytes;
+    allocations_ += 1;
+    return p;
+  }
+  bool release(void* ptr, size_t bytes) noexcept override {
+    std::free(ptr);
+    held_ -= bytes;
+    releases_ += 1;
+    return true;
+  }
+  size_t limit_;
+  std::atomic<size_t> held_{0}, allocations_{0}, releases_{0};
+};
+
 }  // namespace
 
 void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>& cls) {
@@ -82,13 +108,24 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
       .def("to_dict", &state_dict,
            "{'pool', 'segments': [{'address', 'size', 'stream', 'blocks': [(address, size, requested, "
            "allocated)]}]} (bytes)");
+  py::class_<HostSegmentSource, std::shared_ptr<HostSegmentSource>>(
+      cls, "HostSegmentSource",
+      "Segments for one private pool from host memory, at most `limit` bytes at once (the host backend's "
+      "torch.cuda.MemPool(allocator=...)); counts allocations and releases.")
+      .def(py::init([](pyargs::SizeArg limit) { return std::make_shared<HostSegmentSource>(limit); }),
+           py::arg("limit"))
+      .def_property_readonly("allocations", [](const HostSegmentSource& s) { return s.allocations_.load(); })
+      .def_property_readonly("releases", [](const HostSegmentSource& s) { return s.releases_.load(); })
+      .def_property_readonly("held", [](const HostSegmentSource& s) { return s.held_.load(); });
   cls.def("create_or_incref_pool",
-          [](CachingAllocator& a, py::object pool, Device device) {
+          [](CachingAllocator& a, py::object pool, Device device, std::shared_ptr<HostSegmentSource> source) {
             const PoolId id = pool_id(pool);
             py::gil_scoped_release nogil;
-            a.device(device).create_or_incref_pool(id);
+            a.device(device).create_or_incref_pool(id, source);
           },
-          py::arg("pool"), py::arg("device") = 0, "Creates the private pool (use count 1) or adds one use.")
+          py::arg("pool"), py::arg("device") = 0, py::arg("source") = nullptr,
+          "Creates the private pool (use count 1) or adds one use; with `source` (a HostSegmentSource) "
+          "the pool's segments come from it.")
       .def("begin_allocate_to_pool",
            [](CachingAllocator& a, py::object pool, py::object streams, Device device) {
              const PoolId id = pool_id(pool);

@@ -4,13 +4,16 @@
 // (c10/cuda/CUDACachingAllocator.cpp), read, not copied.
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "../oom_report.h"
@@ -20,6 +23,7 @@
 #include "registry.h"
 #include "torch_allocator.h"
 #include "torch_contexts.h"
+#include "torch_history.h"
 
 namespace memalloc {
 namespace {
@@ -30,6 +34,29 @@ using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 thread_local int t_last_device = 0;  // a hint for frees: where this thread allocated last
 
+// torch's history (set once, when memalloc becomes torch's allocator; the
+// allocator lives for the whole process).
+TorchHistory* g_history = nullptr;
+
+// Allocations made while torch's caching is off
+// (torch.cuda.caching_allocator_enable(False)): straight from the backend,
+// counted nowhere, as native's uncached path. Device of each.
+std::mutex g_uncached_mu;
+std::unordered_map<void*, std::pair<int, size_t>>* g_uncached = new std::unordered_map<void*, std::pair<int, size_t>>;
+
+bool free_uncached(CachingAllocator* core, void* ptr) {
+  std::pair<int, size_t> where;
+  {
+    std::lock_guard<std::mutex> lock(g_uncached_mu);
+    auto it = g_uncached->find(ptr);
+    if (it == g_uncached->end()) return false;
+    where = it->second;
+    g_uncached->erase(it);
+  }
+  core->backend().release(where.first, ptr, where.second);
+  return true;
+}
+
 // Frees `ptr` on whichever device holds it (the hint first). Never throws.
 void free_anywhere(void* ptr) noexcept {
   if (ptr == nullptr) return;
@@ -37,10 +64,15 @@ void free_anywhere(void* ptr) noexcept {
     CachingAllocator* core = AllocatorRegistry::instance().installed();
     if (core == nullptr) return;
     const CallContext ctx = AllocatorRegistry::instance().thread_context();
+    std::optional<TorchHistory::Scope> frames;  // torch's history at level ALL: the free's own frames
+    if (g_history != nullptr && g_history->enabled()) {
+      if (auto c = g_history->gather(cda::RecordContext::ALL)) frames.emplace(std::move(c));
+    }
     const int hint = t_last_device < core->device_count() ? t_last_device : 0;
     if (core->device(hint).free_if_owned(ptr, ctx)) return;
     for (int d = 0; d < core->device_count(); ++d)
       if (d != hint && core->device(d).free_if_owned(ptr, ctx)) return;
+    if (free_uncached(core, ptr)) return;
     std::fprintf(stderr, "memalloc: free of %p ignored: no device holds a live allocation there (double free?)\n",
                  ptr);
   } catch (const std::exception& e) {
@@ -84,7 +116,10 @@ void copy_stats(const Stat (&from)[kNumStatTypes], c10::CachingAllocator::StatAr
 class TorchCudaAllocator final : public Pluggable {
  public:
   explicit TorchCudaAllocator(std::shared_ptr<CachingAllocator> core)
-      : Pluggable(nullptr, nullptr), core_(std::move(core)) {}
+      : Pluggable(nullptr, nullptr), core_(std::move(core)), history_(core_->device_count()) {
+    g_history = &history_;
+    for (int d = 0; d < core_->device_count(); ++d) core_->device(d).set_event_observer({&observe, this});
+  }
 
   // ---- allocation ----------------------------------------------------------
   c10::DataPtr allocate(size_t size) override {
@@ -96,6 +131,10 @@ class TorchCudaAllocator final : public Pluggable {
     void* p = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
     return {p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device)};
   }
+  // torch.cuda.caching_allocator_enable(False): allocations bypass the cache
+  // (and its counters) until it is turned back on, as natively.
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
   c10::DeleterFnPtr raw_deleter() const override { return &free_anywhere; }
   void* raw_alloc(size_t nbytes) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
@@ -124,6 +163,8 @@ class TorchCudaAllocator final : public Pluggable {
     guard([&] { core_->device(device).set_memory_fraction(fraction); });
   }
   void emptyCache(c10::MempoolId_t pool) override {
+    std::optional<TorchHistory::Scope> frames;  // segment frees carry empty_cache's frames (level ALL)
+    if (auto c = history_.gather(cda::RecordContext::ALL)) frames.emplace(std::move(c));
     guard([&] {
       const CallContext ctx = AllocatorRegistry::instance().thread_context();
       for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, ctx);
@@ -205,10 +246,12 @@ class TorchCudaAllocator final : public Pluggable {
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t pool,
                           std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                "memalloc: a torch.cuda.MemPool backed by another allocator is not supported while memalloc "
-                "is torch's CUDA allocator; create the MemPool without an allocator argument");
-    guard([&] { core_->device(device).create_or_incref_pool(pool); });
+    // A pool backed by another allocator (ncclMemAlloc, symmetric memory):
+    // its segments come from that allocator; memalloc caches, accounts and
+    // records them as any pool's.
+    std::shared_ptr<SegmentSource> source;
+    if (allocator != nullptr && allocator.get() != this) source = source_for(device, std::move(allocator));
+    guard([&] { core_->device(device).create_or_incref_pool(pool, source); });
   }
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override {
     guard([&] { core_->device(device).set_pool_use_on_oom(pool, use_on_oom); });
@@ -282,28 +325,31 @@ class TorchCudaAllocator final : public Pluggable {
   }
 
   // ---- history and snapshots --------------------------------------------------
-  // torch's _record_memory_history: memalloc's event ring on every device;
-  // Python stacks when torch asks for context. torch's context recorder is
-  // not called (memalloc walks frames itself, without the GIL).
+  // torch's _record_memory_history: torch's context recorder and levels, as
+  // natively (torch_history.h). memalloc's own ring (memalloc.
+  // record_memory_history) is separate.
   void recordHistory(bool enabled, cda::CreateContextFn context_recorder, size_t max_entries,
-                     cda::RecordContext when, bool /*clear_history*/,
-                     const std::vector<std::string>& /*skip_actions*/) override {
-    const size_t capacity = enabled ? std::min(std::max<size_t>(max_entries, 1), kTorchDefaultEntries) : 0;
-    guard([&] {
-      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).set_recording(capacity);
-    });
-    const bool stacks = context_recorder != nullptr && when != cda::RecordContext::NEVER;
-    AllocatorRegistry::instance().set_stack_mode(!enabled ? StackMode::kNone
-                                                 : stacks ? StackMode::kPython
-                                                          : StackMode::kTags);
+                     cda::RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions) override {
+    history_.configure(enabled, std::move(context_recorder), std::min(max_entries, kTorchDefaultEntries), when,
+                       clear_history, skip_actions);
   }
   bool isHistoryEnabled() override {
+    if (history_.enabled()) return true;
     for (int d = 0; d < core_->device_count(); ++d)
       if (core_->device(d).recording_enabled()) return true;
     return false;
   }
-  // Frames: memalloc's interned stacks (recorded in Python stacks mode) as
-  // torch contexts (torch_contexts.h).
+  // torch.compile's regions and _set_memory_metadata, on each trace entry.
+  // (No `override`: not every supported torch declares all of them.)
+  void pushCompileContext(std::string& md) { history_.push_compile_context(md); }
+  void popCompileContext() { history_.pop_compile_context(); }
+  bool supportsUserMetadata() { return true; }
+  void setUserMetadata(const std::string& metadata) { history_.set_user_metadata(metadata); }
+  std::string getUserMetadata() { return history_.user_metadata(); }
+
+  // Frames: torch's, while torch's history is on (torch_history.h); else
+  // memalloc's interned stacks as torch contexts (torch_contexts.h).
   cca::SnapshotInfo snapshot(c10::MempoolId_t pool, bool include_traces) override {
     cca::SnapshotInfo out;
     StackContexts contexts;
@@ -314,7 +360,11 @@ class TorchCudaAllocator final : public Pluggable {
         out.segments.push_back(torch_segment(d, s, &contexts));
       }
       out.device_traces.emplace_back();
-      if (include_traces) add_traces(d, &out.device_traces.back(), &contexts);
+      if (include_traces && history_.enabled()) {
+        out.device_traces.back() = history_.entries(d);
+      } else if (include_traces) {
+        add_traces(d, &out.device_traces.back(), &contexts);
+      }
     }
     out.config_metadata.garbage_collection_threshold = core_->config().garbage_collection_threshold;
     out.config_metadata.max_split_size = core_->config().max_split_size;
@@ -332,8 +382,13 @@ class TorchCudaAllocator final : public Pluggable {
   // ---- the one allocation path ---------------------------------------------------
   void* malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (size == 0) return nullptr;
+    if (!caching_.load(std::memory_order_relaxed)) return uncached_malloc(size, device);
     t_last_device = device;
     const CallContext ctx = current_context();
+    std::optional<TorchHistory::Scope> frames;  // torch's history: the allocation's frames (level STATE)
+    if (history_.enabled()) {
+      if (auto c = history_.gather(cda::RecordContext::STATE)) frames.emplace(std::move(c));
+    }
     try {
       return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), ctx);
     } catch (const OutOfMemory& e) {
@@ -372,6 +427,66 @@ class TorchCudaAllocator final : public Pluggable {
     return handle.substr(2);
   }
 
+  void* uncached_malloc(size_t size, c10::DeviceIndex device) {
+    void* p = nullptr;
+    guard([&] { p = core_->backend().allocate(device, size); });
+    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr,
+                     "CUDA out of memory (memalloc, caching off: torch.cuda.caching_allocator_enable(False)); the "
+                     "device refused the allocation");
+    std::lock_guard<std::mutex> lock(g_uncached_mu);
+    (*g_uncached)[p] = {static_cast<int>(device), size};
+    return p;
+  }
+
+  // The core's Event observer: torch's history, and the profiler's memory
+  // timeline (profile_memory=True) as native reports it.
+  static void observe(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) {
+    auto* self = static_cast<TorchCudaAllocator*>(user);
+    self->history_.on_event(device, e);
+    if ((e.action == Action::kAlloc || e.action == Action::kFreeRequested) && c10::memoryProfilingEnabled()) {
+      const auto bytes = static_cast<int64_t>(e.size);
+      c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(e.addr), e.action == Action::kAlloc ? bytes : -bytes,
+                                       static_cast<size_t>(allocated), static_cast<size_t>(reserved),
+                                       c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    }
+  }
+
+  // A MemPool's own allocator as the source of its segments.
+  class PoolAllocatorSource final : public SegmentSource {
+   public:
+    PoolAllocatorSource(int device, std::shared_ptr<cca::CUDAAllocator> allocator)
+        : device_(device), allocator_(std::move(allocator)) {}
+    void* allocate(size_t bytes, Stream stream) override {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+      try {
+        return allocator_->raw_alloc_with_stream(bytes, reinterpret_cast<cudaStream_t>(stream));
+      } catch (const c10::Error&) {
+        return nullptr;  // refused: memalloc's OOM path (release, retry, then the error)
+      }
+    }
+    bool release(void* ptr, size_t) noexcept override {
+      try {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+        allocator_->raw_delete(ptr);
+        return true;
+      } catch (...) {
+        return false;
+      }
+    }
+
+   private:
+    int device_;
+    std::shared_ptr<cca::CUDAAllocator> allocator_;  // kept while the pool's segments live
+  };
+  std::shared_ptr<SegmentSource> source_for(c10::DeviceIndex device, std::shared_ptr<cca::CUDAAllocator> allocator) {
+    std::lock_guard<std::mutex> lock(sources_mu_);
+    for (const auto& [a, s] : sources_)
+      if (a.get() == allocator.get() && s.first == device) return s.second;
+    auto source = std::make_shared<PoolAllocatorSource>(device, allocator);
+    sources_.push_back({allocator, {device, source}});
+    return source;
+  }
+
   cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, StackContexts* contexts) const {
     cda::SegmentInfo seg;
     seg.device = static_cast<c10::DeviceIndex>(device);
@@ -381,13 +496,18 @@ class TorchCudaAllocator final : public Pluggable {
     seg.is_large = s.pool == PoolKind::kLarge;
     seg.is_expandable = s.expandable;
     seg.owner_private_pool_id = s.owner;
+    std::uintptr_t addr = s.addr;  // the blocks tile the segment
     for (const BlockInfo& b : s.blocks) {
       cda::BlockInfo bi;
       bi.size = b.size;
       bi.requested_size = b.requested;
       bi.allocated = std::string(b.state) == "active_allocated";
       bi.active = std::string(b.state) != "inactive";
-      if (bi.active) bi.context_when_allocated = contexts->of(b.stack_id);
+      if (bi.active) {
+        bi.context_when_allocated = history_.enabled() ? history_.block_context(device, addr)
+                                                       : contexts->of(b.stack_id);
+      }
+      addr += b.size;
       if (bi.allocated) {
         seg.allocated_size += b.size;
         seg.requested_size += b.requested;
@@ -436,6 +556,10 @@ class TorchCudaAllocator final : public Pluggable {
   }
 
   std::shared_ptr<CachingAllocator> core_;
+  TorchHistory history_;
+  std::atomic<bool> caching_{true};
+  std::mutex sources_mu_;  // one segment source per (pool allocator, device)
+  std::vector<std::pair<std::shared_ptr<cca::CUDAAllocator>, std::pair<int, std::shared_ptr<SegmentSource>>>> sources_;
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> observers_;
   std::mutex ipc_mu_;
