@@ -613,7 +613,7 @@ def test_empty_cache_releases_only_fully_free_segments():
 # ---------------------------------------------------------- memory fraction ----
 def test_memory_fraction_limits_reserved():
     a = Checked()
-    assert a.memory_fraction() == 0.0  # no limit set
+    assert a.memory_fraction() == 1.0  # no limit set: the whole device, as torch answers
     a.set_memory_fraction(0.5)  # 32 MiB of 64
     assert a.memory_fraction() == 0.5
     p = a.malloc(30 * MiB)  # 30 MiB segment: fits the 32 MiB cap
@@ -697,7 +697,7 @@ def test_devices_are_accounted_separately():
 def test_fraction_is_per_device():
     a = Checked("host_capacity_mb:64,host_devices:2")
     a.set_memory_fraction(0.25, 1)
-    assert a.memory_fraction(0) == 0.0
+    assert a.memory_fraction(0) == 1.0  # none set on device 0
     assert a.memory_fraction(1) == 0.25
     with pytest.raises(torch.OutOfMemoryError):
         a.malloc(20 * MiB, 1)
