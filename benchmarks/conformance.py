@@ -42,12 +42,13 @@ CONFIGS = {"default": "", "expandable": "expandable_segments:True"}
 OUTCOMES_PASSED = ("passed",)
 
 
-def _env(suite: str, mode: str, config: str, log: Path, skip: Path) -> dict:
+def _env(upstream: Path, suite: str, mode: str, config: str, log: Path, skip: Path) -> dict:
     env = dict(os.environ)
     env.pop("MEMALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.update(PYTHONUNBUFFERED="1", MEMALLOC_CONFORMANCE_MODE=mode, MEMALLOC_CONFORMANCE_SELECT=suite,
                MEMALLOC_CONFORMANCE_LOG=str(log), MEMALLOC_CONFORMANCE_SKIP=str(skip),
+               MEMALLOC_CONFORMANCE_FILE=str(upstream / SUITES[suite]),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
     conf = CONFIGS[config]
     if conf:
@@ -68,6 +69,8 @@ def _read_log(log: Path) -> tuple[dict, list]:
             e = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash
+        if "shims" in e:
+            continue
         if "start" in e:
             started.append(e["start"])
         elif e.get("outcome") == "failed" or e["id"] not in results:
@@ -94,7 +97,7 @@ def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeo
             f.write(f"\n=== pass {passes}: {' '.join(cmd)}\n")
             f.flush()
             try:
-                rc = subprocess.run(cmd, cwd=REPO, env=_env(suite, mode, config, log, skip), stdout=f,
+                rc = subprocess.run(cmd, cwd=REPO, env=_env(upstream, suite, mode, config, log, skip), stdout=f,
                                     stderr=subprocess.STDOUT, timeout=max(1, deadline - time.monotonic())).returncode
             except subprocess.TimeoutExpired:
                 rc = "budget"
@@ -149,47 +152,100 @@ def _machine() -> dict:
             "python": sys.version.split()[0]}
 
 
+def _tables_of(result: dict) -> dict:
+    """{suite: {config: {mode: {test: {"outcome", "message"}}}}} back from a results file."""
+    tables: dict = {}
+    for suite, by_config in result["tests"].items():
+        for config, tests in by_config.items():
+            for test, by_mode in tests.items():
+                for mode, outcome in by_mode.items():
+                    message = result["messages"].get(suite, {}).get(config, {}).get(mode, {}).get(test, "")
+                    tables.setdefault(suite, {}).setdefault(config, {}).setdefault(mode, {})[test] = {
+                        "outcome": outcome, "message": message}
+    return tables
+
+
+def _result(tables: dict, meta: dict) -> dict:
+    return {"meta": meta, "summary": summarise(tables),
+            "tests": {s: {c: {t: {m: by_mode[m][t]["outcome"] for m in by_mode if t in by_mode[m]}
+                              for t in sorted(set().union(*[set(r) for r in by_mode.values()]) if by_mode else [])}
+                          for c, by_mode in by_config.items()} for s, by_config in tables.items()},
+            "messages": {s: {c: {m: {t: _short(r["message"]) for t, r in res.items()
+                                     if r["outcome"] in ("failed", "crashed")}
+                                 for m, res in by_mode.items()} for c, by_mode in by_config.items()}
+                         for s, by_config in tables.items()}}
+
+
+def _print_summary(result: dict) -> None:
+    for key, s in result["summary"].items():
+        print(f"{key}: {s['passed_natively']} pass natively, {s['passed_natively_and_under_memalloc']} of them "
+              f"under memalloc; regressions: {', '.join(t.split('::')[-1] for t in s['regressions']) or 'none'}")
+
+
+def merge(paths: list, out: Path) -> dict:
+    """One results file from several runs' (each (suite, config, mode) from
+    the last file that has it); the meta lists every run's."""
+    tables: dict = {}
+    metas = []
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        metas.append(r["meta"])
+        for suite, by_config in _tables_of(r).items():
+            for config, by_mode in by_config.items():
+                for mode, res in by_mode.items():
+                    tables.setdefault(suite, {}).setdefault(config, {})[mode] = res
+    result = _result(tables, {"runs": metas})
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    _print_summary(result)
+    return result
+
+
 def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", type=Path, default=REPO / "upstream" / "test")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--suites", default="cuda,trees")
-    p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--lanes", default="cuda:native:default+cuda:memalloc:default+cuda:native:expandable+"
+                   "cuda:memalloc:expandable,trees:native:default+trees:memalloc:default+trees:native:expandable+"
+                   "trees:memalloc:expandable",
+                   help="runs as suite:mode:config; '+' runs one after another, ',' separates lanes run side by "
+                        "side (keep a suite's memory-hungry runs in one lane)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per test")
     p.add_argument("--budget", type=float, default=1500, help="seconds for the whole run")
+    p.add_argument("--merge", nargs="+", type=Path, help="merge these results files into --out instead of running")
     args = p.parse_args(argv)
+    if args.merge:
+        merge(args.merge, args.out)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    suites = [s for s in args.suites.split(",") if s]
-    tables: dict = {s: {c: {} for c in args.configs.split(",") if c} for s in suites}
+    lanes = [[tuple(job.split(":")) for job in lane.split("+") if job] for lane in args.lanes.split(",") if lane]
+    tables: dict = {}
+    lock = threading.Lock()
 
-    def chain(suite: str) -> None:
-        for config in tables[suite]:
-            for mode in [m for m in args.modes.split(",") if m]:
-                tables[suite][config][mode] = run_one(args.upstream, args.out, suite, mode, config,
-                                                      args.timeout, deadline)
+    def lane(jobs: list) -> None:
+        for suite, mode, config in jobs:
+            res = run_one(args.upstream, args.out, suite, mode, config, args.timeout, deadline)
+            with lock:
+                tables.setdefault(suite, {}).setdefault(config, {})[mode] = res
 
-    threads = [threading.Thread(target=chain, args=(s,)) for s in suites]
+    threads = [threading.Thread(target=lane, args=(jobs,)) for jobs in lanes]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     source = args.upstream.parent / "SOURCE.txt"
-    result = {"meta": {**_machine(), "command": "python -m benchmarks.conformance " + " ".join(argv or sys.argv[1:]),
-                       "upstream": source.read_text().strip() if source.exists() else ""},
-              "summary": summarise(tables),
-              "tests": {s: {c: {t: {m: by_mode[m].get(t, {}).get("outcome", "not run") for m in by_mode}
-                                for t in sorted(set().union(*[set(r) for r in by_mode.values()]) if by_mode else [])}
-                            for c, by_mode in by_config.items()} for s, by_config in tables.items()},
-              "messages": {s: {c: {m: {t: _short(r["message"]) for t, r in res.items()
-                                       if r["outcome"] in ("failed", "crashed")}
-                                   for m, res in by_mode.items()} for c, by_mode in by_config.items()}
-                           for s, by_config in tables.items()}}
+    shims = {}
+    for log in sorted(args.out.glob("*.jsonl")):
+        for line in log.read_text().splitlines():
+            if line.startswith('{"shims"'):
+                shims[log.stem] = json.loads(line)["shims"]
+                break
+    meta = {**_machine(), "command": "python -m benchmarks.conformance " + " ".join(argv or sys.argv[1:]),
+            "upstream": source.read_text().strip() if source.exists() else "",
+            "shimmed_imports": shims}
+    result = _result(tables, meta)
     (args.out / "conformance.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    for key, s in result["summary"].items():
-        print(f"{key}: {s['passed_natively']} pass natively, {s['passed_natively_and_under_memalloc']} of them "
-              f"under memalloc; regressions: {', '.join(t.split('::')[-1] for t in s['regressions']) or 'none'}")
+    _print_summary(result)
     return 0
 
 

@@ -23,11 +23,12 @@ case "$what" in
   conformance)
     echo "== torch's allocator tests, native and under memalloc"
     rm -rf /tmp/conformance
-    python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-420}" ${CONFORMANCE_ARGS:-}
+    python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-420}" \
+      ${CONFORMANCE_LANES:+--lanes "$CONFORMANCE_LANES"}
     cp /tmp/conformance/conformance.json "$OUT/"
     tar czf "$OUT/conformance-logs.tgz" -C /tmp/conformance . ;;
   libraries)
-    echo "== the libraries suite on CUDA"
+    echo "== the libraries suite on CUDA (and the GPU tests named in GPU_TESTS)"
     export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
     python3 -m pytest -m gpu -q -rfs tests/gpu/test_libraries.py ${GPU_TESTS:-} 2>&1 | tee "$OUT/libraries.log" | tail -40 ;;
 esac

@@ -113,11 +113,19 @@ class Accounting {
   // The window since the previous call; the next one starts with the peaks
   // at the current values and no OOMs. O(1), no allocation.
   StepWindow take_window();
+  // A settings change (torch.cuda.memory._set_allocator_settings): the new
+  // threshold, and the oversize counts moved to what is live now under it
+  // (as the updates of the events that would have counted them).
+  void set_max_split_size(size_t max_split_size, int64_t oversize_blocks, int64_t oversize_segments) {
+    max_split_size_ = max_split_size;
+    stats_.oversize_allocations.update(oversize_blocks - stats_.oversize_allocations.current);
+    stats_.oversize_segments.update(oversize_segments - stats_.oversize_segments.current);
+  }
+  bool oversize(size_t bytes) const { return bytes >= max_split_size_; }
 
  private:
   void update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta);
-  bool oversize(size_t bytes) const { return bytes >= max_split_size_; }
-  const size_t max_split_size_;
+  size_t max_split_size_;
   DeviceStats stats_;
   StepWindow window_;
   Breakdown breakdown_;

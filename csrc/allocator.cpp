@@ -50,7 +50,7 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
     Block* b = malloc_slow_locked(size, size, stream, owner, &from_cache);
     return alloc_found_locked(b, from_cache, size, size);
   }
-  size_t rounded = round_size(size, config_.roundup_power2_divisions);
+  size_t rounded = round_size(size, config_.divisions_for(size));
   Block* b = lists(owner).of(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
   if (b != nullptr) return alloc_found_locked(b, true, rounded, size);
   b = malloc_slow_locked(rounded, size, stream, owner, &from_cache);

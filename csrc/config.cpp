@@ -4,6 +4,7 @@
 // a rejected text leaves nothing behind (parsing has no side effects).
 #include "config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +82,67 @@ std::string real_text(double v) {
   return buf;
 }
 
+size_t parse_one_division(const std::string& value) {
+  size_t d = parse_uint("roundup_power2_divisions", value);
+  MEMALLOC_EXPECTS(d <= 64 && (d & (d - 1)) == 0,
+                   "MEMALLOC_CONF: roundup_power2_divisions must be a power of two "
+                   "between 1 and 64, or 0 to disable (got " + value + ")");
+  return d <= 1 ? 0 : d;
+}
+
+// One value for every size, or torch's list "[<MiB>:<divisions>,...,>:<d>]":
+// an entry sets the interval holding its bound, the first also every smaller
+// one, ">" every interval after the previous entry (native semantics).
+void parse_divisions(Config& c, const std::string& value) {
+  if (value.empty() || value.front() != '[') {
+    c.roundup_power2_divisions.fill(parse_one_division(value));
+    return;
+  }
+  MEMALLOC_EXPECTS(value.back() == ']', "MEMALLOC_CONF: roundup_power2_divisions list '" + value +
+                                            "' has no closing ']'; write e.g. [64:8,256:4,>:1]");
+  std::stringstream ss(value.substr(1, value.size() - 2));
+  std::string entry;
+  bool first = true;
+  size_t last = 0;
+  while (std::getline(ss, entry, ',')) {
+    const size_t colon = entry.find(':');
+    MEMALLOC_EXPECTS(colon != std::string::npos, "MEMALLOC_CONF: roundup_power2_divisions entry '" + entry +
+                                                     "' is not <MiB>:<divisions>; write e.g. [64:8,>:1]");
+    const std::string bound = trim(entry.substr(0, colon));
+    const size_t d = parse_one_division(trim(entry.substr(colon + 1)));
+    if (bound == ">") {
+      std::fill(c.roundup_power2_divisions.begin() + static_cast<std::ptrdiff_t>(first ? 0 : last + 1),
+                c.roundup_power2_divisions.end(), d);
+      continue;
+    }
+    const size_t mib = parse_uint("roundup_power2_divisions", bound);
+    MEMALLOC_EXPECTS(mib > 0 && (mib & (mib - 1)) == 0, "MEMALLOC_CONF: roundup_power2_divisions bound " + bound +
+                                                            " is not a power of two (MiB)");
+    const size_t index = std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mib)), kRoundupIntervals - 1);
+    if (first) std::fill(c.roundup_power2_divisions.begin(), c.roundup_power2_divisions.begin() +
+                         static_cast<std::ptrdiff_t>(index), d);
+    c.roundup_power2_divisions[index] = d;
+    last = index;
+    first = false;
+  }
+}
+
+// Splits "k:v,k:[a,b],..." at the commas outside brackets.
+std::vector<std::string> split_entries(const std::string& text) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (char ch : text) {
+    if (ch == '[') ++depth;
+    if (ch == ']') --depth;
+    if (ch == ',' && depth <= 0) {
+      out.emplace_back();
+    } else {
+      out.back() += ch;
+    }
+  }
+  return out;
+}
+
 void apply(Config& c, const std::string& key, const std::string& value) {
   if (key == "backend") {
     MEMALLOC_EXPECTS(value == "auto" || value == "cuda" || value == "host",
@@ -94,11 +156,7 @@ void apply(Config& c, const std::string& key, const std::string& value) {
                          std::to_string(kMinMaxSplitMiB) + " (got " + value + ")");
     c.max_split_size = bytes;
   } else if (key == "roundup_power2_divisions") {
-    size_t d = parse_uint(key, value);
-    MEMALLOC_EXPECTS(d <= 64 && (d & (d - 1)) == 0,
-                     "MEMALLOC_CONF: roundup_power2_divisions must be a power of two "
-                     "between 1 and 64, or 0 to disable (got " + value + ")");
-    c.roundup_power2_divisions = d <= 1 ? 0 : d;
+    parse_divisions(c, value);
   } else if (key == "garbage_collection_threshold") {
     c.garbage_collection_threshold =
         parse_real(key, value, 0.0, 1.0, "use a fraction in (0, 1), e.g. 0.8, or 0 for off");
@@ -148,11 +206,16 @@ const std::vector<std::string>& config_keys() {
   return keys;
 }
 
+size_t Config::divisions_for(size_t bytes) const {
+  const size_t mib = bytes >> 20;
+  const size_t index = mib == 0 ? 0 : std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mib)),
+                                                       kRoundupIntervals - 1);
+  return roundup_power2_divisions[index];
+}
+
 Config parse_config(const std::string& text) {
   Config c;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const std::string& item : split_entries(text)) {
     if (trim(item).empty()) continue;
     size_t colon = item.find(':');
     MEMALLOC_EXPECTS(colon != std::string::npos,
@@ -168,8 +231,15 @@ std::string Config::to_string() const {
   std::string s = "backend:" + backend;
   if (max_split_size != static_cast<size_t>(-1))
     s += ",max_split_size_mb:" + std::to_string(max_split_size / kMiB);
-  if (roundup_power2_divisions)
-    s += ",roundup_power2_divisions:" + std::to_string(roundup_power2_divisions);
+  const auto& d = roundup_power2_divisions;
+  if (std::all_of(d.begin(), d.end(), [&](size_t v) { return v == d[0]; })) {
+    if (d[0]) s += ",roundup_power2_divisions:" + std::to_string(d[0]);
+  } else {  // every interval, by its bound in MiB
+    s += ",roundup_power2_divisions:[";
+    for (size_t i = 0; i < kRoundupIntervals; ++i)
+      s += (i ? "," : "") + std::to_string(size_t{1} << i) + ":" + std::to_string(d[i]);
+    s += "]";
+  }
   if (garbage_collection_threshold > 0.0)
     s += ",garbage_collection_threshold:" + real_text(garbage_collection_threshold);
   if (expandable_segments) s += ",expandable_segments:True";

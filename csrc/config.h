@@ -8,11 +8,17 @@
 //     rejects any other key with the list of valid ones.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 namespace memalloc {
+
+// Size intervals of roundup_power2_divisions (native's): [i] holds requests
+// of [2^i, 2^(i+1)) MiB, [0] also everything below 1 MiB, the last also
+// everything above.
+constexpr size_t kRoundupIntervals = 16;
 
 struct Config {
   // "auto" | "cuda" | "host". Read by the Python layer (enable()); the core
@@ -22,8 +28,11 @@ struct Config {
   // max_split_size_mb). SIZE_MAX = unlimited.
   size_t max_split_size = static_cast<size_t>(-1);
   // Round requests up to one of N divisions of the enclosing power of two
-  // (native: roundup_power2_divisions). 0 = off (plain 512 B rounding).
-  size_t roundup_power2_divisions = 0;
+  // (native: roundup_power2_divisions), N per size interval (one value, or
+  // torch's list "[64:8,128:2,>:1]": interval bounds in MiB). 0 = off
+  // (plain 512 B rounding).
+  std::array<size_t, kRoundupIntervals> roundup_power2_divisions{};
+  size_t divisions_for(size_t bytes) const;
   // Empty-cache policy "threshold": 0 < t < 1 releases unused cached
   // segments before reserved memory would exceed t * limit; 0 = off.
   double garbage_collection_threshold = 0.0;
@@ -64,8 +73,9 @@ struct Config {
 // Valid keys, in documentation order.
 const std::vector<std::string>& config_keys();
 
-// Parses "key:value,key:value" (PYTORCH_CUDA_ALLOC_CONF style). Whitespace
-// around keys and values is ignored; an empty string gives the defaults.
+// Parses "key:value,key:value" (PYTORCH_CUDA_ALLOC_CONF style; a value may be
+// a bracketed list with its own commas). Whitespace around keys and values is
+// ignored; an empty string gives the defaults.
 // Throws InvalidArgument naming the bad key or value and the valid choices.
 Config parse_config(const std::string& text);
 

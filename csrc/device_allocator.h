@@ -173,6 +173,14 @@ class DeviceAllocator {
   void set_gc_threshold(double threshold);
   double gc_threshold();
 
+  // torch.cuda.memory._set_allocator_settings at run time: the settings of
+  // `from` that torch lets a running allocator change (max_split_size,
+  // roundup_power2_divisions, garbage_collection_threshold,
+  // expandable_segments for new segments) replace this device's.
+  void apply_settings(const Config& from);
+  // This device's current settings (a copy, under the lock).
+  Config settings();
+
   DeviceStats stats();
   void reset_peak_stats();
   void reset_accumulated_stats();
@@ -338,7 +346,7 @@ class DeviceAllocator {
 
   const int device_;
   Backend& backend_;
-  const Config config_;
+  Config config_;  // its run-time settings change only in apply_settings (under mu_)
 
   std::mutex mu_;
   // Declared before every container that uses it: destroyed last.

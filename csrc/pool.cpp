@@ -225,6 +225,29 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
   allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(total));
 }
 
+namespace {
+bool accounting_oversize(size_t bytes, const Config& c) { return bytes >= c.max_split_size; }
+}  // namespace
+
+void DeviceAllocator::apply_settings(const Config& from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.max_split_size = from.max_split_size;
+  config_.roundup_power2_divisions = from.roundup_power2_divisions;
+  config_.garbage_collection_threshold = from.garbage_collection_threshold;
+  config_.expandable_segments = from.expandable_segments;
+  gc_threshold_ = from.garbage_collection_threshold;
+  int64_t blocks = 0, segments = 0;
+  for (const auto& kv : live_) blocks += accounting_oversize(kv.second->size, from) ? 1 : 0;
+  for (const auto& kv : segments_)  // plain segments: expandable ones count no oversize segment
+    segments += kv.second.vm == nullptr && accounting_oversize(kv.second.bytes, from) ? 1 : 0;
+  accounting_.set_max_split_size(from.max_split_size, blocks, segments);
+}
+
+Config DeviceAllocator::settings() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return config_;
+}
+
 void DeviceAllocator::set_gc_threshold(double threshold) {
   MEMALLOC_EXPECTS(threshold >= 0.0 && threshold < 1.0,
                    "invalid garbage_collection_threshold " + std::to_string(threshold) +

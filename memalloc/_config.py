@@ -9,7 +9,6 @@ one parser and one set of error messages.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Mapping, Optional, Union
 
 from . import _C
@@ -17,10 +16,6 @@ from . import _C
 ConfigLike = Union[str, Mapping[str, object], None]
 
 ENV_VAR = "MEMALLOC_CONF"
-TORCH_ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
-# Keys of PYTORCH_CUDA_ALLOC_CONF that MEMALLOC_CONF has too, with the same meaning.
-SHARED_TORCH_KEYS = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-                     "expandable_segments")
 # Stack capture modes (record_stacks / record_memory_history(stacks=...)), as _C numbers them.
 STACK_MODES = {"none": 0, "tags": 1, "python": 2}
 
@@ -45,25 +40,6 @@ def config_text(config: ConfigLike = None, *, use_env: bool = True) -> str:
             f"config must be a 'key:value,...' string or a mapping, not {type(config).__name__}"
         )
     return _C.parse_config(",".join(p for p in parts if p))
-
-
-def warn_about_torch_conf() -> Optional[str]:
-    """When ``$PYTORCH_CUDA_ALLOC_CONF`` is set, warns (and returns the
-    message) that memalloc does not read it: torch's own allocator, which
-    would, is replaced. Keys memalloc shares are named with the
-    ``MEMALLOC_CONF`` line that would apply them; nothing is applied
-    silently, because the same key can behave differently (CUDA IPC of
-    expandable segments works natively, not under memalloc)."""
-    text = os.environ.get(TORCH_ENV_VAR, "").strip()
-    if not text:
-        return None
-    shared = [item.strip() for item in text.split(",")
-              if item.partition(":")[0].strip() in SHARED_TORCH_KEYS and ":" in item]
-    msg = (f"memalloc replaces torch's CUDA allocator, so {TORCH_ENV_VAR}={text!r} has no effect")
-    if shared:
-        msg += f"; for the keys memalloc shares, set {ENV_VAR}={','.join(shared)!r}"
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    return msg
 
 
 def config_value(text: str, key: str) -> Optional[str]:

@@ -255,6 +255,13 @@ def replace_attribute(module: Any, name: str, value: Any) -> None:
         setattr(module, name, value)
 
 
+def original_attribute(module: Any, name: str) -> Any:
+    """torch's own ``module.name``, also while memalloc's replaces it."""
+    with _lock:
+        entry = _replaced.get((id(module), name))
+    return entry[1] if entry is not None else getattr(module, name)
+
+
 def restore_attribute(module: Any, name: str) -> None:
     """Gives ``module.name`` back to torch (only where it is still memalloc's;
     an attribute torch did not have is removed)."""

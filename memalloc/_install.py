@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from . import _C, _policy, _state, _torch_patch, iteration, oom, phases, recording
-from ._config import ConfigLike, config_text, config_value, warn_about_torch_conf
+from . import _C, _policy, _settings, _state, _torch_patch, iteration, oom, phases, recording
+from ._config import ConfigLike, config_text, config_value
 
 
 def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
@@ -38,7 +38,9 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
         backend: "auto" (CUDA when a GPU is usable, else the host backend),
             "cuda" or "host". "auto" defers to a ``backend:`` key in the config.
         config: ``key:value,...`` text or a mapping, applied after
-            ``$MEMALLOC_CONF``. Keys: ``memalloc.config_keys()``.
+            ``$MEMALLOC_CONF``, which is applied after the keys memalloc
+            shares with ``$PYTORCH_CUDA_ALLOC_CONF`` (memalloc/_settings.py).
+            Keys: ``memalloc.config_keys()``.
         verbose: print which backend was chosen and why.
         patch_torch: host backend only: make ``torch.cuda.memory_allocated``,
             ``memory_stats``, ``memory_summary``... answer from memalloc's
@@ -50,7 +52,8 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     Calling it again with the same backend and config is a no-op; with a
     different one it raises RuntimeError.
     """
-    text = config_text(config)
+    # torch's own variable first (its shared keys), then MEMALLOC_CONF, then config.
+    text = _C.parse_config(",".join(p for p in (_settings.startup_text(), config_text(config)) if p))
     chosen = _state.resolve_backend(backend, text)
     with _state.lock:
         if _state.is_enabled():
@@ -62,11 +65,14 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
                 "Call memalloc.enable() once, at the start of the program."
             )
         if chosen == "cuda":
-            warn_about_torch_conf()
             _install_cuda(text)
         else:
             _C.install(_C.Allocator("host", text))
         _state.set_enabled(chosen, text)
+    # torch's settings: per_process_memory_fraction from its variable, and
+    # _set_allocator_settings at run time (memalloc/_settings.py).
+    _settings.apply_startup_fraction(_state.installed_allocator())
+    _settings.install(_state.installed_allocator())
     # Call sites from here on (config call_sites, default True): OOM messages,
     # top_holders and leak reports name lines with no setup.
     _C.set_stack_mode(max(_C.stack_mode(), _state.base_stack_mode()))

@@ -202,27 +202,3 @@ def test_huge_mb_values_are_rejected_or_round_trip(key):
     assert items(canon)[key] == str(2 ** 44)
 
 
-@pytest.mark.parametrize("torch_conf, suggestion", [
-    ("expandable_segments:True,backend:cudaMallocAsync", "MEMALLOC_CONF='expandable_segments:True'"),
-    ("max_split_size_mb:128, garbage_collection_threshold:0.6",
-     "MEMALLOC_CONF='max_split_size_mb:128,garbage_collection_threshold:0.6'"),
-    ("backend:cudaMallocAsync", None),
-])
-def test_pytorch_cuda_alloc_conf_is_named_not_applied(monkeypatch, torch_conf, suggestion):
-    """enable() on CUDA warns that torch's variable has no effect under
-    memalloc and names the MEMALLOC_CONF line for the keys they share
-    (memalloc/_config.py); it never applies them behind the user's back."""
-    from memalloc import _config
-
-    monkeypatch.delenv("MEMALLOC_CONF", raising=False)
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", torch_conf)
-    with pytest.warns(RuntimeWarning, match="PYTORCH_CUDA_ALLOC_CONF=.* has no effect") as caught:
-        msg = _config.warn_about_torch_conf()
-    assert str(caught[0].message) == msg
-    if suggestion is None:
-        assert "MEMALLOC_CONF" not in msg
-    else:
-        assert msg.endswith(f"set {suggestion}") and "backend" not in msg.split("set ")[-1]
-    assert "expandable_segments" not in _config.config_text(None)  # nothing applied
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
-    assert _config.warn_about_torch_conf() is None

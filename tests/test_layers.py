@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("memalloc._C", "memalloc._format", "memalloc._usercode"),  # the extension; plain helpers
     ("memalloc._hooks",),                                        # every hook memalloc installs into torch
     ("memalloc._config", "memalloc.report_html"),                # config text; reporters of plain data
+    ("memalloc._settings",),                                     # torch's allocator settings applied
     ("memalloc.leak_report",),                                   # leak report types (plain data)
     ("memalloc._state",),                                        # runtime state (read from _C)
     ("memalloc._device",),                                       # the device argument

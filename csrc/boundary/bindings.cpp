@@ -182,9 +182,20 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("max_split_size",
                              [](CachingAllocator& a) {
                                // torch reports an unlimited max_split_size as -1
-                               size_t m = a.config().max_split_size;
+                               size_t m = a.device(0).settings().max_split_size;
                                return m == static_cast<size_t>(-1) ? int64_t{-1} : static_cast<int64_t>(m);
                              })
+      .def("apply_settings",
+           [](CachingAllocator& a, ConfigTextArg text) {
+             const Config c = parse_config(text);
+             for (int d = 0; d < a.device_count(); ++d) a.device(d).apply_settings(c);
+           },
+           py::arg("text"), NoGil(),
+           "Run-time settings (torch.cuda.memory._set_allocator_settings): max_split_size_mb, "
+           "roundup_power2_divisions, garbage_collection_threshold and expandable_segments from `text` "
+           "(MEMALLOC_CONF syntax; keys it leaves out take their defaults) replace every device's.")
+      .def("settings", [](CachingAllocator& a, Device device) { return a.device(device).settings().to_string(); },
+           py::arg("device") = 0, NoGil(), "The device's current settings as canonical config text.")
       .def("stats",
            [](CachingAllocator& a, Device device) {
              DeviceStats s;

@@ -215,7 +215,7 @@ class TorchCudaAllocator final : public Pluggable {
     out.num_sync_all_streams = s.num_sync_all_streams;
     out.num_device_alloc = s.num_device_alloc;
     out.num_device_free = s.num_device_free;
-    out.max_split_size = static_cast<int64_t>(core_->config().max_split_size);  // unlimited: -1, as torch
+    out.max_split_size = static_cast<int64_t>(core_->device(device).settings().max_split_size);  // unlimited: -1
     return out;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
@@ -366,10 +366,11 @@ class TorchCudaAllocator final : public Pluggable {
         add_traces(d, &out.device_traces.back(), &contexts);
       }
     }
-    out.config_metadata.garbage_collection_threshold = core_->config().garbage_collection_threshold;
-    out.config_metadata.max_split_size = core_->config().max_split_size;
-    out.config_metadata.expandable_segments = core_->config().expandable_segments;
-    out.config_metadata.last_allocator_settings = core_->config().to_string();
+    const Config settings = core_->device(0).settings();
+    out.config_metadata.garbage_collection_threshold = settings.garbage_collection_threshold;
+    out.config_metadata.max_split_size = settings.max_split_size;
+    out.config_metadata.expandable_segments = settings.expandable_segments;
+    out.config_metadata.last_allocator_settings = settings.to_string();
     return out;
   }
 
@@ -392,7 +393,8 @@ class TorchCudaAllocator final : public Pluggable {
     try {
       return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), ctx);
     } catch (const OutOfMemory& e) {
-      notify_observers(device, segment_size_for(round_size(size, core_->config().roundup_power2_divisions)));
+      notify_observers(device,
+                       segment_size_for(round_size(size, core_->device(device).settings().divisions_for(size))));
       throw_oom_for_torch(e, core_.get(), device, size, __func__);
     } catch (...) {
       rethrow_for_torch(__func__);
