@@ -50,6 +50,10 @@ def _env(upstream: Path, suite: str, mode: str, config: str, log: Path, skip: Pa
                MEMALLOC_CONFORMANCE_LOG=str(log), MEMALLOC_CONFORMANCE_SKIP=str(skip),
                MEMALLOC_CONFORMANCE_FILE=str(upstream / SUITES[suite]),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
+    # torch.utils.cpp_extension builds (MemPool tests compile a dummy allocator)
+    # take a lock in the extensions folder: one folder per run, so a run that
+    # the budget kills cannot leave a lock that hangs the others.
+    env["TORCH_EXTENSIONS_DIR"] = str(log.parent / f"extensions-{log.stem}")
     conf = CONFIGS[config]
     if conf:
         # The same variable in both modes: the tests read it (EXPANDABLE_SEGMENTS)
@@ -183,18 +187,23 @@ def _print_summary(result: dict) -> None:
 
 
 def merge(paths: list, out: Path) -> dict:
-    """One results file from several runs' (each (suite, config, mode) from
-    the last file that has it); the meta lists every run's."""
+    """One results file from several runs': each test's outcome in each
+    (suite, config, mode) from the last file that ran it; ``sources`` says
+    which run (index into meta.runs) each outcome comes from."""
     tables: dict = {}
+    sources: dict = {}
     metas = []
-    for path in paths:
+    for i, path in enumerate(paths):
         r = json.loads(Path(path).read_text())
         metas.append(r["meta"])
         for suite, by_config in _tables_of(r).items():
             for config, by_mode in by_config.items():
                 for mode, res in by_mode.items():
-                    tables.setdefault(suite, {}).setdefault(config, {})[mode] = res
+                    tables.setdefault(suite, {}).setdefault(config, {}).setdefault(mode, {}).update(res)
+                    for test in res:
+                        sources.setdefault(f"{suite}/{config}/{mode}", {})[test] = i
     result = _result(tables, {"runs": metas})
+    result["sources"] = sources
     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     _print_summary(result)
     return result
@@ -212,11 +221,14 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--timeout", type=int, default=300, help="seconds per test")
     p.add_argument("--budget", type=float, default=1500, help="seconds for the whole run")
     p.add_argument("--merge", nargs="+", type=Path, help="merge these results files into --out instead of running")
+    p.add_argument("--only", type=Path, help="a file of node ids: run only these tests")
     args = p.parse_args(argv)
     if args.merge:
         merge(args.merge, args.out)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.only:
+        os.environ["MEMALLOC_CONFORMANCE_ONLY"] = str(args.only.resolve())
     deadline = time.monotonic() + args.budget
     lanes = [[tuple(job.split(":")) for job in lane.split("+") if job] for lane in args.lanes.split(",") if lane]
     tables: dict = {}

@@ -11,6 +11,8 @@ Environment (set by the runner):
   of test/inductor/test_cudagraph_trees.py).
 - ``MEMALLOC_CONFORMANCE_SKIP``: a file of node ids not to run again (done,
   or crashed the process, in an earlier pass of the runner).
+- ``MEMALLOC_CONFORMANCE_ONLY``: a file of node ids: run only these (the
+  tests an earlier run's budget left unrun).
 - ``MEMALLOC_CONFORMANCE_LOG``: a JSON-lines file: {"start": id} when a test
   starts and {"id", "outcome", "message"} when it ends, flushed at once so
   that a crash leaves the last started test behind.
@@ -22,6 +24,8 @@ that the GPU image lacks); the test files themselves are not changed.
 from __future__ import annotations
 
 import ast
+import functools
+import gc
 import importlib
 import json
 import os
@@ -93,16 +97,39 @@ def _shim_testing_package() -> None:
         pass
 
 
+def _lacking() -> unittest.SkipTest:
+    return unittest.SkipTest(f"this torch ({sys.modules['torch'].__version__}) lacks a name the upstream "
+                             "test file imports")
+
+
+class _Skipper:
+    """What a missing decorator factory or context manager gives: the test
+    it decorates, or the block it opens, is skipped."""
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def skipped(*args, **kwargs):
+            raise _lacking()
+        return skipped
+
+    def __enter__(self):
+        raise _lacking()
+
+    def __exit__(self, *exc):
+        return False
+
+
 class _Missing:
-    """A name the upstream file imports that this torch lacks: a test that
-    uses it is skipped (in both modes alike); used as a decorator or
-    registration call on a class at import time, it returns the class."""
+    """A name the upstream file imports that this torch lacks, so that the
+    file imports and the tests that use the name are skipped (in both modes
+    alike): called on a class (a registration at import time) it returns
+    the class; called otherwise it is a decorator or context manager that
+    skips."""
 
     def __new__(cls, *args, **kwargs):
         if args and isinstance(args[0], type):
             return args[0]
-        raise unittest.SkipTest(f"this torch ({sys.modules['torch'].__version__}) lacks a name the upstream "
-                                "test file imports")
+        return _Skipper()
 
 
 SHIMMED: list = []
@@ -160,7 +187,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     path = os.environ.get("MEMALLOC_CONFORMANCE_SKIP")
     if path and os.path.exists(path):
         skip = {line.strip() for line in open(path) if line.strip()}
-    keep = [it for it in items if selected(it.nodeid) and it.nodeid not in skip]
+    only = None
+    if os.environ.get("MEMALLOC_CONFORMANCE_ONLY"):
+        only = {line.strip().split("::", 1)[-1] for line in open(os.environ["MEMALLOC_CONFORMANCE_ONLY"])
+                if line.strip()}
+    keep = [it for it in items if selected(it.nodeid) and it.nodeid not in skip
+            and (only is None or it.nodeid.split("::", 1)[-1] in only)]
     dropped = [it for it in items if it not in keep]
     items[:] = keep
     config.hook.pytest_deselected(items=dropped)
@@ -168,6 +200,19 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def pytest_runtest_logstart(nodeid, location) -> None:
     _write({"start": nodeid})
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """Isolation between tests, the same in both modes: upstream tests that
+    fail before their own cleanup leave a memory fraction (and cached
+    blocks) that fail the tests after them; each test starts from fraction
+    1.0 and an empty cache."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.set_per_process_memory_fraction(1.0, d)
+        torch.cuda.empty_cache()
 
 
 def pytest_runtest_logreport(report) -> None:

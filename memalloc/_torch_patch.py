@@ -122,7 +122,7 @@ def unpatch() -> None:
 
 def is_patched() -> bool:
     """True while ``torch.cuda`` memory queries answer from memalloc."""
-    return any(module in _MODULES for module, _ in _hooks.replaced_attributes())
+    return any(module in _MODULES and name in _originals for module, name in _hooks.replaced_attributes())
 
 
 __all__ = ["is_patched", "patch", "unpatch"]

@@ -126,6 +126,24 @@ add(A, 'a.record_stream(p, 1, 99)', "device 99", "InvalidArgumentError", "device
 add(A, 'a.record_stream(p, -1)', "negative stream", "ValueError", "stream -1")
 add(A, 'a.record_stream(p, "1")', "str stream", "TypeError", "stream must be")
 
+A = "Allocator.apply_settings"
+add(A, 'a.apply_settings("max_split_size_mb:2")', "max_split_size_mb too small", "InvalidArgumentError",
+    "max_split_size_mb must be greater than 20")
+add(A, 'a.apply_settings("nokey:1")', "unknown key", "InvalidArgumentError", "unknown key 'nokey'")
+add(A, 'a.apply_settings("roundup_power2_divisions:[64:3]")', "divisions not a power of two", "InvalidArgumentError",
+    "must be a power of two")
+add(A, 'a.apply_settings("roundup_power2_divisions:[48:2]")', "bound not a power of two", "InvalidArgumentError",
+    "bound 48 is not a power of two")
+add(A, 'a.apply_settings(5)', "int text", "TypeError", "text must be")
+
+A = "Allocator.settings"
+add(A, 'a.settings(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'a.settings("0")', "str device", "TypeError", "device must be")
+
+A = "Allocator.HostSegmentSource"
+add(A, 'a.HostSegmentSource(-1)', "negative limit", "InvalidArgumentError", "negative size -1")
+add(A, 'a.HostSegmentSource("x")', "str limit", "TypeError", "size must be an int")
+
 A = "Allocator.empty_cache"
 add(A, 'a.empty_cache(-1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'a.empty_cache(99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
@@ -176,6 +194,7 @@ add(A, 'a.breakdown(99)', "device 99", "InvalidArgumentError", "device 99 does n
 A = "Allocator private pools"
 add(A, 'a.create_or_incref_pool((0, 0))', "the default pool's id", "InvalidArgumentError", "default pool")
 add(A, 'a.create_or_incref_pool(7)', "int pool id", "TypeError", "pool must be a pair of ints")
+add(A, 'a.create_or_incref_pool((0, 7), source=3)', "int source", "TypeError", "source must be a memalloc.Allocator.HostSegmentSource")
 add(A, 'a.create_or_incref_pool((1, 2, 3))', "three-part pool id", "InvalidArgumentError", "got 3 items")
 add(A, 'a.create_or_incref_pool((-1, 2))', "negative pool id part", "InvalidArgumentError", "negative part")
 add(A, 'a.create_or_incref_pool(("1", 2))', "str pool id part", "TypeError", "pool must be a pair of ints")

@@ -4,7 +4,7 @@ embeddings, BERT's masked-LM head, T5: every one ties weights), HF Trainer,
 Lightning's Trainer and an accelerate loop train a few steps natively and
 under memalloc, each mode in one fresh interpreter (tests/libraries/cases.py),
 and must give the same losses. The same cases plus timm and torchvision run
-on CUDA in tests/gpu/test_libraries.py.
+on CUDA in tests/gpu/test_cuda_libraries.py.
 
 Without transformers, lightning and accelerate installed the suite is
 skipped, except where ``MEMALLOC_REQUIRE_LIBRARIES=1`` (CI, which installs

@@ -118,12 +118,19 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
       .def_property_readonly("releases", [](const HostSegmentSource& s) { return s.releases_.load(); })
       .def_property_readonly("held", [](const HostSegmentSource& s) { return s.held_.load(); });
   cls.def("create_or_incref_pool",
-          [](CachingAllocator& a, py::object pool, Device device, std::shared_ptr<HostSegmentSource> source) {
+          [](CachingAllocator& a, py::object pool, Device device, py::object source_arg) {
             const PoolId id = pool_id(pool);
+            std::shared_ptr<HostSegmentSource> source;
+            if (!source_arg.is_none()) {
+              if (!py::isinstance<HostSegmentSource>(source_arg))
+                throw py::type_error("source must be a memalloc.Allocator.HostSegmentSource or None, not " +
+                                     std::string(py::str(py::type::handle_of(source_arg).attr("__name__"))));
+              source = source_arg.cast<std::shared_ptr<HostSegmentSource>>();
+            }
             py::gil_scoped_release nogil;
             a.device(device).create_or_incref_pool(id, source);
           },
-          py::arg("pool"), py::arg("device") = 0, py::arg("source") = nullptr,
+          py::arg("pool"), py::arg("device") = 0, py::arg("source") = py::none(),
           "Creates the private pool (use count 1) or adds one use; with `source` (a HostSegmentSource) "
           "the pool's segments come from it.")
       .def("begin_allocate_to_pool",
