@@ -47,8 +47,11 @@ BACKWARD = "backward"                          # torch.autograd.backward (also T
 OPTIMIZER_STEP_PRE = "optimizer_step_pre"      # before any optimizer.step()
 OPTIMIZER_STEP_POST = "optimizer_step_post"    # after any optimizer.step()
 PARAMETER_REGISTRATION = "parameter_registration"  # a module registers an nn.Parameter
+MODULE_FORWARD_PRE = "module_forward_pre"      # before any module's forward (observes; returns nothing)
+MODULE_FORWARD = "module_forward"              # after any module's forward (observes; the output is untouched)
 OUT_OF_MEMORY = "out_of_memory"                # memalloc's allocator failed an allocation for good
-POINTS = (BACKWARD, OPTIMIZER_STEP_PRE, OPTIMIZER_STEP_POST, PARAMETER_REGISTRATION, OUT_OF_MEMORY)
+POINTS = (BACKWARD, OPTIMIZER_STEP_PRE, OPTIMIZER_STEP_POST, PARAMETER_REGISTRATION, MODULE_FORWARD_PRE,
+          MODULE_FORWARD, OUT_OF_MEMORY)
 
 _lock = threading.Lock()
 _failed: dict[str, str] = {}  # feature -> what went wrong (turned off)
@@ -171,6 +174,10 @@ _points: dict[str, _Point] = {
                                 _install_torch_hook(torch_optimizer.register_optimizer_step_post_hook)),
     PARAMETER_REGISTRATION: _Point(PARAMETER_REGISTRATION,
                                    _install_torch_hook(torch_module.register_module_parameter_registration_hook)),
+    # Global forward hooks may replace a module's inputs or output by returning
+    # a value: the dispatcher returns None, so nothing a subscriber does can.
+    MODULE_FORWARD_PRE: _Point(MODULE_FORWARD_PRE, _install_torch_hook(torch_module.register_module_forward_pre_hook)),
+    MODULE_FORWARD: _Point(MODULE_FORWARD, _install_torch_hook(torch_module.register_module_forward_hook)),
     OUT_OF_MEMORY: _Point(OUT_OF_MEMORY, _install_oom),
 }
 
@@ -191,7 +198,8 @@ def subscribe(point: str, feature: str, fn: Callable[..., Any],
     ``fn()`` before the backward, its result passed to ``after(result)`` when
     the backward returns or raises; optimizer points: ``fn(optimizer, args,
     kwargs)``; ``parameter_registration``: ``fn(module, name, param)``;
-    ``out_of_memory``: ``fn(device, size_in_bytes) -> str`` (appended to the
+    ``module_forward_pre``: ``fn(module, args)``; ``module_forward``:
+    ``fn(module, args, output)`` (return values are ignored); ``out_of_memory``: ``fn(device, size_in_bytes) -> str`` (appended to the
     error). Subscribing a feature again replaces its subscription in place.
     A feature that has failed (:func:`failures`) stays off."""
     if not isinstance(feature, str) or not feature:

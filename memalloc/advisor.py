@@ -46,10 +46,9 @@ import weakref
 from typing import Any, Optional
 
 import torch
-import torch.nn.modules.module as torch_module
 from torch import nn
 
-from . import _C, _state, phases
+from . import _C, _hooks, _state, phases
 from ._format import fmt_bytes
 from .breakdown import MemoryBreakdown
 
@@ -90,6 +89,9 @@ class Profile:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
+FEATURE = "advisor's forward profile"  # its name in hook warnings (memalloc._hooks)
+
+
 class ForwardProfile:
     """Watches the forward of every training step (global module hooks, so
     only for diagnostic runs: each module call reads the allocator twice) and
@@ -102,23 +104,21 @@ class ForwardProfile:
         self._a: Optional[_C.Allocator] = None
         self._device = device
         self._lock = threading.Lock()
-        self._handles: list[Any] = []
         self._stack: list[tuple[Any, int, int]] = []
         self._current: dict[int, list] = {}  # id(module) -> [weakref, kept bytes, input bytes, calls]
         self._last: dict[int, list] = {}
-        self._roots: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+        self._roots: _hooks.IdentityRegistry[nn.Module] = _hooks.IdentityRegistry()  # by identity
 
     def start(self) -> "ForwardProfile":
         self._a = _state.allocator_or_installed(self._allocator)
-        self._handles = [torch_module.register_module_forward_pre_hook(self._pre),
-                         torch_module.register_module_forward_hook(self._post)]
+        _hooks.subscribe(_hooks.MODULE_FORWARD_PRE, FEATURE, self._pre)
+        _hooks.subscribe(_hooks.MODULE_FORWARD, FEATURE, self._post)
         phases.add_backward_listener(self._backward_started)
         return self
 
     def stop(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        _hooks.unsubscribe(_hooks.MODULE_FORWARD_PRE, FEATURE)
+        _hooks.unsubscribe(_hooks.MODULE_FORWARD, FEATURE)
         phases.remove_backward_listener(self._backward_started)
 
     def _allocated(self) -> int:
