@@ -302,3 +302,45 @@ def test_a_pool_keeps_the_source_it_was_made_with():
     with pytest.raises(ValueError, match="already exists with another segment source"):
         a.create_or_incref_pool(POOL, source=other)
     assert a.pool_use_count(POOL) == 2  # nothing changed
+
+
+def test_pools_with_a_source_under_a_memory_fraction_and_use_on_oom():
+    """upstream test_cuda.py's test_mempool_limited_memory_with_allocator on
+    the simulated device: two pools of one outside allocator, one use_on_oom,
+    80 MiB allowed; the default pool falls back to the use_on_oom pool's free
+    block (same address), never to the other pool's, and the pools give their
+    segments back through the allocator when they go."""
+    import torch
+    a = Checked("host_capacity_mb:4096")
+    src = _C.Allocator.HostSegmentSource(1 << 40)
+    other, fallback = (0, 1), (0, 2)
+    for pool in (other, fallback):
+        a.create_or_incref_pool(pool, source=src)
+    a.set_pool_use_on_oom(fallback, True)
+    a.set_memory_fraction(80 * MiB / (4096 * MiB))
+
+    def in_pool(pool, nbytes):
+        a.begin_allocate_to_pool(pool, [0])  # use_mem_pool: this thread's allocations, current stream
+        p = a.malloc(nbytes)
+        a.end_allocate_to_pool(pool)
+        a.release_pool(pool)
+        return p
+
+    pa, pb = in_pool(other, 40 * MiB), in_pool(fallback, 40 * MiB)
+    with pytest.raises(torch.OutOfMemoryError):
+        a.malloc(40 * MiB)
+    a.free(pa)
+    a.free(pb)
+    c = a.malloc(30 * MiB)
+    assert c == pb  # the use_on_oom pool's block
+    with pytest.raises(torch.OutOfMemoryError):
+        a.malloc(30 * MiB)  # the other pool is not a fallback
+    a.free(c)
+    e = in_pool(fallback, 20 * MiB)
+    assert e == c
+    a.free(e)
+    for pool in (fallback, other):  # the MemPools' destructors
+        a.set_pool_use_on_oom(pool, False)
+        a.release_pool(pool)
+        a.empty_pool_cache(pool)
+    assert src.allocations == 2 and src.releases == 2 and src.held == 0
