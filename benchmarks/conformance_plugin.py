@@ -34,7 +34,6 @@ import sys
 import types
 import unittest
 
-import pytest
 
 MODE = os.environ.get("MEMALLOC_CONFORMANCE_MODE", "native")
 SELECT = os.environ.get("MEMALLOC_CONFORMANCE_SELECT", "")
