@@ -206,13 +206,6 @@ const std::vector<std::string>& config_keys() {
   return keys;
 }
 
-size_t Config::divisions_for(size_t bytes) const {
-  const size_t mib = bytes >> 20;
-  const size_t index = mib == 0 ? 0 : std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mib)),
-                                                       kRoundupIntervals - 1);
-  return roundup_power2_divisions[index];
-}
-
 Config parse_config(const std::string& text) {
   Config c;
   for (const std::string& item : split_entries(text)) {

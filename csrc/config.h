@@ -32,7 +32,12 @@ struct Config {
   // torch's list "[64:8,128:2,>:1]": interval bounds in MiB). 0 = off
   // (plain 512 B rounding).
   std::array<size_t, kRoundupIntervals> roundup_power2_divisions{};
-  size_t divisions_for(size_t bytes) const;
+  // The divisions for a request of `bytes` (inline: on the fast path).
+  size_t divisions_for(size_t bytes) const {
+    const size_t mib = bytes >> 20;
+    const size_t index = mib == 0 ? 0 : 63 - static_cast<size_t>(__builtin_clzll(mib));
+    return roundup_power2_divisions[index < kRoundupIntervals ? index : kRoundupIntervals - 1];
+  }
   // Empty-cache policy "threshold": 0 < t < 1 releases unused cached
   // segments before reserved memory would exceed t * limit; 0 = off.
   double garbage_collection_threshold = 0.0;
