@@ -11,10 +11,12 @@ writes every test's outcome in each mode::
 The upstream files are not in this repository (git-ignored ``upstream/``;
 upstream/SOURCE.txt says where they came from); the device run carries them.
 A test that crashes the process (a poisoned CUDA context, a segfault, a
-timeout) is recorded as ``crashed`` and the run restarts after it. The two
-suites run side by side (the trees compile on the CPU); the modes and
-configs of one suite run one after another, so no two processes of a
-suite share the GPU.
+timeout) is recorded as ``crashed`` and the run restarts after it. By
+default the two suites run side by side (the trees compile on the CPU) and
+the modes and configs of one suite one after another, so no two processes
+of a suite share the GPU; ``--lanes`` chooses otherwise (tests that take
+half the GPU then collide), ``--only`` runs a list of node ids, and
+``--merge`` joins several runs' files.
 
 Writes DIR/conformance.json: meta (date, torch, GPU, command), per suite and
 config each test's outcome natively and under memalloc (with the failure's

@@ -163,7 +163,8 @@ def _shim_missing_imports(path: str) -> None:
 if MODE == "memalloc":
     import memalloc
     memalloc.enable(backend="cuda")
-_shim_testing_package()
+if os.environ.get("MEMALLOC_CONFORMANCE_SHIMS", "1") != "0":  # "0": a stand-in file needs none (tests)
+    _shim_testing_package()
 if os.environ.get("MEMALLOC_CONFORMANCE_FILE"):
     _shim_missing_imports(os.environ["MEMALLOC_CONFORMANCE_FILE"])
 
@@ -186,12 +187,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     path = os.environ.get("MEMALLOC_CONFORMANCE_SKIP")
     if path and os.path.exists(path):
         skip = {line.strip() for line in open(path) if line.strip()}
+    def in_file(nodeid: str) -> str:  # "Class::test", whatever the path before it
+        return nodeid.split(".py::", 1)[-1]
+
     only = None
     if os.environ.get("MEMALLOC_CONFORMANCE_ONLY"):
-        only = {line.strip().split("::", 1)[-1] for line in open(os.environ["MEMALLOC_CONFORMANCE_ONLY"])
-                if line.strip()}
+        only = {in_file(line.strip()) for line in open(os.environ["MEMALLOC_CONFORMANCE_ONLY"]) if line.strip()}
     keep = [it for it in items if selected(it.nodeid) and it.nodeid not in skip
-            and (only is None or it.nodeid.split("::", 1)[-1] in only)]
+            and (only is None or in_file(it.nodeid) in only)]
     dropped = [it for it in items if it not in keep]
     items[:] = keep
     config.hook.pytest_deselected(items=dropped)
@@ -206,8 +209,8 @@ def pytest_runtest_teardown(item, nextitem) -> None:
     fail before their own cleanup leave a memory fraction (and cached
     blocks) that fail the tests after them; each test starts from fraction
     1.0 and an empty cache."""
-    import torch
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")  # a file that never imported torch has nothing to reset
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()
         for d in range(torch.cuda.device_count()):
             torch.cuda.set_per_process_memory_fraction(1.0, d)

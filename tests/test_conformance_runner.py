@@ -1,0 +1,79 @@
+"""benchmarks/conformance.py, the runner of torch's own tests, on a stand-in
+upstream file (no GPU, native mode): per-test outcomes, the selection, a
+test that kills its process recorded as crashed with the run going on
+after it, --only, and --merge's per-test provenance."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from benchmarks import conformance
+
+FAKE = textwrap.dedent('''
+    import os, unittest
+    class TestCuda(unittest.TestCase):
+        def test_memory_passes(self): pass
+        def test_memory_aborts(self): os.abort()
+        def test_memory_fails(self): self.assertEqual(1, 2)
+        def test_memory_after_the_crash(self): pass
+        def test_unrelated(self): pass          # not an allocator test: not selected
+    class TestMemPool(unittest.TestCase):
+        def test_pool(self): pass               # the whole class is selected
+''')
+
+
+@pytest.fixture(autouse=True)
+def no_torch_testing_shims(monkeypatch):
+    monkeypatch.setenv("MEMALLOC_CONFORMANCE_SHIMS", "0")  # the stand-in file imports nothing of torch's tests
+
+
+def _run(tmp_path, *extra):
+    up = tmp_path / "up"
+    up.mkdir(exist_ok=True)
+    (up / "test_cuda.py").write_text(FAKE)
+    out = tmp_path / f"out{len(extra)}"
+    conformance.main(["--upstream", str(up), "--out", str(out), "--lanes", "cuda:native:default",
+                      "--budget", "120", *extra])
+    return json.loads((out / "conformance.json").read_text())
+
+
+def _outcomes(result):
+    return {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"]["default"].items()}
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMALLOC_CONFORMANCE_SHIMS", "0")
+        return _run(tmp_path_factory.mktemp("conformance"))
+
+
+def test_outcomes_crash_and_selection(full):
+    r = full
+    assert _outcomes(r) == {"test_memory_passes": "passed", "test_memory_aborts": "crashed",
+                            "test_memory_fails": "failed", "test_memory_after_the_crash": "passed",
+                            "test_pool": "passed"}
+    s = r["summary"]["cuda/default"]
+    assert s["passed_natively"] == 3 and s["passed_natively_and_under_memalloc"] == 0
+    assert all(v["outcome"] == "not run" for v in s["regressions"].values())  # memalloc was not run
+    assert "1 != 2" in r["messages"]["cuda"]["default"]["native"][
+        next(t for t in r["tests"]["cuda"]["default"] if t.endswith("test_memory_fails"))]
+
+
+def test_only_and_merge_keep_the_latest_outcome_per_test(tmp_path, full):
+    only = tmp_path / "only.txt"
+    only.write_text("TestCuda::test_memory_fails\n")
+    part = _run(tmp_path, "--only", str(only))
+    assert list(_outcomes(part)) == ["test_memory_fails"]
+    paths = []
+    for i, r in enumerate((full, part)):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps(r))
+        paths.append(p)
+    merged = conformance.merge(paths, tmp_path / "merged.json")
+    assert _outcomes(merged) == _outcomes(full)  # same outcomes; fails came again from run 1
+    src = merged["sources"]["cuda/default/native"]
+    assert {t.split("::")[-1]: i for t, i in src.items()}["test_memory_fails"] == 1
+    assert {t.split("::")[-1]: i for t, i in src.items()}["test_pool"] == 0
