@@ -2,14 +2,15 @@
 
 A *hook point* is one place where torch calls memalloc: a wrapper of
 ``torch.autograd.backward``, torch's global optimizer pre- and post-step
-hooks, the global module parameter-registration hook, and memalloc's own
+hooks, the global module parameter-registration and forward hooks, and memalloc's own
 out-of-memory hook (called by the C++ allocator). Features *subscribe* to a
 point under their name (``subscribe("backward", "breakdown", before,
 after)``); the point installs its one torch hook when the first subscriber
 arrives and removes it when the last leaves, so each point has one wrapper
-whatever subscribes, and :func:`uninstall_all` gives torch back exactly what
-it had. :func:`replace_attribute` is the same for the functions memalloc puts
-in place of torch's (the host backend's ``torch.cuda`` queries).
+whatever subscribes, and torch gets back its own function or hook.
+:func:`replace_attribute` is the same for the functions memalloc puts in
+place of torch's (the host backend's ``torch.cuda`` queries, the run-time
+settings entry points).
 
 Rules every subscriber is held to (the user's code must not see memalloc):
 
@@ -287,16 +288,6 @@ def replaced_attributes() -> list[tuple[Any, str]]:
     """(module, name) of every attribute of torch memalloc replaces now."""
     with _lock:
         return [(m, name) for (_, name), (m, _o, _v) in _replaced.items()]
-
-
-def uninstall_all() -> None:
-    """Removes every hook and gives back every replaced attribute (tests,
-    interpreter shutdown): torch is as it was before memalloc."""
-    with _lock:
-        for p in _points.values():
-            p.set(())
-    for module, name in replaced_attributes():
-        restore_attribute(module, name)
 
 
 # --- tensors by identity ----------------------------------------------------
