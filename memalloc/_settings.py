@@ -30,12 +30,12 @@ from typing import Any, Optional
 import torch
 
 from . import _C, _hooks
+from ._config import config_value
 
 TORCH_ENV_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch reads the first that is set
 SHARED_KEYS = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
                "expandable_segments")
 FRACTION_KEY = "per_process_memory_fraction"
-RESET_AT_RUN_TIME = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold")
 
 
 def torch_env_text() -> tuple[str, str]:
@@ -100,13 +100,16 @@ def startup_text() -> str:
     return shared
 
 
-def apply_startup_fraction(allocator: _C.Allocator) -> None:
-    """``per_process_memory_fraction`` of the torch settings variable, on every device."""
-    _, text = torch_env_text()
-    fraction = split(text)[1] if text else None
+def _set_fraction(allocator: _C.Allocator, fraction: Optional[float]) -> None:
     if fraction is not None:
         for d in range(allocator.device_count):
             allocator.set_memory_fraction(fraction, d)
+
+
+def apply_startup_fraction(allocator: _C.Allocator) -> None:
+    """``per_process_memory_fraction`` of the torch settings variable, on every device."""
+    _, text = torch_env_text()
+    _set_fraction(allocator, split(text)[1] if text else None)
 
 
 def apply(allocator: _C.Allocator, text: str) -> None:
@@ -114,13 +117,10 @@ def apply(allocator: _C.Allocator, text: str) -> None:
     rules (module docstring). Raises memalloc.InvalidArgumentError for a bad
     value of a shared key, changing nothing."""
     shared, fraction, unsupported = split(text)
-    given = {k for k, _ in entries(shared)}
-    keep = [] if "expandable_segments" in given else [
-        f"expandable_segments:{'True' if ',expandable_segments:True' in allocator.settings() else 'False'}"]
-    allocator.apply_settings(",".join(p for p in (*keep, shared) if p))
-    if fraction is not None:
-        for d in range(allocator.device_count):
-            allocator.set_memory_fraction(fraction, d)
+    keep = "" if config_value(shared, "expandable_segments") is not None else \
+        f"expandable_segments:{config_value(allocator.settings(), 'expandable_segments') or 'False'}"
+    allocator.apply_settings(",".join(p for p in (keep, shared) if p))
+    _set_fraction(allocator, fraction)
     _warn_unsupported(unsupported, "torch.cuda.memory._set_allocator_settings")
 
 

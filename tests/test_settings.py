@@ -7,10 +7,6 @@ uses); on CUDA the same code runs under torch's own test.
 """
 from __future__ import annotations
 
-import json
-import textwrap
-
-from conftest import CHILD_PRELUDE
 from memalloc import _settings
 
 MiB = 1 << 20
@@ -45,14 +41,6 @@ def test_split_sorts_shared_torch_only_and_unsupported_keys():
     assert unsupported == ["backend:cudaMallocAsync", "release_lock_on_cudamalloc:True"]
 
 
-def _child(fresh_python, code: str, env: dict) -> dict:
-    """Runs CHILD_PRELUDE + code in a fresh interpreter with ``env``; its R."""
-    src = CHILD_PRELUDE + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-    p = fresh_python.run(["-c", src], env=env, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return json.loads([l for l in p.stdout.splitlines() if l.startswith("RESULT ")][0][len("RESULT "):])
-
-
 STARTUP = """
 import warnings
 with warnings.catch_warnings(record=True) as caught:
@@ -75,7 +63,7 @@ R["startup_400mib"] = grows(400 * MiB)  # 2 divisions for 256..512 MiB
 def test_pytorch_cuda_alloc_conf_applies_its_shared_keys_at_enable(fresh_python):
     conf = ("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1],garbage_collection_threshold:0.5,"
             "per_process_memory_fraction:0.75,release_lock_on_cudamalloc:True,pinned_num_register_threads:4")
-    r = _child(fresh_python, STARTUP, fresh_python.env(PYTORCH_CUDA_ALLOC_CONF=conf))
+    _, r, _ = fresh_python.code(STARTUP, "", env=fresh_python.env(PYTORCH_CUDA_ALLOC_CONF=conf))
     assert r["startup_84mib"] == power2_div(84 * MiB, 8)
     assert r["startup_400mib"] == power2_div(400 * MiB, 2)
     assert "garbage_collection_threshold:0.5" in r["settings"]
@@ -87,8 +75,9 @@ def test_pytorch_cuda_alloc_conf_applies_its_shared_keys_at_enable(fresh_python)
 def test_memalloc_conf_overrides_torchs_variable_key_by_key(fresh_python):
     env = fresh_python.env(conf="max_split_size_mb:64",
                            PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:256,garbage_collection_threshold:0.6")
-    s = _child(fresh_python, "memalloc.enable(backend='host'); R['s'] = memalloc.installed_allocator().settings()",
-               env)["s"]
+    _, r, _ = fresh_python.code("memalloc.enable(backend='host')\n",
+                                "R['s'] = memalloc.installed_allocator().settings()", env=env)
+    s = r["s"]
     assert "max_split_size_mb:64" in s and "garbage_collection_threshold:0.6" in s
 
 
