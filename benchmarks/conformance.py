@@ -11,7 +11,9 @@ writes every test's outcome in each mode::
 The upstream files are not in this repository (git-ignored ``upstream/``;
 upstream/SOURCE.txt says where they came from); the device run carries them.
 A test that crashes the process (a poisoned CUDA context, a segfault, a
-timeout) is recorded as ``crashed`` and the run restarts after it. By
+timeout: ``--timeout`` seconds, after which the plugin dumps every thread's
+stack and ends the process) is recorded as ``crashed``, with the end of its
+output, and the run restarts after it. By
 default the two suites run side by side (the trees compile on the CPU) and
 the modes and configs of one suite one after another, so no two processes
 of a suite share the GPU; ``--lanes`` chooses otherwise (tests that take
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import subprocess
@@ -84,6 +85,21 @@ def _read_log(log: Path) -> tuple[dict, list]:
     return results, started
 
 
+def _crash_output(text: str) -> str:
+    """What says why a pass ended: a timeout's stack dump (innermost frames
+    first, faulthandler's order) from its start, else the pass's last lines."""
+    lines = text.splitlines()
+    at = next((i for i, l in enumerate(lines) if "Timeout (" in l), None)  # after pytest's progress dots
+    return "\n".join(lines[at:at + 30] if at is not None else lines[-15:])[:3000]
+
+
+def _clear_build_locks(env: dict) -> None:
+    """Removes the build locks a killed process left in this run's own
+    extensions folder (torch's FileBaton waits forever on one)."""
+    for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):
+        lock.unlink(missing_ok=True)
+
+
 def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeout: int,
             deadline: float) -> dict:
     """All passes of one (suite, mode, config); {id: {"outcome", "message"}}."""
@@ -97,13 +113,15 @@ def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeo
         passes += 1
         cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.conformance_plugin", str(upstream / SUITES[suite]),
                "-q", "-rN", "-p", "no:cacheprovider", "-o", "addopts="]
-        if importlib.util.find_spec("pytest_timeout") is not None:
-            cmd.append(f"--timeout={timeout}")
+        start = stdout.stat().st_size if stdout.exists() else 0
         with open(stdout, "a") as f:
             f.write(f"\n=== pass {passes}: {' '.join(cmd)}\n")
             f.flush()
+            env = _env(upstream, suite, mode, config, log, skip)
+            env["MEMALLOC_CONFORMANCE_TEST_TIMEOUT"] = str(timeout)
+            _clear_build_locks(env)  # a restart after a crash: no process of this run holds one
             try:
-                rc = subprocess.run(cmd, cwd=REPO, env=_env(upstream, suite, mode, config, log, skip), stdout=f,
+                rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
                                     stderr=subprocess.STDOUT, timeout=max(1, deadline - time.monotonic())).returncode
             except subprocess.TimeoutExpired:
                 rc = "budget"
@@ -114,7 +132,9 @@ def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeo
                 print(f"{tag}: pytest exited {rc} before any test; the end of {stdout}:\n"
                       + "\n".join(stdout.read_text().splitlines()[-15:]), flush=True)
             break
-        crashed[unfinished[-1]] = {"outcome": "crashed", "message": f"the process ended (rc {rc}) in this test"}
+        crashed[unfinished[-1]] = {"outcome": "crashed",
+                                   "message": f"the process ended (rc {rc}) in this test; its output:\n"
+                                   + _crash_output(stdout.read_text()[start:])}
         skip.write_text("\n".join([*results, *crashed]) + "\n")
         if rc == "budget":
             break
@@ -126,6 +146,8 @@ def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeo
 
 
 def _short(message: str, n: int = 600) -> str:
+    if message.startswith("the process ended"):  # a crash: what says where, whole (_crash_output)
+        return message
     lines = [l for l in message.splitlines() if l.strip()]
     return "\n".join(lines[-8:])[-n:]
 

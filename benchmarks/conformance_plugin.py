@@ -12,10 +12,15 @@ Environment (set by the runner):
 - ``MEMALLOC_CONFORMANCE_SKIP``: a file of node ids not to run again (done,
   or crashed the process, in an earlier pass of the runner).
 - ``MEMALLOC_CONFORMANCE_ONLY``: a file of node ids: run only these (the
-  tests an earlier run's budget left unrun).
+  tests an earlier run's budget left unrun); a file none of them names
+  runs whole.
 - ``MEMALLOC_CONFORMANCE_LOG``: a JSON-lines file: {"start": id} when a test
   starts and {"id", "outcome", "message"} when it ends, flushed at once so
   that a crash leaves the last started test behind.
+- ``MEMALLOC_CONFORMANCE_TEST_TIMEOUT``: seconds one test may run (0 = no
+  limit): past it every thread's Python stack goes to stderr and the process
+  exits (faulthandler), so the runner records the test as crashed, with
+  where it hung, and goes on with the others.
 
 The shims give torch 2.11's testing package the names newer upstream files
 import (``TEST_CUDAMALLOCASYNC``, ``HAS_CUDA``, the ``expecttest`` package
@@ -24,6 +29,7 @@ that the GPU image lacks); the test files themselves are not changed.
 from __future__ import annotations
 
 import ast
+import faulthandler
 import functools
 import gc
 import importlib
@@ -192,7 +198,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     only = None
     if os.environ.get("MEMALLOC_CONFORMANCE_ONLY"):
-        only = {in_file(line.strip()) for line in open(os.environ["MEMALLOC_CONFORMANCE_ONLY"]) if line.strip()}
+        lines = [line.strip() for line in open(os.environ["MEMALLOC_CONFORMANCE_ONLY"]) if line.strip()]
+        this_file = os.path.basename(os.environ.get("MEMALLOC_CONFORMANCE_FILE", ""))
+        mine = [l for l in lines if ".py::" not in l or os.path.basename(l.split(".py::", 1)[0] + ".py") == this_file]
+        only = {in_file(l) for l in mine} if mine else None  # a list naming no test of this file leaves it whole
     keep = [it for it in items if selected(it.nodeid) and it.nodeid not in skip
             and (only is None or in_file(it.nodeid) in only)]
     dropped = [it for it in items if it not in keep]
@@ -200,8 +209,21 @@ def pytest_collection_modifyitems(config, items) -> None:
     config.hook.pytest_deselected(items=dropped)
 
 
+TEST_TIMEOUT = float(os.environ.get("MEMALLOC_CONFORMANCE_TEST_TIMEOUT", "0") or 0)
+# The process's own stderr, taken before pytest captures fd 2: the dump must
+# reach the runner's log, not a capture file that dies with the process.
+_DUMP_TO = os.fdopen(os.dup(2), "w") if TEST_TIMEOUT > 0 else None
+
+
 def pytest_runtest_logstart(nodeid, location) -> None:
     _write({"start": nodeid})
+    if TEST_TIMEOUT > 0:
+        faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True, file=_DUMP_TO)
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    if TEST_TIMEOUT > 0:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_runtest_teardown(item, nextitem) -> None:

@@ -3,6 +3,9 @@
 #   bash benchmarks/device_conformance.sh conformance   (build, torch's tests in 4 modes)
 #   bash benchmarks/device_conformance.sh libraries     (build if needed, the GPU libraries suite)
 #   bash benchmarks/device_conformance.sh conformance libraries   (both, in one call)
+#   bash benchmarks/device_conformance.sh bench         (step and pair times, native and memalloc side by side)
+# Env: CONFORMANCE_LANES, CONFORMANCE_ONLY, CONFORMANCE_BUDGET (s), CONFORMANCE_TIMEOUT
+# (s per test), GPU_TESTS (more GPU test paths for the libraries step).
 # The upstream test files travel as the git-ignored upstream/ (carry it).
 # Results under $OUT: conformance.json, conformance-logs.tgz, libraries.log.
 set -uo pipefail
@@ -26,6 +29,7 @@ case "$what" in
     echo "== torch's allocator tests, native and under memalloc"
     rm -rf /tmp/conformance
     python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-420}" \
+      --timeout "${CONFORMANCE_TIMEOUT:-150}" \
       ${CONFORMANCE_LANES:+--lanes "$CONFORMANCE_LANES"} ${CONFORMANCE_ONLY:+--only "$CONFORMANCE_ONLY"}
     cp /tmp/conformance/conformance.json "$OUT/"
     tar czf "$OUT/conformance-logs.tgz" -C /tmp/conformance . ;;
@@ -33,5 +37,9 @@ case "$what" in
     echo "== the libraries suite on CUDA (and the GPU tests named in GPU_TESTS)"
     export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
     python3 -m pytest -m gpu -q -rfs tests/gpu/test_cuda_libraries.py ${GPU_TESTS:-} 2>&1 | tee "$OUT/libraries.log" | tail -40 ;;
+  bench)
+    echo "== step and pair times, native and memalloc in one run"
+    python3 -m benchmarks.run --suite gpu --allocators native,memalloc --groups micro,transformer \
+      --repeats "${BENCH_REPEATS:-3}" --out "$OUT/gpu-bench.json" 2>&1 | tail -25 ;;
 esac
 done

@@ -17,6 +17,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       segments_(&mr_),
       pending_(&mr_),
       deferred_(&mr_),
+      capture_reuse_(backend, device),
       spare_events_(&mr_),
       accounting_(config.max_split_size),
       gc_threshold_(config.garbage_collection_threshold) {
@@ -42,6 +43,7 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
   PrivatePool* owner = nullptr;
   if (!routes_.empty()) {
     owner = route_locked(stream);
+    if (config_.graph_capture_record_stream_reuse && !deferred_.empty()) reuse_in_capture_locked(stream);
   } else if (!pending_.empty() || !deferred_.empty()) {
     process_events_locked();
   }
@@ -116,6 +118,7 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   } else if (!routes_.empty()) {
     deferred_.push_back(b);  // no event may be recorded or queried during a capture
     b->event_count += 1;     // pending (active) until its events are recorded and done
+    if (config_.graph_capture_record_stream_reuse) capture_reuse_.mark(*b);
   } else {
     insert_events_locked(b);
   }

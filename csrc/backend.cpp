@@ -1,5 +1,5 @@
 // backend.cpp — what a Backend does by default (backend.h): no
-// inter-process handles and no virtual memory. The backends that have them
+// inter-process handles, no virtual memory and no graph capture. The backends that have them
 // override these.
 #include "backend.h"
 #include "errors.h"
@@ -29,5 +29,11 @@ void* Backend::vm_reserve(int, size_t) { no_vm(*this); }
 bool Backend::vm_map(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_unmap(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_free(int, void*) { no_vm(*this); }
+
+bool Backend::capture_frontier(int, Stream, uint64_t*, std::vector<GraphNode>* frontier) {
+  frontier->clear();
+  return false;
+}
+void Backend::graph_dependencies(int, GraphNode, std::vector<GraphNode>*) {}
 
 }  // namespace memalloc

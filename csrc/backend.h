@@ -27,6 +27,10 @@
 //     (mem_get_info), reserved address space does not. A backend without
 //     virtual memory (or a driver without its entry points) throws
 //     DriverError from all of them.
+//   * Graph capture topology (capture_reuse.h): capture_frontier() and
+//     graph_dependencies() only read the graph a stream is being captured
+//     into (no node is added, no event queried); they are legal during a
+//     capture. A backend without graphs reports no stream as capturing.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +38,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "config.h"
 
@@ -43,6 +48,8 @@ namespace memalloc {
 // default stream.
 using Stream = std::uintptr_t;
 using EventHandle = void*;
+// A node of a CUDA graph under capture (CUgraphNode), opaque.
+using GraphNode = const void*;
 
 struct MemInfo {
   size_t free = 0;   // bytes the device could still hand out
@@ -88,6 +95,14 @@ class Backend {
   virtual void vm_unmap(int device, void* addr, size_t bytes);
   // Ends the reservation at `base` (every page unmapped).
   virtual void vm_free(int device, void* base);
+
+  // ---- graph capture topology (see the invariants above) ---------------------
+  // True when `stream` is being captured into a graph: *capture_id is the
+  // capture's id, and `frontier` is set to the nodes that the next work
+  // queued on the stream will depend on. False (frontier emptied) otherwise.
+  virtual bool capture_frontier(int device, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier);
+  // Appends to `out` the nodes `node` depends on.
+  virtual void graph_dependencies(int device, GraphNode node, std::vector<GraphNode>* out);
 };
 
 // The simulated device: `config.host_devices` devices of
@@ -117,6 +132,19 @@ class HostBackend : public Backend {
   bool vm_map(int device, void* addr, size_t bytes) override;
   void vm_unmap(int device, void* addr, size_t bytes) override;
   void vm_free(int device, void* base) override;
+
+  // A simulated graph capture (tests): a capture holds nodes, each with the
+  // nodes it depends on. capture_begin starts one on `stream`; capture_work
+  // adds a node after the stream's frontier (a kernel); capture_wait makes
+  // `waiter` wait for `stream`'s work so far (wait_stream: the waiter joins
+  // the capture, its frontier gains the stream's); capture_end ends the
+  // capture of `stream` for every stream in it.
+  bool capture_frontier(int device, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier) override;
+  void graph_dependencies(int device, GraphNode node, std::vector<GraphNode>* out) override;
+  void capture_begin(int device, Stream stream);
+  void capture_work(int device, Stream stream);
+  void capture_wait(int device, Stream waiter, Stream stream);
+  void capture_end(int device, Stream stream);
 
   // Number of live segments obtained from the simulated device.
   size_t live_segments(int device);

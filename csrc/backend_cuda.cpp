@@ -76,6 +76,15 @@ struct DriverApi {
   CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
   CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  // Graph topology (capture_reuse.h): the edge-data entry points of CUDA
+  // 12.3+ where the driver has them (edge data not asked for), else the
+  // older ones; nullptr when neither exists.
+  CUresult (*cuStreamGetCaptureInfo_v3)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
+                                        const void**, size_t*);
+  CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
+                                        size_t*);
+  CUresult (*cuGraphNodeGetDependencies_v2)(CUgraphNode, CUgraphNode*, void*, size_t*);
+  CUresult (*cuGraphNodeGetDependencies)(CUgraphNode, CUgraphNode*, size_t*);
 };
 
 template <typename F>
@@ -127,6 +136,10 @@ const DriverApi* driver(std::string* why) {
                 load(lib, "cuMemSetAccess", api.cuMemSetAccess))) {
       api.cuMemCreate = nullptr;  // virtual memory unavailable; the rest works
     }
+    if (!load(lib, "cuStreamGetCaptureInfo_v3", api.cuStreamGetCaptureInfo_v3))
+      load(lib, "cuStreamGetCaptureInfo_v2", api.cuStreamGetCaptureInfo_v2);
+    if (!load(lib, "cuGraphNodeGetDependencies_v2", api.cuGraphNodeGetDependencies_v2))
+      load(lib, "cuGraphNodeGetDependencies", api.cuGraphNodeGetDependencies);
     if (!ok) {
       error = "the CUDA driver lacks a required entry point (driver too old?)";
       return;
@@ -227,6 +240,46 @@ class CudaBackend final : public Backend {
     CUdeviceptr p = 0;
     check(api_->cuIpcOpenMemHandle(&p, h, kIpcLazyEnablePeerAccess), "cuIpcOpenMemHandle");
     return reinterpret_cast<void*>(p);
+  }
+
+  // ---- graph capture topology -----------------------------------------------
+  bool capture_frontier(int, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier) override {
+    frontier->clear();
+    int status = 0;
+    unsigned long long id = 0;
+    CUgraph graph = nullptr;
+    const CUgraphNode* nodes = nullptr;
+    size_t n = 0;
+    const auto s = reinterpret_cast<CUstream>(stream);
+    if (api_->cuStreamGetCaptureInfo_v3 != nullptr) {
+      check(api_->cuStreamGetCaptureInfo_v3(s, &status, &id, &graph, &nodes, nullptr, &n), "cuStreamGetCaptureInfo");
+    } else if (api_->cuStreamGetCaptureInfo_v2 != nullptr) {
+      check(api_->cuStreamGetCaptureInfo_v2(s, &status, &id, &graph, &nodes, &n), "cuStreamGetCaptureInfo");
+    } else {
+      return false;  // a driver without the query: blocks wait for the capture's end
+    }
+    if (status != kCaptureStatusActive) return false;
+    *capture_id = id;
+    frontier->assign(nodes, nodes + n);
+    return true;
+  }
+
+  void graph_dependencies(int, GraphNode node, std::vector<GraphNode>* out) override {
+    auto n = static_cast<CUgraphNode>(const_cast<void*>(node));
+    auto get = [&](CUgraphNode* deps, size_t* count) {
+      if (api_->cuGraphNodeGetDependencies_v2 != nullptr)
+        return api_->cuGraphNodeGetDependencies_v2(n, deps, nullptr, count);
+      return api_->cuGraphNodeGetDependencies(n, deps, count);
+    };
+    if (api_->cuGraphNodeGetDependencies_v2 == nullptr && api_->cuGraphNodeGetDependencies == nullptr) return;
+    size_t count = 0;
+    check(get(nullptr, &count), "cuGraphNodeGetDependencies");
+    if (count == 0) return;
+    const size_t at = out->size();
+    out->resize(at + count);
+    check(get(static_cast<CUgraphNode*>(static_cast<void*>(out->data() + at)), &count),
+          "cuGraphNodeGetDependencies");
+    out->resize(at + count);
   }
 
   // ---- virtual memory -------------------------------------------------------

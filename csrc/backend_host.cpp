@@ -27,8 +27,12 @@
 //   address space); its pages are committed (mprotect) and counted in
 //   used[d] only while mapped:
 //   used[d] == live segment bytes + mapped vm pages * kVmPage.
+//   Simulated graph capture (tests): node k (k >= 1, its handle the integer
+//   k) depends only on nodes < k; a stream is in at most one capture, and
+//   its frontier names nodes of that capture only.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <map>
@@ -116,6 +120,17 @@ struct StreamClock {
   uint64_t completed = 0;
 };
 
+// One device's simulated graph captures (tests).
+struct Captures {
+  uint64_t next_id = 0;
+  std::map<Stream, uint64_t> capture_of;            // captured stream -> its capture id
+  std::map<Stream, std::vector<GraphNode>> frontier;  // captured stream -> its frontier
+  std::vector<std::vector<GraphNode>> dependencies;   // [k - 1]: node k's dependencies
+
+  static GraphNode handle(size_t k) { return reinterpret_cast<GraphNode>(static_cast<std::uintptr_t>(k)); }
+  static size_t index(GraphNode n) { return static_cast<size_t>(reinterpret_cast<std::uintptr_t>(n)); }
+};
+
 // Injected faults of one device (tests only; all zero by default).
 struct Faults {
   size_t alloc_skip = 0, alloc_count = 0;
@@ -150,6 +165,7 @@ struct HostBackend::State {
   VmReservations<unsigned char> reservations;  // a page is 1 while mapped
   std::vector<std::map<Stream, StreamClock>> streams;
   std::vector<Faults> faults;
+  std::vector<Captures> captures;
 
   void check_device(int device) const {
     MEMALLOC_EXPECTS(device >= 0 && device < static_cast<int>(used.size()),
@@ -167,6 +183,7 @@ HostBackend::HostBackend(const Config& config) : state_(new State) {
   state_->vm_spaces.resize(config.host_devices);
   state_->streams.resize(config.host_devices);
   state_->faults.resize(config.host_devices);
+  state_->captures.resize(config.host_devices);
 }
 
 HostBackend::~HostBackend() = default;  // each AddressSpace unmaps its whole range
@@ -314,6 +331,80 @@ void HostBackend::synchronize_stream(int device, Stream stream) {
   state_->check_device(device);
   auto& clock = state_->streams[device][stream];
   clock.completed = clock.submitted;
+}
+
+bool HostBackend::capture_frontier(int device, Stream stream, uint64_t* capture_id,
+                                   std::vector<GraphNode>* frontier) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Captures& c = state_->captures[device];
+  frontier->clear();
+  auto it = c.capture_of.find(stream);
+  if (it == c.capture_of.end()) return false;
+  *capture_id = it->second;
+  *frontier = c.frontier[stream];
+  return true;
+}
+
+void HostBackend::graph_dependencies(int device, GraphNode node, std::vector<GraphNode>* out) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  const Captures& c = state_->captures[device];
+  const size_t k = Captures::index(node);
+  MEMALLOC_EXPECTS(k >= 1 && k <= c.dependencies.size(), "host backend: no graph node " + std::to_string(k));
+  const auto& deps = c.dependencies[k - 1];
+  out->insert(out->end(), deps.begin(), deps.end());
+}
+
+void HostBackend::capture_begin(int device, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Captures& c = state_->captures[device];
+  MEMALLOC_EXPECTS(c.capture_of.count(stream) == 0, "host backend: the stream is already being captured");
+  c.capture_of[stream] = ++c.next_id;
+  c.frontier[stream].clear();
+}
+
+void HostBackend::capture_work(int device, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Captures& c = state_->captures[device];
+  MEMALLOC_EXPECTS(c.capture_of.count(stream) == 1, "host backend: capture_work on a stream not being captured");
+  auto& front = c.frontier[stream];
+  c.dependencies.push_back(front);
+  front.assign(1, Captures::handle(c.dependencies.size()));
+}
+
+void HostBackend::capture_wait(int device, Stream waiter, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Captures& c = state_->captures[device];
+  auto from = c.capture_of.find(stream);
+  if (from == c.capture_of.end()) return;  // waiting on work outside a capture: no edge
+  auto joined = c.capture_of.find(waiter);
+  MEMALLOC_EXPECTS(joined == c.capture_of.end() || joined->second == from->second,
+                   "host backend: the streams are in different captures");
+  c.capture_of[waiter] = from->second;
+  auto& front = c.frontier[waiter];
+  for (GraphNode n : c.frontier[stream])
+    if (std::find(front.begin(), front.end(), n) == front.end()) front.push_back(n);
+}
+
+void HostBackend::capture_end(int device, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  Captures& c = state_->captures[device];
+  auto it = c.capture_of.find(stream);
+  MEMALLOC_EXPECTS(it != c.capture_of.end(), "host backend: capture_end on a stream not being captured");
+  const uint64_t id = it->second;
+  for (auto s = c.capture_of.begin(); s != c.capture_of.end();) {
+    if (s->second == id) {
+      c.frontier.erase(s->first);
+      s = c.capture_of.erase(s);
+    } else {
+      ++s;
+    }
+  }
 }
 
 size_t HostBackend::live_segments(int device) {

@@ -162,6 +162,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
         parse_real(key, value, 0.0, 1.0, "use a fraction in (0, 1), e.g. 0.8, or 0 for off");
   } else if (key == "expandable_segments") {
     c.expandable_segments = parse_bool(key, value);
+  } else if (key == "graph_capture_record_stream_reuse") {
+    c.graph_capture_record_stream_reuse = parse_bool(key, value);
   } else if (key == "reuse_free_pages") {
     c.reuse_free_pages = parse_bool(key, value);
   } else if (key == "patch_torch") {
@@ -199,7 +201,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "backend", "max_split_size_mb", "roundup_power2_divisions",
-      "garbage_collection_threshold", "expandable_segments", "reuse_free_pages",
+      "garbage_collection_threshold", "expandable_segments", "graph_capture_record_stream_reuse",
+      "reuse_free_pages",
       "empty_cache_every_n_steps", "patch_torch",
       "record_history", "record_stacks", "call_sites",
       "host_capacity_mb", "host_devices"};
@@ -236,6 +239,7 @@ std::string Config::to_string() const {
   if (garbage_collection_threshold > 0.0)
     s += ",garbage_collection_threshold:" + real_text(garbage_collection_threshold);
   if (expandable_segments) s += ",expandable_segments:True";
+  if (graph_capture_record_stream_reuse) s += ",graph_capture_record_stream_reuse:True";
   if (!reuse_free_pages) s += ",reuse_free_pages:False";
   if (empty_cache_every_n_steps) s += ",empty_cache_every_n_steps:" + std::to_string(empty_cache_every_n_steps);
   if (!patch_torch) s += ",patch_torch:False";

@@ -54,6 +54,12 @@ struct Config {
   // synchronises; False: free pages are unmapped only by empty_cache and
   // before an OOM (native's expandable segments).
   bool reuse_free_pages = true;
+  // torch's key: a block freed during a CUDA graph capture after
+  // record_stream() is reused within the same capture once the capture's
+  // graph orders all its uses before the allocating stream's next work
+  // (capture_reuse.h); False: it waits for the capture's end (native's
+  // default).
+  bool graph_capture_record_stream_reuse = false;
   // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
   size_t empty_cache_every_n_steps = 0;
   // Python layer: record events from enable() on, in a ring of this many

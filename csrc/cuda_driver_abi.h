@@ -17,12 +17,15 @@ using CUcontext = void*;
 using CUdeviceptr = unsigned long long;
 using CUevent = void*;
 using CUstream = void*;
+using CUgraph = void*;
+using CUgraphNode = void*;
 
 constexpr CUresult kSuccess = 0;
 constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorNotReady = 600;
 constexpr unsigned kEventDisableTiming = 0x2;
 constexpr int kCaptureModeRelaxed = 2;            // CU_STREAM_CAPTURE_MODE_RELAXED
+constexpr int kCaptureStatusActive = 1;           // CU_STREAM_CAPTURE_STATUS_ACTIVE
 constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 constexpr size_t kIpcHandleBytes = 64;            // CU_IPC_HANDLE_SIZE
 struct CUipcMemHandle {

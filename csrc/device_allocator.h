@@ -52,6 +52,7 @@
 #include "backend.h"
 #include "block.h"
 #include "breakdown.h"
+#include "capture_reuse.h"
 #include "config.h"
 #include "events.h"
 #include "expandable.h"
@@ -342,6 +343,10 @@ class DeviceAllocator {
   // Records the deferred frees' events and completes finished ones; never
   // while capturing().
   void process_events_locked();
+  // graph_capture_record_stream_reuse, during a capture: frees the deferred
+  // blocks of `stream` whose uses the captured graph orders before the
+  // stream's next work (capture_reuse.h).
+  void reuse_in_capture_locked(Stream stream);
   void synchronize_events_locked();
 
   const int device_;
@@ -366,6 +371,7 @@ class DeviceAllocator {
   // Blocks freed during a capture that still need stream events (recorded
   // once no route is open, like native's deferral).
   std::pmr::vector<Block*> deferred_;
+  CaptureReuse capture_reuse_;  // graph_capture_record_stream_reuse: which of them a capture may reuse
   std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
   std::vector<PoolRoute> routes_;  // open routes, oldest first
   std::pmr::vector<EventHandle> spare_events_;

@@ -235,6 +235,7 @@ void DeviceAllocator::apply_settings(const Config& from) {
   config_.roundup_power2_divisions = from.roundup_power2_divisions;
   config_.garbage_collection_threshold = from.garbage_collection_threshold;
   config_.expandable_segments = from.expandable_segments;
+  config_.graph_capture_record_stream_reuse = from.graph_capture_record_stream_reuse;
   gc_threshold_ = from.garbage_collection_threshold;
   int64_t blocks = 0, segments = 0;
   for (const auto& kv : live_) blocks += accounting_oversize(kv.second->size, from) ? 1 : 0;

@@ -6,7 +6,9 @@
 // allocated, in no free list) while block->event_count > 0.
 // A block freed while a capture is under way (device_allocator.h) cannot
 // have its events recorded yet: it waits in deferred_, pending, with one
-// extra count, until the first process_events_locked() outside a capture.
+// extra count, until the first process_events_locked() outside a capture,
+// or (graph_capture_record_stream_reuse) until the captured graph orders its
+// uses before the next work of its stream (reuse_in_capture_locked).
 // Invariants: event_count == number of entries of pending_ naming the block
 // + 1 if deferred_ holds it; every EventHandle is in exactly one of pending_ and spare_events_ (or being
 // used by the function that took it).
@@ -52,6 +54,7 @@ void DeviceAllocator::process_events_locked() {
     insert_events_locked(b);
   }
   deferred_.clear();
+  capture_reuse_.clear();
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     Pending p = pending_[i];
@@ -63,6 +66,21 @@ void DeviceAllocator::process_events_locked() {
     if (--p.block->event_count == 0) free_block_locked(p.block);
   }
   pending_.resize(kept);
+}
+
+void DeviceAllocator::reuse_in_capture_locked(Stream stream) {
+  if (!capture_reuse_.refresh(stream)) return;
+  size_t kept = 0;
+  for (Block* b : deferred_) {
+    if (b->stream != stream || !capture_reuse_.reusable(*b, stream)) {
+      deferred_[kept++] = b;
+      continue;
+    }
+    capture_reuse_.forget(*b);
+    b->stream_uses.clear();  // the graph orders them: no event is needed
+    if (--b->event_count == 0) free_block_locked(b);
+  }
+  deferred_.resize(kept);
 }
 
 // Waits for every pending event, then frees their blocks.

@@ -55,6 +55,7 @@ void DeviceAllocator::validate() {
     pending.insert(b);
     blocks.emplace(b->addr, b);
   }
+  check(capture_reuse_.marks_only(deferred_), "a capture-reuse marker names a block that is not deferred");
   for (auto& p : pending_) {
     check(!p.block->allocated && p.block->event_count > 0, "pending entry names a non-pending block");
     pending.insert(p.block);

@@ -6,17 +6,19 @@ The keys memalloc shares with torch take effect exactly as natively:
 
 - ``max_split_size_mb``, ``roundup_power2_divisions`` (one value or torch's
   list ``[64:8,256:4,>:1]``), ``garbage_collection_threshold``,
-  ``expandable_segments`` and ``per_process_memory_fraction``;
+  ``expandable_segments``, ``graph_capture_record_stream_reuse`` and
+  ``per_process_memory_fraction``;
 - at run time each call resets ``max_split_size_mb``,
   ``roundup_power2_divisions`` and ``garbage_collection_threshold`` to their
   defaults unless the text sets them (torch's rule), and keeps
-  ``expandable_segments`` unless it is given (it applies to new segments).
+  ``expandable_segments`` (it applies to new segments) and
+  ``graph_capture_record_stream_reuse`` unless they are given.
 
 At startup the environment comes first: ``MEMALLOC_CONF`` and ``enable()``'s
 ``config`` override it key by key. The ``pinned_*`` keys belong to torch's
 pinned host allocator, which memalloc does not replace: torch applies them.
 Every other key (``backend:cudaMallocAsync``, ``release_lock_on_cudamalloc``,
-``graph_capture_record_stream_reuse``, ``max_non_split_rounding_mb``...)
+``max_non_split_rounding_mb``...)
 has no effect under memalloc, and one ``RuntimeWarning`` names them.
 """
 from __future__ import annotations
@@ -34,7 +36,8 @@ from ._config import config_value
 
 TORCH_ENV_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch reads the first that is set
 SHARED_KEYS = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-               "expandable_segments")
+               "expandable_segments", "graph_capture_record_stream_reuse")
+KEPT_KEYS = ("expandable_segments", "graph_capture_record_stream_reuse")  # kept at run time unless given
 FRACTION_KEY = "per_process_memory_fraction"
 
 
@@ -84,7 +87,8 @@ def _warn_unsupported(unsupported: list[str], where: str) -> None:
         warnings.warn(
             f"memalloc is torch's CUDA allocator, so these keys of {where} have no effect: "
             f"{', '.join(unsupported)} (memalloc applies max_split_size_mb, roundup_power2_divisions, "
-            "garbage_collection_threshold, expandable_segments and per_process_memory_fraction; torch "
+            "garbage_collection_threshold, expandable_segments, graph_capture_record_stream_reuse and "
+            "per_process_memory_fraction; torch "
             "applies the pinned_* keys)", RuntimeWarning, stacklevel=4)
 
 
@@ -117,9 +121,10 @@ def apply(allocator: _C.Allocator, text: str) -> None:
     rules (module docstring). Raises memalloc.InvalidArgumentError for a bad
     value of a shared key, changing nothing."""
     shared, fraction, unsupported = split(text)
-    keep = "" if config_value(shared, "expandable_segments") is not None else \
-        f"expandable_segments:{config_value(allocator.settings(), 'expandable_segments') or 'False'}"
-    allocator.apply_settings(",".join(p for p in (keep, shared) if p))
+    current = allocator.settings()
+    keep = [f"{key}:{config_value(current, key) or 'False'}" for key in KEPT_KEYS
+            if config_value(shared, key) is None]
+    allocator.apply_settings(",".join(keep + ([shared] if shared else [])))
     _set_fraction(allocator, fraction)
     _warn_unsupported(unsupported, "torch.cuda.memory._set_allocator_settings")
 

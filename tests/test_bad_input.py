@@ -256,6 +256,18 @@ add(A, 'memalloc._C._testing.set_fault_rates(a, 0.0, 0.0, -1)', "negative seed",
 add(A, 'memalloc._C._testing.faults_injected(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'memalloc._C._testing.live_segments(a, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'memalloc._C._testing.live_segments(a.stats)', "not an allocator", "TypeError", "allocator must be")
+add(A, 'memalloc._C._testing.capture_work(a, 5)', "stream not captured", "InvalidArgumentError",
+    "capture_work on a stream not being captured")
+add(A, 'memalloc._C._testing.capture_end(a, 5)', "stream not captured", "InvalidArgumentError",
+    "capture_end on a stream not being captured")
+add(A, 'memalloc._C._testing.capture_begin(a, 5); memalloc._C._testing.capture_begin(a, 5)', "captured twice",
+    "InvalidArgumentError", "the stream is already being captured")
+add(A, 'memalloc._C._testing.capture_begin(a, 5); memalloc._C._testing.capture_begin(a, 6); '
+    'memalloc._C._testing.capture_wait(a, 6, 5)', "two captures", "InvalidArgumentError",
+    "the streams are in different captures")
+add(A, 'memalloc._C._testing.capture_begin(a, -1)', "negative stream", "ValueError", "stream -1")
+add(A, 'memalloc._C._testing.capture_wait(a, 1, 2, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
 
 A = "_C._testing virtual memory"
 add(A, 'memalloc._C._testing.vm_page_size(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")

@@ -1,7 +1,8 @@
 """benchmarks/conformance.py, the runner of torch's own tests, on a stand-in
 upstream file (no GPU, native mode): per-test outcomes, the selection, a
-test that kills its process recorded as crashed with the run going on
-after it, --only, and --merge's per-test provenance."""
+test that kills its process and one that hangs (past --timeout: its stack
+in the message) recorded as crashed with the run going on after them,
+--only, and --merge's per-test provenance."""
 from __future__ import annotations
 
 import json
@@ -12,10 +13,11 @@ import pytest
 from benchmarks import conformance
 
 FAKE = textwrap.dedent('''
-    import os, unittest
+    import os, threading, unittest
     class TestCuda(unittest.TestCase):
         def test_memory_passes(self): pass
         def test_memory_aborts(self): os.abort()
+        def test_memory_hangs(self): threading.Event().wait()  # never set
         def test_memory_fails(self): self.assertEqual(1, 2)
         def test_memory_after_the_crash(self): pass
         def test_unrelated(self): pass          # not an allocator test: not selected
@@ -35,7 +37,7 @@ def _run(tmp_path, *extra):
     (up / "test_cuda.py").write_text(FAKE)
     out = tmp_path / f"out{len(extra)}"
     conformance.main(["--upstream", str(up), "--out", str(out), "--lanes", "cuda:native:default",
-                      "--budget", "120", *extra])
+                      "--budget", "120", "--timeout", "3", *extra])
     return json.loads((out / "conformance.json").read_text())
 
 
@@ -53,13 +55,16 @@ def full(tmp_path_factory):
 def test_outcomes_crash_and_selection(full):
     r = full
     assert _outcomes(r) == {"test_memory_passes": "passed", "test_memory_aborts": "crashed",
+                            "test_memory_hangs": "crashed",
                             "test_memory_fails": "failed", "test_memory_after_the_crash": "passed",
                             "test_pool": "passed"}
     s = r["summary"]["cuda/default"]
     assert s["passed_natively"] == 3 and s["passed_natively_and_under_memalloc"] == 0
     assert all(v["outcome"] == "not run" for v in s["regressions"].values())  # memalloc was not run
-    assert "1 != 2" in r["messages"]["cuda"]["default"]["native"][
-        next(t for t in r["tests"]["cuda"]["default"] if t.endswith("test_memory_fails"))]
+    messages = r["messages"]["cuda"]["default"]["native"]
+    assert "1 != 2" in messages[next(t for t in messages if t.endswith("test_memory_fails"))]
+    hung = messages[next(t for t in messages if t.endswith("test_memory_hangs"))]
+    assert "Timeout" in hung and "in test_memory_hangs" in hung  # faulthandler's dump names where it hung
 
 
 def test_only_and_merge_keep_the_latest_outcome_per_test(tmp_path, full):
@@ -67,6 +72,9 @@ def test_only_and_merge_keep_the_latest_outcome_per_test(tmp_path, full):
     only.write_text("TestCuda::test_memory_fails\n")
     part = _run(tmp_path, "--only", str(only))
     assert list(_outcomes(part)) == ["test_memory_fails"]
+    only.write_text("upstream/test/inductor/test_cudagraph_trees.py::TestCase::test_other\n")
+    other = _run(tmp_path, "--only", str(only), "--timeout", "3")  # names no test of this file: it runs whole
+    assert _outcomes(other) == _outcomes(full)
     paths = []
     for i, r in enumerate((full, part)):
         p = tmp_path / f"r{i}.json"

@@ -29,6 +29,9 @@ static_assert(a::kErrorOutOfMemory == CUDA_ERROR_OUT_OF_MEMORY, "kErrorOutOfMemo
 static_assert(a::kErrorNotReady == CUDA_ERROR_NOT_READY, "kErrorNotReady");
 static_assert(a::kEventDisableTiming == CU_EVENT_DISABLE_TIMING, "kEventDisableTiming");
 static_assert(a::kCaptureModeRelaxed == CU_STREAM_CAPTURE_MODE_RELAXED, "kCaptureModeRelaxed");
+static_assert(a::kCaptureStatusActive == CU_STREAM_CAPTURE_STATUS_ACTIVE, "kCaptureStatusActive");
+static_assert(sizeof(a::CUgraph) == sizeof(::CUgraph), "CUgraph");
+static_assert(sizeof(a::CUgraphNode) == sizeof(::CUgraphNode), "CUgraphNode");
 static_assert(a::kIpcLazyEnablePeerAccess == CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, "kIpcLazyEnablePeerAccess");
 static_assert(a::kIpcHandleBytes == CU_IPC_HANDLE_SIZE, "kIpcHandleBytes");
 static_assert(sizeof(a::CUipcMemHandle) == sizeof(::CUipcMemHandle), "CUipcMemHandle");

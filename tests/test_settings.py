@@ -107,6 +107,11 @@ t = host.empty(30 * MiB, torch.uint8)
 R["expandable_segment"] = memalloc.memory_stats()["reserved_bytes.all.current"]
 torch._C._accelerator_setAllocatorSettings("max_split_size_mb:64")  # expandable_segments is kept
 R["kept"] = a.settings()
+torch._C._accelerator_setAllocatorSettings("graph_capture_record_stream_reuse:True")
+torch._C._accelerator_setAllocatorSettings("max_split_size_mb:64")
+R["reuse_kept"] = a.settings()
+torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
+R["reuse_off"] = a.settings()
 del t
 a.validate()
 """
@@ -124,3 +129,5 @@ def test_set_allocator_settings_at_run_time_follows_torchs_rules(fresh_python):
     assert "expandable_segments:True" in r["expandable"]
     assert r["expandable_segment"] < 32 * MiB  # pages, not a 30 MiB+ plain segment rounded to 2 MiB multiples
     assert "expandable_segments:True" in r["kept"] and "max_split_size_mb:64" in r["kept"]
+    assert "graph_capture_record_stream_reuse:True" in r["reuse_kept"]  # kept unless given, as expandable
+    assert "graph_capture_record_stream_reuse" not in r["reuse_off"]

@@ -4,7 +4,8 @@
 // engine workers (malloc_on_native_thread); and, on the host backend (the
 // simulated device), injected allocate/release faults (inject_allocate_faults,
 // inject_release_faults, set_fault_rates, faults_injected) and the count of
-// segments the device holds (live_segments); and the backend's virtual
+// segments the device holds (live_segments), and a simulated graph capture
+// (capture_begin/work/wait/end, capture_reuse.h); and the backend's virtual
 // memory (vm_*: reserve, map, unmap, free), the bottom layer of expandable
 // segments before the pool uses it. Invariants as bindings.cpp.
 #include <pybind11/pybind11.h>
@@ -96,6 +97,27 @@ void bind_testing(py::module_& m) {
   t.def("faults_injected",
         [](AllocatorArg a, Device device) { return host_backend(a).faults_injected(device); },
         py::arg("allocator"), py::arg("device") = 0, NoGil());
+  // ---- the host backend's simulated graph capture (backend.h) ----------------
+  t.def("capture_begin", [](AllocatorArg a, StreamArg stream, Device device) {
+          host_backend(a).capture_begin(device, stream);
+        },
+        py::arg("allocator"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "Starts capturing `stream` into a new simulated graph.");
+  t.def("capture_work", [](AllocatorArg a, StreamArg stream, Device device) {
+          host_backend(a).capture_work(device, stream);
+        },
+        py::arg("allocator"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "Adds a node (a kernel) after the captured stream's work so far.");
+  t.def("capture_wait", [](AllocatorArg a, StreamArg waiter, StreamArg stream, Device device) {
+          host_backend(a).capture_wait(device, waiter, stream);
+        },
+        py::arg("allocator"), py::arg("waiter"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "waiter.wait_stream(stream) in the capture: the waiter joins it, after the stream's work so far.");
+  t.def("capture_end", [](AllocatorArg a, StreamArg stream, Device device) {
+          host_backend(a).capture_end(device, stream);
+        },
+        py::arg("allocator"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "Ends the capture `stream` is in, for every stream in it.");
   t.def("live_segments",
         [](AllocatorArg a, Device device) { return host_backend(a).live_segments(device); },
         py::arg("allocator"), py::arg("device") = 0, NoGil());
