@@ -9,6 +9,7 @@ separate GPUs).
     python examples/ddp.py --model transformer --ranks 2
 """
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,16 @@ def worker(rank: int, args, port: int) -> None:
     return result
 
 
+def free_port() -> int:
+    """A TCP port no process listens on now (the OS picks it), so that two
+    runs at once (parallel tests) do not meet on one rendezvous port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 if __name__ == "__main__":
     args = parse_args(__doc__, lambda p: (p.add_argument("--ranks", type=int, default=2),
-                                          p.add_argument("--port", type=int, default=29517)))
-    mp.spawn(worker, args=(args, args.port), nprocs=args.ranks, join=True)
+                                          p.add_argument("--port", type=int, default=0,
+                                                         help="rendezvous port; 0 = a free one")))
+    mp.spawn(worker, args=(args, args.port or free_port()), nprocs=args.ranks, join=True)

@@ -480,12 +480,19 @@ class TorchCudaAllocator final : public Pluggable {
     int device_;
     std::shared_ptr<cca::CUDAAllocator> allocator_;  // kept while the pool's segments live
   };
+  // One source per (pool allocator, device) while a pool uses it: the pools
+  // own their source (and through it the allocator, as native's PrivatePool
+  // keeps it until the pool's last segment is gone); this table only finds
+  // a live one again, so a deleted pool's allocator is not kept.
   std::shared_ptr<SegmentSource> source_for(c10::DeviceIndex device, std::shared_ptr<cca::CUDAAllocator> allocator) {
     std::lock_guard<std::mutex> lock(sources_mu_);
-    for (const auto& [a, s] : sources_)
-      if (a.get() == allocator.get() && s.first == device) return s.second;
+    sources_.erase(std::remove_if(sources_.begin(), sources_.end(), [](const SourceEntry& e) { return e.source.expired(); }),
+                   sources_.end());
+    for (const SourceEntry& e : sources_)
+      if (e.allocator == allocator.get() && e.device == device)
+        if (auto live = e.source.lock()) return live;
     auto source = std::make_shared<PoolAllocatorSource>(device, allocator);
-    sources_.push_back({allocator, {device, source}});
+    sources_.push_back(SourceEntry{allocator.get(), device, source});
     return source;
   }
 
@@ -560,8 +567,13 @@ class TorchCudaAllocator final : public Pluggable {
   std::shared_ptr<CachingAllocator> core_;
   TorchHistory history_;
   std::atomic<bool> caching_{true};
-  std::mutex sources_mu_;  // one segment source per (pool allocator, device)
-  std::vector<std::pair<std::shared_ptr<cca::CUDAAllocator>, std::pair<int, std::shared_ptr<SegmentSource>>>> sources_;
+  struct SourceEntry {
+    const cca::CUDAAllocator* allocator;  // identity only: the source holds the allocator
+    int device;
+    std::weak_ptr<SegmentSource> source;
+  };
+  std::mutex sources_mu_;
+  std::vector<SourceEntry> sources_;  // source_for's table
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> observers_;
   std::mutex ipc_mu_;
