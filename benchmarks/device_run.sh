@@ -19,8 +19,9 @@ export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
 export MEMALLOC_GPU_ARTIFACTS="$OUT"  # e.g. the leak report of the ResNet-18 loop
 rm -f "$MEMALLOC_GPU_RESULTS"
 # MEMALLOC_GPU_TESTS narrows the GPU tests (pytest paths / node ids) so that
-# the suite can be split over two device calls; default: all of tests/gpu.
-read -r -a gpu_tests <<< "${MEMALLOC_GPU_TESTS:-tests/gpu}"
+# the suite can be split over two device calls; default: all of tests/gpu and
+# the backend contract suite (tests/contract, its CUDA half).
+read -r -a gpu_tests <<< "${MEMALLOC_GPU_TESTS:-tests/gpu tests/contract}"
 python3 -m pytest -m gpu -v -rs "${gpu_tests[@]}" --junitxml="$OUT/gpu_junit.xml" 2>&1 | tee "$OUT/gpu_tests.log"
 gpu_rc=${PIPESTATUS[0]}
 

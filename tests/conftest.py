@@ -3,12 +3,16 @@
 ``fresh_python`` is the one way a test starts a fresh interpreter. Tests use
 it only where a process must be new: ``memalloc.enable()`` (once per
 process), the torch patch it installs, MEMALLOC_CONF read at enable(), and
-the CLI. Everything else (leak rules, reports, the step tracker, recording)
-runs in this process on an allocator the test owns (``host_allocator``).
+the CLI commands that enable memalloc or look for a GPU (run, demo, info).
+The commands that do neither (report, replay) run in this process
+(``memalloc_cli_here``), as does everything else (leak rules, reports, the
+step tracker, recording) on an allocator the test owns (``host_allocator``).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import os
 import subprocess
@@ -21,6 +25,7 @@ import pytest
 
 from memalloc import _C
 from memtest_helpers import REPO
+from zygote import Zygote
 
 # What every fresh-interpreter scenario of FreshPython.code starts with: R
 # collects the result, err(f) returns [type name, MRO names, message] of what
@@ -45,7 +50,21 @@ class FreshPython:
     """Runs Python in a new interpreter as on a machine without a GPU: any
     GPU is hidden (backend "auto" means the host backend, on the device
     machine too), MEMALLOC_CONF is set only to ``conf``, and the repository
-    is importable from any ``cwd``."""
+    is importable from any ``cwd``.
+
+    ``run`` forks each new interpreter from a server that has imported torch
+    once (tests/zygote.py: the child has never imported memalloc and reads
+    its environment, directory and arguments afresh), which saves the 2 s of
+    importing torch per interpreter; MEMALLOC_TEST_FORK=0 starts real ones.
+    ``start`` (children side by side) always starts real ones."""
+
+    def __init__(self, scratch: Optional[Path] = None) -> None:
+        use_fork = scratch is not None and hasattr(os, "fork") and os.environ.get("MEMALLOC_TEST_FORK", "1") != "0"
+        self._zygote = Zygote(scratch) if use_fork else None
+
+    def close(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
 
     def env(self, conf: Optional[str] = None, **extra: str) -> dict:
         """The child's environment (os.environ with the above applied, then ``extra``)."""
@@ -64,6 +83,8 @@ class FreshPython:
         ``["-c", code]``) in ``cwd`` (default: the repository); ``env``
         replaces the environment ``self.env(conf)`` builds. Returns the
         finished process (text output captured), whatever its exit code."""
+        if self._zygote is not None:
+            return self._zygote.run(args, cwd=Path(cwd or REPO), env=env or self.env(conf), timeout=timeout)
         return subprocess.run([sys.executable, *args], cwd=cwd or REPO, env=env or self.env(conf),
                               capture_output=True, text=True, timeout=timeout)
 
@@ -89,9 +110,42 @@ class FreshPython:
 
 
 @pytest.fixture(scope="session")
-def fresh_python() -> FreshPython:
+def fresh_python(tmp_path_factory):
     """See FreshPython: a new interpreter, for enable(), the patch, MEMALLOC_CONF and the CLI."""
-    return FreshPython()
+    fp = FreshPython(tmp_path_factory.mktemp("fresh"))
+    yield fp
+    fp.close()
+
+
+def cli_here(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """``python -m memalloc <args>`` run by memalloc.__main__.main in this
+    interpreter, for the commands that neither enable memalloc nor look for a
+    GPU (report, replay): the same exit code, stdout and stderr as the fresh
+    process would give, without its 2 s of importing torch. An exception the
+    command does not handle fails the test (a process would print it)."""
+    from memalloc.__main__ import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(cwd or REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as e:  # as the interpreter ends: a message goes to stderr, exit 1
+                if e.code is None or isinstance(e.code, int):
+                    rc = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+                    rc = 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["python", "-m", "memalloc", *args], rc, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def memalloc_cli_here():
+    """See cli_here."""
+    return cli_here
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
-"""The command line, ``python -m memalloc {demo,run,info,replay}``, each in a fresh
-interpreter (enable() runs once per process). No GPU here: the host backend."""
+"""The command line, ``python -m memalloc {demo,run,info,replay}``: demo, run
+and info each in a fresh interpreter (enable() runs once per process, info
+looks for a GPU), replay in this one (tests/conftest.py's cli_here). No GPU
+here: the host backend."""
 from __future__ import annotations
 
 import json
@@ -219,10 +221,10 @@ def record_trace(path: Path, *, late: bool = False) -> Path:
     return path
 
 
-def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli):
+def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli_here):
     trace = record_trace(tmp_path / "run.trace")
     out = tmp_path / "replay.json"
-    p = memalloc_cli("replay", str(trace), "--random", "2000", "--config", "", "--config",
+    p = memalloc_cli_here("replay", str(trace), "--random", "2000", "--config", "", "--config",
                      "roundup_power2_divisions:4", "--json", str(out))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
@@ -245,9 +247,9 @@ def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli):
     assert "Traceback" not in p.stderr
 
 
-def test_replay_finds_the_smallest_device(tmp_path, memalloc_cli):
+def test_replay_finds_the_smallest_device(tmp_path, memalloc_cli_here):
     out = tmp_path / "smallest.json"
-    p = memalloc_cli("replay", "--random", "3000", "--config", "", "--config", "expandable_segments:True",
+    p = memalloc_cli_here("replay", "--random", "3000", "--config", "", "--config", "expandable_segments:True",
                      "--smallest-device", "--json", str(out))
     assert p.returncode == 0, p.stderr
     data = json.loads(out.read_text())
@@ -257,14 +259,14 @@ def test_replay_finds_the_smallest_device(tmp_path, memalloc_cli):
     assert data["command"].endswith("--smallest-device --json " + str(out))
 
 
-def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli):
+def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli_here):
     trace = record_trace(tmp_path / "late.trace", late=True)
-    p = memalloc_cli("replay", str(trace))
+    p = memalloc_cli_here("replay", str(trace))
     assert p.returncode != 0
     assert "frees 0x" in p.stderr and "--skip-unknown-frees" in p.stderr
     assert "Traceback" not in p.stderr
     out = tmp_path / "late.json"
-    p = memalloc_cli("replay", str(trace), "--skip-unknown-frees", "--json", str(out))
+    p = memalloc_cli_here("replay", str(trace), "--skip-unknown-frees", "--json", str(out))
     assert p.returncode == 0, p.stderr
     device = json.loads(out.read_text())["results"][0]["devices"][0]
     assert (device["unknown_frees"], device["allocations"], device["recorded_peak_allocated"]) == (1, 2, None)
@@ -276,8 +278,8 @@ def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli):
     (("/nonexistent/run.trace",), "cannot read /nonexistent/run.trace"),
     (("--random", "10", "--smallest-device", "--host-capacity-mb", "64"), "drop --host-capacity-mb"),
 ])
-def test_replay_refuses_bad_arguments(args, message, memalloc_cli):
-    p = memalloc_cli("replay", *args)
+def test_replay_refuses_bad_arguments(args, message, memalloc_cli_here):
+    p = memalloc_cli_here("replay", *args)
     assert p.returncode != 0
     assert message in p.stderr
     assert "Traceback" not in p.stderr

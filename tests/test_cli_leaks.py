@@ -104,18 +104,18 @@ def test_leak_check_answers_like_its_report():
     del kept
 
 
-def test_report_renders_a_saved_leak_report_and_rejects_other_files(tmp_path, run):
+def test_report_renders_a_saved_leak_report_and_rejects_other_files(tmp_path, run, memalloc_cli_here):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)
     assert run("run", "--leaks", "--backend", "host", "--out", "r", str(script), cwd=tmp_path).returncode == 0
-    p = run("report", "r/leaks.json", "--html", "again.html", cwd=tmp_path)
+    p = memalloc_cli_here("report", "r/leaks.json", "--html", "again.html", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert f"train.py:{leak_line()} in <module>" in p.stdout and "held by list `history`" in p.stdout
     assert (tmp_path / "again.html").read_text().startswith("<!DOCTYPE html>")
     (tmp_path / "junk.json").write_text('{"schema": "something else"}')
-    p = run("report", "junk.json", cwd=tmp_path)
+    p = memalloc_cli_here("report", "junk.json", cwd=tmp_path)
     assert p.returncode != 0 and "is not a leak report" in p.stderr
-    p = run("report", "nothing-here.json", cwd=tmp_path)
+    p = memalloc_cli_here("report", "nothing-here.json", cwd=tmp_path)
     assert p.returncode != 0 and "no such file" in p.stderr
 
 
@@ -154,7 +154,7 @@ def test_pytest_fixture_fails_the_leaking_test_only(tmp_path, fresh_python):
     assert f"test_loop.py:{line} in test_leaky" in p.stdout and "held by list `kept`" in p.stdout
 
 
-def test_report_summarises_a_saved_trace(tmp_path, fresh_python, run):
+def test_report_summarises_a_saved_trace(tmp_path, fresh_python, memalloc_cli_here):
     script = tmp_path / "record.py"
     script.write_text(textwrap.dedent("""
         import memalloc, torch
@@ -169,7 +169,7 @@ def test_report_summarises_a_saved_trace(tmp_path, fresh_python, run):
     """))
     p = fresh_python.run([str(script)], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    p = run("report", "run.mtrace", "--top", "1", cwd=tmp_path)
+    p = memalloc_cli_here("report", "run.mtrace", "--top", "1", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("device 0: ") and lines[0].endswith("events, 0 dropped")
@@ -177,5 +177,5 @@ def test_report_summarises_a_saved_trace(tmp_path, fresh_python, run):
     assert counts["alloc"] == 8 and counts["free_requested"] == 5
     line = next(i for i, l in enumerate(script.read_text().splitlines(), 1) if l.endswith("# KEEPS 3 MiB"))
     assert lines[-1].strip().startswith("3.00 MiB") and f"record.py:{line} in" in lines[-1]
-    p = run("report", "run.mtrace", "--html", "x.html", cwd=tmp_path)
+    p = memalloc_cli_here("report", "run.mtrace", "--html", "x.html", cwd=tmp_path)
     assert p.returncode != 0 and "--html renders leak reports" in p.stderr

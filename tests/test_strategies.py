@@ -19,6 +19,11 @@ from test_advisor import TOLERANCE, compare
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Running every example script end to end (a dozen interpreters, about a
+# minute on two cores) is the slow tier's: CI runs it (`-m slow`).
+slow = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("strategies") / "tiny.json"
@@ -32,6 +37,7 @@ def tiny(tmp_path_factory) -> dict:
     return {r["strategy"]: r for r in data["results"]} | {"__data__": data}
 
 
+@slow
 def test_every_script_runs_on_the_host_backend_and_reports(tiny):
     for s in strategies.STRATEGIES:
         r = tiny[s]
@@ -41,6 +47,7 @@ def test_every_script_runs_on_the_host_backend_and_reports(tiny):
         assert r["breakdown_at_peak"]["parameters"] == tiny["baseline"]["breakdown_at_peak"]["parameters"] > 0
 
 
+@slow
 def test_each_strategy_moves_what_it_should(tiny):
     base = tiny["baseline"]["breakdown_at_peak"]
     assert base["activations"] == max(base.values())  # the tiny model's peak is activations
@@ -59,6 +66,7 @@ def test_each_strategy_moves_what_it_should(tiny):
     assert (ddp["ranks"], ddp["process_group"], ddp["batch"] * 2) == (2, "gloo", tiny["baseline"]["batch"])
 
 
+@slow
 def test_the_table_judges_the_claims(tiny):
     data = tiny["__data__"]
     for s in strategies.STRATEGIES[1:]:

@@ -1,0 +1,191 @@
+"""The backend contract (csrc/backend.h), the same tests on every backend: the
+host backend (the simulated device, in CI) and the CUDA backend (pytest -m
+gpu; skipped without a GPU), as RMM runs one resource test suite over every
+memory resource.
+
+Virtual memory, the bottom layer of expandable segments, through the test
+hooks memalloc._C._testing.vm_*: address space is reserved without memory,
+pages are device memory in use (and usable) only while mapped, a map beyond
+the device returns False and changes nothing, and misuse is refused with the
+rule it breaks. The host backend counts to the byte; the CUDA device's free
+memory also moves with the driver's own use, so there the counts are lower
+bounds. Host-only features (injected faults, deterministic addresses) are
+the last tests.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import memalloc
+from memalloc import _C
+
+T = _C._testing
+MiB = 1 << 20
+
+
+class _CudaArray:
+    """A uint8 CUDA array over raw device memory (__cuda_array_interface__)."""
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (addr, False),
+                                         "version": 3, "strides": None}
+
+
+def _host_fill(addr: int, nbytes: int, value: int) -> list[int]:
+    ctypes.memset(addr, value, nbytes)
+    return list(ctypes.string_at(addr, 1) + ctypes.string_at(addr + nbytes - 1, 1))
+
+
+def _cuda_fill(addr: int, nbytes: int, value: int) -> list[int]:
+    t = torch.as_tensor(_CudaArray(addr, nbytes), device="cuda")
+    t.fill_(value)
+    out = [int(t[0]), int(t[-1])]
+    del t
+    torch.cuda.synchronize()
+    return out
+
+
+@dataclass
+class Backend:
+    name: str
+    allocator: memalloc.Allocator
+    exact: bool                           # free memory moves by exactly what is mapped
+    fill: Callable[[int, int, int], list]  # writes `value` over [addr, addr + n); the first and last byte read back
+
+    @property
+    def page(self) -> int:
+        return T.vm_page_size(self.allocator)
+
+    def free(self) -> int:
+        return self.allocator.mem_get_info(0)[0]
+
+    def total(self) -> int:
+        return self.allocator.mem_get_info(0)[1]
+
+    def dropped_by(self, before: int, nbytes: int) -> bool:
+        """Free memory fell by ``nbytes`` since ``before`` (at least, on CUDA)."""
+        drop = before - self.free()
+        return drop == nbytes if self.exact else drop >= nbytes
+
+
+@pytest.fixture(params=["host", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def backend(request):
+    if request.param == "host":
+        b = Backend("host", memalloc.Allocator("host", "host_capacity_mb:16"), True, _host_fill)
+    else:
+        b = Backend("cuda", memalloc.Allocator("cuda", ""), False, _cuda_fill)
+        warm = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # fill_'s kernels take device
+        _cuda_fill(warm.data_ptr(), warm.numel(), 0)                     # memory too: load them first
+    yield b
+    b.allocator.validate()
+
+
+def test_the_page_is_a_multiple_of_2_mib(backend):
+    assert backend.page >= 2 * MiB and backend.page % (2 * MiB) == 0
+
+
+def test_reserving_takes_address_space_not_memory(backend):
+    page = backend.page
+    n = (2 * backend.total() // page + 1) * page  # more than the device holds: address space only
+    before = backend.free()
+    base = T.vm_reserve(backend.allocator, n)
+    assert base != 0 and base % page == 0
+    assert backend.dropped_by(before, 0) if backend.exact else backend.free() >= before - page
+    T.vm_free(backend.allocator, base)
+
+
+def test_mapped_pages_are_memory_in_use_and_usable(backend):
+    a, page = backend.allocator, backend.page
+    base = T.vm_reserve(a, 8 * page)
+    before = backend.free()
+    assert T.vm_map(a, base + page, 2 * page) is True
+    assert backend.dropped_by(before, 2 * page)
+    assert backend.fill(base + page, 2 * page, 7) == [7, 7]
+    T.vm_unmap(a, base + page, page)  # half of it
+    assert backend.dropped_by(before, page) if backend.exact else backend.free() > before - 2 * page
+    assert T.vm_map(a, base + page, page)
+    assert backend.fill(base + page, page, 9) == [9, 9]  # a page mapped again is usable again
+    T.vm_unmap(a, base + page, 2 * page)
+    assert backend.dropped_by(before, 0) if backend.exact else backend.free() >= before - page
+    T.vm_free(a, base)
+
+
+def test_a_map_beyond_the_device_returns_false_and_changes_nothing(backend):
+    a, page = backend.allocator, backend.page
+    pages = backend.total() // page + 8
+    base = T.vm_reserve(a, pages * page)
+    before = backend.free()
+    assert T.vm_map(a, base, pages * page) is False
+    assert backend.dropped_by(before, 0) if backend.exact else backend.free() >= before - page
+    assert T.vm_map(a, base, page)  # a map within the device still works
+    T.vm_unmap(a, base, page)
+    T.vm_free(a, base)
+
+
+def test_misuse_is_refused_with_the_rule_and_changes_nothing(backend):
+    a, page = backend.allocator, backend.page
+    base = T.vm_reserve(a, 4 * page)
+    assert T.vm_map(a, base, page)
+    mapped = backend.free()
+    with pytest.raises(memalloc.InvalidArgumentError, match="already mapped"):
+        T.vm_map(a, base, 2 * page)
+    with pytest.raises(memalloc.InvalidArgumentError, match="not mapped"):
+        T.vm_unmap(a, base, 2 * page)
+    with pytest.raises(memalloc.InvalidArgumentError, match="multiples of the page size"):
+        T.vm_map(a, base + page + 4096, page)
+    with pytest.raises(memalloc.InvalidArgumentError, match="in no reservation"):
+        T.vm_map(a, base + 4 * page, page)
+    with pytest.raises(memalloc.InvalidArgumentError, match="unmap every page"):
+        T.vm_free(a, base)
+    assert backend.dropped_by(mapped, 0) if backend.exact else backend.free() >= mapped - page
+    T.vm_unmap(a, base, page)
+    T.vm_free(a, base)
+    with pytest.raises(memalloc.InvalidArgumentError, match="no reservation starts"):
+        T.vm_free(a, base)
+
+
+# ---- host backend only -------------------------------------------------------
+def test_host_segments_share_the_device_with_mappings_and_never_land_in_a_reservation():
+    """(Host only: on CUDA it would fill the whole GPU with mappings.)"""
+    a = memalloc.Allocator("host", "host_capacity_mb:16")
+    base = T.vm_reserve(a, 32 * MiB)
+    assert T.vm_map(a, base, 16 * MiB)
+    with pytest.raises(torch.OutOfMemoryError):
+        a.malloc(MiB)
+    T.vm_unmap(a, base, 16 * MiB)
+    p = a.malloc(MiB)
+    assert not base <= p < base + 32 * MiB
+    a.free(p)
+    a.empty_cache()
+    T.vm_free(a, base)
+    a.validate()
+
+
+def test_host_injected_faults_refuse_a_map():
+    a = memalloc.Allocator("host", "host_capacity_mb:16")
+    base = T.vm_reserve(a, 8 * MiB)
+    T.inject_allocate_faults(a, 0, 1)
+    assert T.vm_map(a, base, 2 * MiB) is False
+    assert a.mem_get_info(0)[0] == 16 * MiB
+    assert T.vm_map(a, base, 2 * MiB)
+    T.vm_unmap(a, base, 2 * MiB)
+    T.vm_free(a, base)
+    a.validate()
+
+
+def test_host_reservations_are_deterministic_and_reused():
+    a = memalloc.Allocator("host", "host_capacity_mb:16")
+    first = T.vm_reserve(a, 8 * MiB)
+    second = T.vm_reserve(a, 8 * MiB)
+    assert second == first + 8 * MiB  # first fit, in address order
+    T.vm_free(a, first)
+    assert T.vm_reserve(a, 4 * MiB) == first
+    other = memalloc.Allocator("host", "host_capacity_mb:16")
+    assert T.vm_reserve(other, 8 * MiB) != 0
+    assert T.vm_reserve(a, 1 << 40) == 0  # beyond the device's address range: exhausted, not an error
