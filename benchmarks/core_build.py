@@ -3,7 +3,7 @@ compiler, without torch or Python (csrc/boundary/ needs both and stays out),
 linked with a driver program into an executable.
 
 Used by benchmarks/cpu_suite.py (bench_core, whose callgrind figures are
-gated), tests/test_cpp_core.py (steady_state) and tests/test_sanitizers.py
+gated), tests/cpp/test_cpp_core.py (steady_state) and tests/cpp/test_sanitizers.py
 (stress, once per sanitizer flavor).
 
     exe = build_executable("stress", [Path("tests/cpp/stress.cpp")], out_dir,

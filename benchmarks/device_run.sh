@@ -31,7 +31,7 @@ gpu_rc=${PIPESTATUS[0]}
 case "${MEMALLOC_DEVICE_CPU_TESTS:-subset}" in
   all) cpu_tests=(tests --ignore=tests/gpu) ;;
   none) cpu_tests=() ;;
-  *) cpu_tests=(tests/test_pyframes.py tests/test_recording.py tests/test_api.py tests/test_leaks.py tests/test_oom_report.py tests/test_tracker.py) ;;
+  *) cpu_tests=(tests/unit/test_pyframes.py tests/unit/test_recording.py tests/integration/test_api.py tests/integration/test_leaks.py tests/unit/test_oom_report.py tests/unit/test_tracker.py) ;;
 esac
 if [ ${#cpu_tests[@]} -gt 0 ]; then
   echo "== CPU tests on the device machine"

@@ -3,7 +3,7 @@ it in headless Chromium:
 
     python -m benchmarks.screenshot_report REPORT.json OUT.png [--html OUT.html] [--size 1280,2000]
 
-Also the browser plumbing that tests/test_report_html.py uses:
+Also the browser plumbing that tests/integration/test_report_html.py uses:
 :func:`find_browser`, :func:`run_headless` (``--dump-dom``/``--screenshot``)
 and :func:`distinct_colours` (a PNG decoder in the standard library, so no
 Pillow is needed to tell a rendered page from a blank one).

@@ -6,7 +6,27 @@
 
 namespace memalloc {
 
-bool CaptureReuse::mark(const Block& b) {
+// A query the driver refuses reads as "not capturing": the block then waits
+// for the capture's end, which is always safe.
+bool CaptureReuse::mark(const Block& b) noexcept {
+  try {
+    return mark_or_throw(b);
+  } catch (...) {
+    marks_.erase(&b);
+    return false;
+  }
+}
+
+bool CaptureReuse::refresh(Stream stream) noexcept {
+  try {
+    return refresh_or_throw(stream);
+  } catch (...) {
+    current_ = nullptr;
+    return false;
+  }
+}
+
+bool CaptureReuse::mark_or_throw(const Block& b) {
   std::vector<GraphNode> markers;
   uint64_t capture = 0, other = 0;
   if (!backend_.capture_frontier(device_, b.stream, &capture, &frontier_)) return false;
@@ -22,7 +42,7 @@ bool CaptureReuse::mark(const Block& b) {
   return true;
 }
 
-bool CaptureReuse::refresh(Stream stream) {
+bool CaptureReuse::refresh_or_throw(Stream stream) {
   current_ = nullptr;
   uint64_t capture = 0;
   if (marks_.empty() || !backend_.capture_frontier(device_, stream, &capture, &frontier_) || frontier_.empty())

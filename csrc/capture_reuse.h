@@ -23,6 +23,8 @@
 //     once reached stays reached, and a search stops at reached nodes: each
 //     node is visited once per stream and capture.
 //   * No lock of its own: DeviceAllocator calls it under the device lock.
+//   * It never throws: a graph query the backend refuses reads as "not
+//     capturing" (the block waits for the capture's end).
 //     It allocates host memory (capture-time frees only, never the fast path).
 #pragma once
 
@@ -47,10 +49,10 @@ class CaptureReuse {
   // uses); returns false, recording nothing, when one of its streams is not
   // being captured or none of them has captured work yet (as native: such a
   // block waits for the capture's end).
-  bool mark(const Block& b);
+  bool mark(const Block& b) noexcept;
   // Brings up to date the nodes reached from `stream`'s frontier; false when
   // the stream is not being captured or nothing is marked.
-  bool refresh(Stream stream);
+  bool refresh(Stream stream) noexcept;
   // After refresh(stream): whether `b` is marked and every marker of it is
   // reached from `stream`'s frontier.
   bool reusable(const Block& b, Stream stream) const;
@@ -66,6 +68,9 @@ class CaptureReuse {
   }
 
  private:
+  bool mark_or_throw(const Block& b);
+  bool refresh_or_throw(Stream stream);
+
   Backend& backend_;
   const int device_;
   std::unordered_map<const Block*, std::vector<GraphNode>> marks_;

@@ -34,7 +34,7 @@ forward left allocated):
   stays allocated (parameters, optimizer state, other);
 - optimizer state: an 8-bit or sharded optimizer (not measured here).
 
-tests/test_advisor.py checks the estimates against the table measured on
+tests/integration/test_advisor.py checks the estimates against the table measured on
 the GPU (docs/strategies.md) and against the tiny model's on the host
 backend.
 """

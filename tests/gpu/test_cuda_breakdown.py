@@ -1,5 +1,5 @@
 """The breakdown by category on CUDA (pytest -m gpu; skipped without a GPU):
-the host test's model (tests/test_breakdown.py model_script) trained on the
+the host test's model (tests/unit/test_breakdown.py model_script) trained on the
 GPU under memalloc, eagerly and with the model under torch.compile, in fresh
 processes: parameters, gradients and Adam's state to the byte, activations
 before backward equal to what autograd saved plus the loss (eager), the
@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from test_breakdown import check_model_run, model_script
+from breakdown_cases import check_model_run, model_script
 from test_cuda import record
 
 pytestmark = [

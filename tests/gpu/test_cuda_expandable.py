@@ -8,7 +8,7 @@ pages back to the device, a 40 MiB tensor fits in the pages of freed 5 MiB
 holes where plain segments run out of memory (data intact), CUDA IPC is
 refused with a message that names the fix, a CUDA graph (a private pool:
 plain segments) replays correctly, and the trace names segment_map /
-segment_unmap. The host-backend tests: tests/test_expandable.py."""
+segment_unmap. The host-backend tests: tests/unit/test_expandable.py."""
 from __future__ import annotations
 
 import json

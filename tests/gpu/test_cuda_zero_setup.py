@@ -6,7 +6,7 @@ what the default call-site capture costs, measured in one process
 (benchmarks/gpu_worker.py call_sites group: stack capture off and on
 alternating over 11 rounds) against the budget: bf16 transformer step
 <= 1.02x, 512 B torch.empty+del <= 1.10x. The host-backend versions:
-tests/test_zero_setup.py."""
+tests/integration/test_zero_setup.py."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,11 @@
-"""Training loops for the leak tests (tests/test_leaks.py), run on the host
+"""Training loops for the leak tests (tests/integration/test_leaks.py), run on the host
 backend with torch's CPU tensors coming from memalloc
 (memalloc.host.use_for_cpu_tensors). Each leaking line is marked with
 ``# LEAK:<name>`` (the line the report must name) and, where the leak is
 allocated elsewhere, ``# ALLOC:<name>``. Every loop calls memalloc.step()
 at the end of each iteration, except the auto_step one. Each loop takes the
 allocator its leak_check() watches (default: the installed one, as a user
-would write it); tests/test_leaks.py passes one it owns."""
+would write it); tests/integration/test_leaks.py passes one it owns."""
 from __future__ import annotations
 
 import collections

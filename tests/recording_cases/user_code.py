@@ -1,4 +1,4 @@
-"""User code for tests/test_recording.py: allocation sites on known lines.
+"""User code for tests/unit/test_recording.py: allocation sites on known lines.
 
 The tests find each site's line by its marker comment (``# SITE:<name>``),
 never by a hard-coded number, and check that recorded stacks name this file,

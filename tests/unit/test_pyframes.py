@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE = os.path.join(REPO, "tests", "cpp", "pyframes_probe.cpp")
 PYFRAMES = os.path.join(REPO, "csrc", "boundary", "pyframes.cpp")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "memalloc"
+PACKAGE = Path(__file__).resolve().parents[2] / "memalloc"
 
 # Bottom to top. A module may import only modules of lower layers.
 LAYERS: list[tuple[str, ...]] = [
@@ -71,7 +71,7 @@ def sources():
 
 def test_every_module_has_a_layer():
     missing = [module_name(p) for p in sources() if module_name(p) not in LAYER]
-    assert not missing, f"place these modules in LAYERS (tests/test_layers.py): {missing}"
+    assert not missing, f"place these modules in LAYERS (tests/unit/test_layers.py): {missing}"
 
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: module_name(p))

@@ -16,7 +16,7 @@ import pytest
 from benchmarks import strategies
 from test_advisor import TOLERANCE, compare
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # Running every example script end to end (a dozen interpreters, about a
@@ -91,6 +91,7 @@ def test_the_committed_page_is_rendered_from_the_committed_results():
     assert page == strategies.render(data) + "\n", "run python -m benchmarks.strategies --doc " + first
 
 
+@slow
 def test_advise_on_the_host_backend_against_the_tiny_table(tiny, tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env.pop("MEMALLOC_CONF", None)
@@ -105,7 +106,7 @@ def test_advise_on_the_host_backend_against_the_tiny_table(tiny, tmp_path):
     # and 20 MiB segments, not the tensors, decide what empty_cache can return)
     # and mixed precision, whose estimate follows CUDA's autocast: CPU autocast's
     # op lists change between torch versions (bf16 measured: -8% with torch 2.13,
-    # +40% with 2.11). tests/test_advisor.py checks them on the GPU's table.
+    # +40% with 2.11). tests/integration/test_advisor.py checks them on the GPU's table.
     errors = compare(data, tiny["__data__"]["results"], "tiny",
                      skip=("bf16_autocast", "fp16_grad_scaler", "checkpointing_bf16", "del_empty_cache"))
     assert set(errors) == {"half_batch", "grad_accumulation", "checkpointing", "ddp"}

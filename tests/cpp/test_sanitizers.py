@@ -26,7 +26,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 

@@ -27,7 +27,7 @@ before, conf and cli share one interpreter (none of them may enable memalloc).
 Each interpreter runs all of its cases and prints one ``CASE <json>`` line per
 case; the interpreters run in parallel.
 
-docs/bad-input.md is rendered from CASES: ``python tests/test_bad_input.py
+docs/bad-input.md is rendered from CASES: ``python tests/integration/test_bad_input.py
 --write-doc`` writes it and test_doc_is_current fails when it differs.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "bad-input.md"
 MiB = 1 << 20
 HOST_CONFIG = "host_capacity_mb:64,host_devices:2"  # the inproc allocator and the enabled process
@@ -939,8 +939,8 @@ TYPE_NAMES = {
 }
 
 DOC_INTRO = (
-    "This file is generated from the case list `CASES` in `tests/test_bad_input.py` by "
-    "`python tests/test_bad_input.py --write-doc`, and `test_doc_is_current` in that file fails when this "
+    "This file is generated from the case list `CASES` in `tests/integration/test_bad_input.py` by "
+    "`python tests/integration/test_bad_input.py --write-doc`, and `test_doc_is_current` in that file fails when this "
     "file differs from what the data renders: change the cases, then regenerate. Every row is a test: the "
     "call is run exactly as written and must raise the error type shown (a subclass also counts, e.g. "
     "`memalloc.InvalidArgumentError` for `ValueError`) with a message containing the excerpt, and "
@@ -1090,9 +1090,9 @@ if pytest is not None:
             assert fn in calls, fn
 
     def test_doc_is_current() -> None:
-        assert DOC.exists(), f"{DOC} is missing: run python tests/test_bad_input.py --write-doc"
+        assert DOC.exists(), f"{DOC} is missing: run python tests/integration/test_bad_input.py --write-doc"
         assert DOC.read_text() == render_doc(), (
-            f"{DOC.relative_to(REPO)} differs from the cases: run python tests/test_bad_input.py --write-doc")
+            f"{DOC.relative_to(REPO)} differs from the cases: run python tests/integration/test_bad_input.py --write-doc")
 
 
 if __name__ == "__main__":
@@ -1103,4 +1103,4 @@ if __name__ == "__main__":
         DOC.write_text(render_doc())
         print(f"wrote {DOC} ({len(CASES)} cases)")
         sys.exit(0)
-    sys.exit("usage: python tests/test_bad_input.py --write-doc | --run-env PROCESS")
+    sys.exit("usage: python tests/integration/test_bad_input.py --write-doc | --run-env PROCESS")

@@ -47,7 +47,7 @@ def row(step, allocated, reserved, peak_allocated, peak_reserved, ooms=0):
 
 
 def no_time(rows):
-    """The rows without time_s and the breakdown fields (tests/test_breakdown.py checks those)."""
+    """The rows without time_s and the breakdown fields (tests/unit/test_breakdown.py checks those)."""
     return [{k: v for k, v in r.items() if k != "time_s" and k not in tracker_module.BREAKDOWN_FIELDS}
             for r in rows]
 

@@ -2,7 +2,7 @@
 repeated blocks it finds in real models, and its estimates against the
 table measured on the GPU (the committed results: the breakdown and forward
 profile of each model's baseline, and every strategy's peak). Against the
-tiny model's table on the host backend: tests/test_strategies.py."""
+tiny model's table on the host backend: tests/integration/test_strategies.py."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from torch import nn
 from memalloc import advisor
 from memalloc.breakdown import CATEGORIES, MemoryBreakdown
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 GPU_ADVICE = {m: RESULTS / f"2026-12-01-gpu-advice-{m}.json" for m in ("transformer", "resnet50")}
 GPU_STRATEGIES = RESULTS / "2026-12-01-gpu-strategies.json"

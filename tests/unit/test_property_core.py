@@ -10,7 +10,7 @@ reset_peak_stats / reset_accumulated_stats, and frees / record_streams of
 pointers that are not live (stale, other device, interior, null).
 
 Next to the allocator it runs, per device, the exact independent model of
-tests/test_stats_model.py (imported, not copied), extended only by what that
+tests/unit/test_stats_model.py (imported, not copied), extended only by what that
 model leaves out: the memory-fraction limit and the request limit (a request
 above 2**60 bytes fails at once, without the cache-release retry).
 
