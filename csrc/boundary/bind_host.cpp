@@ -13,7 +13,7 @@
 #include "errors.h"
 #include "pyargs.h"
 #include "registry.h"
-#include "oom_report.h"
+#include "malloc_entry.h"
 #include "pystacks.h"
 
 #include <cstdio>

@@ -26,7 +26,7 @@
 
 #include "bind.h"
 #include "errors.h"
-#include "oom_report.h"
+#include "malloc_entry.h"
 #include "pluggable.h"
 #include "pyargs.h"
 #include "pystacks.h"

@@ -35,7 +35,7 @@
 #include <cstring>
 
 #include "errors.h"
-#include "oom_report.h"
+#include "malloc_entry.h"
 #include "pluggable.h"
 #include "pystacks.h"
 #include "registry.h"

@@ -74,13 +74,4 @@ void set_oom_hook(void* py_callable_or_none) {
   Py_XDECREF(old);
 }
 
-void* malloc_for_torch(CachingAllocator& a, int device, size_t size, Stream stream, const CallContext& ctx,
-                       const char* func) {
-  try {
-    return a.device(device).malloc(size, stream, ctx);
-  } catch (const OutOfMemory& e) {
-    throw_oom_for_torch(e, &a, device, size, func);
-  }
-}
-
 }  // namespace memalloc

@@ -20,7 +20,7 @@
 #include <cstdio>
 
 #include "errors.h"
-#include "oom_report.h"
+#include "malloc_entry.h"
 #include "pluggable.h"
 #include "pystacks.h"
 #include "registry.h"
