@@ -15,10 +15,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       default_lists_(&mr_),
       live_(&mr_),
       segments_(&mr_),
-      pending_(&mr_),
-      deferred_(&mr_),
-      capture_reuse_(backend, device),
-      spare_events_(&mr_),
+      events_(backend, device, &mr_),
       accounting_(config.max_split_size),
       gc_threshold_(config.garbage_collection_threshold) {
   live_.reserve(4096);
@@ -43,8 +40,9 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
   PrivatePool* owner = nullptr;
   if (!routes_.empty()) {
     owner = route_locked(stream);
-    if (config_.graph_capture_record_stream_reuse && !deferred_.empty()) reuse_in_capture_locked(stream);
-  } else if (!pending_.empty() || !deferred_.empty()) {
+    if (config_.graph_capture_record_stream_reuse && events_.has_deferred())
+      events_.reuse_in_capture(stream, [this](Block* done) { free_block_locked(done); });
+  } else if (!events_.idle()) {
     process_events_locked();
   }
   bool from_cache = false;
@@ -116,11 +114,9 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   if (b->stream_uses.empty()) {
     free_block_locked(b);
   } else if (!routes_.empty()) {
-    deferred_.push_back(b);  // no event may be recorded or queried during a capture
-    b->event_count += 1;     // pending (active) until its events are recorded and done
-    if (config_.graph_capture_record_stream_reuse) capture_reuse_.mark(*b);
+    events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
-    insert_events_locked(b);
+    events_.insert(b);
   }
 }
 

@@ -3,7 +3,7 @@
 // within the same capture.
 //
 // No event may be recorded or queried while a capture is under way, so such
-// a block normally waits for the capture's end (DeviceAllocator::deferred_).
+// a block normally waits for the capture's end (StreamEvents::defer).
 // The captured graph itself orders the work instead: every node queued on a
 // stream from now on depends on the stream's current frontier
 // (Backend::capture_frontier). At free time the block gets "free markers":
@@ -14,8 +14,8 @@
 // with no event. Only the graph's topology is read (no node is added).
 //
 // Invariants:
-//   * marks_ names only blocks that wait in DeviceAllocator::deferred_
-//     (the caller forgets a block when it leaves deferred_); a block with no
+//   * marks_ names only blocks that StreamEvents holds deferred
+//     (it forgets a block when the block stops waiting); a block with no
 //     entry waits for the capture's end (one of its streams was not being
 //     captured when it was freed).
 //   * reached_[(capture, stream)] holds only the stream's frontier and its

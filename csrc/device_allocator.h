@@ -8,9 +8,13 @@
 // no other lock is taken while holding it except the backend's own (leaf).
 // The GIL is never taken here.
 //
+// Parts with their own state and invariants: StreamEvents (stream_events.h:
+// blocks freed after record_stream wait for their streams' work, and during
+// a capture for its end or its graph, capture_reuse.h).
+//
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
 // pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
-// segments), stream_uses.cpp the cross-stream rules (record_stream, events),
+// segments), stream_uses.cpp record_stream and the StreamEvents part,
 // private_pools.cpp the private pools and their routes (graph capture,
 // MemPool), checkpoints of a pool (CUDA graph trees), expandable.cpp the
 // expandable segments (expandable.h: growth by mapping pages, unmapping of
@@ -52,13 +56,13 @@
 #include "backend.h"
 #include "block.h"
 #include "breakdown.h"
-#include "capture_reuse.h"
 #include "config.h"
 #include "events.h"
 #include "expandable.h"
 #include "node_cache.h"
 #include "private_pool.h"
 #include "recorder.h"
+#include "stream_events.h"
 
 namespace memalloc {
 
@@ -244,10 +248,6 @@ class DeviceAllocator {
   void set_event_observer(EventObserver observer);
 
  private:
-  struct Pending {
-    EventHandle event;
-    Block* block;
-  };
   struct Segment {
     size_t bytes;        // a plain segment's size; an expandable one's address space
     PrivatePool* owner;  // nullptr = default pool
@@ -338,15 +338,9 @@ class DeviceAllocator {
   // Why `addr` is not a live allocation, for the failed `call` ("free",
   // "record_stream"): the message starts "<call> of 0x...".
   std::string unknown_pointer_message_locked(const char* call, std::uintptr_t addr);
-  // stream_uses.cpp
-  void insert_events_locked(Block* b);
-  // Records the deferred frees' events and completes finished ones; never
-  // while capturing().
+  // stream_uses.cpp: the StreamEvents part's completions go to their free
+  // lists; never while capturing().
   void process_events_locked();
-  // graph_capture_record_stream_reuse, during a capture: frees the deferred
-  // blocks of `stream` whose uses the captured graph orders before the
-  // stream's next work (capture_reuse.h).
-  void reuse_in_capture_locked(Stream stream);
   void synchronize_events_locked();
 
   const int device_;
@@ -367,14 +361,9 @@ class DeviceAllocator {
   // before growing only above hwm + hwm / kReuseSlackDivisor reserved bytes.
   size_t vm_allocated_hwm_ = 0;
   static constexpr size_t kReuseSlackDivisor = 20;
-  std::pmr::vector<Pending> pending_;
-  // Blocks freed during a capture that still need stream events (recorded
-  // once no route is open, like native's deferral).
-  std::pmr::vector<Block*> deferred_;
-  CaptureReuse capture_reuse_;  // graph_capture_record_stream_reuse: which of them a capture may reuse
+  StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
   std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
   std::vector<PoolRoute> routes_;  // open routes, oldest first
-  std::pmr::vector<EventHandle> spare_events_;
   Accounting accounting_;  // the counters and the breakdown by category
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number

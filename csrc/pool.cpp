@@ -33,8 +33,6 @@ std::string hex(std::uintptr_t addr) {
 }  // namespace
 
 DeviceAllocator::~DeviceAllocator() {
-  for (auto& p : pending_) backend_.destroy_event(device_, p.event);
-  for (EventHandle e : spare_events_) backend_.destroy_event(device_, e);
   for (auto& seg : segments_)
     if (seg.second.vm == nullptr) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
   // Expandable segments: unmap each mapped run (the gaps between unmapped
@@ -346,8 +344,7 @@ std::vector<FreeLists*> DeviceAllocator::all_free_lists_locked() {
 std::map<std::uintptr_t, Block*> DeviceAllocator::blocks_by_addr_locked() {
   std::map<std::uintptr_t, Block*> blocks;
   for (auto& kv : live_) blocks.emplace(kv.first, kv.second);
-  for (auto& p : pending_) blocks.emplace(p.block->addr, p.block);
-  for (Block* b : deferred_) blocks.emplace(b->addr, b);
+  events_.for_each_waiting([&](Block* b) { blocks.emplace(b->addr, b); });
   for (FreeLists* l : all_free_lists_locked())
     for (FreeList* list : {&l->small, &l->large})
       for (Block* b : list->blocks()) blocks.emplace(b->addr, b);

@@ -208,10 +208,7 @@ PoolRestore DeviceAllocator::restore_pool(const PoolState& state) {
     out.freed.push_back(reinterpret_cast<void*>(b->addr));
     free_live_locked(live_.find(b->addr), ctx_);
   }
-  const bool pending = std::any_of(pending_.begin(), pending_.end(),
-                                   [&](const Pending& p) { return p.block->owner == &pool; }) ||
-                       std::any_of(deferred_.begin(), deferred_.end(), [&](Block* b) { return b->owner == &pool; });
-  if (pending) synchronize_events_locked();
+  if (events_.any_waiting([&](const Block* b) { return b->owner == &pool; })) synchronize_events_locked();
   // 2. Every segment of the state is now one free block: cut it as it was.
   for (const SegmentState& s : state.segments) restore_segment_locked(s, &pool, &out);
   return out;

@@ -49,24 +49,8 @@ void DeviceAllocator::validate() {
     check(kv.first == kv.second->addr && kv.second->allocated, "live table entry is not a live block");
     blocks.emplace(kv.first, kv.second);
   }
-  std::set<const Block*> pending;
-  for (const Block* b : deferred_) {
-    check(!b->allocated && b->event_count > 0, "deferred entry names a non-pending block");
-    pending.insert(b);
-    blocks.emplace(b->addr, b);
-  }
-  check(capture_reuse_.marks_only(deferred_), "a capture-reuse marker names a block that is not deferred");
-  for (auto& p : pending_) {
-    check(!p.block->allocated && p.block->event_count > 0, "pending entry names a non-pending block");
-    pending.insert(p.block);
-    blocks.emplace(p.block->addr, p.block);
-  }
-  for (const Block* b : pending) {
-    size_t n = 0;
-    for (auto& p : pending_) n += p.block == b;
-    n += static_cast<size_t>(std::count(deferred_.begin(), deferred_.end(), b));
-    check(static_cast<int>(n) == b->event_count, "event_count differs from pending entries");
-  }
+  events_.validate([&](bool ok, const char* what) { check(ok, what); });
+  events_.for_each_waiting([&](const Block* b) { blocks.emplace(b->addr, b); });
   for (auto& kv : pools_) {
     check(kv.first == kv.second->id && kv.first != kDefaultPool, "pool table key differs from its pool's id");
     check(kv.second->use_count >= 0, "a private pool's use count is negative");

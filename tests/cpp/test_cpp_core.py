@@ -1,6 +1,7 @@
 """The C++ core on its own: compiled with g++ -std=c++17, without torch or
 Python, it runs a repeating allocation pattern and proves that the steady
-state makes no host allocation (operator new is counted)."""
+state makes no host allocation (operator new is counted); and the C++ unit
+tests of its parts (tests/cpp/*_test.cpp, each part on its own)."""
 from __future__ import annotations
 
 import os
@@ -40,3 +41,12 @@ def test_core_is_plain_cxx17_and_steady_state_makes_no_host_allocation(binary):
     # from the cache.
     assert int(values["allocations"]) == 10 * (20000 + 3)
     assert int(values["device_allocs"]) < 20
+
+
+@pytest.mark.parametrize("part", ["stream_events"])
+def test_part_unit_tests(part, tmp_path_factory):
+    built = core_build.build_executable(f"{part}_test", [os.path.join(REPO, "tests", "cpp", f"{part}_test.cpp")],
+                                        tmp_path_factory.mktemp(part), FLAGS)
+    assert "warning" not in built.warnings, built.warnings[-4000:]
+    proc = subprocess.run([str(built.binary)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "failures=0" in proc.stdout, proc.stdout + proc.stderr
