@@ -57,6 +57,12 @@ class CachingAllocator {
 std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config);
 
 enum class StackMode : int { kNone = 0, kTags = 1, kPython = 2 };
+constexpr int kNumStackModes = 3;
+// Names by StackMode value (exported to Python as memalloc._C.STACK_MODES).
+inline const char* stack_mode_name(int m) {
+  static const char* const names[kNumStackModes] = {"none", "tags", "python"};
+  return names[m];
+}
 
 class AllocatorRegistry {
  public:

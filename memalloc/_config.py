@@ -16,8 +16,8 @@ from . import _C
 ConfigLike = Union[str, Mapping[str, object], None]
 
 ENV_VAR = "MEMALLOC_CONF"
-# Stack capture modes (record_stacks / record_memory_history(stacks=...)), as _C numbers them.
-STACK_MODES = {"none": 0, "tags": 1, "python": 2}
+# Stack capture modes (record_stacks / record_memory_history(stacks=...)): name -> number, as _C defines them.
+STACK_MODES: dict[str, int] = dict(_C.STACK_MODES)
 
 
 def config_text(config: ConfigLike = None, *, use_env: bool = True) -> str:

@@ -45,7 +45,8 @@ import torch
 
 from . import _C, _hooks, _state, iteration
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+CATEGORIES: tuple[str, ...] = tuple(_C.CATEGORIES)  # as the core defines them (breakdown.h), in its order
+PHASES: tuple[str, ...] = tuple(_C.PHASES)
 
 FEATURE = "memory breakdown"  # its name in hook warnings (memalloc._hooks)
 

@@ -37,8 +37,15 @@ py::list stack_frames(uint32_t id) {
 }  // namespace
 
 void bind_attribution(py::module_& m) {
-  m.def("set_stack_mode", [](int mode) {
-    MEMALLOC_EXPECTS(mode >= 0 && mode <= 2, "stack mode must be 0 (none), 1 (tags) or 2 (python)");
+  py::dict modes;  // the one definition of the stack modes' names and numbers (registry.h)
+  std::string choices;
+  for (int i = 0; i < kNumStackModes; ++i) {
+    modes[stack_mode_name(i)] = i;
+    choices += (i ? (i + 1 == kNumStackModes ? " or " : ", ") : "") + std::to_string(i) + " (" + stack_mode_name(i) + ")";
+  }
+  m.attr("STACK_MODES") = modes;
+  m.def("set_stack_mode", [choices](int mode) {
+    MEMALLOC_EXPECTS(mode >= 0 && mode < kNumStackModes, "stack mode must be " + choices);
     AllocatorRegistry::instance().set_stack_mode(static_cast<StackMode>(mode));
   });
   m.def("stack_mode", [] { return static_cast<int>(AllocatorRegistry::instance().stack_mode()); });

@@ -26,6 +26,7 @@
 
 #include "bind.h"
 #include "errors.h"
+#include "breakdown.h"
 #include "malloc_entry.h"
 #include "pluggable.h"
 #include "pyargs.h"
@@ -271,6 +272,13 @@ PYBIND11_MODULE(_C, m) {
   bind_host(allocator_class);
   bind_pools(allocator_class);
   bind_breakdown(allocator_class);
+  {  // the one definition of the breakdown's names (breakdown.h), in value order
+    py::list categories, phases;
+    for (int c = 0; c < kNumCategories; ++c) categories.append(category_name(c));
+    for (int p = 0; p < kNumPhases; ++p) phases.append(phase_name(p));
+    m.attr("CATEGORIES") = py::tuple(categories);
+    m.attr("PHASES") = py::tuple(phases);
+  }
   bind_attribution(m);
   bind_testing(m);
 

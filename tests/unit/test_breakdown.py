@@ -335,3 +335,31 @@ R["after"] = a.phase()
 def test_a_backward_inside_a_backward_keeps_the_backward_phase(fresh_python):
     _, R, _ = fresh_python.code("", REENTRANT)
     assert R["phases"] == ["backward", "backward"] and R["after"] == "forward"
+
+
+def test_the_names_python_uses_are_the_ones_the_core_accepts(host_allocator):
+    """Each concept is defined once, in C++ (breakdown.h, registry.h), and
+    _C exports it: every exported phase is accepted and reported back by
+    name, every category is accepted by resolve, every stack mode by number."""
+    from memalloc import _config, phases
+
+    a = host_allocator
+    assert phases.PHASES[0] == "idle" and len(set(phases.PHASES)) == len(phases.PHASES) == 4
+    for name in phases.PHASES:
+        a.enter_phase(name)
+        assert a.phase(0) == name
+    a.enter_phase("idle")
+    assert CATEGORIES == phases.CATEGORIES and len(set(CATEGORIES)) == 6
+    for category in CATEGORIES:
+        a.resolve("forward", category)  # accepted (nothing unresolved to move)
+    with pytest.raises(memalloc.InvalidArgumentError):
+        a.resolve("forward", "not_a_category")
+    before = _C.stack_mode()
+    try:
+        for name, number in _config.STACK_MODES.items():
+            _C.set_stack_mode(number)
+            assert _C.stack_mode() == number
+        with pytest.raises(memalloc.InvalidArgumentError, match="2 \\(python\\)"):
+            _C.set_stack_mode(len(_config.STACK_MODES))
+    finally:
+        _C.set_stack_mode(before)
