@@ -34,8 +34,20 @@ from ._device import DeviceLike, device_index
 from ._usercode import is_internal
 
 PathLike = Union[str, "os.PathLike[str]"]
-RECORD_FORMAT = "<qQQQQIIIIBBB5x"  # csrc/recorder.h, 64 bytes
-assert struct.calcsize(RECORD_FORMAT) == 64
+
+def _record_format() -> str:
+    """The struct format of the record, from the fields _C exports
+    (csrc/recorder.h: name, offset, bytes, signed; padding as ``x``)."""
+    codes = {(8, True): "q", (8, False): "Q", (4, True): "i", (4, False): "I", (1, True): "b", (1, False): "B"}
+    out, at = "<", 0
+    for _, offset, nbytes, signed in _C.RECORD_FIELDS:
+        out += "x" * (offset - at) + codes[(nbytes, signed)]
+        at = offset + nbytes
+    return out + "x" * (_C.RECORD_BYTES - at)
+
+
+RECORD_FORMAT = _record_format()  # "<qQQQQIIIIBBBxxxxx": 64 bytes, one definition (recorder.h)
+assert struct.calcsize(RECORD_FORMAT) == _C.RECORD_BYTES == 64
 ACTIONS: tuple[str, ...] = tuple(_C.action_names())
 
 
@@ -169,9 +181,9 @@ def events_array(device: DeviceLike = None, *, allocator: Optional[_C.Allocator]
     stack_id, tag_id, thread, step, action, device, pool)."""
     import numpy as np
 
-    dtype = np.dtype([("time_ns", "<i8"), ("addr", "<u8"), ("size", "<u8"), ("requested", "<u8"),
-                      ("stream", "<u8"), ("stack_id", "<u4"), ("tag_id", "<u4"), ("thread", "<u4"),
-                      ("step", "<u4"), ("action", "u1"), ("device", "u1"), ("pool", "u1"), ("pad", "V5")])
+    dtype = np.dtype({"names": [f[0] for f in _C.RECORD_FIELDS],
+                      "formats": [f"<{'i' if signed else 'u'}{nbytes}" for _, _, nbytes, signed in _C.RECORD_FIELDS],
+                      "offsets": [f[1] for f in _C.RECORD_FIELDS], "itemsize": _C.RECORD_BYTES})
     return np.frombuffer(_device_records(device, allocator)[0], dtype=dtype)
 
 

@@ -19,6 +19,8 @@
 //     private pools, bind_breakdown.cpp the breakdown by category,
 //     bind_attribution.cpp stacks/tags/steps and trace export,
 //     bind_testing.cpp the test hooks (memalloc._C._testing).
+#include <cstddef>
+#include <type_traits>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -27,6 +29,7 @@
 #include "bind.h"
 #include "errors.h"
 #include "breakdown.h"
+#include "recorder.h"
 #include "malloc_entry.h"
 #include "pluggable.h"
 #include "pyargs.h"
@@ -278,6 +281,29 @@ PYBIND11_MODULE(_C, m) {
     for (int p = 0; p < kNumPhases; ++p) phases.append(phase_name(p));
     m.attr("CATEGORIES") = py::tuple(categories);
     m.attr("PHASES") = py::tuple(phases);
+  }
+  {  // the 64-byte record (recorder.h) as (field, byte offset, bytes, signed), in memory order
+    py::list fields;
+    auto field = [&](const char* name, size_t offset, size_t bytes, bool is_signed) {
+      fields.append(py::make_tuple(name, offset, bytes, is_signed));
+    };
+#define MEMALLOC_FIELD(f) \
+  field(#f, offsetof(TraceRecord, f), sizeof(TraceRecord::f), std::is_signed<decltype(TraceRecord::f)>::value)
+    MEMALLOC_FIELD(time_ns);
+    MEMALLOC_FIELD(addr);
+    MEMALLOC_FIELD(size);
+    MEMALLOC_FIELD(requested);
+    MEMALLOC_FIELD(stream);
+    MEMALLOC_FIELD(stack_id);
+    MEMALLOC_FIELD(tag_id);
+    MEMALLOC_FIELD(thread);
+    MEMALLOC_FIELD(step);
+    MEMALLOC_FIELD(action);
+    MEMALLOC_FIELD(device);
+    MEMALLOC_FIELD(pool);
+#undef MEMALLOC_FIELD
+    m.attr("RECORD_FIELDS") = py::tuple(fields);
+    m.attr("RECORD_BYTES") = sizeof(TraceRecord);
   }
   bind_attribution(m);
   bind_testing(m);
