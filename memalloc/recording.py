@@ -35,18 +35,19 @@ from ._usercode import is_internal
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-def _record_format() -> str:
-    """The struct format of the record, from the fields _C exports
-    (csrc/recorder.h: name, offset, bytes, signed; padding as ``x``)."""
+def struct_format(fields: Sequence[tuple[str, int, int, bool]], nbytes: int) -> str:
+    """The little-endian struct format of a C struct that _C describes as
+    (name, byte offset, bytes, signed) fields of ``nbytes`` in all (padding
+    as ``x``): the record (RECORD_FIELDS) and the live block (LIVE_FIELDS)."""
     codes = {(8, True): "q", (8, False): "Q", (4, True): "i", (4, False): "I", (1, True): "b", (1, False): "B"}
     out, at = "<", 0
-    for _, offset, nbytes, signed in _C.RECORD_FIELDS:
-        out += "x" * (offset - at) + codes[(nbytes, signed)]
-        at = offset + nbytes
-    return out + "x" * (_C.RECORD_BYTES - at)
+    for _, offset, size, signed in fields:
+        out += "x" * (offset - at) + codes[(size, signed)]
+        at = offset + size
+    return out + "x" * (nbytes - at)
 
 
-RECORD_FORMAT = _record_format()  # "<qQQQQIIIIBBBxxxxx": 64 bytes, one definition (recorder.h)
+RECORD_FORMAT = struct_format(_C.RECORD_FIELDS, _C.RECORD_BYTES)  # "<qQQQQIIIIBBBxxxxx": 64 bytes, one definition (recorder.h)
 assert struct.calcsize(RECORD_FORMAT) == _C.RECORD_BYTES == 64
 ACTIONS: tuple[str, ...] = tuple(_C.action_names())
 

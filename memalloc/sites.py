@@ -14,11 +14,12 @@ from typing import Optional
 
 from . import _C, _state
 from ._usercode import user_frame
-from .recording import stack
+from .recording import stack, struct_format
 
 SiteKey = tuple  # (filename, line, function)
-LIVE_FORMAT = "<QQQIII4x"  # csrc/device_allocator.h LiveBlock, as _C.Allocator.live_blocks packs it
+LIVE_FORMAT = struct_format(_C.LIVE_FIELDS, _C.LIVE_BYTES)  # "<QQQIIIxxxx": LiveBlock, as _C defines it
 LiveBlock = tuple[int, int, int, int, int, int]  # (addr, size, requested, stack_id, tag_id, step)
+assert tuple(f[0] for f in _C.LIVE_FIELDS) == ("addr", "size", "requested", "stack_id", "tag_id", "step")
 
 
 @functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/stacks.h)

@@ -247,12 +247,12 @@ PYBIND11_MODULE(_C, m) {
                py::gil_scoped_release nogil;
                blocks = a.device(device).live_blocks();
              }
-             static_assert(sizeof(LiveBlock) == 40, "live_blocks wire format: <QQQIII4x");
+             // the wire format: memalloc._C.LIVE_FIELDS, LIVE_BYTES (memalloc/sites.py reads them)
              return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(LiveBlock));
            },
            py::arg("device") = 0,
-           "Every live allocation of `device` as bytes, 40 per block: addr, size, requested (u64), "
-           "stack_id, tag_id, step (u32), 4 pad bytes; in no particular order.")
+           "Every live allocation of `device` as bytes, LIVE_BYTES per block, laid out as LIVE_FIELDS "
+           "(addr, size, requested, stack_id, tag_id, step); in no particular order.")
       .def("validate", [](CachingAllocator& a, Device device) { a.device(device).validate(); },
            py::arg("device") = 0, NoGil())
       .def("set_recording",
@@ -282,29 +282,25 @@ PYBIND11_MODULE(_C, m) {
     m.attr("CATEGORIES") = py::tuple(categories);
     m.attr("PHASES") = py::tuple(phases);
   }
-  {  // the 64-byte record (recorder.h) as (field, byte offset, bytes, signed), in memory order
-    py::list fields;
-    auto field = [&](const char* name, size_t offset, size_t bytes, bool is_signed) {
-      fields.append(py::make_tuple(name, offset, bytes, is_signed));
-    };
-#define MEMALLOC_FIELD(f) \
-  field(#f, offsetof(TraceRecord, f), sizeof(TraceRecord::f), std::is_signed<decltype(TraceRecord::f)>::value)
-    MEMALLOC_FIELD(time_ns);
-    MEMALLOC_FIELD(addr);
-    MEMALLOC_FIELD(size);
-    MEMALLOC_FIELD(requested);
-    MEMALLOC_FIELD(stream);
-    MEMALLOC_FIELD(stack_id);
-    MEMALLOC_FIELD(tag_id);
-    MEMALLOC_FIELD(thread);
-    MEMALLOC_FIELD(step);
-    MEMALLOC_FIELD(action);
-    MEMALLOC_FIELD(device);
-    MEMALLOC_FIELD(pool);
+  // The wire formats, defined once here from the C++ structs: the 64-byte
+  // record (recorder.h) and a live block as Allocator.live_blocks packs it
+  // (device_allocator.h), each as (field, byte offset, bytes, signed) in
+  // memory order; memalloc/recording.py and sites.py build their formats
+  // from them.
+#define MEMALLOC_FIELD(T, f) \
+  py::make_tuple(#f, offsetof(T, f), sizeof(T::f), std::is_signed<decltype(T::f)>::value)
+  m.attr("RECORD_FIELDS") = py::make_tuple(
+      MEMALLOC_FIELD(TraceRecord, time_ns), MEMALLOC_FIELD(TraceRecord, addr), MEMALLOC_FIELD(TraceRecord, size),
+      MEMALLOC_FIELD(TraceRecord, requested), MEMALLOC_FIELD(TraceRecord, stream),
+      MEMALLOC_FIELD(TraceRecord, stack_id), MEMALLOC_FIELD(TraceRecord, tag_id),
+      MEMALLOC_FIELD(TraceRecord, thread), MEMALLOC_FIELD(TraceRecord, step), MEMALLOC_FIELD(TraceRecord, action),
+      MEMALLOC_FIELD(TraceRecord, device), MEMALLOC_FIELD(TraceRecord, pool));
+  m.attr("RECORD_BYTES") = sizeof(TraceRecord);
+  m.attr("LIVE_FIELDS") = py::make_tuple(
+      MEMALLOC_FIELD(LiveBlock, addr), MEMALLOC_FIELD(LiveBlock, size), MEMALLOC_FIELD(LiveBlock, requested),
+      MEMALLOC_FIELD(LiveBlock, stack_id), MEMALLOC_FIELD(LiveBlock, tag_id), MEMALLOC_FIELD(LiveBlock, step));
+  m.attr("LIVE_BYTES") = sizeof(LiveBlock);
 #undef MEMALLOC_FIELD
-    m.attr("RECORD_FIELDS") = py::tuple(fields);
-    m.attr("RECORD_BYTES") = sizeof(TraceRecord);
-  }
   bind_attribution(m);
   bind_testing(m);
 

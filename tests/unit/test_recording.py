@@ -1313,3 +1313,22 @@ def test_recording_from_memalloc_conf(enabled):
     # 1 segment_alloc + 4 allocs = 5 events into a ring of 3
     assert r["n"] == 3 and r["dropped"] == 2
     assert r["tags"] == ["conf"] * 3 and r["stacks"] == [0, 0, 0] and r["mode"] == 1
+
+
+def test_wire_formats_come_from_the_core_and_decode_what_it_packs(host_allocator):
+    """The record and the live block are defined once, in C++ (recorder.h,
+    device_allocator.h); Python's struct formats are built from the fields _C
+    exports, and decode what the core packs."""
+    import struct
+
+    from memalloc import sites
+
+    assert struct.calcsize(recording.RECORD_FORMAT) == _C.RECORD_BYTES == 64
+    assert struct.calcsize(sites.LIVE_FORMAT) == _C.LIVE_BYTES
+    assert recording.struct_format([("a", 0, 8, False), ("b", 8, 4, True)], 16) == "<Qixxxx"
+    p = host_allocator.malloc(1000)
+    try:
+        (addr, size, requested, *_), = sites.live_blocks(0, allocator=host_allocator)
+        assert (addr, size, requested) == (p, 1024, 1000)
+    finally:
+        host_allocator.free(p)
