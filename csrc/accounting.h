@@ -121,10 +121,12 @@ class Accounting {
     stats_.oversize_allocations.update(oversize_blocks - stats_.oversize_allocations.current);
     stats_.oversize_segments.update(oversize_segments - stats_.oversize_segments.current);
   }
-  bool oversize(size_t bytes) const { return bytes >= max_split_size_; }
+  // The oversize rule above, for a threshold not yet in force (apply_settings).
+  static bool oversize(size_t bytes, size_t max_split_size) { return bytes >= max_split_size; }
 
  private:
   void update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta);
+  bool oversize(size_t bytes) const { return oversize(bytes, max_split_size_); }
   size_t max_split_size_;
   DeviceStats stats_;
   StepWindow window_;

@@ -41,7 +41,7 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
   if (!routes_.empty()) {
     owner = route_locked(stream);
     if (config_.graph_capture_record_stream_reuse && events_.has_deferred())
-      events_.reuse_in_capture(stream, [this](Block* done) { free_block_locked(done); });
+      events_.reuse_in_capture(stream, to_free_list());
   } else if (!events_.idle()) {
     process_events_locked();
   }

@@ -339,9 +339,12 @@ class DeviceAllocator {
   // "record_stream"): the message starts "<call> of 0x...".
   std::string unknown_pointer_message_locked(const char* call, std::uintptr_t addr);
   // stream_uses.cpp: the StreamEvents part's completions go to their free
-  // lists; never while capturing().
+  // lists (to_free_list); never while capturing().
   void process_events_locked();
   void synchronize_events_locked();
+  auto to_free_list() {
+    return [this](Block* b) { free_block_locked(b); };
+  }
 
   const int device_;
   Backend& backend_;

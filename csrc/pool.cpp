@@ -223,10 +223,6 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
   allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(total));
 }
 
-namespace {
-bool accounting_oversize(size_t bytes, const Config& c) { return bytes >= c.max_split_size; }
-}  // namespace
-
 void DeviceAllocator::apply_settings(const Config& from) {
   std::lock_guard<std::mutex> lock(mu_);
   config_.max_split_size = from.max_split_size;
@@ -236,9 +232,9 @@ void DeviceAllocator::apply_settings(const Config& from) {
   config_.graph_capture_record_stream_reuse = from.graph_capture_record_stream_reuse;
   gc_threshold_ = from.garbage_collection_threshold;
   int64_t blocks = 0, segments = 0;
-  for (const auto& kv : live_) blocks += accounting_oversize(kv.second->size, from) ? 1 : 0;
+  for (const auto& kv : live_) blocks += Accounting::oversize(kv.second->size, from.max_split_size) ? 1 : 0;
   for (const auto& kv : segments_)  // plain segments: expandable ones count no oversize segment
-    segments += kv.second.vm == nullptr && accounting_oversize(kv.second.bytes, from) ? 1 : 0;
+    segments += kv.second.vm == nullptr && Accounting::oversize(kv.second.bytes, from.max_split_size) ? 1 : 0;
   accounting_.set_max_split_size(from.max_split_size, blocks, segments);
 }
 

@@ -20,11 +20,11 @@ void DeviceAllocator::record_stream(void* ptr, Stream stream) {
 }
 
 void DeviceAllocator::process_events_locked() {
-  events_.process([this](Block* b) { free_block_locked(b); });
+  events_.process(to_free_list());
 }
 
 void DeviceAllocator::synchronize_events_locked() {
-  events_.synchronize([this](Block* b) { free_block_locked(b); });
+  events_.synchronize(to_free_list());
 }
 
 StreamEvents::~StreamEvents() {

@@ -25,7 +25,7 @@ import pytest
 
 from memalloc import _C
 from memtest_helpers import REPO
-from zygote import Zygote
+from zygote import Zygote, exit_code
 
 # What every fresh-interpreter scenario of FreshPython.code starts with: R
 # collects the result, err(f) returns [type name, MRO names, message] of what
@@ -131,12 +131,8 @@ def cli_here(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProc
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 rc = main(list(args))
-            except SystemExit as e:  # as the interpreter ends: a message goes to stderr, exit 1
-                if e.code is None or isinstance(e.code, int):
-                    rc = e.code or 0
-                else:
-                    print(e.code, file=sys.stderr)
-                    rc = 1
+            except SystemExit as e:  # as the interpreter ends
+                rc = exit_code(e)
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess(["python", "-m", "memalloc", *args], rc, out.getvalue(), err.getvalue())

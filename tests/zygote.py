@@ -31,6 +31,9 @@ from typing import Optional, Sequence
 
 SERVER = r'''
 import json, os, runpy, signal, sys, threading, traceback, types
+sys.path.insert(0, sys.argv[1])  # this folder, for exit_code; a child's sys.path starts without it
+from zygote import exit_code
+sys.path.pop(0)
 import torch  # the one thing every child shares
 requests, replies = sys.stdin, os.fdopen(os.dup(1), "w")
 
@@ -70,11 +73,7 @@ def child(req):
             sys.path[:0] = [os.path.dirname(os.path.abspath(args[0])), *extra]
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            rc = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-            rc = 1
+        rc = exit_code(e)
     except BaseException:
         traceback.print_exc()
         rc = 1
@@ -116,6 +115,15 @@ while True:
 '''
 
 
+def exit_code(e: SystemExit) -> int:
+    """The exit status the interpreter gives a program that raised ``e``,
+    printing a message code to stderr as it does."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
 class Zygote:
     """The fork server of one test process; started on first use."""
 
@@ -127,7 +135,8 @@ class Zygote:
 
     def _server(self, env: dict) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([sys.executable, "-c", SERVER, str(Path(__file__).parent)],
+                                          stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, text=True, env=env)
         return self._proc
 

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
-#include <optional>
 #include <unordered_map>
 
 #include "../oom_report.h"
@@ -64,10 +63,8 @@ void free_anywhere(void* ptr) noexcept {
     CachingAllocator* core = AllocatorRegistry::instance().installed();
     if (core == nullptr) return;
     const CallContext ctx = AllocatorRegistry::instance().thread_context();
-    std::optional<TorchHistory::Scope> frames;  // torch's history at level ALL: the free's own frames
-    if (g_history != nullptr && g_history->enabled()) {
-      if (auto c = g_history->gather(cda::RecordContext::ALL)) frames.emplace(std::move(c));
-    }
+    // torch's history at level ALL: the free's own frames
+    TorchHistory::Scope frames(g_history != nullptr ? g_history->gather(cda::RecordContext::ALL) : nullptr);
     const int hint = t_last_device < core->device_count() ? t_last_device : 0;
     if (core->device(hint).free_if_owned(ptr, ctx)) return;
     for (int d = 0; d < core->device_count(); ++d)
@@ -163,8 +160,7 @@ class TorchCudaAllocator final : public Pluggable {
     guard([&] { core_->device(device).set_memory_fraction(fraction); });
   }
   void emptyCache(c10::MempoolId_t pool) override {
-    std::optional<TorchHistory::Scope> frames;  // segment frees carry empty_cache's frames (level ALL)
-    if (auto c = history_.gather(cda::RecordContext::ALL)) frames.emplace(std::move(c));
+    TorchHistory::Scope frames(history_.gather(cda::RecordContext::ALL));  // segment frees carry empty_cache's frames
     guard([&] {
       const CallContext ctx = AllocatorRegistry::instance().thread_context();
       for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, ctx);
@@ -386,10 +382,7 @@ class TorchCudaAllocator final : public Pluggable {
     if (!caching_.load(std::memory_order_relaxed)) return uncached_malloc(size, device);
     t_last_device = device;
     const CallContext ctx = current_context();
-    std::optional<TorchHistory::Scope> frames;  // torch's history: the allocation's frames (level STATE)
-    if (history_.enabled()) {
-      if (auto c = history_.gather(cda::RecordContext::STATE)) frames.emplace(std::move(c));
-    }
+    TorchHistory::Scope frames(history_.gather(cda::RecordContext::STATE));  // torch's history: the allocation's frames
     try {
       return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), ctx);
     } catch (const OutOfMemory& e) {

@@ -38,8 +38,14 @@ int64_t unix_us() {
 
 }  // namespace
 
-TorchHistory::Scope::Scope(Context context) : previous_(std::move(t_context)) { t_context = std::move(context); }
-TorchHistory::Scope::~Scope() { t_context = std::move(previous_); }
+TorchHistory::Scope::Scope(Context context) : active_(context != nullptr) {
+  if (!active_) return;
+  previous_ = std::move(t_context);
+  t_context = std::move(context);
+}
+TorchHistory::Scope::~Scope() {
+  if (active_) t_context = std::move(previous_);
+}
 
 void TorchHistory::configure(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder,
                              size_t max_entries, RecordContext when, bool clear_history,

@@ -59,7 +59,8 @@ class TorchHistory {
   // call with a device lock held.
   Context gather(RecordContext level) const;
 
-  // While alive, the Events this thread causes carry `context`.
+  // While alive, the Events this thread causes carry `context`; a null
+  // context (history off, or below the level asked for) changes nothing.
   class Scope {
    public:
     explicit Scope(Context context);
@@ -69,6 +70,7 @@ class TorchHistory {
 
    private:
     Context previous_;
+    bool active_;
   };
 
   // The core's Event observer (under the device lock).
