@@ -2,7 +2,8 @@
 
 cpp_extension is needed because the allocator throws c10::OutOfMemoryError
 (which torch turns into torch.OutOfMemoryError). Only csrc/boundary/ includes
-torch or Python headers; csrc/*.cpp is plain C++17.
+torch or Python headers; the core (every other folder of csrc/) is plain C++17.
+Every #include names its path from csrc/ ("pool/block.h").
 Install with `pip install --no-build-isolation -e .` so the build uses the
 torch already installed (a build-isolated one would download another).
 
@@ -11,7 +12,7 @@ What a build contains:
     with dlopen at run time), the Python bindings, and the C entry points
     for torch.cuda.memory.CUDAPluggableAllocator;
   * when the installed torch has CUDA (torch.version.cuda is set):
-    csrc/boundary/cuda/, the subclass of torch's CUDAPluggableAllocator that
+    csrc/boundary/torch/cuda/, the subclass of torch's CUDAPluggableAllocator that
     memalloc.enable() installs (needs libtorch_cuda and CUDA's headers, which
     come from $CUDA_HOME or the nvidia-cuda-runtime wheel). MEMALLOC_NO_CUDA=1
     leaves it out.
@@ -28,7 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def sources(*patterns: str) -> list[str]:
-    return sorted(os.path.relpath(p, HERE) for pattern in patterns for p in glob.glob(os.path.join(HERE, pattern)))
+    return sorted(os.path.relpath(p, HERE) for pattern in patterns
+                  for p in glob.glob(os.path.join(HERE, pattern), recursive=True))
 
 
 def cuda_include_dirs() -> list[str]:
@@ -47,9 +49,11 @@ def cuda_include_dirs() -> list[str]:
     return [d for d in candidates if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))][:1]
 
 
-# csrc/*.cpp is the core (plain C++17, no torch, no Python); csrc/boundary/
-# holds the files that talk to torch and Python.
-SOURCES = sources("csrc/*.cpp", "csrc/boundary/*.cpp")
+# Every csrc/ folder but boundary/ is the core (plain C++17, no torch, no
+# Python; docs/architecture.md); csrc/boundary/ holds the files that talk to
+# Python (python/) and torch (torch/; its cuda/ folder only with a CUDA torch).
+CUDA_PART = os.path.join("csrc", "boundary", "torch", "cuda")
+SOURCES = [s for s in sources("csrc/**/*.cpp") if not s.startswith(CUDA_PART + os.sep)]
 INCLUDES = [os.path.join(HERE, "csrc")]
 LIBRARIES = ["dl"]
 MACROS = []
@@ -59,7 +63,7 @@ if WITH_TORCH_CUDA:
     if not cuda_includes:
         raise RuntimeError("this torch has CUDA but no cuda_runtime_api.h was found: set CUDA_HOME, "
                            "`pip install nvidia-cuda-runtime`, or build without the CUDA part (MEMALLOC_NO_CUDA=1)")
-    SOURCES += sources("csrc/boundary/cuda/*.cpp")
+    SOURCES += sources("csrc/boundary/torch/cuda/*.cpp")
     INCLUDES += cuda_includes
     LIBRARIES += ["c10_cuda", "torch_cuda"]
     MACROS += [("MEMALLOC_WITH_TORCH_CUDA", "1")]

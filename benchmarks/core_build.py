@@ -1,5 +1,7 @@
-"""The one builder of the standalone C++ core: csrc/*.cpp compiled with a C++17
-compiler, without torch or Python (csrc/boundary/ needs both and stays out),
+"""The one builder of the standalone C++ core: every csrc/ folder but
+boundary/ (common, backend, pool, accounting, recorder, allocator) compiled
+with a C++17 compiler, without torch or Python (csrc/boundary/ needs both and
+stays out),
 linked with a driver program into an executable.
 
 Used by benchmarks/cpu_suite.py (bench_core, whose callgrind figures are
@@ -21,7 +23,7 @@ Invariants:
 - Executable NAME goes to out_dir/NAME, its objects to out_dir/NAME.objs/,
   and the fingerprint of its inputs to out_dir/NAME.fingerprint. The
   fingerprint (sha256) covers the compiler path and version, every flag, and
-  the content of every csrc/*.h, every core source, each extra source and the
+  the content of every core header (csrc/**/*.h outside boundary/), every core source, each extra source and the
   *.h files beside it. When it matches and the executable exists, nothing is
   compiled (Built.cached); rebuild=True compiles anyway. The fingerprint is
   written only after a successful link.
@@ -67,9 +69,13 @@ class Built:
     warnings: str  # what the compiler and linker printed ("" when cached)
 
 
+def _in_core(path: Path) -> bool:
+    return path.relative_to(CSRC).parts[0] != "boundary"
+
+
 def core_sources() -> List[Path]:
-    """The core's translation units, sorted."""
-    return sorted(CSRC.glob("*.cpp"))
+    """The core's translation units (csrc/**/*.cpp outside boundary/), sorted."""
+    return sorted(p for p in CSRC.rglob("*.cpp") if _in_core(p))
 
 
 def find_compiler() -> str:
@@ -109,8 +115,8 @@ def _run(cmd: Sequence[str], what: str) -> subprocess.CompletedProcess:
 
 def _fingerprint(cxx: str, version: str, flag_groups: Sequence[Sequence[str]], sources: Sequence[Path]) -> str:
     h = hashlib.sha256(json.dumps([cxx, version, *[list(g) for g in flag_groups]]).encode())
-    inputs = sorted(CSRC.glob("*.h")) + list(sources)
-    for directory in sorted({s.parent for s in sources} - {CSRC}):
+    inputs = sorted(p for p in CSRC.rglob("*.h") if _in_core(p)) + list(sources)
+    for directory in sorted({s.parent for s in sources if not s.is_relative_to(CSRC)}):
         inputs += sorted(directory.glob("*.h"))
     for p in inputs:
         h.update(_display(p).encode() + b"\0" + p.read_bytes() + b"\0")

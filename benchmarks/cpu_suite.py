@@ -3,7 +3,7 @@
     python -m benchmarks.run --suite cpu [--check] [--update-baseline [--reason TEXT]]
                                          [--quick] [--repeats N] [--out PATH] [--rebuild]
 
-Builds benchmarks/cpu/bench_core.cpp with the core (csrc/*.cpp; the torch
+Builds benchmarks/cpu/bench_core.cpp with the core (every csrc/ folder but boundary/; the torch
 and Python boundary in csrc/boundary/ stays out) into build/cpu_bench/ (git-ignored), then in
 one run:
 

@@ -3,7 +3,7 @@
 CUDA: builds the C++ CachingAllocator on the CUDA driver backend, registers
 it in the core's AllocatorRegistry, and makes it torch's CUDA allocator: a
 C++ subclass of torch's ``CUDAPluggableAllocator``
-(csrc/boundary/cuda/torch_allocator.cpp) installed with
+(csrc/boundary/torch/cuda/torch_allocator.cpp) installed with
 ``changeCurrentAllocator``. torch's own functions then answer from memalloc
 (``torch.cuda.memory_stats`` & co., ``empty_cache``, the memory fraction,
 ``record_stream``, CUDA graphs and graph trees, ``MemPool``, IPC, OOM

@@ -2,7 +2,7 @@
 backend).
 
 On CUDA nothing needs patching: memalloc is torch's CUDA allocator (a
-subclass of torch's CUDAPluggableAllocator, csrc/boundary/cuda/), so
+subclass of torch's CUDAPluggableAllocator, csrc/boundary/torch/cuda/), so
 ``torch.cuda.memory_allocated``, ``memory_stats``, ``memory_summary``,
 ``_snapshot``... answer from it through torch's own code.
 

@@ -15,7 +15,7 @@ the process also write ``oom-<pid>-<n>.txt`` (the message, the holders and
 for pytorch.org/memory_viz); the message says where.
 
 The report is built by a hook the C++ allocator calls after the failed
-allocation has released its lock (csrc/boundary/oom_report.cpp); a failing
+allocation has released its lock (csrc/boundary/torch/oom_report.cpp); a failing
 hook never hides the out-of-memory error.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ can reserve (:func:`capacity_bound`), so it never limits a replay unless
 
 Repeatable to the byte: among free blocks of equal size best fit takes the
 lowest address, and the host backend hands out addresses deterministically
-(first fit in one reserved range per device, csrc/backend_host.cpp), so the
+(first fit in one reserved range per device, csrc/backend/backend_host.cpp), so the
 ties fall the same way in every run and process.
 
 Not replayed: private pools (CUDA graphs, ``MemPool``): their allocations

@@ -46,7 +46,7 @@ def snapshot(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = N
                 "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
                 "stream": seg["stream"], "segment_type": seg["segment_type"], "segment_pool_id": tuple(seg["segment_pool_id"]),
                 "is_expandable": seg["is_expandable"], "frames": [], "blocks": blocks})
-        # Built in C++ (csrc/boundary/trace_export.cpp): ~0.2 s per million events.
+        # Built in C++ (csrc/boundary/python/trace_export.cpp): ~0.2 s per million events.
         traces.append(_C.trace_entries(raw_records(d, allocator=a)[0], _TORCH_KEEP, tags, frames_of))
     return {"segments": segments, "device_traces": traces}
 

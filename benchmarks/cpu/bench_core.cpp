@@ -62,8 +62,8 @@
 #include <thread>
 #include <vector>
 
-#include "errors.h"
-#include "registry.h"
+#include "common/errors.h"
+#include "allocator/registry.h"
 
 using namespace memalloc;
 

@@ -1,4 +1,4 @@
-"""The backend contract (csrc/backend.h), the same tests on every backend: the
+"""The backend contract (csrc/backend/backend.h), the same tests on every backend: the
 host backend (the simulated device, in CI) and the CUDA backend (pytest -m
 gpu; skipped without a GPU), as RMM runs one resource test suite over every
 memory resource.

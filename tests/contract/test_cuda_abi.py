@@ -1,4 +1,4 @@
-"""csrc/cuda_driver_abi.h declares the CUDA driver's types and constants by
+"""csrc/backend/cuda_driver_abi.h declares the CUDA driver's types and constants by
 hand (the build needs no toolkit: the driver is dlopen'ed). This compiles
 static_asserts of every one against the toolkit's own cuda.h, where one is
 installed (found through CUDA_HOME, nvcc, or /usr/local/cuda); skipped
@@ -17,7 +17,7 @@ from memtest_helpers import REPO
 CHECK = r"""
 #include <cstddef>
 #include <cuda.h>
-#include "cuda_driver_abi.h"
+#include "backend/cuda_driver_abi.h"
 namespace a = memalloc::cuda_abi;
 #define SAME_LAYOUT(T, FIELD) static_assert(offsetof(a::T, FIELD) == offsetof(::T, FIELD), #T "." #FIELD)
 static_assert(sizeof(a::CUresult) == sizeof(::CUresult), "CUresult");

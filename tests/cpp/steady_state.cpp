@@ -11,7 +11,7 @@
 #include <new>
 #include <vector>
 
-#include "registry.h"
+#include "allocator/registry.h"
 
 static std::atomic<long> g_news{0};
 

@@ -1,5 +1,5 @@
 // stream_events_test.cpp — C++ unit tests of the StreamEvents part
-// (csrc/stream_events.h) on its own: blocks made by hand, the host backend's
+// (csrc/pool/stream_events.h) on its own: blocks made by hand, the host backend's
 // streams (their work completes only when synchronised), and the part's
 // invariants checked after every step. Built by tests/cpp/test_cpp_core.py.
 #include <cstdio>
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "config.h"
-#include "stream_events.h"
+#include "backend/backend.h"
+#include "common/config.h"
+#include "pool/stream_events.h"
 
 using namespace memalloc;
 

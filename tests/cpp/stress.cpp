@@ -56,9 +56,9 @@
 #include <thread>
 #include <vector>
 
-#include "errors.h"
-#include "registry.h"
-#include "stacks.h"
+#include "common/errors.h"
+#include "allocator/registry.h"
+#include "recorder/stacks.h"
 
 using namespace memalloc;
 

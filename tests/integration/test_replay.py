@@ -8,7 +8,7 @@ The baseline (benchmarks/baselines/replay.json) holds the figures of every
 workload it names, written by the command it records. A replay repeats its
 figures to the byte: among free blocks of equal size best fit takes the
 lowest address, and the host backend hands out addresses deterministically
-(first fit in one reserved range per device, csrc/backend_host.cpp), so the
+(first fit in one reserved range per device, csrc/backend/backend_host.cpp), so the
 ties fall the same way in every run and process. Any change of a figure is
 a policy change, and the baseline must then be rewritten on purpose with the
 command it records. Only the comparison with the H200 allows TOLERANCE:

@@ -9,7 +9,7 @@ import memalloc
 from memalloc import _C
 
 KEYS = CONFIG_KEYS
-# Defaults documented in csrc/config.h: auto backend, 1 GiB capacity, one device,
+# Defaults documented in csrc/common/config.h: auto backend, 1 GiB capacity, one device,
 # no split limit, no power-of-two rounding.
 DEFAULT = "backend:auto,host_capacity_mb:1024,host_devices:1"
 

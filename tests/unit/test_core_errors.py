@@ -256,7 +256,7 @@ def test_invalid_device_index(device):
 
 
 def test_typed_arguments_accept_int_and_real_like_values():
-    """memalloc._C checks argument types itself (csrc/boundary/pyargs.h): what
+    """memalloc._C checks argument types itself (csrc/boundary/python/pyargs.h): what
     it must still accept besides int and float — numpy ints (__index__) and
     floats (__float__), ints for fractions, the largest valid values — and
     that a bool is no number (the wrong-type errors are in test_bad_input)."""

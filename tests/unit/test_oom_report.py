@@ -1,4 +1,4 @@
-"""The out-of-memory report (memalloc/oom.py, csrc/boundary/oom_report.cpp)
+"""The out-of-memory report (memalloc/oom.py, csrc/boundary/torch/oom_report.cpp)
 on the host backend: torch.OutOfMemoryError's message names the call sites
 holding the most memory; report files are written for the first N OOMs;
 a failing report never hides the OOM. A fresh interpreter per scenario

@@ -3,7 +3,7 @@ on-OOM (C++, always on), every N steps (Python, memalloc.step()), how they are
 reported (memalloc.empty_cache_policy(), memory_summary's footer) and how
 their config keys are parsed.
 
-Threshold rule (csrc/pool.cpp): before a new segment of S bytes is obtained,
+Threshold rule (csrc/allocator/growth.cpp): before a new segment of S bytes is obtained,
 if reserved + S > threshold * limit (limit = the memory-fraction cap when a
 fraction is set, else the device capacity), every fully free cached segment
 is released first (after waiting for pending frees); the growth then goes

@@ -1,4 +1,4 @@
-"""The GIL-free Python frame walk (csrc/boundary/pyframes.cpp) on every
+"""The GIL-free Python frame walk (csrc/boundary/python/pyframes.cpp) on every
 local CPython it supports (3.11, 3.12, 3.13; the GPU machine runs 3.12).
 
 For each interpreter found (python3.11, python3.12, python3.13 on PATH or
@@ -22,7 +22,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE = os.path.join(REPO, "tests", "cpp", "pyframes_probe.cpp")
-PYFRAMES = os.path.join(REPO, "csrc", "boundary", "pyframes.cpp")
+PYFRAMES = os.path.join(REPO, "csrc", "boundary", "python", "pyframes.cpp")
 
 CHECK = textwrap.dedent('''
     import sys, threading, traceback
@@ -115,8 +115,7 @@ def test_frames_read_without_the_gil_equal_the_traceback(version, tmp_path):
     exe, include, suffix = found
     module = tmp_path / f"pyframes_probe{suffix}"
     build = subprocess.run(["g++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra",
-                            f"-I{include}", f"-I{os.path.join(REPO, 'csrc')}",
-                            f"-I{os.path.join(REPO, 'csrc', 'boundary')}", PROBE, PYFRAMES, "-o", str(module)],
+                            f"-I{include}", f"-I{os.path.join(REPO, 'csrc')}", PROBE, PYFRAMES, "-o", str(module)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     assert "warning" not in build.stderr, build.stderr[-3000:]

@@ -1,0 +1,136 @@
+// allocator.cpp — the fast path of DeviceAllocator: take the device lock,
+// take a cached block (splitting it), account, return; and the reverse.
+// Misses go to pool.cpp (malloc_slow_locked). Invariants: device_allocator.h.
+#include <new>
+
+#include "allocator/device_allocator.h"
+#include "common/errors.h"
+
+namespace memalloc {
+
+DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& config)
+    : device_(device),
+      backend_(backend),
+      config_(config),
+      default_lists_(&mr_),
+      live_(&mr_),
+      segments_(&mr_),
+      events_(backend, device, &mr_),
+      accounting_(config.max_split_size),
+      gc_threshold_(config.garbage_collection_threshold) {
+  live_.reserve(4096);
+}
+
+Block* DeviceAllocator::new_block() {
+  std::pmr::polymorphic_allocator<Block> alloc(&mr_);
+  Block* b = alloc.allocate(1);
+  return new (b) Block(&mr_);
+}
+
+void DeviceAllocator::delete_block(Block* b) {
+  std::pmr::polymorphic_allocator<Block> alloc(&mr_);
+  b->~Block();
+  alloc.deallocate(b, 1);
+}
+
+void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx) {
+  if (size == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  ctx_ = ctx;
+  PrivatePool* owner = nullptr;
+  if (!routes_.empty()) {
+    owner = route_locked(stream);
+    if (config_.graph_capture_record_stream_reuse && events_.has_deferred())
+      events_.reuse_in_capture(stream, to_free_list());
+  } else if (!events_.idle()) {
+    process_events_locked();
+  }
+  bool from_cache = false;
+  if (size > kMaxRequest) {
+    Block* b = malloc_slow_locked(size, size, stream, owner, &from_cache);
+    return alloc_found_locked(b, from_cache, size, size);
+  }
+  size_t rounded = round_size(size, config_.divisions_for(size));
+  Block* b = lists(owner).of(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
+  if (b != nullptr) return alloc_found_locked(b, true, rounded, size);
+  b = malloc_slow_locked(rounded, size, stream, owner, &from_cache);
+  return alloc_found_locked(b, from_cache, rounded, size);
+}
+
+void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested) {
+  int64_t split_bytes_delta = 0, split_count_delta = 0;
+  if (from_cache) {
+    free_list(b).erase(b);
+    split_bytes_delta -= split_bytes(b);
+    split_count_delta -= split_count(b);
+  }
+  const bool no_split = b->owner != nullptr && b->owner->no_split;
+  if (!no_split && should_split(*b, size, config_.max_split_size)) {
+    Block* rest = split_block_locked(b, size);
+    free_list(rest).insert(rest);
+    split_bytes_delta += split_bytes(rest);
+    split_count_delta += split_count(rest);
+  }
+  b->allocated = true;
+  b->requested = requested;
+  b->stack_id = ctx_.stack_id;
+  b->tag_id = ctx_.tag_id;
+  b->step = ctx_.step;
+  stamp_breakdown_locked(b);
+  live_.emplace(b->addr, b);
+  if (b->owner != nullptr) b->owner->live_blocks += 1;
+  Event e = block_event(Action::kAlloc, *b);
+  e.inactive_split_bytes_delta = split_bytes_delta;
+  e.inactive_split_count_delta = split_count_delta;
+  record_locked(e);
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end())
+    throw InvalidPointer(unknown_pointer_message_locked("free", reinterpret_cast<std::uintptr_t>(ptr)));
+  free_live_locked(it, ctx);
+}
+
+bool DeviceAllocator::free_if_owned(void* ptr, const CallContext& ctx) {
+  if (ptr == nullptr) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return false;
+  free_live_locked(it, ctx);
+  return true;
+}
+
+void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext& ctx) {
+  ctx_ = ctx;
+  Block* b = it->second;
+  live_.erase(it);
+  b->allocated = false;
+  if (b->owner != nullptr) b->owner->live_blocks -= 1;
+  record_locked(block_event(Action::kFreeRequested, *b));
+  if (b->stream_uses.empty()) {
+    free_block_locked(b);
+  } else if (!routes_.empty()) {
+    events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
+  } else {
+    events_.insert(b);
+  }
+}
+
+// Returns a no-longer-active block to its free list, merging free neighbours.
+void DeviceAllocator::free_block_locked(Block* b) {
+  FreeList& list = free_list(b);
+  Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
+  merge_free_neighbours_locked(b, list, e);
+  b->requested = 0;
+  b->stack_id = b->tag_id = b->step = 0;
+  e.inactive_split_bytes_delta += split_bytes(b);
+  e.inactive_split_count_delta += split_count(b);
+  list.insert(b);
+  record_locked(e);
+}
+
+}  // namespace memalloc

@@ -1,0 +1,424 @@
+// device_allocator.h — the caching allocator of one device.
+//
+// Layers inside: Backend (memory) -> FreeList/Block (caching policy) ->
+// Accounting (counters, fed by record_locked) -> this facade (the lock).
+//
+// Locking: one plain std::mutex per device, taken only by the public member
+// functions below. Every *_locked helper assumes it is held. No recursion,
+// no other lock is taken while holding it except the backend's own (leaf).
+// The GIL is never taken here.
+//
+// Parts with their own state and invariants: StreamEvents (stream_events.h:
+// blocks freed after record_stream wait for their streams' work, and during
+// a capture for its end or its graph, capture_reuse.h).
+//
+// Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
+// pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
+// segments), stream_uses.cpp record_stream and the StreamEvents part,
+// private_pools.cpp the private pools and their routes (graph capture,
+// MemPool), checkpoints of a pool (CUDA graph trees), expandable.cpp the
+// expandable segments (expandable.h: growth by mapping pages, unmapping of
+// free pages).
+//
+// Capture: while any route is open (capturing() is true) the allocator makes
+// no call that a CUDA stream capture forbids: it queries and synchronizes no
+// event (frees that need stream events are deferred until no route is open),
+// releases no segment (no empty_cache, no garbage collection, no release-
+// and-retry before an OOM), and the backend obtains new segments in the
+// relaxed capture mode (backend.h).
+//
+// Invariants (checked by validate()):
+//   reserved_bytes  == sum of segment sizes (an expandable segment's
+//                      mapped bytes)
+//   allocated_bytes == sum of live block sizes;  requested_bytes likewise
+//   active_bytes    == allocated_bytes + pending block bytes
+//   reserved_bytes  == active_bytes + free block bytes
+//   inactive_split_bytes == bytes of free blocks inside split segments
+//   every segment has one owner (default pool or a PrivatePool); its free
+//   blocks are in that owner's lists only (private_pool.h)
+//   a segment is obtained only while reserved + segment <= allowed_max_
+//   (memory fraction); lowering the fraction later releases nothing.
+//   the step window's peaks (accounting.h) >= allocated / reserved bytes
+//   the breakdown's bytes by category (breakdown.h) match the live blocks'
+//   categories and phases and add up to allocated_bytes
+// plus the tiling and coalescing invariants of block.h.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <memory_resource>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "accounting/accounting.h"
+#include "backend/backend.h"
+#include "pool/block.h"
+#include "accounting/breakdown.h"
+#include "common/config.h"
+#include "pool/events.h"
+#include "pool/expandable.h"
+#include "pool/node_cache.h"
+#include "pool/private_pool.h"
+#include "recorder/recorder.h"
+#include "pool/stream_events.h"
+
+namespace memalloc {
+
+struct BlockInfo {
+  std::uintptr_t addr;
+  size_t size;
+  size_t requested;
+  const char* state;  // "active_allocated" | "active_pending_free" | "inactive"
+  uint32_t stack_id;  // who allocated it (live and pending blocks)
+  uint32_t tag_id;
+};
+
+// One live allocation (a block the caller has not freed), for leak tracking.
+struct LiveBlock {
+  std::uintptr_t addr;
+  size_t size;
+  size_t requested;
+  uint32_t stack_id;
+  uint32_t tag_id;
+  uint32_t step;  // step count when it was allocated
+};
+
+struct SegmentInfo {
+  std::uintptr_t addr;
+  size_t size;
+  Stream stream;
+  PoolKind pool;
+  PoolId owner;  // kDefaultPool or the private pool that owns it
+  bool expandable;  // a mapped run of an expandable segment (expandable.h)
+  std::vector<BlockInfo> blocks;
+};
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, Backend& backend, const Config& config);
+  ~DeviceAllocator();  // returns every segment to the backend
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // Returns a block of at least `size` bytes usable on `stream`; nullptr for
+  // size 0 (counted nowhere). Throws OutOfMemory when even a released cache
+  // cannot satisfy it.
+  void* malloc(size_t size, Stream stream, const CallContext& ctx = CallContext{});
+  // Frees a pointer returned by malloc. Throws InvalidPointer for a pointer
+  // that is not live here (double free, unknown, interior); counters are
+  // unchanged then. free(nullptr) does nothing.
+  void free(void* ptr, const CallContext& ctx = CallContext{});
+  // free() of a pointer that may belong to another device: false (and
+  // nothing changed) when no live block of this device starts at ptr.
+  bool free_if_owned(void* ptr, const CallContext& ctx = CallContext{});
+  // Marks a live block as used on `stream`; its memory is reused only after
+  // the work queued on `stream` when it is freed has completed.
+  void record_stream(void* ptr, Stream stream);
+  // True when `ptr` is the start of a live block of this device.
+  bool owns(void* ptr);
+
+  // Waits for pending cross-stream frees, then returns every fully free
+  // segment of the default pool and of freeable private pools to the
+  // backend. Returns the bytes released; 0 while capturing().
+  size_t empty_cache(const CallContext& ctx = CallContext{});
+  // The same for one private pool's fully free segments, when the pool is
+  // freeable (use count 0, as native); empty_cache() for kDefaultPool; 0
+  // for an unknown pool.
+  size_t empty_pool_cache(PoolId pool, const CallContext& ctx = CallContext{});
+
+  // ---- private pools (private_pools.cpp; torch's MempoolId_t calls) -------
+  // Creates the pool with use count 1, or adds 1 to its use count. With a
+  // `source`, the pool's new segments come from it instead of the backend
+  // (a pool that exists keeps the source it was created with; InvalidArgument
+  // when another one is given).
+  void create_or_incref_pool(PoolId pool, std::shared_ptr<SegmentSource> source = nullptr);
+  // create_or_incref_pool(pool), then routes allocations whose stream
+  // `filter` accepts to it until end_allocate_to_pool(pool). Throws
+  // InvalidArgument when a route to `pool` is already open.
+  void begin_allocate_to_pool(PoolId pool, PoolFilter filter);
+  // Closes the route to `pool` (InvalidArgument when none is open); blocks
+  // already taken from it still return to it when freed.
+  void end_allocate_to_pool(PoolId pool);
+  // Drops one use; at zero the pool is freeable (private_pool.h).
+  // InvalidArgument for an unknown pool.
+  void release_pool(PoolId pool);
+  // Use count of `pool` (0 for an unknown or freeable pool).
+  int pool_use_count(PoolId pool);
+  void set_pool_use_on_oom(PoolId pool, bool use_on_oom);
+  // The pool's blocks are never split from now on (MemPool(no_split=True)).
+  void set_pool_no_split(PoolId pool);
+  // True while any route is open: a capture (or use_mem_pool) is under way.
+  bool capturing();
+  // True iff the live blocks of `pool` are exactly the pointers in `expected`
+  // (torch's checkPoolLiveAllocations). False for an unknown pool.
+  bool pool_live_blocks_are(PoolId pool, const std::vector<void*>& expected);
+  // The layout of `pool` (InvalidArgument for an unknown pool).
+  PoolState checkpoint_pool(PoolId pool);
+  // Puts `pool` back as `state` recorded it: frees every block live in the
+  // pool now, then makes the blocks that were live then live again at the
+  // same addresses and sizes. Throws InvalidArgument when a segment of the
+  // state is no longer the pool's (nothing is changed then).
+  PoolRestore restore_pool(const PoolState& state);
+  // Size of the largest free cached block, private pools included (bytes;
+  // native's cacheInfo counts them too).
+  size_t largest_free_block();
+  // The segment holding the live block at ptr: {base, bytes} (in an
+  // expandable segment: its mapped run, and *expandable = true); false when
+  // no live block of this device starts at ptr.
+  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr);
+  // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
+  void set_memory_fraction(double fraction);
+  double memory_fraction();
+  // Empty-cache policy "threshold": before a new segment would take reserved
+  // bytes above threshold * limit (the memory-fraction limit when one is set,
+  // else the device capacity), every fully free cached segment is released.
+  // 0 disables (0 <= threshold < 1). Starts at config.garbage_collection_threshold.
+  void set_gc_threshold(double threshold);
+  double gc_threshold();
+
+  // torch.cuda.memory._set_allocator_settings at run time: the settings of
+  // `from` that torch lets a running allocator change (max_split_size,
+  // roundup_power2_divisions, garbage_collection_threshold,
+  // expandable_segments for new segments) replace this device's.
+  void apply_settings(const Config& from);
+  // This device's current settings (a copy, under the lock).
+  Config settings();
+
+  DeviceStats stats();
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  // Peaks of allocated/reserved bytes and OOMs since the previous call (the
+  // step tracker's window, independent of reset_peak_stats and
+  // reset_accumulated_stats); starts the next window at the current values.
+  StepWindow take_window();
+
+  // ---- breakdown by category (phases.cpp; breakdown.h) -------------------
+  // New blocks are stamped with `phase`; entering kBackward resolves the
+  // forward blocks (activations), entering kOptimizer the backward ones
+  // (gradients).
+  void enter_phase(Phase phase);
+  Phase phase();
+  // Every live unresolved block of `phase` gets the final category `cat`
+  // now (the Python layer: what is left of a first backward once the
+  // gradients are marked is not gradients).
+  void resolve(Phase phase, Category cat);
+  // The step ended: resolves every unresolved block (optimizer state,
+  // gradients, other), keeps the window's peak as last(), starts the next
+  // window at the current split, and enters kForward.
+  void end_step(uint32_t step);
+  // Gives the live block holding `ptr` (its start or an interior address)
+  // the final category `cat`. Returns its bytes (0: no live block holds
+  // ptr). An interior pointer costs a walk over the live blocks.
+  size_t mark(std::uintptr_t ptr, Category cat);
+  struct BreakdownState {
+    CategoryBytes now, peak, last;
+    bool has_last;
+    uint32_t last_step;
+    Phase phase;
+  };
+  BreakdownState breakdown();
+
+  MemInfo mem_get_info();
+  std::vector<SegmentInfo> segments();
+  // Throws memalloc::Error naming the first broken invariant.
+  void validate();
+
+  int device() const { return device_; }
+
+  // Event recording into the ring (recorder.h): capacity 0 turns it off.
+  // Enabling allocates the ring once; recording itself never allocates.
+  void set_recording(size_t capacity);
+  bool recording_enabled();
+  // Stored records oldest first, and how many were overwritten.
+  std::vector<TraceRecord> trace(uint64_t* dropped);
+  // Every live allocation, in no particular order (copied under the lock).
+  std::vector<LiveBlock> live_blocks();
+
+  // One more consumer of every Event, for a boundary (torch's own history
+  // format, its profiler): called under the device lock after the counters,
+  // with the allocated and reserved bytes after the event. It must not
+  // throw (an exception is swallowed) nor call into this allocator.
+  // nullptr removes it.
+  struct EventObserver {
+    void (*fn)(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) = nullptr;
+    void* user = nullptr;
+  };
+  void set_event_observer(EventObserver observer);
+
+ private:
+  struct Segment {
+    size_t bytes;        // a plain segment's size; an expandable one's address space
+    PrivatePool* owner;  // nullptr = default pool
+    VmSegment* vm;       // nullptr = a plain segment
+  };
+
+  // allocator.cpp
+  void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
+  void free_block_locked(Block* b);
+  using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
+  // The caller freed the live block at `it`.
+  void free_live_locked(LiveTable::iterator it, const CallContext& ctx);
+  void record_locked(const Event& e) {
+    accounting_.apply(e);
+    if (ring_.enabled()) trace_locked(e);
+    if (observer_.fn != nullptr) observe_locked(e);
+  }
+  void observe_locked(const Event& e) noexcept;  // recording.cpp
+  // A block becoming live (malloc, restore_pool) gets the next sequence
+  // number, the current phase and that phase's initial category.
+  void stamp_breakdown_locked(Block* b) {
+    b->seq = ++alloc_seq_;
+    b->phase = phase_;
+    b->category = initial_category(phase_);
+  }
+  // Sets the category of every live unresolved block of `phase` to `cat`.
+  void resolve_locked(Phase phase, Category cat);
+  void validate_breakdown_locked();  // validate.cpp
+  void trace_locked(const Event& e) noexcept;
+  FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
+  FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
+  Block* new_block();
+  void delete_block(Block* b);
+  // pool.cpp
+  // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
+  // *from_cache when it is a cached free block (use_on_oom pools).
+  Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
+                            bool* from_cache);
+  Block* grow_locked(size_t rounded, Stream stream, PrivatePool* owner);
+  void maybe_collect_locked(size_t bytes);
+  // Releases the fully free segments of `only` (a private pool), or of the
+  // default pool and every freeable private pool when `only` is nullptr.
+  size_t release_cached_locked(PrivatePool* only = nullptr);
+  bool release_segment_locked(Block* b);
+  // Every mapped block (live, pending, free) by address.
+  std::map<std::uintptr_t, Block*> blocks_by_addr_locked();
+  // Merges the free block `b` (in no free list) with its free neighbours,
+  // which leave their free list (b grows to cover them); `e` gets their
+  // inactive-split change.
+  void merge_free_neighbours_locked(Block* b, FreeList& list, Event& e);
+  // expandable.cpp (expandable.h)
+  bool use_vm_locked(const PrivatePool* owner) const { return config_.expandable_segments && owner == nullptr; }
+  // A free block of >= rounded bytes on `stream`, in the free list, made by
+  // mapping pages into an expandable segment; nullptr when the memory
+  // fraction or the device refuses. *no_vm: no segment could be reserved
+  // (the caller falls back to a plain segment).
+  Block* grow_vm_locked(size_t rounded, Stream stream, bool* no_vm);
+  size_t vm_page_locked();
+  VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool);
+  VmRoom find_room_locked(const VmSegment& seg, size_t rounded);
+  Block* map_room_locked(VmSegment& seg, const VmRoom& room);
+  // Unmaps free whole pages of the expandable segments on `stream`, at least
+  // `want` bytes when there are that many (SIZE_MAX: all), never from
+  // `keep_a`/`keep_b`; synchronises the stream first. Returns bytes unmapped.
+  size_t unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a, const Block* keep_b);
+  // Unmaps [lo, hi) (whole pages) of the free block f.
+  void unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi);
+  // Unmaps every free page of every expandable segment and ends the
+  // reservations left with nothing mapped. Returns bytes unmapped.
+  size_t release_vm_locked();
+  // Splits `b` at `offset` bytes; returns the upper part (same stream, pool,
+  // owner, segment, mapping; in no list).
+  Block* split_block_locked(Block* b, size_t offset);
+  // Merges the neighbour `n` (b's prev or next, in no list) into `b` and
+  // deletes it.
+  void absorb_locked(Block* b, Block* n);
+  // private_pools.cpp
+  PrivatePool* route_locked(Stream stream);
+  PrivatePool* find_pool_locked(PoolId id);
+  PrivatePool* create_or_incref_locked(PoolId id);
+  // The free lists of the default pool and of every private pool.
+  std::vector<FreeLists*> all_free_lists_locked();
+  PrivatePool& pool_or_throw_locked(PoolId id, const char* call);
+  Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
+  void delete_unused_pools_locked();
+  void restore_segment_locked(const SegmentState& seg, PrivatePool* pool, PoolRestore* out);
+  std::string oom_message_locked(size_t requested, size_t rounded);
+  // Why `addr` is not a live allocation, for the failed `call` ("free",
+  // "record_stream"): the message starts "<call> of 0x...".
+  std::string unknown_pointer_message_locked(const char* call, std::uintptr_t addr);
+  // stream_uses.cpp: the StreamEvents part's completions go to their free
+  // lists (to_free_list); never while capturing().
+  void process_events_locked();
+  void synchronize_events_locked();
+  auto to_free_list() {
+    return [this](Block* b) { free_block_locked(b); };
+  }
+
+  const int device_;
+  Backend& backend_;
+  Config config_;  // its run-time settings change only in apply_settings (under mu_)
+
+  std::mutex mu_;
+  // Declared before every container that uses it: destroyed last.
+  NodeCache mr_;
+  FreeLists default_lists_;
+  LiveTable live_;
+  std::pmr::map<std::uintptr_t, Segment> segments_;  // addr -> bytes, owner
+  std::vector<std::unique_ptr<VmSegment>> vm_segments_;  // expandable segments, oldest first
+  size_t vm_page_ = 0;          // the backend's page size, read once
+  bool vm_unavailable_ = false;  // the backend has no virtual memory: plain segments
+  // reuse_free_pages: the most bytes allocated at once that expandable growth
+  // has served (not reset by reset_peak_stats); free pages are given back
+  // before growing only above hwm + hwm / kReuseSlackDivisor reserved bytes.
+  size_t vm_allocated_hwm_ = 0;
+  static constexpr size_t kReuseSlackDivisor = 20;
+  StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
+  std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
+  std::vector<PoolRoute> routes_;  // open routes, oldest first
+  Accounting accounting_;  // the counters and the breakdown by category
+  Phase phase_ = Phase::kIdle;  // stamped on new blocks
+  uint64_t alloc_seq_ = 0;      // the last block's sequence number
+  TraceRing ring_;
+  EventObserver observer_;
+  CallContext ctx_;  // the public call in progress (valid under mu_)
+  double fraction_ = -1.0;  // < 0: no limit set
+  size_t allowed_max_ = static_cast<size_t>(-1);
+  double gc_threshold_ = 0.0;  // 0 = policy off
+  size_t capacity_ = 0;        // device total bytes, read once when first needed
+};
+
+// Inline below: the alloc and free paths' hot code (allocator.cpp), also
+// used by expandable.cpp.
+inline Block* DeviceAllocator::split_block_locked(Block* b, size_t offset) {
+  Block* upper = new_block();
+  upper->addr = b->addr + offset;
+  upper->size = b->size - offset;
+  upper->stream = b->stream;
+  upper->pool = b->pool;
+  upper->owner = b->owner;
+  upper->vm = b->vm;
+  upper->mapped = b->mapped;
+  upper->prev = b;
+  upper->next = b->next;
+  if (upper->next != nullptr) upper->next->prev = upper;
+  b->next = upper;
+  b->size = offset;
+  return upper;
+}
+
+inline void DeviceAllocator::absorb_locked(Block* b, Block* n) {
+  if (n == b->prev) {
+    b->addr = n->addr;
+    b->prev = n->prev;
+    if (b->prev != nullptr) b->prev->next = b;
+  } else {
+    b->next = n->next;
+    if (b->next != nullptr) b->next->prev = b;
+  }
+  b->size += n->size;
+  delete_block(n);
+}
+
+inline void DeviceAllocator::merge_free_neighbours_locked(Block* b, FreeList& list, Event& e) {
+  for (Block* n : {b->prev, b->next}) {
+    if (n == nullptr || !n->is_free()) continue;
+    list.erase(n);
+    e.inactive_split_bytes_delta -= split_bytes(n);
+    e.inactive_split_count_delta -= split_count(n);
+    absorb_locked(b, n);
+  }
+}
+
+}  // namespace memalloc

@@ -1,0 +1,378 @@
+// pool.cpp — the slow path of DeviceAllocator: growth from the backend,
+// release of cached segments, the OOM retry and message, empty_cache, the
+// memory fraction, and the read-only views (stats, segments, validate).
+// Invariants: device_allocator.h and block.h. A message about a pointer that
+// is not live names the call that failed ("free of 0x...", "record_stream of
+// 0x...") and what to do instead.
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "allocator/device_allocator.h"
+#include "common/errors.h"
+
+namespace memalloc {
+namespace {
+
+std::string format_bytes(size_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  else if (bytes < (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
+  else if (bytes < (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  return buf;
+}
+
+std::string hex(std::uintptr_t addr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(addr));
+  return buf;
+}
+
+}  // namespace
+
+DeviceAllocator::~DeviceAllocator() {
+  for (auto& seg : segments_)
+    if (seg.second.vm == nullptr) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
+  // Expandable segments: unmap each mapped run (the gaps between unmapped
+  // blocks), then end the reservation.
+  for (auto& vm : vm_segments_) {
+    try {
+      std::uintptr_t at = vm->base;
+      for (const Block* hole : vm->unmapped) {
+        if (hole->addr > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), hole->addr - at);
+        at = hole->addr + hole->size;
+      }
+      if (vm->base + vm->size > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), vm->base + vm->size - at);
+      backend_.vm_free(device_, reinterpret_cast<void*>(vm->base));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "memalloc: could not give back expandable segment 0x%llx on device %d: %s\n",
+                   static_cast<unsigned long long>(vm->base), device_, e.what());
+    }
+  }
+  // Block objects live in mr_, which releases them all when destroyed.
+}
+
+// Obtains a new segment big enough for `rounded` bytes for `owner` (nullptr:
+// the default pool); nullptr when the backend or the memory fraction refuses.
+Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* owner) {
+  const size_t bytes = segment_size_for(rounded);
+  if (gc_threshold_ > 0.0 && routes_.empty()) maybe_collect_locked(bytes);
+  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
+  if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
+  void* p = owner != nullptr && owner->source ? owner->source->allocate(bytes, stream)
+                                              : backend_.allocate(device_, bytes);
+  if (p == nullptr) return nullptr;
+  Block* b = new_block();
+  b->addr = reinterpret_cast<std::uintptr_t>(p);
+  b->size = bytes;
+  b->stream = stream;
+  b->pool = pool_kind_for(rounded);
+  b->owner = owner;
+  segments_.emplace(b->addr, Segment{bytes, owner, nullptr});
+  if (owner != nullptr) owner->segments += 1;
+  Event e = block_event(Action::kSegmentAlloc, *b);
+  e.stack_id = ctx_.stack_id;
+  e.tag_id = ctx_.tag_id;
+  record_locked(e);
+  return b;
+}
+
+// The "threshold" empty-cache policy (see set_gc_threshold).
+void DeviceAllocator::maybe_collect_locked(size_t bytes) {
+  if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
+  const size_t limit = fraction_ >= 0.0 ? allowed_max_ : capacity_;
+  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
+  if (static_cast<double>(reserved + bytes) <= gc_threshold_ * static_cast<double>(limit)) return;
+  Event e;
+  e.action = Action::kGcRelease;
+  e.size = release_cached_locked();
+  record_locked(e);
+}
+
+// Cache miss: grow; on refusal release the whole cache and retry once (not
+// during a capture); then try the free blocks of use_on_oom pools; then
+// raise OutOfMemory (after recording it).
+Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
+                                           bool* from_cache) {
+  *from_cache = false;
+  const bool fits = rounded <= kMaxRequest;
+  // A new segment, or pages mapped into an expandable one (then the block
+  // is a cached free block).
+  auto grow = [&]() -> Block* {
+    if (use_vm_locked(owner)) {
+      bool no_vm = false;
+      Block* v = grow_vm_locked(rounded, stream, &no_vm);
+      *from_cache = v != nullptr;
+      if (!no_vm) return v;
+    }
+    return grow_locked(rounded, stream, owner);
+  };
+  Block* b = fits ? grow() : nullptr;
+  if (b == nullptr && fits && routes_.empty()) {
+    Event retry;
+    retry.action = Action::kAllocRetry;
+    retry.pool = pool_kind_for(rounded);
+    retry.size = rounded;
+    record_locked(retry);
+    release_cached_locked();
+    b = grow();
+  }
+  if (b == nullptr && fits && owner == nullptr) {
+    b = take_from_oom_pools_locked(rounded, stream);
+    *from_cache = b != nullptr;
+  }
+  if (b != nullptr) return b;
+  Event oom;
+  oom.action = Action::kOom;
+  oom.pool = pool_kind_for(rounded);
+  oom.stream = stream;
+  oom.size = rounded;
+  oom.requested = requested;
+  oom.stack_id = ctx_.stack_id;
+  oom.tag_id = ctx_.tag_id;
+  oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
+  record_locked(oom);
+  throw OutOfMemory(oom_message_locked(requested, rounded));
+}
+
+// Returns a whole free segment to the backend. When the backend refuses, the
+// segment stays cached (still counted as reserved) and a later release
+// retries it: nothing is lost from the books.
+bool DeviceAllocator::release_segment_locked(Block* b) {
+  void* ptr = reinterpret_cast<void*>(b->addr);
+  const bool released = b->owner != nullptr && b->owner->source ? b->owner->source->release(ptr, b->size)
+                                                                 : backend_.release(device_, ptr, b->size);
+  if (!released) {
+    std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
+                 "it stays cached\n", backend_.name(), hex(b->addr).c_str(), b->size, device_);
+    record_locked(block_event(Action::kSegmentFreeFailed, *b));
+    return false;
+  }
+  free_list(b).erase(b);
+  segments_.erase(b->addr);
+  if (b->owner != nullptr) b->owner->segments -= 1;
+  Event e = block_event(Action::kSegmentFree, *b);
+  e.stack_id = ctx_.stack_id;
+  e.tag_id = ctx_.tag_id;
+  record_locked(e);
+  delete_block(b);
+  return true;
+}
+
+// Completes pending frees, then returns every fully free segment of `only`,
+// or of the default pool and the freeable private pools. Never while a
+// route is open (the callers check capturing()).
+size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
+  Event sync;
+  sync.action = Action::kSyncAllStreams;
+  record_locked(sync);
+  synchronize_events_locked();
+  std::vector<FreeLists*> sources;
+  if (only != nullptr) {
+    sources.push_back(&only->lists);
+  } else {
+    sources.push_back(&default_lists_);
+    for (auto& kv : pools_)
+      if (kv.second->use_count == 0) sources.push_back(&kv.second->lists);
+  }
+  std::vector<Block*> whole;
+  for (FreeLists* l : sources)
+    for (FreeList* list : {&l->small, &l->large})
+      for (Block* b : list->blocks())
+        if (!b->is_split() && b->vm == nullptr) whole.push_back(b);
+  size_t released = 0;
+  for (Block* b : whole) {
+    const size_t bytes = b->size;
+    if (release_segment_locked(b)) released += bytes;
+  }
+  if (only == nullptr) released += release_vm_locked();
+  delete_unused_pools_locked();
+  return released;
+}
+
+size_t DeviceAllocator::empty_cache(const CallContext& ctx) {
+  return empty_pool_cache(kDefaultPool, ctx);
+}
+
+size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ctx_ = ctx;
+  if (!routes_.empty()) return 0;  // a capture may be under way: no free, no sync
+  size_t released = 0;
+  if (id == kDefaultPool) {
+    released = release_cached_locked();
+  } else if (PrivatePool* pool = find_pool_locked(id); pool != nullptr && pool->use_count == 0) {
+    released = release_cached_locked(pool);
+  }
+  Event e;
+  e.action = Action::kEmptyCache;
+  e.size = released;
+  record_locked(e);
+  return released;
+}
+
+void DeviceAllocator::set_memory_fraction(double fraction) {
+  MEMALLOC_EXPECTS(fraction >= 0.0 && fraction <= 1.0,  // torch's range: 0 allows nothing
+                   "invalid memory fraction " + std::to_string(fraction) +
+                       ": set a value in [0, 1]");
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t total = backend_.mem_get_info(device_).total;
+  fraction_ = fraction;
+  allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(total));
+}
+
+void DeviceAllocator::apply_settings(const Config& from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.max_split_size = from.max_split_size;
+  config_.roundup_power2_divisions = from.roundup_power2_divisions;
+  config_.garbage_collection_threshold = from.garbage_collection_threshold;
+  config_.expandable_segments = from.expandable_segments;
+  config_.graph_capture_record_stream_reuse = from.graph_capture_record_stream_reuse;
+  gc_threshold_ = from.garbage_collection_threshold;
+  int64_t blocks = 0, segments = 0;
+  for (const auto& kv : live_) blocks += Accounting::oversize(kv.second->size, from.max_split_size) ? 1 : 0;
+  for (const auto& kv : segments_)  // plain segments: expandable ones count no oversize segment
+    segments += kv.second.vm == nullptr && Accounting::oversize(kv.second.bytes, from.max_split_size) ? 1 : 0;
+  accounting_.set_max_split_size(from.max_split_size, blocks, segments);
+}
+
+Config DeviceAllocator::settings() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return config_;
+}
+
+void DeviceAllocator::set_gc_threshold(double threshold) {
+  MEMALLOC_EXPECTS(threshold >= 0.0 && threshold < 1.0,
+                   "invalid garbage_collection_threshold " + std::to_string(threshold) +
+                       ": set a value in (0, 1), or 0 to turn the threshold policy off");
+  std::lock_guard<std::mutex> lock(mu_);
+  gc_threshold_ = threshold;
+}
+
+double DeviceAllocator::gc_threshold() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gc_threshold_;
+}
+
+double DeviceAllocator::memory_fraction() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fraction_;
+}
+
+std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded) {
+  const DeviceStats& s = accounting_.stats();
+  const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
+  const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
+  const MemInfo info = backend_.mem_get_info(device_);
+  const bool cuda = std::string(backend_.name()) == "cuda";
+  std::string dev = (cuda ? "GPU " : "Host-backend device ") + std::to_string(device_);
+  std::string msg = std::string(cuda ? "CUDA" : "Device") + " out of memory. Tried to allocate " +
+                    format_bytes(rounded > kMaxRequest ? requested : rounded) + ". " + dev +
+                    " has a total capacity of " + format_bytes(info.total) + " of which " +
+                    format_bytes(info.free) + " is free. ";
+  if (fraction_ >= 0.0) {
+    msg += "This process has a memory fraction limit of " + format_bytes(allowed_max_) + " (fraction " +
+           std::to_string(fraction_) + "). ";
+  }
+  msg += "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch, and " +
+         format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. ";
+  msg += config_.expandable_segments
+             ? "(memalloc, expandable segments: free pages were given back before this error)"
+             : "If reserved but unallocated memory is large try setting "
+               "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation. (memalloc)";
+  return msg;
+}
+
+std::string DeviceAllocator::unknown_pointer_message_locked(const char* call, std::uintptr_t addr) {
+  auto it = segments_.upper_bound(addr);
+  bool inside = it != segments_.begin() && addr < std::prev(it)->first + std::prev(it)->second.bytes;
+  const bool is_free = std::string(call) == "free";
+  const std::string head = std::string(call) + " of " + hex(addr) + " on device " + std::to_string(device_) + ": ";
+  if (inside) {
+    return head + "no live allocation starts there. It lies inside a memalloc segment, so it was already freed" +
+           (is_free ? " (double free)" : "") + " or is not a pointer that malloc returned; " +
+           (is_free ? std::string("free each pointer exactly once")
+                    : "call " + std::string(call) + " only on live allocations, before freeing them");
+  }
+  return head + "unknown pointer, not allocated by memalloc on this device; " +
+         (is_free ? std::string("free only") : "call " + std::string(call) + " only on") +
+         " pointers that memalloc's malloc returned, on the device they came from";
+}
+
+DeviceStats DeviceAllocator::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return accounting_.stats();
+}
+
+void DeviceAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accounting_.reset_peak();
+}
+
+StepWindow DeviceAllocator::take_window() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return accounting_.take_window();
+}
+
+void DeviceAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accounting_.reset_accumulated();
+}
+
+MemInfo DeviceAllocator::mem_get_info() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backend_.mem_get_info(device_);
+}
+
+bool DeviceAllocator::owns(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
+}
+
+std::vector<FreeLists*> DeviceAllocator::all_free_lists_locked() {
+  std::vector<FreeLists*> all{&default_lists_};
+  for (auto& kv : pools_) all.push_back(&kv.second->lists);
+  return all;
+}
+
+std::map<std::uintptr_t, Block*> DeviceAllocator::blocks_by_addr_locked() {
+  std::map<std::uintptr_t, Block*> blocks;
+  for (auto& kv : live_) blocks.emplace(kv.first, kv.second);
+  events_.for_each_waiting([&](Block* b) { blocks.emplace(b->addr, b); });
+  for (FreeLists* l : all_free_lists_locked())
+    for (FreeList* list : {&l->small, &l->large})
+      for (Block* b : list->blocks()) blocks.emplace(b->addr, b);
+  return blocks;
+}
+
+std::vector<SegmentInfo> DeviceAllocator::segments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::map<std::uintptr_t, Block*> blocks = blocks_by_addr_locked();
+  std::vector<SegmentInfo> out;
+  for (auto& seg : segments_) {
+    const PoolId owner = seg.second.owner != nullptr ? seg.second.owner->id : kDefaultPool;
+    const bool expandable = seg.second.vm != nullptr;
+    // A plain segment is one SegmentInfo; an expandable one gives one per
+    // maximal mapped run (blocks holds mapped blocks only).
+    SegmentInfo* info = nullptr;
+    std::uintptr_t end = 0;
+    for (auto it = blocks.lower_bound(seg.first); it != blocks.end() && it->first < seg.first + seg.second.bytes;
+         ++it) {
+      const Block* b = it->second;
+      if (info == nullptr || (expandable && b->addr != end)) {
+        out.push_back(SegmentInfo{b->addr, 0, b->stream, b->pool, owner, expandable, {}});
+        info = &out.back();
+      }
+      const char* state = b->allocated ? "active_allocated"
+                          : b->event_count > 0 ? "active_pending_free" : "inactive";
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->stack_id, b->tag_id});
+      info->size += b->size;
+      end = b->addr + b->size;
+    }
+  }
+  return out;
+}
+
+}  // namespace memalloc

@@ -1,0 +1,76 @@
+// phases.cpp — the breakdown by category of DeviceAllocator (breakdown.h):
+// the training phase stamped on new blocks, the landmarks that resolve
+// unresolved blocks, marking parameters, and the report. Every call takes
+// the device lock; the walks are O(live blocks) and run a few times per
+// training step, never on the malloc/free path. Invariants: breakdown.h.
+#include "allocator/device_allocator.h"
+
+namespace memalloc {
+
+void DeviceAllocator::resolve_locked(Phase phase, Category cat) {
+  if (accounting_.breakdown().now().unresolved[static_cast<int>(phase)] != 0) {
+    for (auto& kv : live_) {
+      Block* b = kv.second;
+      if (b->category == Category::kUnresolved && b->phase == phase) b->category = cat;
+    }
+  }
+  accounting_.breakdown().resolve(phase, cat);
+}
+
+void DeviceAllocator::enter_phase(Phase phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase == Phase::kBackward) resolve_locked(Phase::kForward, Category::kActivations);
+  if (phase == Phase::kOptimizer) resolve_locked(Phase::kBackward, Category::kGradients);
+  phase_ = phase;
+}
+
+void DeviceAllocator::resolve(Phase phase, Category cat) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resolve_locked(phase, cat);
+}
+
+Phase DeviceAllocator::phase() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phase_;
+}
+
+void DeviceAllocator::end_step(uint32_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resolve_locked(Phase::kOptimizer, Category::kOptimizerState);
+  resolve_locked(Phase::kBackward, Category::kGradients);
+  resolve_locked(Phase::kForward, Category::kOther);
+  accounting_.breakdown().end_window(alloc_seq_, step);
+  phase_ = Phase::kForward;
+}
+
+size_t DeviceAllocator::mark(std::uintptr_t ptr, Category cat) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Block* b = nullptr;
+  auto it = live_.find(ptr);
+  if (it != live_.end()) {
+    b = it->second;
+  } else {
+    // An interior pointer (a view into a larger allocation, e.g. a flat
+    // parameter buffer): the live block that spans it.
+    for (auto& kv : live_) {
+      if (kv.first < ptr && ptr < kv.first + kv.second->size) {
+        b = kv.second;
+        break;
+      }
+    }
+  }
+  if (b == nullptr) return 0;
+  if (b->category != cat) {
+    accounting_.breakdown().recategorize(static_cast<int64_t>(b->size), b->phase, b->category, cat, b->seq);
+    b->category = cat;
+  }
+  return b->size;
+}
+
+DeviceAllocator::BreakdownState DeviceAllocator::breakdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Breakdown& b = accounting_.breakdown();
+  return BreakdownState{b.now(), b.peak(), b.last(), b.has_last(), b.last_step(), phase_};
+}
+
+}  // namespace memalloc

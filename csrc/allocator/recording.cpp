@@ -1,0 +1,76 @@
+// recording.cpp — DeviceAllocator's side of the event ring (recorder.h):
+// turning Events into TraceRecords, enabling, reading back.
+// Invariants: trace_locked runs under the device lock, after accounting, for
+// every Event while recording is on; it allocates nothing and cannot throw.
+// observe_locked hands the same Event to the boundary's observer (if any),
+// swallowing whatever it throws.
+#include <chrono>
+
+#include "allocator/device_allocator.h"
+#include "common/errors.h"
+
+namespace memalloc {
+
+void DeviceAllocator::trace_locked(const Event& e) noexcept {
+  TraceRecord r{};
+  r.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now().time_since_epoch())
+                  .count();
+  r.addr = e.addr;
+  r.size = e.size;
+  r.requested = e.requested;
+  r.stream = e.stream;
+  r.stack_id = e.stack_id;
+  r.tag_id = e.tag_id;
+  r.thread = ctx_.thread;
+  r.step = ctx_.step;
+  r.action = static_cast<uint8_t>(e.action);
+  r.device = static_cast<uint8_t>(device_);
+  r.pool = static_cast<uint8_t>(e.pool);
+  ring_.push(r);
+}
+
+void DeviceAllocator::observe_locked(const Event& e) noexcept {
+  const DeviceStats& s = accounting_.stats();
+  try {
+    observer_.fn(observer_.user, device_, e, s.allocated_bytes[kStatAll].current, s.reserved_bytes[kStatAll].current);
+  } catch (...) {  // an observer never breaks the allocator
+  }
+}
+
+void DeviceAllocator::set_event_observer(EventObserver observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  observer_ = observer;
+}
+
+void DeviceAllocator::set_recording(size_t capacity) {
+  MEMALLOC_EXPECTS(capacity <= kMaxTraceRecords,
+                   "recording capacity " + std::to_string(capacity) + " records is too large: at most " +
+                       std::to_string(kMaxTraceRecords) + " (64 bytes each) per device");
+  std::lock_guard<std::mutex> lock(mu_);
+  ring_.reset(capacity);
+}
+
+bool DeviceAllocator::recording_enabled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ring_.enabled();
+}
+
+std::vector<TraceRecord> DeviceAllocator::trace(uint64_t* dropped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dropped) *dropped = ring_.dropped();
+  return ring_.in_order();
+}
+
+std::vector<LiveBlock> DeviceAllocator::live_blocks() {
+  std::vector<LiveBlock> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.reserve(live_.size());
+  for (const auto& kv : live_) {
+    const Block* b = kv.second;
+    out.push_back(LiveBlock{b->addr, b->size, b->requested, b->stack_id, b->tag_id, b->step});
+  }
+  return out;
+}
+
+}  // namespace memalloc

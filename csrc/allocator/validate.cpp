@@ -1,0 +1,198 @@
+// validate.cpp — checks every invariant of device_allocator.h and block.h
+// against the live state. For tests (called after every operation) and
+// debugging; O(blocks), takes the device lock.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "allocator/device_allocator.h"
+#include "common/errors.h"
+
+namespace memalloc {
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Error("memalloc invariant broken: " + what);
+}
+
+struct Totals {
+  int64_t allocated[kNumStatTypes] = {};
+  int64_t requested[kNumStatTypes] = {};
+  int64_t active[kNumStatTypes] = {};
+  int64_t active_count[kNumStatTypes] = {};
+  int64_t live_count[kNumStatTypes] = {};
+  int64_t reserved[kNumStatTypes] = {};
+  int64_t segments[kNumStatTypes] = {};
+  int64_t split_bytes[kNumStatTypes] = {};
+  int64_t split_count[kNumStatTypes] = {};
+
+  static void add(int64_t (&a)[kNumStatTypes], PoolKind k, int64_t v) {
+    a[kStatAll] += v;
+    a[k == PoolKind::kSmall ? kStatSmall : kStatLarge] += v;
+  }
+};
+
+void check_stat(const Stat (&s)[kNumStatTypes], const int64_t (&want)[kNumStatTypes], const char* name) {
+  for (int i = 0; i < kNumStatTypes; ++i) {
+    check(s[i].current == want[i], std::string(name) + "[" + std::to_string(i) + "].current == " +
+                                       std::to_string(s[i].current) + ", expected " + std::to_string(want[i]));
+    check(s[i].peak >= s[i].current, std::string(name) + " peak < current");
+  }
+}
+
+}  // namespace
+
+void DeviceAllocator::validate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::uintptr_t, const Block*> blocks;
+  for (auto& kv : live_) {
+    check(kv.first == kv.second->addr && kv.second->allocated, "live table entry is not a live block");
+    blocks.emplace(kv.first, kv.second);
+  }
+  events_.validate([&](bool ok, const char* what) { check(ok, what); });
+  events_.for_each_waiting([&](const Block* b) { blocks.emplace(b->addr, b); });
+  for (auto& kv : pools_) {
+    check(kv.first == kv.second->id && kv.first != kDefaultPool, "pool table key differs from its pool's id");
+    check(kv.second->use_count >= 0, "a private pool's use count is negative");
+  }
+  for (FreeLists* lists_of_pool : all_free_lists_locked()) {
+    for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
+      for (const Block* b : list->blocks()) {
+        check(b->is_free(), "free list holds a non-free block");
+        check(&free_list(b) == list, "free block in the wrong pool's list");
+        check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
+      }
+    }
+  }
+  std::map<const PrivatePool*, size_t> pool_segments, pool_live;
+  for (auto& kv : live_)
+    if (kv.second->owner != nullptr) pool_live[kv.second->owner] += 1;
+  // Unmapped blocks of expandable segments (expandable.h) join the map.
+  for (auto& vm : vm_segments_) {
+    for (const Block* b : vm->unmapped) {
+      check(!b->mapped && !b->allocated && b->event_count == 0 && b->vm == vm.get(),
+            "an expandable segment's unmapped set holds a mapped or used block");
+      check(b->addr % vm_page_ == 0 && b->size % vm_page_ == 0, "an unmapped block is not whole pages");
+      check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
+    }
+    check(segments_.count(vm->base) && segments_.at(vm->base).vm == vm.get(),
+          "an expandable segment is not in the segment table");
+  }
+  Totals t;
+  size_t covered = 0;
+  for (auto& seg : segments_) {
+    auto it = blocks.find(seg.first);
+    check(it != blocks.end(), "segment has no block at its start");
+    const Block* first = it->second;
+    const VmSegment* vm = seg.second.vm;
+    check(first->prev == nullptr, "first block of a segment has a prev");
+    check(first->owner == seg.second.owner, "a segment's first block has another owner than the segment");
+    check(vm == nullptr || seg.second.owner == nullptr, "a private pool has an expandable segment");
+    if (seg.second.owner != nullptr) {
+      check(pools_.count(seg.second.owner->id) && pools_.at(seg.second.owner->id).get() == seg.second.owner,
+            "a segment's owner is not in the pool table");
+      pool_segments[seg.second.owner] += 1;
+    }
+    if (vm == nullptr) {
+      Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second.bytes));
+      Totals::add(t.segments, first->pool, 1);
+    }
+    std::uintptr_t end = seg.first;
+    size_t mapped = 0;
+    for (const Block* b = first; b != nullptr; b = b->next) {
+      check(b->addr == end, "blocks of a segment are not contiguous");
+      check(blocks.count(b->addr) && blocks[b->addr] == b, "a segment's block is in no table");
+      check(b->stream == first->stream && b->pool == first->pool && b->owner == first->owner && b->vm == vm,
+            "blocks of a segment differ in stream/pool/owner/segment");
+      check(b->size % kMinBlockSize == 0 && b->size > 0, "block size is not a positive multiple of 512");
+      check(b->mapped || vm != nullptr, "a plain segment has an unmapped block");
+      if (b->next) check(b->next->prev == b, "next->prev link broken");
+      if (b->is_free() && b->next) check(!b->next->is_free(), "two adjacent free blocks are not coalesced");
+      if (!b->mapped && b->next) check(b->next->mapped, "two adjacent unmapped blocks are not coalesced");
+      if (b->mapped && vm != nullptr) {
+        mapped += b->size;
+        Totals::add(t.reserved, b->pool, static_cast<int64_t>(b->size));
+        if (b->prev == nullptr || !b->prev->mapped) Totals::add(t.segments, b->pool, 1);  // a run starts
+      }
+      if (b->allocated) {
+        Totals::add(t.allocated, b->pool, static_cast<int64_t>(b->size));
+        Totals::add(t.requested, b->pool, static_cast<int64_t>(b->requested));
+        Totals::add(t.live_count, b->pool, 1);
+      }
+      if (b->mapped && !b->is_free()) {
+        Totals::add(t.active, b->pool, static_cast<int64_t>(b->size));
+        Totals::add(t.active_count, b->pool, 1);
+      } else if (b->is_free() && b->is_split()) {
+        Totals::add(t.split_bytes, b->pool, static_cast<int64_t>(b->size));
+        Totals::add(t.split_count, b->pool, 1);
+      }
+      end += b->size;
+      ++covered;
+    }
+    check(end == seg.first + seg.second.bytes, "blocks do not tile their segment");
+    if (vm != nullptr) check(mapped == vm->mapped, "an expandable segment's mapped bytes differ from its blocks");
+  }
+  for (auto& kv : pools_) {
+    const PrivatePool* p = kv.second.get();
+    check(p->segments == pool_segments[p], "a private pool's segment count differs from its segments");
+    check(p->live_blocks == pool_live[p], "a private pool's live block count differs from its live blocks");
+  }
+  for (const PoolRoute& r : routes_)
+    check(pools_.count(r.id) && pools_.at(r.id).get() == r.pool, "an open route names no pool of the table");
+  check(covered == blocks.size(), "a block lies outside every segment");
+  const DeviceStats& s = accounting_.stats();
+  check_stat(s.allocated_bytes, t.allocated, "allocated_bytes");
+  check_stat(s.requested_bytes, t.requested, "requested_bytes");
+  check_stat(s.allocation, t.live_count, "allocation");
+  check_stat(s.active_bytes, t.active, "active_bytes");
+  check_stat(s.active, t.active_count, "active");
+  check_stat(s.reserved_bytes, t.reserved, "reserved_bytes");
+  check_stat(s.segment, t.segments, "segment");
+  check_stat(s.inactive_split_bytes, t.split_bytes, "inactive_split_bytes");
+  check_stat(s.inactive_split, t.split_count, "inactive_split");
+  const StepWindow& w = accounting_.window();
+  check(w.peak_allocated_bytes >= s.allocated_bytes[kStatAll].current, "step window: peak allocated < current");
+  check(w.peak_reserved_bytes >= s.reserved_bytes[kStatAll].current, "step window: peak reserved < current");
+  validate_breakdown_locked();
+}
+
+// The invariants of breakdown.h against the live blocks.
+void DeviceAllocator::validate_breakdown_locked() {
+  const Breakdown& bd = accounting_.breakdown();
+  CategoryBytes want;
+  for (auto& kv : live_) {
+    const Block* b = kv.second;
+    const auto bytes = static_cast<int64_t>(b->size);
+    if (b->category == Category::kUnresolved) {
+      check(b->phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
+      want.unresolved[static_cast<int>(b->phase)] += bytes;
+    } else {
+      check(static_cast<int>(b->category) < kNumCategories, "breakdown: a block has no valid category");
+      want.live[static_cast<int>(b->category)] += bytes;
+    }
+    check(b->seq >= 1 && b->seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
+    want.total += bytes;
+  }
+  const CategoryBytes& now = bd.now();
+  for (int c = 0; c < kNumCategories; ++c)
+    check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +
+                                           std::to_string(now.live[c]) + ", expected " + std::to_string(want.live[c]));
+  for (int p = 0; p < kNumPhases; ++p)
+    check(now.unresolved[p] == want.unresolved[p],
+          std::string("breakdown: unresolved ") + phase_name(p) + " bytes " + std::to_string(now.unresolved[p]) +
+              ", expected " + std::to_string(want.unresolved[p]));
+  check(now.total == accounting_.stats().allocated_bytes[kStatAll].current,
+        "breakdown: total differs from allocated_bytes");
+  const CategoryBytes& peak = bd.peak();
+  int64_t sum = 0;
+  for (int64_t v : peak.live) sum += v;
+  for (int p = 0; p < kNumPhases; ++p) {
+    sum += peak.unresolved[p];
+    check(bd.freed_since_peak()[p] >= 0 && bd.freed_since_peak()[p] <= peak.unresolved[p],
+          std::string("breakdown: freed-since-peak bytes of ") + phase_name(p) + " out of range");
+  }
+  check(sum == peak.total, "breakdown: the peak's categories do not add up to its total");
+  check(peak.total >= now.total, "breakdown: window peak < current total");
+}
+
+}  // namespace memalloc

@@ -1,0 +1,178 @@
+// backend.h — the bottom layer: the only code that obtains device memory.
+//
+// Two implementations: backend_cuda.cpp (CUDA driver API through dlopen) and
+// backend_host.cpp (a simulated device: host memory behind a capacity limit,
+// streams whose work completes only when synchronized).
+//
+// Invariants:
+//   * allocate() returns nullptr exactly when the device is out of memory;
+//     any other failure throws DriverError.
+//   * release() never throws; it returns false when the device refused.
+//   * Calls for one device are serialised by that device's allocator lock;
+//     a backend guards any state it shares across devices itself.
+//   * Events: record_event(e, s) marks the work queued on stream s so far;
+//     query_event(e) is true once that work has completed;
+//     synchronize_event(e) waits for it.
+//   * allocate() and vm_map() may run while a stream of the device is being
+//     captured into a CUDA graph (a pool growing): the CUDA backend then
+//     allocates in the relaxed capture mode, which a capture tolerates.
+//   * Inter-process handles (CUDA IPC) name whole segments; the host
+//     backend has none and throws DriverError.
+//   * Virtual memory (expandable segments, expandable.h):
+//     vm_reserve() takes address space only; vm_map() backs whole pages
+//     (vm_page_size() bytes) inside a reservation with device memory and
+//     returns false exactly when the device is out of memory; vm_unmap()
+//     gives them back; vm_free() ends a reservation whose pages are all
+//     unmapped. Mapped bytes count as device memory in use
+//     (mem_get_info), reserved address space does not. A backend without
+//     virtual memory (or a driver without its entry points) throws
+//     DriverError from all of them.
+//   * Graph capture topology (capture_reuse.h): capture_frontier() and
+//     graph_dependencies() only read the graph a stream is being captured
+//     into (no node is added, no event queried); they are legal during a
+//     capture. A backend without graphs reports no stream as capturing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/config.h"
+
+namespace memalloc {
+
+// A stream handle as torch passes it (cudaStream_t == CUstream); 0 is the
+// default stream.
+using Stream = std::uintptr_t;
+using EventHandle = void*;
+// A node of a CUDA graph under capture (CUgraphNode), opaque.
+using GraphNode = const void*;
+
+struct MemInfo {
+  size_t free = 0;   // bytes the device could still hand out
+  size_t total = 0;  // bytes of device memory in all
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int device_count() const = 0;
+
+  virtual void* allocate(int device, size_t size) = 0;
+  virtual bool release(int device, void* ptr, size_t size) noexcept = 0;
+  virtual MemInfo mem_get_info(int device) = 0;
+
+  virtual EventHandle create_event(int device) = 0;
+  virtual void destroy_event(int device, EventHandle event) noexcept = 0;
+  virtual void record_event(int device, EventHandle event, Stream stream) = 0;
+  virtual bool query_event(int device, EventHandle event) = 0;
+  virtual void synchronize_event(int device, EventHandle event) = 0;
+  // Waits until all work queued on `stream` so far has completed (before
+  // the pages of an expandable segment are unmapped).
+  virtual void synchronize_stream(int device, Stream stream) = 0;
+
+  // The bytes of an inter-process handle of the segment starting at `base`.
+  virtual std::string ipc_handle(int device, void* base);
+  // Maps another process's segment (from ipc_handle) into this one.
+  virtual void* ipc_open(int device, const std::string& handle);
+  // Unmaps what ipc_open returned.
+  virtual void ipc_close(int device, void* ptr) noexcept;
+
+  // ---- virtual memory (see the invariants above) ----------------------------
+  // Granularity of vm_map / vm_unmap, bytes.
+  virtual size_t vm_page_size(int device);
+  // `bytes` (a multiple of the page size) of address space; nullptr when the
+  // address space is exhausted.
+  virtual void* vm_reserve(int device, size_t bytes);
+  // Backs [addr, addr + bytes) (page-aligned, inside one reservation, not
+  // mapped) with device memory; false when the device is out of memory.
+  virtual bool vm_map(int device, void* addr, size_t bytes);
+  // Unmaps [addr, addr + bytes) (mapped pages of one reservation).
+  virtual void vm_unmap(int device, void* addr, size_t bytes);
+  // Ends the reservation at `base` (every page unmapped).
+  virtual void vm_free(int device, void* base);
+
+  // ---- graph capture topology (see the invariants above) ---------------------
+  // True when `stream` is being captured into a graph: *capture_id is the
+  // capture's id, and `frontier` is set to the nodes that the next work
+  // queued on the stream will depend on. False (frontier emptied) otherwise.
+  virtual bool capture_frontier(int device, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier);
+  // Appends to `out` the nodes `node` depends on.
+  virtual void graph_dependencies(int device, GraphNode node, std::vector<GraphNode>* out);
+};
+
+// The simulated device: `config.host_devices` devices of
+// `config.host_capacity` bytes each.
+class HostBackend : public Backend {
+ public:
+  explicit HostBackend(const Config& config);
+  ~HostBackend() override;
+  const char* name() const override { return "host"; }
+  int device_count() const override;
+
+  void* allocate(int device, size_t size) override;
+  bool release(int device, void* ptr, size_t size) noexcept override;
+  MemInfo mem_get_info(int device) override;
+
+  EventHandle create_event(int device) override;
+  void destroy_event(int device, EventHandle event) noexcept override;
+  void record_event(int device, EventHandle event, Stream stream) override;
+  bool query_event(int device, EventHandle event) override;
+  void synchronize_event(int device, EventHandle event) override;
+  // Completes all work queued on `stream` (the simulation's only clock).
+  void synchronize_stream(int device, Stream stream) override;
+
+  // Pages of 2 MiB, reservations in the device's one address range.
+  size_t vm_page_size(int device) override;
+  void* vm_reserve(int device, size_t bytes) override;
+  bool vm_map(int device, void* addr, size_t bytes) override;
+  void vm_unmap(int device, void* addr, size_t bytes) override;
+  void vm_free(int device, void* base) override;
+
+  // A simulated graph capture (tests): a capture holds nodes, each with the
+  // nodes it depends on. capture_begin starts one on `stream`; capture_work
+  // adds a node after the stream's frontier (a kernel); capture_wait makes
+  // `waiter` wait for `stream`'s work so far (wait_stream: the waiter joins
+  // the capture, its frontier gains the stream's); capture_end ends the
+  // capture of `stream` for every stream in it.
+  bool capture_frontier(int device, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier) override;
+  void graph_dependencies(int device, GraphNode node, std::vector<GraphNode>* out) override;
+  void capture_begin(int device, Stream stream);
+  void capture_work(int device, Stream stream);
+  void capture_wait(int device, Stream waiter, Stream stream);
+  void capture_end(int device, Stream stream);
+
+  // Number of live segments obtained from the simulated device.
+  size_t live_segments(int device);
+
+  // Fault injection (tests). After `skip` more successful calls, the next
+  // `count` allocate() calls on `device` fail: as out-of-memory (nullptr),
+  // or with DriverError when `driver_error`.
+  void inject_allocate_faults(int device, size_t skip, size_t count, bool driver_error);
+  // After `skip` more successful calls, the next `count` release() calls on
+  // `device` fail (return false; the memory stays with the caller).
+  void inject_release_faults(int device, size_t skip, size_t count);
+  // Random faults: each allocate()/release() fails (as OOM / refusal) with
+  // the given probability, from a generator seeded with `seed`.
+  void set_fault_rates(int device, double allocate_rate, double release_rate, uint64_t seed);
+  // Faults injected so far on `device`: {allocate, release}.
+  std::pair<size_t, size_t> faults_injected(int device);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// The CUDA driver API, loaded with dlopen("libcuda.so.1"). Throws DriverError
+// when no driver or no device is usable.
+std::unique_ptr<Backend> make_cuda_backend();
+
+// True when a CUDA driver with at least one device is usable; otherwise
+// false and *why says what is missing.
+bool cuda_available(std::string* why);
+
+}  // namespace memalloc

@@ -1,0 +1,495 @@
+// backend_cuda.cpp — device memory from the CUDA driver API, loaded at run
+// time with dlopen("libcuda.so.1").
+//
+// Why the driver API through dlopen: the same build then works on machines
+// without a CUDA toolkit (CI) and with any CUDA 12/13 torch was built for;
+// where there is no driver the backend reports "unavailable".
+//
+// Invariants:
+//   * Every driver call runs with the device's primary context current (the
+//     one torch's runtime uses); ScopedContext pushes it only when another
+//     context is current and pops it afterwards, so the caller's thread state
+//     is unchanged.
+//   * allocate() maps CUDA_ERROR_OUT_OF_MEMORY to nullptr; other errors throw
+//     DriverError with the driver's own error string.
+//   * The library handle and the function table are immutable once loaded.
+//   * cuMemAlloc runs in the relaxed stream-capture mode (the thread's mode
+//     is exchanged and restored around it): a private pool may grow while
+//     a CUDA graph is being captured, as native's cudaMallocMaybeCapturing.
+//   * IPC entry points are optional: a driver without them loads, and
+//     ipc_handle/ipc_open then throw DriverError.
+//   * Virtual memory entry points (cuMemAddressReserve, cuMemCreate,
+//     cuMemMap, ...) are optional the same way. A mapped page is one
+//     cuMemCreate handle of vm_page_size() bytes (the device's recommended
+//     granularity), mapped read-write for its device; vm_unmap unmaps and
+//     releases the handles; the reservations (vm_reservations.h: their
+//     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
+//     (CUmemAllocationProp, CUmemAccessDesc) are declared in
+//     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
+//     compiles a check of each against cuda.h; tests/gpu/test_cuda_vm.py
+//     runs them on a GPU. vm_map, like allocate, runs in the relaxed
+//     stream-capture mode.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda_driver_abi.h"
+#include "common/errors.h"
+#include "backend/vm_reservations.h"
+
+namespace memalloc {
+namespace {
+
+using namespace cuda_abi;  // the driver's types and constants (cuda_driver_abi.h)
+
+struct DriverApi {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemGetInfo)(size_t*, size_t*);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventQuery)(CUevent);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*);
+  // Optional (nullptr when the driver lacks them).
+  CUresult (*cuIpcGetMemHandle)(CUipcMemHandle*, CUdeviceptr);
+  CUresult (*cuIpcOpenMemHandle)(CUdeviceptr*, CUipcMemHandle, unsigned);
+  CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*, int);
+  CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+  CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  // Graph topology (capture_reuse.h): the edge-data entry points of CUDA
+  // 12.3+ where the driver has them (edge data not asked for), else the
+  // older ones; nullptr when neither exists.
+  CUresult (*cuStreamGetCaptureInfo_v3)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
+                                        const void**, size_t*);
+  CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
+                                        size_t*);
+  CUresult (*cuGraphNodeGetDependencies_v2)(CUgraphNode, CUgraphNode*, void*, size_t*);
+  CUresult (*cuGraphNodeGetDependencies)(CUgraphNode, CUgraphNode*, size_t*);
+};
+
+template <typename F>
+bool load(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  return fn != nullptr;
+}
+
+// Loads the driver once per process; returns nullptr and sets *why on failure.
+const DriverApi* driver(std::string* why) {
+  static std::once_flag once;
+  static DriverApi api;
+  static std::string error;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      error = "no CUDA driver: dlopen(libcuda.so.1) failed";
+      return;
+    }
+    bool ok = load(lib, "cuInit", api.cuInit) &&
+              load(lib, "cuDeviceGetCount", api.cuDeviceGetCount) &&
+              load(lib, "cuDeviceGet", api.cuDeviceGet) &&
+              load(lib, "cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain) &&
+              load(lib, "cuCtxGetCurrent", api.cuCtxGetCurrent) &&
+              load(lib, "cuCtxPushCurrent_v2", api.cuCtxPushCurrent) &&
+              load(lib, "cuCtxPopCurrent_v2", api.cuCtxPopCurrent) &&
+              load(lib, "cuMemAlloc_v2", api.cuMemAlloc) &&
+              load(lib, "cuMemFree_v2", api.cuMemFree) &&
+              load(lib, "cuMemGetInfo_v2", api.cuMemGetInfo) &&
+              load(lib, "cuEventCreate", api.cuEventCreate) &&
+              load(lib, "cuEventDestroy_v2", api.cuEventDestroy) &&
+              load(lib, "cuEventRecord", api.cuEventRecord) &&
+              load(lib, "cuEventQuery", api.cuEventQuery) &&
+              load(lib, "cuEventSynchronize", api.cuEventSynchronize) &&
+              load(lib, "cuStreamSynchronize", api.cuStreamSynchronize) &&
+              load(lib, "cuGetErrorString", api.cuGetErrorString) &&
+              load(lib, "cuThreadExchangeStreamCaptureMode", api.cuThreadExchangeStreamCaptureMode);
+    if (ok && !(load(lib, "cuIpcGetMemHandle", api.cuIpcGetMemHandle) &&
+                (load(lib, "cuIpcOpenMemHandle_v2", api.cuIpcOpenMemHandle) ||
+                 load(lib, "cuIpcOpenMemHandle", api.cuIpcOpenMemHandle)) &&
+                load(lib, "cuIpcCloseMemHandle", api.cuIpcCloseMemHandle))) {
+      api.cuIpcGetMemHandle = nullptr;  // IPC unavailable; the rest works
+    }
+    if (ok && !(load(lib, "cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity) &&
+                load(lib, "cuMemAddressReserve", api.cuMemAddressReserve) &&
+                load(lib, "cuMemAddressFree", api.cuMemAddressFree) &&
+                load(lib, "cuMemCreate", api.cuMemCreate) && load(lib, "cuMemRelease", api.cuMemRelease) &&
+                load(lib, "cuMemMap", api.cuMemMap) && load(lib, "cuMemUnmap", api.cuMemUnmap) &&
+                load(lib, "cuMemSetAccess", api.cuMemSetAccess))) {
+      api.cuMemCreate = nullptr;  // virtual memory unavailable; the rest works
+    }
+    if (!load(lib, "cuStreamGetCaptureInfo_v3", api.cuStreamGetCaptureInfo_v3))
+      load(lib, "cuStreamGetCaptureInfo_v2", api.cuStreamGetCaptureInfo_v2);
+    if (!load(lib, "cuGraphNodeGetDependencies_v2", api.cuGraphNodeGetDependencies_v2))
+      load(lib, "cuGraphNodeGetDependencies", api.cuGraphNodeGetDependencies);
+    if (!ok) {
+      error = "the CUDA driver lacks a required entry point (driver too old?)";
+      return;
+    }
+    CUresult r = api.cuInit(0);
+    if (r != kSuccess) error = "cuInit failed with CUDA error " + std::to_string(r);
+  });
+  if (!error.empty()) {
+    if (why) *why = error;
+    return nullptr;
+  }
+  return &api;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const DriverApi* api) : api_(api) {
+    int n = 0;
+    check(api_->cuDeviceGetCount(&n), "cuDeviceGetCount");
+    contexts_.assign(n, nullptr);
+  }
+  const char* name() const override { return "cuda"; }
+  int device_count() const override { return static_cast<int>(contexts_.size()); }
+
+  void* allocate(int device, size_t size) override {
+    ScopedContext ctx(this, device);
+    CUdeviceptr p = 0;
+    CUresult r;
+    {
+      CaptureModeRelaxed relaxed(this);
+      r = api_->cuMemAlloc(&p, size);
+    }
+    if (r == kErrorOutOfMemory) return nullptr;
+    check(r, "cuMemAlloc");
+    return reinterpret_cast<void*>(p);
+  }
+
+  bool release(int device, void* ptr, size_t) noexcept override {
+    try {
+      ScopedContext ctx(this, device);
+      return api_->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr)) == kSuccess;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  MemInfo mem_get_info(int device) override {
+    ScopedContext ctx(this, device);
+    MemInfo info;
+    check(api_->cuMemGetInfo(&info.free, &info.total), "cuMemGetInfo");
+    return info;
+  }
+
+  EventHandle create_event(int device) override {
+    ScopedContext ctx(this, device);
+    CUevent e = nullptr;
+    check(api_->cuEventCreate(&e, kEventDisableTiming), "cuEventCreate");
+    return e;
+  }
+  void destroy_event(int, EventHandle event) noexcept override {
+    api_->cuEventDestroy(static_cast<CUevent>(event));
+  }
+  void record_event(int device, EventHandle event, Stream stream) override {
+    ScopedContext ctx(this, device);
+    check(api_->cuEventRecord(static_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)),
+          "cuEventRecord");
+  }
+  bool query_event(int, EventHandle event) override {
+    CUresult r = api_->cuEventQuery(static_cast<CUevent>(event));
+    if (r == kErrorNotReady) return false;
+    check(r, "cuEventQuery");
+    return true;
+  }
+  void synchronize_event(int, EventHandle event) override {
+    check(api_->cuEventSynchronize(static_cast<CUevent>(event)), "cuEventSynchronize");
+  }
+  void synchronize_stream(int device, Stream stream) override {
+    ScopedContext ctx(this, device);
+    check(api_->cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
+  }
+
+  std::string ipc_handle(int device, void* base) override {
+    require_ipc();
+    ScopedContext ctx(this, device);
+    CUipcMemHandle h{};
+    check(api_->cuIpcGetMemHandle(&h, reinterpret_cast<CUdeviceptr>(base)), "cuIpcGetMemHandle");
+    return std::string(h.reserved, kIpcHandleBytes);
+  }
+
+  void* ipc_open(int device, const std::string& handle) override {
+    require_ipc();
+    MEMALLOC_EXPECTS(handle.size() == kIpcHandleBytes,
+                     "a CUDA IPC handle has " + std::to_string(kIpcHandleBytes) + " bytes, not " +
+                         std::to_string(handle.size()));
+    ScopedContext ctx(this, device);
+    CUipcMemHandle h{};
+    std::copy(handle.begin(), handle.end(), h.reserved);
+    CUdeviceptr p = 0;
+    check(api_->cuIpcOpenMemHandle(&p, h, kIpcLazyEnablePeerAccess), "cuIpcOpenMemHandle");
+    return reinterpret_cast<void*>(p);
+  }
+
+  // ---- graph capture topology -----------------------------------------------
+  bool capture_frontier(int, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier) override {
+    frontier->clear();
+    int status = 0;
+    unsigned long long id = 0;
+    CUgraph graph = nullptr;
+    const CUgraphNode* nodes = nullptr;
+    size_t n = 0;
+    const auto s = reinterpret_cast<CUstream>(stream);
+    if (api_->cuStreamGetCaptureInfo_v3 != nullptr) {
+      check(api_->cuStreamGetCaptureInfo_v3(s, &status, &id, &graph, &nodes, nullptr, &n), "cuStreamGetCaptureInfo");
+    } else if (api_->cuStreamGetCaptureInfo_v2 != nullptr) {
+      check(api_->cuStreamGetCaptureInfo_v2(s, &status, &id, &graph, &nodes, &n), "cuStreamGetCaptureInfo");
+    } else {
+      return false;  // a driver without the query: blocks wait for the capture's end
+    }
+    if (status != kCaptureStatusActive) return false;
+    *capture_id = id;
+    frontier->assign(nodes, nodes + n);
+    return true;
+  }
+
+  void graph_dependencies(int, GraphNode node, std::vector<GraphNode>* out) override {
+    auto n = static_cast<CUgraphNode>(const_cast<void*>(node));
+    auto get = [&](CUgraphNode* deps, size_t* count) {
+      if (api_->cuGraphNodeGetDependencies_v2 != nullptr)
+        return api_->cuGraphNodeGetDependencies_v2(n, deps, nullptr, count);
+      return api_->cuGraphNodeGetDependencies(n, deps, count);
+    };
+    if (api_->cuGraphNodeGetDependencies_v2 == nullptr && api_->cuGraphNodeGetDependencies == nullptr) return;
+    size_t count = 0;
+    check(get(nullptr, &count), "cuGraphNodeGetDependencies");
+    if (count == 0) return;
+    const size_t at = out->size();
+    out->resize(at + count);
+    check(get(static_cast<CUgraphNode*>(static_cast<void*>(out->data() + at)), &count),
+          "cuGraphNodeGetDependencies");
+    out->resize(at + count);
+  }
+
+  // ---- virtual memory -------------------------------------------------------
+  size_t vm_page_size(int device) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    if (vm_pages_.size() <= static_cast<size_t>(device)) vm_pages_.resize(device + 1, 0);
+    if (vm_pages_[device] == 0) {
+      const CUmemAllocationProp prop = page_prop(device);
+      check(api_->cuMemGetAllocationGranularity(&vm_pages_[device], &prop, kMemAllocGranularityRecommended),
+            "cuMemGetAllocationGranularity");
+    }
+    return vm_pages_[device];
+  }
+
+  void* vm_reserve(int device, size_t bytes) override {
+    const size_t page = vm_page_size(device);
+    MEMALLOC_EXPECTS(bytes > 0 && bytes % page == 0,
+                     "vm_reserve: the size must be a positive multiple of the page size (" + std::to_string(page) +
+                         " bytes)");
+    ScopedContext ctx(this, device);
+    CUdeviceptr p = 0;
+    CUresult r = api_->cuMemAddressReserve(&p, bytes, page, 0, 0);
+    if (r == kErrorOutOfMemory) return nullptr;
+    check(r, "cuMemAddressReserve");
+    std::lock_guard<std::mutex> g(vm_mu_);
+    vm_.add(device, p, bytes, page);
+    return reinterpret_cast<void*>(p);
+  }
+
+  bool vm_map(int device, void* addr, size_t bytes) override {
+    const size_t page = vm_page_size(device);
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    const auto pages = vm_.run(device, addr, bytes, page);
+    pages.expect(false, "vm_map: a page of the range is already mapped");
+    const CUmemAllocationProp prop = page_prop(device);
+    const auto base = reinterpret_cast<CUdeviceptr>(addr);
+    CaptureModeRelaxed relaxed(this);  // a pool may grow during a capture
+    size_t done = 0;  // pages created and mapped so far; undone on failure
+    auto undo = [&] {
+      for (size_t k = 0; k < done; ++k) {
+        api_->cuMemUnmap(base + k * page, page);
+        api_->cuMemRelease(pages[k]);
+        pages[k] = 0;
+      }
+    };
+    for (; done < pages.n; ++done) {
+      CUmemGenericAllocationHandle h = 0;
+      CUresult res = api_->cuMemCreate(&h, page, &prop, 0);
+      if (res == kErrorOutOfMemory) {
+        undo();
+        return false;
+      }
+      if (res == kSuccess) {
+        res = api_->cuMemMap(base + done * page, page, 0, h, 0);
+        if (res != kSuccess) api_->cuMemRelease(h);
+      }
+      if (res != kSuccess) {
+        undo();
+        check(res, "cuMemCreate/cuMemMap");
+      }
+      pages[done] = h;
+    }
+    CUmemAccessDesc access{{kMemLocationTypeDevice, device}, kMemAccessProtReadWrite};
+    CUresult res = api_->cuMemSetAccess(base, bytes, &access, 1);
+    if (res != kSuccess) {
+      undo();
+      check(res, "cuMemSetAccess");
+    }
+    return true;
+  }
+
+  void vm_unmap(int device, void* addr, size_t bytes) override {
+    const size_t page = vm_page_size(device);
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    const auto pages = vm_.run(device, addr, bytes, page);
+    pages.expect(true, "vm_unmap: a page of the range is not mapped");
+    check(api_->cuMemUnmap(reinterpret_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap");
+    for (size_t k = 0; k < pages.n; ++k) {
+      api_->cuMemRelease(pages[k]);
+      pages[k] = 0;
+    }
+  }
+
+  void vm_free(int device, void* base) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    const size_t bytes = vm_.removable(device, base);
+    check(api_->cuMemAddressFree(reinterpret_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree");
+    vm_.erase(device, base);
+  }
+
+  void ipc_close(int device, void* ptr) noexcept override {
+    if (api_->cuIpcCloseMemHandle == nullptr) return;
+    try {
+      ScopedContext ctx(this, device);
+      api_->cuIpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(ptr));
+    } catch (...) {
+    }
+  }
+
+ private:
+  // Makes the device's primary context current for one scope.
+  class ScopedContext {
+   public:
+    ScopedContext(CudaBackend* b, int device) : api_(b->api_) {
+      CUcontext want = b->primary_context(device);
+      CUcontext cur = nullptr;
+      b->check(api_->cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
+      if (cur != want) {
+        b->check(api_->cuCtxPushCurrent(want), "cuCtxPushCurrent");
+        pushed_ = true;
+      }
+    }
+    ~ScopedContext() {
+      CUcontext ignored = nullptr;
+      if (pushed_) api_->cuCtxPopCurrent(&ignored);
+    }
+    ScopedContext(const ScopedContext&) = delete;
+    ScopedContext& operator=(const ScopedContext&) = delete;
+
+   private:
+    const DriverApi* api_;
+    bool pushed_ = false;
+  };
+
+  // The calling thread's stream-capture mode is relaxed for one scope.
+  class CaptureModeRelaxed {
+   public:
+    explicit CaptureModeRelaxed(CudaBackend* b) : api_(b->api_) {
+      b->check(api_->cuThreadExchangeStreamCaptureMode(&mode_), "cuThreadExchangeStreamCaptureMode");
+    }
+    ~CaptureModeRelaxed() { api_->cuThreadExchangeStreamCaptureMode(&mode_); }  // the caller's mode again
+    CaptureModeRelaxed(const CaptureModeRelaxed&) = delete;
+    CaptureModeRelaxed& operator=(const CaptureModeRelaxed&) = delete;
+
+   private:
+    const DriverApi* api_;
+    int mode_ = kCaptureModeRelaxed;
+  };
+
+  CUcontext primary_context(int device) {
+    MEMALLOC_EXPECTS(device >= 0 && device < device_count(),
+                     "CUDA device " + std::to_string(device) + " does not exist (" +
+                         std::to_string(device_count()) + " visible)");
+    std::lock_guard<std::mutex> g(ctx_mu_);
+    if (contexts_[device] == nullptr) {
+      CUdevice dev = 0;
+      check(api_->cuDeviceGet(&dev, device), "cuDeviceGet");
+      check(api_->cuDevicePrimaryCtxRetain(&contexts_[device], dev), "cuDevicePrimaryCtxRetain");
+    }
+    return contexts_[device];
+  }
+
+  static CUmemAllocationProp page_prop(int device) {
+    CUmemAllocationProp prop{};
+    prop.type = kMemAllocationTypePinned;
+    prop.location = CUmemLocation{kMemLocationTypeDevice, device};
+    return prop;
+  }
+
+  void require_vm() const {
+    if (api_->cuMemCreate == nullptr)
+      throw DriverError("this CUDA driver has no virtual memory entry points (cuMemCreate...): expandable "
+                        "segments need a newer driver");
+  }
+
+  void require_ipc() const {
+    if (api_->cuIpcGetMemHandle == nullptr)
+      throw DriverError("this CUDA driver has no IPC entry points (cuIpcGetMemHandle...): CUDA tensors cannot be "
+                        "shared between processes here");
+  }
+
+  void check(CUresult r, const char* what) const {
+    if (r == kSuccess) return;
+    const char* msg = nullptr;
+    api_->cuGetErrorString(r, &msg);
+    throw DriverError(std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" +
+                      (msg ? msg : "unknown") + ")");
+  }
+
+  const DriverApi* api_;
+  std::mutex ctx_mu_;  // guards contexts_ (filled lazily, one entry per device)
+  std::vector<CUcontext> contexts_;
+  std::mutex vm_mu_;  // guards vm_ and vm_pages_
+  VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
+  std::vector<size_t> vm_pages_;  // page size per device, 0 = not read yet
+};
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  const DriverApi* api = driver(why);
+  if (api == nullptr) return false;
+  int n = 0;
+  if (api->cuDeviceGetCount(&n) != kSuccess || n == 0) {
+    if (why) *why = "the CUDA driver reports no device";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  std::string why;
+  if (!cuda_available(&why)) throw DriverError("CUDA backend unavailable: " + why);
+  return std::unique_ptr<Backend>(new CudaBackend(driver(nullptr)));
+}
+
+}  // namespace memalloc

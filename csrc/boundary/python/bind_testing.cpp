@@ -1,0 +1,126 @@
+// bind_testing.cpp — test hooks, in memalloc._C._testing (not API): free
+// functions, the allocator first, that only tests need to reach states a user
+// cannot: an allocation from a thread that never ran Python, as autograd's
+// engine workers (malloc_on_native_thread); and, on the host backend (the
+// simulated device), injected allocate/release faults (inject_allocate_faults,
+// inject_release_faults, set_fault_rates, faults_injected) and the count of
+// segments the device holds (live_segments), and a simulated graph capture
+// (capture_begin/work/wait/end, capture_reuse.h); and the backend's virtual
+// memory (vm_*: reserve, map, unmap, free), the bottom layer of expandable
+// segments before the pool uses it. Invariants as bindings.cpp.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "boundary/python/bind.h"
+#include "common/errors.h"
+#include "boundary/python/pyargs.h"
+#include "allocator/registry.h"
+#include "backend/backend.h"
+#include "boundary/python/pystacks.h"
+
+#include <exception>
+#include <thread>
+
+namespace py = pybind11;
+
+namespace memalloc {
+
+void bind_testing(py::module_& m) {
+  py::module_ t = m.def_submodule("_testing", "test hooks (not API)");
+  using namespace pyargs;
+  t.def("malloc_on_native_thread",
+        [](AllocatorArg a, SizeArg size, Device device) {
+          // Test hook: allocate from a thread that never ran Python, as
+          // autograd's engine workers do; returns the pointer.
+          void* p = nullptr;
+          std::exception_ptr error;
+          py::gil_scoped_release nogil;
+          std::thread t([&] {
+            try {
+              p = a->device(device).malloc(size, 0, current_context());
+            } catch (...) {
+              error = std::current_exception();
+            }
+          });
+          t.join();
+          if (error) std::rethrow_exception(error);
+          return reinterpret_cast<std::uintptr_t>(p);
+        },
+        py::arg("allocator"), py::arg("size"), py::arg("device") = 0);
+
+  // ---- the backend's virtual memory (the bottom layer of expandable
+  // segments; backend.h): addresses are ints ----------------------------------
+  auto at = [](PtrArg addr) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)); };
+  t.def("vm_page_size", [](AllocatorArg a, Device device) { return a->backend().vm_page_size(device); },
+        py::arg("allocator"), py::arg("device") = 0, "Granularity of vm_map / vm_unmap, bytes.");
+  t.def("vm_reserve",
+        [](AllocatorArg a, NBytesArg bytes, Device device) {
+          return reinterpret_cast<std::uintptr_t>(a->backend().vm_reserve(device, bytes));
+        },
+        py::arg("allocator"), py::arg("nbytes"), py::arg("device") = 0,
+        "Reserves nbytes of address space (no memory); its address, 0 when exhausted.");
+  t.def("vm_map",
+        [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
+          return a->backend().vm_map(device, at(addr), bytes);
+        },
+        py::arg("allocator"), py::arg("addr"), py::arg("nbytes"), py::arg("device") = 0,
+        "Backs pages of a reservation with device memory; False when the device is full.");
+  t.def("vm_unmap",
+        [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
+          a->backend().vm_unmap(device, at(addr), bytes);
+        },
+        py::arg("allocator"), py::arg("addr"), py::arg("nbytes"), py::arg("device") = 0);
+  t.def("vm_free", [at](AllocatorArg a, PtrArg base, Device device) { a->backend().vm_free(device, at(base)); },
+        py::arg("allocator"), py::arg("base"), py::arg("device") = 0,
+        "Ends a reservation whose pages are all unmapped.");
+
+  // ---- the host backend's fault injection ----------------------------------
+  using NoGil = py::call_guard<py::gil_scoped_release>;
+  t.def("inject_allocate_faults",
+        [](AllocatorArg a, SkipArg skip, CountArg count, DriverErrorArg driver_error, Device device) {
+          host_backend(a).inject_allocate_faults(device, skip, count, driver_error);
+        },
+        py::arg("allocator"), py::arg("skip"), py::arg("count"), py::arg("driver_error") = false,
+        py::arg("device") = 0, NoGil(),
+        "After `skip` more successful device allocations, fail the next `count` (as OOM, or DriverError).");
+  t.def("inject_release_faults",
+        [](AllocatorArg a, SkipArg skip, CountArg count, Device device) {
+          host_backend(a).inject_release_faults(device, skip, count);
+        },
+        py::arg("allocator"), py::arg("skip"), py::arg("count"), py::arg("device") = 0, NoGil());
+  t.def("set_fault_rates",
+        [](AllocatorArg a, AllocateRateArg alloc_rate, ReleaseRateArg release_rate, SeedArg seed, Device device) {
+          host_backend(a).set_fault_rates(device, alloc_rate, release_rate, seed);
+        },
+        py::arg("allocator"), py::arg("allocate_rate"), py::arg("release_rate"), py::arg("seed") = 0,
+        py::arg("device") = 0, NoGil());
+  t.def("faults_injected",
+        [](AllocatorArg a, Device device) { return host_backend(a).faults_injected(device); },
+        py::arg("allocator"), py::arg("device") = 0, NoGil());
+  // ---- the host backend's simulated graph capture (backend.h) ----------------
+  t.def("capture_begin", [](AllocatorArg a, StreamArg stream, Device device) {
+          host_backend(a).capture_begin(device, stream);
+        },
+        py::arg("allocator"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "Starts capturing `stream` into a new simulated graph.");
+  t.def("capture_work", [](AllocatorArg a, StreamArg stream, Device device) {
+          host_backend(a).capture_work(device, stream);
+        },
+        py::arg("allocator"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "Adds a node (a kernel) after the captured stream's work so far.");
+  t.def("capture_wait", [](AllocatorArg a, StreamArg waiter, StreamArg stream, Device device) {
+          host_backend(a).capture_wait(device, waiter, stream);
+        },
+        py::arg("allocator"), py::arg("waiter"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "waiter.wait_stream(stream) in the capture: the waiter joins it, after the stream's work so far.");
+  t.def("capture_end", [](AllocatorArg a, StreamArg stream, Device device) {
+          host_backend(a).capture_end(device, stream);
+        },
+        py::arg("allocator"), py::arg("stream"), py::arg("device") = 0, NoGil(),
+        "Ends the capture `stream` is in, for every stream in it.");
+  t.def("live_segments",
+        [](AllocatorArg a, Device device) { return host_backend(a).live_segments(device); },
+        py::arg("allocator"), py::arg("device") = 0, NoGil());
+}
+
+}  // namespace memalloc

@@ -1,0 +1,596 @@
+// torch_allocator.cpp — the subclass of torch's CUDAPluggableAllocator that
+// forwards torch's CUDAAllocator calls to memalloc's core. Invariants:
+// torch_allocator.h. Semantics follow torch's native caching allocator
+// (c10/cuda/CUDACachingAllocator.cpp), read, not copied.
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
+#include "boundary/torch/oom_report.h"
+#include "boundary/torch/pluggable.h"
+#include "boundary/python/pystacks.h"
+#include "common/errors.h"
+#include "allocator/registry.h"
+#include "boundary/torch/cuda/torch_allocator.h"
+#include "boundary/torch/cuda/torch_contexts.h"
+#include "boundary/torch/cuda/torch_history.h"
+
+namespace memalloc {
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+namespace cda = c10::CachingDeviceAllocator;
+using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+thread_local int t_last_device = 0;  // a hint for frees: where this thread allocated last
+
+// torch's history (set once, when memalloc becomes torch's allocator; the
+// allocator lives for the whole process).
+TorchHistory* g_history = nullptr;
+
+// Allocations made while torch's caching is off
+// (torch.cuda.caching_allocator_enable(False)): straight from the backend,
+// counted nowhere, as native's uncached path. Device of each.
+std::mutex g_uncached_mu;
+std::unordered_map<void*, std::pair<int, size_t>>* g_uncached = new std::unordered_map<void*, std::pair<int, size_t>>;
+
+bool free_uncached(CachingAllocator* core, void* ptr) {
+  std::pair<int, size_t> where;
+  {
+    std::lock_guard<std::mutex> lock(g_uncached_mu);
+    auto it = g_uncached->find(ptr);
+    if (it == g_uncached->end()) return false;
+    where = it->second;
+    g_uncached->erase(it);
+  }
+  core->backend().release(where.first, ptr, where.second);
+  return true;
+}
+
+// Frees `ptr` on whichever device holds it (the hint first). Never throws.
+void free_anywhere(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  try {
+    CachingAllocator* core = AllocatorRegistry::instance().installed();
+    if (core == nullptr) return;
+    const CallContext ctx = AllocatorRegistry::instance().thread_context();
+    // torch's history at level ALL: the free's own frames
+    TorchHistory::Scope frames(g_history != nullptr ? g_history->gather(cda::RecordContext::ALL) : nullptr);
+    const int hint = t_last_device < core->device_count() ? t_last_device : 0;
+    if (core->device(hint).free_if_owned(ptr, ctx)) return;
+    for (int d = 0; d < core->device_count(); ++d)
+      if (d != hint && core->device(d).free_if_owned(ptr, ctx)) return;
+    if (free_uncached(core, ptr)) return;
+    std::fprintf(stderr, "memalloc: free of %p ignored: no device holds a live allocation there (double free?)\n",
+                 ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memalloc: free of %p failed: %s\n", ptr, e.what());
+  }
+}
+
+// A checkpoint of one private pool, as torch's AllocatorState.
+struct PoolCheckpoint final : cca::AllocatorState {
+  PoolCheckpoint(int dev, PoolState s) : device(dev), state(std::move(s)) {}
+  int device;
+  PoolState state;
+};
+
+cda::TraceEntry::Action torch_action(Action a, bool* known) {
+  *known = true;
+  switch (a) {
+    case Action::kAlloc: return cda::TraceEntry::ALLOC;
+    case Action::kFreeRequested: return cda::TraceEntry::FREE_REQUESTED;
+    case Action::kFreeCompleted: return cda::TraceEntry::FREE_COMPLETED;
+    case Action::kSegmentAlloc: return cda::TraceEntry::SEGMENT_ALLOC;
+    case Action::kSegmentFree: return cda::TraceEntry::SEGMENT_FREE;
+    case Action::kSegmentMap: return cda::TraceEntry::SEGMENT_MAP;
+    case Action::kSegmentUnmap: return cda::TraceEntry::SEGMENT_UNMAP;
+    case Action::kOom: return cda::TraceEntry::OOM;
+    default: *known = false; return cda::TraceEntry::ALLOC;
+  }
+}
+
+void copy_stat(const Stat& from, c10::CachingAllocator::Stat& to) {
+  to.current = from.current;
+  to.peak = from.peak;
+  to.allocated = from.allocated;
+  to.freed = from.freed;
+}
+
+void copy_stats(const Stat (&from)[kNumStatTypes], c10::CachingAllocator::StatArray& to) {
+  for (int i = 0; i < kNumStatTypes; ++i) copy_stat(from[i], to[i]);
+}
+
+class TorchCudaAllocator final : public Pluggable {
+ public:
+  explicit TorchCudaAllocator(std::shared_ptr<CachingAllocator> core)
+      : Pluggable(nullptr, nullptr), core_(std::move(core)), history_(core_->device_count()) {
+    g_history = &history_;
+    for (int d = 0; d < core_->device_count(); ++d) core_->device(d).set_event_observer({&observe, this});
+  }
+
+  // ---- allocation ----------------------------------------------------------
+  c10::DataPtr allocate(size_t size) override {
+    // Native's first check (before any observer or retry), word for word.
+    constexpr size_t kOneExaByte = size_t{1} << 60;
+    TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    void* p = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  // torch.cuda.caching_allocator_enable(False): allocations bypass the cache
+  // (and its counters) until it is turned back on, as natively.
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_anywhere; }
+  void* raw_alloc(size_t nbytes) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return malloc(nbytes, device, stream);
+  }
+  void raw_delete(void* ptr) override { free_anywhere(ptr); }
+
+  void init(int device_count) override {
+    TORCH_CHECK(device_count <= core_->device_count(), "memalloc sees ", core_->device_count(),
+                " CUDA devices but torch sees ", device_count);
+    initialized_ = true;
+  }
+  bool initialized() override { return initialized_; }
+  std::string name() override { return "memalloc"; }
+
+  // ---- limits and the cache --------------------------------------------------
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    const double f = core_->device(device).memory_fraction();
+    return f >= 0.0 ? f : 1.0;
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    guard([&] { core_->device(device).set_memory_fraction(fraction); });
+  }
+  void emptyCache(c10::MempoolId_t pool) override {
+    TorchHistory::Scope frames(history_.gather(cda::RecordContext::ALL));  // segment frees carry empty_cache's frames
+    guard([&] {
+      const CallContext ctx = AllocatorRegistry::instance().thread_context();
+      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, ctx);
+    });
+  }
+  // cuDNN's workspace guess: *largest == 0 asks for the device's free bytes
+  // first; then at least the largest free cached block.
+  void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
+    guard([&] {
+      memalloc::DeviceAllocator& d = core_->device(device);
+      if (*largest == 0) *largest = d.mem_get_info().free;
+      *largest = std::max(*largest, d.largest_free_block());
+    });
+  }
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    std::uintptr_t base = 0;
+    for (int d = 0; d < core_->device_count(); ++d) {
+      if (core_->device(d).segment_of(ptr, &base, size)) return reinterpret_cast<void*>(base);
+    }
+    TORCH_CHECK(false, "memalloc: getBaseAllocation of a pointer that is not a live allocation");
+  }
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (ptr.get() == nullptr || ptr.get_deleter() != &free_anywhere) return;  // not ours (native ignores too)
+    guard([&] {
+      core_->device(ptr.device().index()).record_stream(ptr.get(), reinterpret_cast<Stream>(stream.stream()));
+    });
+  }
+
+  // ---- statistics --------------------------------------------------------------
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    DeviceStats s;
+    guard([&] { s = core_->device(device).stats(); });
+    cda::DeviceStats out;
+    copy_stats(s.allocation, out.allocation);
+    copy_stats(s.segment, out.segment);
+    copy_stats(s.active, out.active);
+    copy_stats(s.inactive_split, out.inactive_split);
+    copy_stats(s.allocated_bytes, out.allocated_bytes);
+    copy_stats(s.reserved_bytes, out.reserved_bytes);
+    copy_stats(s.active_bytes, out.active_bytes);
+    copy_stats(s.inactive_split_bytes, out.inactive_split_bytes);
+    copy_stats(s.requested_bytes, out.requested_bytes);
+    copy_stat(s.oversize_allocations, out.oversize_allocations);
+    copy_stat(s.oversize_segments, out.oversize_segments);
+    out.num_alloc_retries = s.num_alloc_retries;
+    out.num_ooms = s.num_ooms;
+    out.num_sync_all_streams = s.num_sync_all_streams;
+    out.num_device_alloc = s.num_device_alloc;
+    out.num_device_free = s.num_device_free;
+    out.max_split_size = static_cast<int64_t>(core_->device(device).settings().max_split_size);  // unlimited: -1
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    guard([&] { core_->device(device).reset_accumulated_stats(); });
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    guard([&] { core_->device(device).reset_peak_stats(); });
+  }
+
+  // ---- private pools (graphs, MemPool) ----------------------------------------
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                           std::function<bool(cudaStream_t)> filter) override {
+    guard([&] {
+      core_->device(device).begin_allocate_to_pool(
+          pool, [f = std::move(filter)](Stream s) { return f(reinterpret_cast<cudaStream_t>(s)); });
+    });
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    guard([&] { core_->device(device).end_allocate_to_pool(pool); });
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    guard([&] { core_->device(device).release_pool(pool); });
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    int n = 0;
+    guard([&] { n = core_->device(device).pool_use_count(pool); });
+    return n;
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    // A pool backed by another allocator (ncclMemAlloc, symmetric memory):
+    // its segments come from that allocator; memalloc caches, accounts and
+    // records them as any pool's.
+    std::shared_ptr<SegmentSource> source;
+    if (allocator != nullptr && allocator.get() != this) source = source_for(device, std::move(allocator));
+    guard([&] { core_->device(device).create_or_incref_pool(pool, source); });
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override {
+    guard([&] { core_->device(device).set_pool_use_on_oom(pool, use_on_oom); });
+  }
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    guard([&] { core_->device(device).set_pool_no_split(pool); });
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t pool,
+                                const std::unordered_set<void*>& expected) override {
+    bool same = false;
+    guard([&] {
+      same = core_->device(device).pool_live_blocks_are(pool, std::vector<void*>(expected.begin(), expected.end()));
+    });
+    return same;
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    std::shared_ptr<cca::AllocatorState> out;
+    guard([&] { out = std::make_shared<PoolCheckpoint>(device, core_->device(device).checkpoint_pool(pool)); });
+    return out;
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> state) override {
+    auto* cp = dynamic_cast<PoolCheckpoint*>(state.get());
+    TORCH_CHECK(cp != nullptr && cp->device == device,
+                "memalloc: setCheckpointPoolState needs a state from memalloc's getCheckpointState for device ",
+                static_cast<int>(device));
+    PoolRestore r;
+    guard([&] { r = core_->device(device).restore_pool(cp->state); });
+    cca::CheckpointDelta delta;
+    delta.ptrs_freed = std::move(r.freed);
+    for (void* p : r.allocated)
+      delta.dataptrs_allocd.emplace_back(p, p, &free_anywhere, c10::Device(c10::DeviceType::CUDA, device));
+    return delta;
+  }
+
+  // ---- IPC ---------------------------------------------------------------------
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    for (int d = 0; d < core_->device_count(); ++d) {
+      std::uintptr_t base = 0;
+      size_t bytes = 0;
+      bool expandable = false;
+      if (!core_->device(d).segment_of(ptr, &base, &bytes, &expandable)) continue;
+      TORCH_CHECK(!expandable,
+                  "memalloc: cannot share this CUDA tensor with another process: it lives in an expandable "
+                  "segment (MEMALLOC_CONF=expandable_segments:True), and CUDA IPC handles need plain device "
+                  "allocations. Run the sending process without expandable_segments, or keep the tensors you "
+                  "share in a torch.cuda.MemPool (its segments are plain).");
+      cca::ShareableHandle h;
+      h.offset = static_cast<ptrdiff_t>(reinterpret_cast<std::uintptr_t>(ptr) - base);
+      guard([&] { h.handle = core_->backend().ipc_handle(d, reinterpret_cast<void*>(base)); });
+      return h;
+    }
+    TORCH_CHECK(false, "memalloc: shareIpcHandle of a pointer that is not a live memalloc allocation");
+  }
+  // Opens a handle once per process: later calls share the mapping until
+  // the last user drops it.
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    const std::string raw = raw_ipc_handle(handle);
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    auto it = ipc_open_.find(raw);
+    if (it != ipc_open_.end()) {
+      if (auto alive = it->second.lock()) return alive;
+    }
+    void* p = nullptr;
+    guard([&] { p = core_->backend().ipc_open(device, raw); });
+    std::shared_ptr<CachingAllocator> core = core_;
+    std::shared_ptr<void> mapped(p, [core, device](void* q) { core->backend().ipc_close(device, q); });
+    ipc_open_[raw] = mapped;
+    return mapped;
+  }
+
+  // ---- history and snapshots --------------------------------------------------
+  // torch's _record_memory_history: torch's context recorder and levels, as
+  // natively (torch_history.h). memalloc's own ring (memalloc.
+  // record_memory_history) is separate.
+  void recordHistory(bool enabled, cda::CreateContextFn context_recorder, size_t max_entries,
+                     cda::RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions) override {
+    history_.configure(enabled, std::move(context_recorder), std::min(max_entries, kTorchDefaultEntries), when,
+                       clear_history, skip_actions);
+  }
+  bool isHistoryEnabled() override {
+    if (history_.enabled()) return true;
+    for (int d = 0; d < core_->device_count(); ++d)
+      if (core_->device(d).recording_enabled()) return true;
+    return false;
+  }
+  // torch.compile's regions and _set_memory_metadata, on each trace entry.
+  // (No `override`: not every supported torch declares all of them.)
+  void pushCompileContext(std::string& md) { history_.push_compile_context(md); }
+  void popCompileContext() { history_.pop_compile_context(); }
+  bool supportsUserMetadata() { return true; }
+  void setUserMetadata(const std::string& metadata) { history_.set_user_metadata(metadata); }
+  std::string getUserMetadata() { return history_.user_metadata(); }
+
+  // Frames: torch's, while torch's history is on (torch_history.h); else
+  // memalloc's interned stacks as torch contexts (torch_contexts.h).
+  cca::SnapshotInfo snapshot(c10::MempoolId_t pool, bool include_traces) override {
+    cca::SnapshotInfo out;
+    StackContexts contexts;
+    for (int d = 0; d < core_->device_count(); ++d) {
+      memalloc::DeviceAllocator& dev = core_->device(d);
+      for (const SegmentInfo& s : dev.segments()) {
+        if (pool != kDefaultPool && s.owner != pool) continue;
+        out.segments.push_back(torch_segment(d, s, &contexts));
+      }
+      out.device_traces.emplace_back();
+      if (include_traces && history_.enabled()) {
+        out.device_traces.back() = history_.entries(d);
+      } else if (include_traces) {
+        add_traces(d, &out.device_traces.back(), &contexts);
+      }
+    }
+    const Config settings = core_->device(0).settings();
+    out.config_metadata.garbage_collection_threshold = settings.garbage_collection_threshold;
+    out.config_metadata.max_split_size = settings.max_split_size;
+    out.config_metadata.expandable_segments = settings.expandable_segments;
+    out.config_metadata.last_allocator_settings = settings.to_string();
+    return out;
+  }
+
+  // ---- OOM observers ------------------------------------------------------------
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(observers_mu_);
+    observers_.push_back(std::move(observer));
+  }
+
+  // ---- the one allocation path ---------------------------------------------------
+  void* malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    if (size == 0) return nullptr;
+    if (!caching_.load(std::memory_order_relaxed)) return uncached_malloc(size, device);
+    t_last_device = device;
+    const CallContext ctx = current_context();
+    TorchHistory::Scope frames(history_.gather(cda::RecordContext::STATE));  // torch's history: the allocation's frames
+    try {
+      return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), ctx);
+    } catch (const OutOfMemory& e) {
+      notify_observers(device,
+                       segment_size_for(round_size(size, core_->device(device).settings().divisions_for(size))));
+      throw_oom_for_torch(e, core_.get(), device, size, __func__);
+    } catch (...) {
+      rethrow_for_torch(__func__);
+    }
+  }
+
+ private:
+  static constexpr size_t kTorchDefaultEntries = 1000000;  // torch's "unbounded" default, bounded
+
+  // Runs f, turning memalloc errors into c10 errors (torch's Python
+  // bindings then raise their Python equivalents).
+  template <typename F>
+  static void guard(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      rethrow_for_torch("memalloc");
+    }
+  }
+
+  // memalloc sends the legacy form, a bare 64-byte cudaIpcMemHandle_t,
+  // which native receivers accept; it accepts that and native's versioned
+  // form of a cudaMalloc segment: [version 2]['c'][64-byte handle].
+  static std::string raw_ipc_handle(const std::string& handle) {
+    constexpr size_t kRaw = 64;
+    if (handle.size() == kRaw) return handle;
+    TORCH_CHECK(handle.size() == kRaw + 2 && handle[0] == 2 && handle[1] == 'c',
+                "memalloc: cannot open this CUDA IPC handle (", handle.size(),
+                " bytes): only handles of cudaMalloc segments are supported; the sending process may use "
+                "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which memalloc "
+                "cannot map");
+    return handle.substr(2);
+  }
+
+  void* uncached_malloc(size_t size, c10::DeviceIndex device) {
+    void* p = nullptr;
+    guard([&] { p = core_->backend().allocate(device, size); });
+    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr,
+                     "CUDA out of memory (memalloc, caching off: torch.cuda.caching_allocator_enable(False)); the "
+                     "device refused the allocation");
+    std::lock_guard<std::mutex> lock(g_uncached_mu);
+    (*g_uncached)[p] = {static_cast<int>(device), size};
+    return p;
+  }
+
+  // The core's Event observer: torch's history, and the profiler's memory
+  // timeline (profile_memory=True) as native reports it.
+  static void observe(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) {
+    auto* self = static_cast<TorchCudaAllocator*>(user);
+    self->history_.on_event(device, e);
+    if ((e.action == Action::kAlloc || e.action == Action::kFreeRequested) && c10::memoryProfilingEnabled()) {
+      const auto bytes = static_cast<int64_t>(e.size);
+      c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(e.addr), e.action == Action::kAlloc ? bytes : -bytes,
+                                       static_cast<size_t>(allocated), static_cast<size_t>(reserved),
+                                       c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    }
+  }
+
+  // A MemPool's own allocator as the source of its segments.
+  class PoolAllocatorSource final : public SegmentSource {
+   public:
+    PoolAllocatorSource(int device, std::shared_ptr<cca::CUDAAllocator> allocator)
+        : device_(device), allocator_(std::move(allocator)) {}
+    void* allocate(size_t bytes, Stream stream) override {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+      try {
+        return allocator_->raw_alloc_with_stream(bytes, reinterpret_cast<cudaStream_t>(stream));
+      } catch (const c10::Error&) {
+        return nullptr;  // refused: memalloc's OOM path (release, retry, then the error)
+      }
+    }
+    bool release(void* ptr, size_t) noexcept override {
+      try {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+        allocator_->raw_delete(ptr);
+        return true;
+      } catch (...) {
+        return false;
+      }
+    }
+
+   private:
+    int device_;
+    std::shared_ptr<cca::CUDAAllocator> allocator_;  // kept while the pool's segments live
+  };
+  // One source per (pool allocator, device) while a pool uses it: the pools
+  // own their source (and through it the allocator, as native's PrivatePool
+  // keeps it until the pool's last segment is gone); this table only finds
+  // a live one again, so a deleted pool's allocator is not kept.
+  std::shared_ptr<SegmentSource> source_for(c10::DeviceIndex device, std::shared_ptr<cca::CUDAAllocator> allocator) {
+    std::lock_guard<std::mutex> lock(sources_mu_);
+    sources_.erase(std::remove_if(sources_.begin(), sources_.end(), [](const SourceEntry& e) { return e.source.expired(); }),
+                   sources_.end());
+    for (const SourceEntry& e : sources_)
+      if (e.allocator == allocator.get() && e.device == device)
+        if (auto live = e.source.lock()) return live;
+    auto source = std::make_shared<PoolAllocatorSource>(device, allocator);
+    sources_.push_back(SourceEntry{allocator.get(), device, source});
+    return source;
+  }
+
+  cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, StackContexts* contexts) const {
+    cda::SegmentInfo seg;
+    seg.device = static_cast<c10::DeviceIndex>(device);
+    seg.address = s.addr;
+    seg.total_size = s.size;
+    seg.stream = reinterpret_cast<void*>(s.stream);
+    seg.is_large = s.pool == PoolKind::kLarge;
+    seg.is_expandable = s.expandable;
+    seg.owner_private_pool_id = s.owner;
+    std::uintptr_t addr = s.addr;  // the blocks tile the segment
+    for (const BlockInfo& b : s.blocks) {
+      cda::BlockInfo bi;
+      bi.size = b.size;
+      bi.requested_size = b.requested;
+      bi.allocated = std::string(b.state) == "active_allocated";
+      bi.active = std::string(b.state) != "inactive";
+      if (bi.active) {
+        bi.context_when_allocated = history_.enabled() ? history_.block_context(device, addr)
+                                                       : contexts->of(b.stack_id);
+      }
+      addr += b.size;
+      if (bi.allocated) {
+        seg.allocated_size += b.size;
+        seg.requested_size += b.requested;
+      }
+      if (bi.active) seg.active_size += b.size;
+      seg.blocks.push_back(std::move(bi));
+    }
+    return seg;
+  }
+
+  void add_traces(int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) const {
+    uint64_t dropped = 0;
+    const std::vector<TraceRecord> records = core_->device(device).trace(&dropped);
+    const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch()).count();
+    const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    for (const TraceRecord& r : records) {
+      bool known = false;
+      const auto action = torch_action(static_cast<Action>(r.action), &known);
+      if (!known) continue;
+      cda::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), r.addr, r.size,
+                         reinterpret_cast<void*>(r.stream), kDefaultPool, 0, contexts->of(r.stack_id));
+      te.time_.t_ = static_cast<time_t>(unix_us - (steady_ns - r.time_ns) / 1000);
+      out->push_back(std::move(te));
+    }
+  }
+
+  void notify_observers(c10::DeviceIndex device, size_t size) noexcept {
+    std::vector<cca::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> lock(observers_mu_);
+      observers = observers_;
+    }
+    if (observers.empty()) return;
+    try {
+      memalloc::DeviceAllocator& d = core_->device(device);
+      const MemInfo info = d.mem_get_info();
+      const double fraction = d.memory_fraction();
+      const size_t limit = fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total))
+                                          : info.total;
+      for (auto& obs : observers) obs(device, size, limit, info.free);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "memalloc: an out-of-memory observer failed: %s\n", e.what());
+    }
+  }
+
+  std::shared_ptr<CachingAllocator> core_;
+  TorchHistory history_;
+  std::atomic<bool> caching_{true};
+  struct SourceEntry {
+    const cca::CUDAAllocator* allocator;  // identity only: the source holds the allocator
+    int device;
+    std::weak_ptr<SegmentSource> source;
+  };
+  std::mutex sources_mu_;
+  std::vector<SourceEntry> sources_;  // source_for's table
+  std::mutex observers_mu_;
+  std::vector<cca::OutOfMemoryObserver> observers_;
+  std::mutex ipc_mu_;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
+};
+
+}  // namespace
+
+void install_torch_cuda_allocator(const std::shared_ptr<CachingAllocator>& core) {
+  MEMALLOC_EXPECTS(core != nullptr && std::string(core->backend().name()) == "cuda",
+                   "torch's CUDA allocator must be a memalloc allocator on the cuda backend");
+  // torch keeps the installed custom allocator: whether it is ours is read there, not kept here.
+  MEMALLOC_EXPECTS(
+      dynamic_cast<TorchCudaAllocator*>(torch::cuda::CUDAPluggableAllocator::getCurrentAllocator().get()) == nullptr,
+      "memalloc is already torch's CUDA allocator in this process");
+  auto allocator = std::make_shared<TorchCudaAllocator>(core);
+  try {
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  } catch (const c10::Error& e) {
+    throw InvalidArgument(std::string("torch refused the allocator: ") + e.what_without_backtrace());
+  }
+  // torch.accelerator.* asks c10's allocator table, which changeCurrentAllocator leaves alone.
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/1);
+  // changeCurrentAllocator keeps a shared_ptr for the life of the process.
+}
+
+}  // namespace memalloc

@@ -1,0 +1,90 @@
+// recorder.h — the event ring: every Event, as a fixed-size binary record,
+// in a preallocated per-device buffer that overwrites its oldest records.
+//
+// Record layout (64 bytes, little-endian, no padding surprises):
+//   int64  time_ns    steady clock, nanoseconds
+//   uint64 addr       block or segment address (oom: device free bytes)
+//   uint64 size       bytes (block size, segment size, or released bytes)
+//   uint64 requested  bytes the caller asked for (alloc/free) else 0
+//   uint64 stream     cudaStream_t value
+//   uint32 stack_id   interned call stack (0 = none); frees carry the alloc's
+//   uint32 tag_id     interned user tag path (0 = none); frees carry the alloc's
+//   uint32 thread     small per-thread index (registry.cpp)
+//   uint32 step       memalloc.step() count when the event happened
+//   uint8  action     memalloc::Action
+//   uint8  device
+//   uint8  pool       0 small, 1 large
+//   uint8  pad[5]
+//
+// Invariants (per ring):
+//   size() == min(total(), capacity());  dropped() == total() - size()
+//   the records in order are the last size() pushed, oldest first
+//   push() never allocates and never throws; capacity changes only in
+//   reset() (slow path, under the device lock like every other call).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace memalloc {
+
+struct TraceRecord {
+  int64_t time_ns;
+  uint64_t addr;
+  uint64_t size;
+  uint64_t requested;
+  uint64_t stream;
+  uint32_t stack_id;
+  uint32_t tag_id;
+  uint32_t thread;
+  uint32_t step;
+  uint8_t action;
+  uint8_t device;
+  uint8_t pool;
+  uint8_t pad[5];
+};
+static_assert(sizeof(TraceRecord) == 64, "TraceRecord is a 64-byte wire format");
+
+class TraceRing {
+ public:
+  // capacity 0 disables recording and frees the buffer.
+  void reset(size_t capacity) {
+    std::vector<TraceRecord>(capacity).swap(buf_);
+    head_ = 0;
+    total_ = 0;
+  }
+  bool enabled() const { return !buf_.empty(); }
+  void push(const TraceRecord& r) noexcept {
+    buf_[head_] = r;
+    head_ = head_ + 1 == buf_.size() ? 0 : head_ + 1;
+    ++total_;
+  }
+  size_t capacity() const { return buf_.size(); }
+  uint64_t total() const { return total_; }
+  size_t size() const { return total_ < buf_.size() ? static_cast<size_t>(total_) : buf_.size(); }
+  uint64_t dropped() const { return total_ - size(); }
+  // The stored records, oldest first.
+  std::vector<TraceRecord> in_order() const {
+    std::vector<TraceRecord> out;
+    out.reserve(size());
+    size_t start = total_ < buf_.size() ? 0 : head_;
+    for (size_t i = 0; i < size(); ++i) out.push_back(buf_[(start + i) % buf_.size()]);
+    return out;
+  }
+
+ private:
+  std::vector<TraceRecord> buf_;
+  size_t head_ = 0;
+  uint64_t total_ = 0;
+};
+
+// Who caused an allocator call: computed by the entry point (outside the
+// device lock, possibly under the GIL) and carried into the records.
+struct CallContext {
+  uint32_t stack_id = 0;
+  uint32_t tag_id = 0;
+  uint32_t thread = 0;
+  uint32_t step = 0;
+};
+
+}  // namespace memalloc
