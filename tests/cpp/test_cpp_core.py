@@ -5,6 +5,7 @@ tests of its parts (tests/cpp/*_test.cpp, each part on its own)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -43,7 +44,16 @@ def test_core_is_plain_cxx17_and_steady_state_makes_no_host_allocation(binary):
     assert int(values["device_allocs"]) < 20
 
 
-@pytest.mark.parametrize("part", ["stream_events"])
+# Every tests/cpp/<part>_test.cpp is one part's unit tests: it prints
+# "failures=N" and exits 0 only when N is 0.
+PARTS = sorted(p.name[:-len("_test.cpp")] for p in (Path(REPO) / "tests" / "cpp").glob("*_test.cpp"))
+
+
+def test_every_part_has_unit_tests():
+    assert "stream_events" in PARTS, PARTS
+
+
+@pytest.mark.parametrize("part", PARTS)
 def test_part_unit_tests(part, tmp_path_factory):
     built = core_build.build_executable(f"{part}_test", [os.path.join(REPO, "tests", "cpp", f"{part}_test.cpp")],
                                         tmp_path_factory.mktemp(part), FLAGS)
