@@ -1,5 +1,5 @@
 """Records the allocator events of real training loops to trace files for
-replay on the host backend (memalloc/replay.py, benchmarks/traces/).
+replay on the host backend (memalloc/features/replay.py, benchmarks/traces/).
 
     python -m benchmarks.record_traces --out DIR [--backend cuda|host] [--workloads a,b]
 

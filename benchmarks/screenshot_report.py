@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--html", help="also keep the rendered HTML here")
     parser.add_argument("--size", default="1280,2000", help="window WIDTH,HEIGHT in CSS pixels (default 1280,2000)")
     args = parser.parse_args(argv)
-    from memalloc.report_html import render_html
+    from memalloc.reporters.report_html import render_html
 
     browser = find_browser()
     if browser is None:

@@ -15,7 +15,7 @@ what the breakdown costs: the bf16 transformer's step with the landmark hooks
 
 ``--doc`` renders docs/strategies.md from a results file (the committed one
 under benchmarks/results/); tests/integration/test_strategies.py checks that the page is
-current and that the advisor's estimates (memalloc/advisor.py) are within
+current and that the advisor's estimates (memalloc/features/advisor.py) are within
 15% of the measured savings.
 """
 from __future__ import annotations

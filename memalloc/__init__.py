@@ -15,31 +15,36 @@ from __future__ import annotations
 
 import torch  # noqa: F401 - loads libc10, which memalloc._C links against
 
-from . import _C, host, stats
-from ._C import (
+import sys
+
+from memalloc import _C
+from memalloc.features import advisor, leaks, phases, replay, stats
+from memalloc.integration import host
+from memalloc.trace import recording
+from memalloc._C import (
     Allocator,
     DriverError,
     InvalidArgumentError,
     InvalidPointerError,
     MemallocError,
 )
-from ._config import config_text
-from ._install import enable
-from ._state import cuda_usable, enabled_backend, installed_allocator, is_enabled
-from ._policy import empty_cache_policy, set_empty_cache_policy
-from . import _torch_patch
-from ._torch_patch import is_patched as torch_is_patched
-from .recording import events, events_array, record_memory_history
-from .snapshots import dump_snapshot, snapshot
-from .tags import tag
-from .trace_files import load_trace, save_trace
-from .oom import set_oom_report, top_holders
-from .leak_report import LeakError, LeakReport
-from .leaks import LeakTracker, leak_check
-from .iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
-from .tracker import StepTracker
-from .breakdown import MemoryBreakdown, memory_breakdown
-from .stats import (
+from memalloc.core._config import config_text
+from memalloc.integration._install import enable
+from memalloc.core._state import cuda_usable, enabled_backend, installed_allocator, is_enabled
+from memalloc.core._policy import empty_cache_policy, set_empty_cache_policy
+from memalloc.integration import _torch_patch
+from memalloc.integration._torch_patch import is_patched as torch_is_patched
+from memalloc.trace.recording import events, events_array, record_memory_history
+from memalloc.trace.snapshots import dump_snapshot, snapshot
+from memalloc.trace.tags import tag
+from memalloc.trace.trace_files import load_trace, save_trace
+from memalloc.features.oom import set_oom_report, top_holders
+from memalloc.reporters.leak_report import LeakError, LeakReport
+from memalloc.features.leaks import LeakTracker, leak_check
+from memalloc.core.iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
+from memalloc.features.tracker import StepTracker
+from memalloc.features.breakdown import MemoryBreakdown, memory_breakdown
+from memalloc.features.stats import (
     empty_cache,
     get_per_process_memory_fraction,
     list_gpu_processes,
@@ -58,6 +63,17 @@ from .stats import (
 )
 
 __version__ = "0.1.0"
+
+# The module paths the docs name keep working under their short names
+# (`import memalloc.advisor`, `memalloc.host.empty(...)`,
+# `from memalloc.replay import smallest_capacity_mb`), wherever the layout
+# keeps the module. (memalloc.pytest_plugin is a file of its own at the top:
+# pytest loads it by that name and it imports pytest.)
+_PUBLIC_MODULES = {"advisor": advisor, "host": host, "leaks": leaks, "phases": phases,
+                   "recording": recording, "replay": replay, "stats": stats}
+for _name, _module in _PUBLIC_MODULES.items():
+    sys.modules[f"{__name__}.{_name}"] = _module
+del _name, _module
 
 __all__ = [
     "Allocator",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .cli import demo, info, replay, report, run
+from memalloc.cli import demo, info, replay, report, run
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import pytest
 
-from .leaks import leak_check
+from memalloc.features.leaks import leak_check
 
 
 @pytest.fixture

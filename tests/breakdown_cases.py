@@ -4,7 +4,7 @@ fresh interpreter (model_script) and the checks of its results
 and tests/gpu/test_cuda_breakdown.py (CUDA)."""
 from __future__ import annotations
 
-from memalloc.breakdown import CATEGORIES
+from memalloc.features.breakdown import CATEGORIES
 
 
 def model_script(backend: str) -> str:
@@ -31,7 +31,7 @@ device = "cuda"
 
 MODEL = """
 import os
-from memalloc import sites
+from memalloc.trace import sites
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                             torch.nn.Tanh(), torch.nn.Linear(512, 16)).to(device)

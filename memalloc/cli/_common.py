@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import _install, _state
-from .._config import config_text
+from memalloc.integration import _install
+from memalloc.core import _state
+from memalloc.core._config import config_text
 
 
 def check_or_exit(backend: str, config: Optional[str]) -> None:

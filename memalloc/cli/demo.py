@@ -23,10 +23,11 @@ from typing import Callable
 
 import torch
 
-from .. import _state, host, iteration
-from .._format import fmt_bytes
-from ..breakdown import memory_breakdown
-from ..examples import leaky_training
+from memalloc.core import _state, iteration
+from memalloc.integration import host
+from memalloc.core._format import fmt_bytes
+from memalloc.features.breakdown import memory_breakdown
+from memalloc.examples import leaky_training
 from ._common import enable_or_exit
 
 HOST_CAPACITY_MB = 256

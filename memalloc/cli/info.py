@@ -5,9 +5,9 @@ import argparse
 
 import torch
 
-from .. import _C
-from .._config import config_text
-from .._state import cuda_usable, resolve_backend
+from memalloc import _C
+from memalloc.core._config import config_text
+from memalloc.core._state import cuda_usable, resolve_backend
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

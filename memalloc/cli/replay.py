@@ -3,17 +3,17 @@ replays traces saved by ``memalloc.save_trace`` (and the GPU benchmark's
 random workload) on the host backend under each config, and prints peak
 allocated, peak reserved, their ratio and OOMs per (workload, config, device);
 ``--smallest-device`` also finds, per (workload, config), the smallest
-simulated device that runs it without an OOM (memalloc/replay.py)."""
+simulated device that runs it without an OOM (memalloc/features/replay.py)."""
 from __future__ import annotations
 
 import argparse
 import shlex
 from typing import Callable
 
-from .. import _C
-from ..replay import RANDOM_SOURCE, ReplayResult, random_workload, replay_ops, replay_trace, results_table, \
+from memalloc import _C
+from memalloc.features.replay import RANDOM_SOURCE, ReplayResult, random_workload, replay_ops, replay_trace, results_table, \
     results_to_json, smallest_capacity_mb
-from ..trace_files import load_trace
+from memalloc.trace.trace_files import load_trace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -13,9 +13,9 @@ import collections
 import os
 import struct
 
-from .._format import fmt_bytes
-from ..leak_report import LeakReport
-from ..trace_files import load_trace
+from memalloc.core._format import fmt_bytes
+from memalloc.reporters.leak_report import LeakReport
+from memalloc.trace.trace_files import load_trace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -13,7 +13,7 @@ tracked too.
 
 With ``--advise``: a forward profile (memalloc.advisor.ForwardProfile:
 what each module's forward keeps) and, at exit, the strategies that would
-save memory, each with its estimated saving (memalloc/advisor.py), printed
+save memory, each with its estimated saving (memalloc/features/advisor.py), printed
 and written to DIR as ``advice.json``.
 
 With ``--steps``: a :class:`memalloc.StepTracker` row per boundary
@@ -21,7 +21,7 @@ With ``--steps``: a :class:`memalloc.StepTracker` row per boundary
 exit to DIR as ``steps.csv`` and ``steps.json``, and ``steps.png`` when
 matplotlib is installed.
 
-An out-of-memory error in the script writes its report (memalloc/oom.py) to
+An out-of-memory error in the script writes its report (memalloc/features/oom.py) to
 DIR as well, with or without these flags.
 """
 from __future__ import annotations
@@ -34,11 +34,13 @@ import signal
 import sys
 from typing import Any, Optional
 
-from .. import _state, advisor, host, iteration, oom, stats
-from .._format import fmt_bytes
-from ..breakdown import describe_split, memory_breakdown
-from ..leaks import LeakTracker
-from ..tracker import StepTracker
+from memalloc.core import _state, iteration
+from memalloc.features import advisor, oom, stats
+from memalloc.integration import host
+from memalloc.core._format import fmt_bytes
+from memalloc.features.breakdown import describe_split, memory_breakdown
+from memalloc.features.leaks import LeakTracker
+from memalloc.features.tracker import StepTracker
 from ._common import check_or_exit, enable_or_exit
 
 

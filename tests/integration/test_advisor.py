@@ -1,4 +1,4 @@
-"""The advisor (memalloc/advisor.py): its rules on made-up figures, the
+"""The advisor (memalloc/features/advisor.py): its rules on made-up figures, the
 repeated blocks it finds in real models, and its estimates against the
 table measured on the GPU (the committed results: the breakdown and forward
 profile of each model's baseline, and every strategy's peak). Against the
@@ -12,7 +12,7 @@ import pytest
 from torch import nn
 
 from memalloc import advisor
-from memalloc.breakdown import CATEGORIES, MemoryBreakdown
+from memalloc.features.breakdown import CATEGORIES, MemoryBreakdown
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"

@@ -845,7 +845,8 @@ def _child_namespace(env: str, scratch: str) -> dict:
 
 def _child_state(ns: dict) -> dict:
     import memalloc
-    from memalloc import _C, _policy, _state
+    from memalloc import _C
+    from memalloc.core import _policy, _state
 
     s: dict[str, Any] = {
         "enabled": [memalloc.is_enabled(), memalloc.enabled_backend(), _state.installed_config()],

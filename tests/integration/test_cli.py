@@ -243,7 +243,7 @@ def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli_here
     for got, config in zip(data["results"][2:], ["", "roundup_power2_divisions:4"]):
         want = replay.replay_source("random:2000", config).devices[0]
         assert got["devices"][0]["allocations"] == 2000
-        assert abs(got["devices"][0]["ratio"] / want.ratio - 1) < 0.01  # equal-size ties: memalloc/replay.py
+        assert abs(got["devices"][0]["ratio"] / want.ratio - 1) < 0.01  # equal-size ties: memalloc/features/replay.py
     assert "Traceback" not in p.stderr
 
 

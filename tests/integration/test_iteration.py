@@ -1,4 +1,4 @@
-"""Iteration boundaries (memalloc/iteration.py): explicit step(), the loop
+"""Iteration boundaries (memalloc/core/iteration.py): explicit step(), the loop
 wrapper, step listeners and the automatic boundary after optimizer.step().
 Each scenario runs in a fresh interpreter (tests/conftest.py fresh_python):
 the step numbers asserted are absolute, counted from 0 in a new process."""
@@ -58,7 +58,7 @@ def iteration():
 iteration()
 R["before"] = seen[:]
 memalloc.auto_step()
-R["enabled"] = memalloc.iteration.auto_step_enabled()
+R["enabled"] = memalloc.core.iteration.auto_step_enabled()
 for _ in range(3):
     iteration()
 R["auto"] = seen[:]
@@ -71,7 +71,7 @@ R["next_phase"] = seen[:]
 memalloc.auto_step(False)
 d.zero_grad(); (w2 * 2).sum().backward(); d.step()
 R["off"] = seen[:]
-R["disabled"] = memalloc.iteration.auto_step_enabled()
+R["disabled"] = memalloc.core.iteration.auto_step_enabled()
 """)
     assert r["before"] == [] and r["enabled"] is True
     assert r["auto"] == [1, 2, 3]  # SGD stepped first: its steps are the boundaries

@@ -1,4 +1,4 @@
-"""Leak reports (memalloc/leaks.py) on real training loops, on the host
+"""Leak reports (memalloc/features/leaks.py) on real training loops, on the host
 backend with torch's CPU tensors allocated by memalloc
 (memalloc.host.cpu_tensors_from), so models, autograd graphs, optimizers
 and hooks behave as on a GPU.

@@ -1,4 +1,4 @@
-"""Trace replay (memalloc/replay.py) on the host backend: exact peaks of
+"""Trace replay (memalloc/features/replay.py) on the host backend: exact peaks of
 hand-made workloads under the native size rules, address mapping, deferred
 frees and streams of traces, unknown frees, a trace recorded in-process
 round-tripping through save_trace, the random workload of the GPU benchmark
@@ -27,7 +27,7 @@ import pytest
 
 from memalloc import _C, recording, replay, save_trace
 from memalloc.recording import Event
-from memalloc.trace_files import Trace, load_trace
+from memalloc.trace.trace_files import Trace, load_trace
 from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, rnd_pow2, segment_size
 
 if str(REPO) not in sys.path:

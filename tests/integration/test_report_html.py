@@ -1,4 +1,4 @@
-"""The HTML leak report (memalloc/report_html.py): unit tests on the page
+"""The HTML leak report (memalloc/reporters/report_html.py): unit tests on the page
 text, and one test that opens it in a real headless Chromium.
 
 The browser test needs Chromium (``chromium``, ``chromium-browser`` or
@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import screenshot_report  # noqa: E402
-from memalloc.report_html import render_html  # noqa: E402
+from memalloc.reporters.report_html import render_html  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STEPS = list(range(1, 41))

@@ -221,7 +221,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - reported per case, the test names it
             results[name] = {"error": traceback.format_exc()}
     if memalloc is not None:
-        from memalloc import _hooks
+        from memalloc.core import _hooks
         s = memalloc.memory_stats()
         results["memalloc"] = {"allocations": s.get("allocation.all.allocated", 0),
                                "peak_allocated": s.get("allocated_bytes.all.peak", 0),

@@ -1,4 +1,4 @@
-"""Boundaries with no setup (memalloc/iteration.py): while a leak check or a
+"""Boundaries with no setup (memalloc/core/iteration.py): while a leak check or a
 step tracker runs and the code marks no iteration itself, optimizer.step()
 marks them; the first explicit memalloc.step() hands them to the code; the
 reports say which boundaries they used. In this process, on allocators the
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import memalloc
-from memalloc import iteration
+from memalloc.core import iteration
 
 KiB = 1 << 10
 

@@ -1,4 +1,4 @@
-"""The breakdown by category (csrc/accounting/breakdown.h, memalloc/breakdown.py) on
+"""The breakdown by category (csrc/accounting/breakdown.h, memalloc/features/breakdown.py) on
 allocators the tests own: the landmark rules step by step, a seeded random
 run checked against a reference model written from breakdown.h's rules,
 bad input; then a real model trained on the host backend
@@ -13,7 +13,7 @@ import pytest
 
 import memalloc
 from memalloc import _C
-from memalloc.breakdown import CATEGORIES, memory_breakdown
+from memalloc.features.breakdown import CATEGORIES, memory_breakdown
 from breakdown_cases import check_model_run, model_script
 
 MiB = 1 << 20
@@ -247,7 +247,7 @@ def test_a_real_model_on_the_host_backend(fresh_python):
 WORKSPACE = """
 memalloc.enable(backend="host", config="host_capacity_mb:256")
 memalloc.host.use_for_cpu_tensors()
-from memalloc import sites
+from memalloc.trace import sites
 cache = {}
 
 class Scale(torch.autograd.Function):
@@ -341,7 +341,8 @@ def test_the_names_python_uses_are_the_ones_the_core_accepts(host_allocator):
     """Each concept is defined once, in C++ (breakdown.h, registry.h), and
     _C exports it: every exported phase is accepted and reported back by
     name, every category is accepted by resolve, every stack mode by number."""
-    from memalloc import _config, phases
+    from memalloc.core import _config
+    from memalloc import phases
 
     a = host_allocator
     assert phases.PHASES[0] == "idle" and len(set(phases.PHASES)) == len(phases.PHASES) == 4

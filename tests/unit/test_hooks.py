@@ -1,4 +1,4 @@
-"""memalloc._hooks: one owner of every hook memalloc installs into torch.
+"""memalloc.core._hooks: one owner of every hook memalloc installs into torch.
 
 The rules checked here: a feature's hook never raises into the user's code
 (it is turned off with one warning), what torch passes through a hook comes
@@ -16,7 +16,7 @@ import torch
 import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
 
-from memalloc import _hooks
+from memalloc.core import _hooks
 
 FEATURE = "test feature"
 
@@ -43,7 +43,7 @@ def test_tied_weight_under_enable(fresh_python):
         for _ in range(3):
             loss = model(torch.arange(8)).logsumexp(-1).mean()
             loss.backward(); opt.step(); opt.zero_grad()
-        from memalloc import _hooks
+        from memalloc.core import _hooks
         R["failures"] = _hooks.failures()
         R["parameters"] = memalloc.memory_breakdown().now["parameters"]
     """)

@@ -13,28 +13,53 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "memalloc"
 
-# Bottom to top. A module may import only modules of lower layers.
-LAYERS: list[tuple[str, ...]] = [
-    ("memalloc._C", "memalloc._format", "memalloc._usercode"),  # the extension; plain helpers
-    ("memalloc._hooks",),                                        # every hook memalloc installs into torch
-    ("memalloc._config", "memalloc.report_html"),                # config text; reporters of plain data
-    ("memalloc._settings",),                                     # torch's allocator settings applied
-    ("memalloc.leak_report",),                                   # leak report types (plain data)
-    ("memalloc._state",),                                        # runtime state (read from _C)
-    ("memalloc._device",),                                       # the device argument
-    ("memalloc._policy", "memalloc.iteration", "memalloc.host", "memalloc.tags"),
-    ("memalloc.recording", "memalloc.phases"),                   # events, stacks; training phases
-    ("memalloc.snapshots", "memalloc.trace_files", "memalloc.breakdown"),  # snapshot format; trace files; categories
-    ("memalloc.stats", "memalloc.sites", "memalloc.holders"),    # queries; call sites; holder search
-    ("memalloc.leaks", "memalloc.oom", "memalloc.tracker", "memalloc.replay", "memalloc.advisor"),  # features
-    ("memalloc._torch_patch",),                                  # torch integration (host backend)
-    ("memalloc._install",),                                      # enable(): wires every feature
-    ("memalloc", "memalloc.pytest_plugin"),                      # the public API
-    ("memalloc.examples", "memalloc.examples.leaky_training", "memalloc.cli", "memalloc.cli._common"),
-    ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run"),
-    ("memalloc.__main__",),
+# The folders of memalloc/, bottom to top, each with its layers bottom to top.
+# A module may import only modules of lower layers: a folder imports only
+# from itself (lower layers of it) and the folders below. The package's own
+# files (memalloc._C, the public API, the pytest plugin, __main__) are the
+# bands named "" at the foot and the top.
+FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
+    ("", [("memalloc._C",)]),                                          # the extension
+    ("core", [
+        ("memalloc.core", "memalloc.core._format", "memalloc.core._usercode"),  # plain helpers
+        ("memalloc.core._hooks",),                                     # every hook memalloc installs into torch
+        ("memalloc.core._config",),                                    # config text
+        ("memalloc.core._settings",),                                  # torch's allocator settings applied
+        ("memalloc.core._state",),                                     # runtime state (read from _C)
+        ("memalloc.core._device",),                                    # the device argument
+        ("memalloc.core._policy", "memalloc.core.iteration"),          # empty-cache policy; the step
+    ]),
+    ("reporters", [
+        ("memalloc.reporters", "memalloc.reporters.report_html"),  # HTML of a plain report
+        ("memalloc.reporters.leak_report",),                           # leak report types (plain data)
+    ]),
+    ("trace", [
+        ("memalloc.trace", "memalloc.trace.tags"),  # stack tags
+        ("memalloc.trace.recording",),                                 # events of the ring, stacks
+        ("memalloc.trace.snapshots", "memalloc.trace.trace_files", "memalloc.trace.sites"),
+    ]),
+    ("features", [
+        ("memalloc.features", "memalloc.features.phases"),  # training landmarks
+        ("memalloc.features.breakdown",),                              # bytes by category
+        ("memalloc.features.stats", "memalloc.features.holders"),      # queries; holder search
+        ("memalloc.features.leaks", "memalloc.features.oom", "memalloc.features.tracker",
+         "memalloc.features.replay", "memalloc.features.advisor"),
+    ]),
+    ("integration", [
+        ("memalloc.integration", "memalloc.integration.host", "memalloc.integration._torch_patch"),  # torch tensors; torch.cuda patch
+        ("memalloc.integration._install",),                            # enable(): wires every feature
+    ]),
+    ("", [("memalloc", "memalloc.pytest_plugin")]),                    # the public API
+    ("examples", [("memalloc.examples", "memalloc.examples.leaky_training")]),
+    ("cli", [
+        ("memalloc.cli", "memalloc.cli._common"),
+        ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run"),
+    ]),
+    ("", [("memalloc.__main__",)]),
 ]
+LAYERS: list[tuple[str, ...]] = [layer for _, layers in FOLDERS for layer in layers]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+PACKAGES = {f"memalloc.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
 
 
 def module_name(path: Path) -> str:
@@ -67,6 +92,19 @@ def imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
 
 def sources():
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_each_folder_holds_the_modules_of_its_band():
+    """A module listed under folder F lives in memalloc/F/ (and a module of
+    memalloc/ itself in a band named ""): the folders are the layers."""
+    wrong = []
+    for folder, layers in FOLDERS:
+        for name in (n for layer in layers for n in layer):
+            parts = name.split(".")[1:]
+            where = parts[0] if len(parts) > 1 or (parts and name in PACKAGES) else ""
+            if where != folder:
+                wrong.append(f"{name} is listed under {folder!r} but lives in {where!r}")
+    assert not wrong, wrong
 
 
 def test_every_module_has_a_layer():

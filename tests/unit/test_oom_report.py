@@ -1,4 +1,4 @@
-"""The out-of-memory report (memalloc/oom.py, csrc/boundary/torch/oom_report.cpp)
+"""The out-of-memory report (memalloc/features/oom.py, csrc/boundary/torch/oom_report.cpp)
 on the host backend: torch.OutOfMemoryError's message names the call sites
 holding the most memory; report files are written for the first N OOMs;
 a failing report never hides the OOM. A fresh interpreter per scenario
@@ -81,7 +81,7 @@ R["off"] = oom()
 memalloc.set_oom_report(True)
 def broken(*a, **k):
     raise RuntimeError("boom")
-memalloc.oom.top_holders = broken
+memalloc.features.oom.top_holders = broken
 R["broken"] = oom()
 R["bad"] = [err(lambda: memalloc.set_oom_report(max_reports=-1)), err(lambda: memalloc.set_oom_report(top=0)),
             err(lambda: memalloc.set_oom_report("yes"))]

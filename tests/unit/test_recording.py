@@ -23,7 +23,7 @@ installed allocator on the host backend, and the state before enable().
 User code whose allocation sites the stacks must name lives in
 tests/recording_cases/user_code.py; each site is found by its marker comment
 (``# SITE:<name>``). Lines of this file's scenarios are found the same way
-(``# HERE:<name>``): a user stack (``user_only``: memalloc/_usercode.py) is
+(``# HERE:<name>``): a user stack (``user_only``: memalloc/core/_usercode.py) is
 user_code.py's frames, then the scenario's line in this file, then whatever
 called the scenario: pytest's frames (an installed package: dropped), and
 the ``pytest`` script when pytest was started by it (user code). The
@@ -57,9 +57,11 @@ import torch
 from torch.cuda import _memory_viz as mv
 
 import memalloc
-from memalloc import _C, _hooks, host, recording, snapshots, trace_files
-from memalloc import tags as tags_module
-from memalloc._usercode import is_internal
+from memalloc import _C, host, recording
+from memalloc.core import _hooks
+from memalloc.trace import snapshots, trace_files
+from memalloc.trace import tags as tags_module
+from memalloc.core._usercode import is_internal
 from conftest import CHILD_PRELUDE
 from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
 
@@ -84,7 +86,7 @@ def owned_recording(config: str = "host_capacity_mb:64") -> Iterator[_C.Allocato
     Afterwards its recording is stopped, it is validated, and the
     process-wide recording state is as before: the stack mode, this
     thread's tag, the backward context, and the backward hook (which
-    record_memory_history subscribes to, memalloc._hooks)."""
+    record_memory_history subscribes to, memalloc.core._hooks)."""
     mode, thread_tag, backward = _C.stack_mode(), _C.thread_tag(), _C.backward_context()
     subscribed = _hooks.subscribed(_hooks.BACKWARD, tags_module.BACKWARD_FEATURE)
     a = _C.Allocator("host", config)
@@ -613,7 +615,7 @@ def test_stack_names_the_user_line_and_function(stacks):
     assert len(user) == 2
     # the full stack starts inside memalloc (host.empty); user_only drops it, and the
     # standard library's frames of the thread the scenario runs in
-    assert everything[0][0].endswith(os.path.join("memalloc", "host.py")) and everything[0][2] == "empty"
+    assert everything[0][0].endswith(os.path.join("memalloc", "integration", "host.py")) and everything[0][2] == "empty"
     assert everything[1:3] == user
     assert everything[3:] and all(is_internal(f[0]) for f in everything[3:]), everything
     assert not any(internal(f[0]) for f in user)
@@ -1321,7 +1323,7 @@ def test_wire_formats_come_from_the_core_and_decode_what_it_packs(host_allocator
     exports, and decode what the core packs."""
     import struct
 
-    from memalloc import sites
+    from memalloc.trace import sites
 
     assert struct.calcsize(recording.RECORD_FORMAT) == _C.RECORD_BYTES == 64
     assert struct.calcsize(sites.LIVE_FORMAT) == _C.LIVE_BYTES

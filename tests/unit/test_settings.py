@@ -1,4 +1,4 @@
-"""torch's allocator settings applied to memalloc (memalloc/_settings.py):
+"""torch's allocator settings applied to memalloc (memalloc/core/_settings.py):
 ``PYTORCH_CUDA_ALLOC_CONF`` at enable(), ``_set_allocator_settings`` and
 ``torch._C._accelerator_setAllocatorSettings`` at run time, with torch's
 rules. Checked on the host backend against rounding the test computes with
@@ -7,7 +7,7 @@ uses); on CUDA the same code runs under torch's own test.
 """
 from __future__ import annotations
 
-from memalloc import _settings
+from memalloc.core import _settings
 
 MiB = 1 << 20
 

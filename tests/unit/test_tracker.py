@@ -1,4 +1,4 @@
-"""memalloc.StepTracker (memalloc/tracker.py) on the host backend with real
+"""memalloc.StepTracker (memalloc/features/tracker.py) on the host backend with real
 host tensors, in this process on an allocator the test owns
 (``StepTracker(allocator=a)``, tensors from ``host.empty(..., allocator=a)``,
 the allocator's own stats instead of the installed-allocator functions).
@@ -21,8 +21,9 @@ import pytest
 import torch
 
 import memalloc
-from memalloc import host, iteration
-from memalloc import tracker as tracker_module
+from memalloc import host
+from memalloc.core import iteration
+from memalloc.features import tracker as tracker_module
 from memtest_helpers import stat
 
 MiB = 1 << 20

@@ -82,7 +82,7 @@ void bind_breakdown(AllocatorClass& cls) {
          },
          py::arg("phase"),
          "Stamps new blocks of every device with `phase`; entering 'backward' resolves the live forward blocks "
-         "(activations), entering 'optimizer' the live backward blocks (gradients). memalloc/phases.py calls it.")
+         "(activations), entering 'optimizer' the live backward blocks (gradients). memalloc/features/phases.py calls it.")
       .def(
           "resolve",
           [](CachingAllocator& a, const PhaseArg& phase, const CategoryArg& category) {

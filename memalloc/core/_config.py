@@ -1,0 +1,66 @@
+"""Configuration text: MEMALLOC_CONF from the environment merged with the
+``config`` argument of :func:`memalloc.enable`.
+
+The format is PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` style,
+``key:value,key:value``. Parsing and validation happen once, in C++
+(``_C.parse_config``), so the environment, the Python API and the tests share
+one parser and one set of error messages.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional, Union
+
+from memalloc import _C
+
+ConfigLike = Union[str, Mapping[str, object], None]
+
+ENV_VAR = "MEMALLOC_CONF"
+# Stack capture modes (record_stacks / record_memory_history(stacks=...)): name -> number, as _C defines them.
+STACK_MODES: dict[str, int] = dict(_C.STACK_MODES)
+
+
+def config_text(config: ConfigLike = None, *, use_env: bool = True) -> str:
+    """Returns the canonical config text: ``$MEMALLOC_CONF`` first, then
+    ``config`` (a ``key:value,...`` string or a mapping), later keys winning.
+
+    Raises ValueError (``memalloc.InvalidArgumentError``) naming an unknown
+    key or a malformed value, with the valid keys; in a mapping, a key or
+    value containing ',' or ':' is malformed (it would set other keys).
+    """
+    parts = []
+    if use_env and os.environ.get(ENV_VAR):
+        parts.append(os.environ[ENV_VAR])
+    if isinstance(config, Mapping):
+        parts.append(",".join(_entry_text(k, v) for k, v in config.items()))
+    elif isinstance(config, str):
+        parts.append(config)
+    elif config is not None:
+        raise TypeError(
+            f"config must be a 'key:value,...' string or a mapping, not {type(config).__name__}"
+        )
+    return _C.parse_config(",".join(p for p in parts if p))
+
+
+def config_value(text: str, key: str) -> Optional[str]:
+    """The value of ``key`` in canonical config text, or None."""
+    for item in text.split(","):
+        k, _, v = item.partition(":")
+        if k == key:
+            return v
+    return None
+
+
+def _entry_text(key: object, value: object) -> str:
+    """``key:value`` for one mapping entry. A key or value holding the
+    syntax's own ',' or ':' would be read as more entries (silently setting
+    other keys): it is refused, naming the entry."""
+    key_text = str(key)
+    value_text = ("True" if value else "False") if isinstance(value, bool) else str(value)
+    for text, where in ((key_text, f"key {key_text!r}"), (value_text, f"value {value_text!r} of key {key_text!r}")):
+        if "," in text or ":" in text:
+            raise _C.InvalidArgumentError(
+                f"config mapping: {where} contains ',' or ':', which would be read as more entries; "
+                "give each key its own entry, e.g. {'host_devices': 2, 'host_capacity_mb': 64}"
+            )
+    return f"{key_text}:{value_text}"

@@ -1,0 +1,138 @@
+"""Where the memory goes: live bytes by category, now and at the step's peak.
+
+:func:`memory_breakdown` answers what torch.profiler's memory timeline
+answers (parameters, gradients, optimizer state, activations, temporaries,
+other) from the allocator's own counters, with no profiler and no code
+beyond :func:`memalloc.enable`: the allocator stamps each block with the
+training phase it was allocated in and decides its category at the
+landmark where its fate is known (csrc/accounting/breakdown.h, memalloc/features/phases.py):
+
+==================  =========================================================
+``parameters``      storages of ``nn.Parameter`` s (and of optimizers' params)
+``gradients``       made by ``backward()``, still live when ``optimizer.step()``
+                    starts or the step ends
+``optimizer_state`` made by ``optimizer.step()``, live after the step
+``activations``     made after the step began, still live when ``backward()``
+                    starts: what autograd saved, the loss, the batch
+``temporaries``     made during a step and freed before its landmark
+                    (workspaces, intermediate results)
+``other``           made before training (buffers, data kept on the device),
+                    or kept past a step without a backward using it
+==================  =========================================================
+
+The first training step is a warm-up: what its forward allocated counts as
+``other`` when no step boundary has been seen yet (the allocator learns
+where a step begins from the previous one's end).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from memalloc import _C
+from memalloc.core import _state
+from memalloc.features import phases
+from memalloc.core._device import DeviceLike, device_index
+from memalloc.core._format import fmt_bytes
+
+CATEGORIES = phases.CATEGORIES
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+    """Live bytes by category on one device (all values in bytes).
+
+    ``now``: what is live now; a block whose fate is not known yet counts
+    under the category it gets if it survives (``now_provisional`` bytes of
+    them: a forward block as ``activations``, a backward block as
+    ``gradients``, an optimizer block as ``optimizer_state``).
+    ``peak``: the split when allocated bytes peaked in the last finished step
+    (``peak_step`` its number: memalloc.steps() at its boundary, or, where no
+    boundaries are marked, how many steps the first optimizer has taken),
+    fully resolved; before the first step ends,
+    the peak so far (``peak_step`` None, ``peak_provisional`` bytes not yet
+    resolved).
+    """
+
+    device: int
+    phase: str
+    now: dict[str, int]
+    now_provisional: int
+    peak: dict[str, int]
+    peak_step: Optional[int]
+    peak_provisional: int
+
+    @property
+    def now_total(self) -> int:
+        """Allocated bytes now (the sum of ``now``)."""
+        return sum(self.now.values())
+
+    @property
+    def peak_total(self) -> int:
+        """Allocated bytes at the peak (the sum of ``peak``)."""
+        return sum(self.peak.values())
+
+    def largest(self) -> str:
+        """The category holding the most bytes at the peak."""
+        return max(CATEGORIES, key=lambda c: self.peak[c])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"now_total": self.now_total, "peak_total": self.peak_total}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MemoryBreakdown":
+        """The breakdown :meth:`to_dict` wrote (its totals are recomputed)."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+    def to_text(self) -> str:
+        """A table: one row per category, bytes and share now and at the peak."""
+        where = f"step {self.peak_step}'s peak" if self.peak_step is not None else "peak so far"
+        lines = [f"memory by category, device {self.device} (phase: {self.phase})",
+                 f"  {'category':<16}{'now':>12}{'':>7}{where:>20}{'':>7}"]
+        for c in CATEGORIES:
+            lines.append(f"  {c:<16}{fmt_bytes(self.now[c]):>12}{_share(self.now[c], self.now_total):>7}"
+                         f"{fmt_bytes(self.peak[c]):>20}{_share(self.peak[c], self.peak_total):>7}")
+        lines.append(f"  {'total':<16}{fmt_bytes(self.now_total):>12}{'':>7}{fmt_bytes(self.peak_total):>20}")
+        if self.now_provisional or self.peak_provisional:
+            lines.append(f"  (provisional: {fmt_bytes(self.now_provisional)} now, "
+                         f"{fmt_bytes(self.peak_provisional)} at the peak; decided when the step goes on)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def describe_split(split: dict[str, int]) -> str:
+    """``split`` (bytes by category) on one line, largest first, zeros left
+    out: "activations 5.20 GiB (81%), optimizer_state 651.18 MiB (10%), ..."
+    ("" when every category is 0)."""
+    whole = sum(split.values())
+    return ", ".join(f"{c} {fmt_bytes(v)} ({100 * v / whole:.0f}%)"
+                     for c, v in sorted(split.items(), key=lambda kv: -kv[1]) if v)
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:5.1f}%" if whole else ""
+
+
+def memory_breakdown(device: DeviceLike = None, allocator: Optional[_C.Allocator] = None) -> MemoryBreakdown:
+    """Live bytes by category on ``device`` now and at the step's peak, from
+    ``allocator`` (default: the installed one). Marks the storages of known
+    parameters first (memalloc.phases.mark_parameters), so a model built
+    or moved since the last step is counted as parameters."""
+    a = _state.allocator_or_installed(allocator)
+    index = device_index(device, a.backend_name)
+    if phases.installed():
+        phases.mark_parameters(a)
+    raw = a.breakdown(index)
+    last = raw["last"]
+    peak = last if last is not None else raw["peak"]
+    return MemoryBreakdown(
+        device=index,
+        phase=raw["phase"],
+        now=dict(raw["now"]["split"]),
+        now_provisional=sum(raw["now"]["unresolved"].values()),
+        peak=dict(peak["split"]),
+        peak_step=int(raw["last_step"]) if last is not None else None,
+        peak_provisional=sum(peak["unresolved"].values()),
+    )

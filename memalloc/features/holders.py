@@ -1,0 +1,226 @@
+"""Who holds the leaked tensors: a search of the object graph for the
+container (list, dict, set, deque; a module global, a local of a running
+frame, an attribute, a closure variable) that keeps most of a leak's tensors
+alive, its name, and the line of source that adds to it
+(``losses.append(loss)``). Called by memalloc/features/leaks.py on the leaks it found.
+"""
+from __future__ import annotations
+
+import collections
+import gc
+import linecache
+import os
+import re
+import sys
+import types
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from memalloc.core._usercode import is_internal, source_line
+from memalloc.reporters.leak_report import Leak
+
+_CONTAINERS = (list, dict, set, collections.deque)
+
+
+def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
+    """Fills ``holder`` and merges the leaks one container keeps alive."""
+    leak_of_stack = {sid: id(leak) for leak in leaks for sid in leak.stack_ids}
+    site_of_addr = {addr: leak_of_stack[sid] for addr, _size, _req, sid, _tag, _step in live if sid in leak_of_stack}
+    by_leak: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
+    with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
+        warnings.simplefilter("ignore")
+        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for obj in objects:
+        try:
+            ptr = obj.untyped_storage().data_ptr()
+        except Exception:  # noqa: BLE001 - meta, sparse or otherwise storage-less tensors
+            continue
+        owner = site_of_addr.get(ptr)
+        if owner is not None:
+            by_leak[owner].append(obj)
+    del objects
+    holders: dict[int, tuple[Any, dict]] = {}
+    for leak in leaks:
+        tensors = by_leak.get(id(leak), [])
+        found = _holder_of(tensors, leak)
+        if found is not None:
+            holders[id(leak)] = found
+            leak.holder = found[1]
+            leak.graph = any(t.grad_fn is not None for t in tensors)
+            # A graph keeping more than the container's own tensors: saved activations (no_grad_eval).
+            items = found[0].values() if isinstance(found[0], dict) else found[0]
+            held = {t.untyped_storage().data_ptr(): t for t in items if isinstance(t, torch.Tensor)}
+            # More blocks per step than the container gains tensors: the graph keeps activations too.
+            held_per_step = len(held) / max(1, len(leak.series))
+            leak.graph_extra = leak.graph and bool(held) and leak.tensors_per_step > 1.5 * held_per_step
+            where = found[1].get("where_line")
+            if where:
+                leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
+                leak.code = source_line(where[0], where[1])
+            found[1].pop("where_line", None)
+    # Sites whose tensors no container holds: kept by the autograd graph of a held tensor.
+    graph_holders = [l for l in leaks if l.holder is not None and l.graph]
+    merged: list[Leak] = []
+    absorbed: set[int] = set()
+    if graph_holders:
+        main = max(graph_holders, key=lambda l: l.bytes_per_step)
+        for leak in leaks:
+            if leak.holder is None:
+                _absorb(main, leak)
+                main.graph_extra = True
+                absorbed.add(id(leak))
+    # One entry per container.
+    by_container: dict[int, Leak] = {}
+    for leak in leaks:
+        if id(leak) in absorbed:
+            continue
+        found = holders.get(id(leak))
+        if found is None:
+            merged.append(leak)
+            continue
+        first = by_container.get(id(found[0]))
+        if first is None:
+            by_container[id(found[0])] = leak
+            merged.append(leak)
+        else:
+            _absorb(first, leak)
+    return merged
+
+
+def _absorb(into: Leak, other: Leak) -> None:
+    into.also_allocated_at.append({**other.alloc_site, "code": other.alloc_code,
+                                   "bytes_per_step": other.bytes_per_step, "retained_bytes": other.retained_bytes})
+    into.bytes_per_step += other.bytes_per_step
+    into.tensors_per_step += other.tensors_per_step
+    into.retained_bytes += other.retained_bytes
+    into.retained_tensors += other.retained_tensors
+    into.first_step = min(into.first_step, other.first_step)
+    into.series = [a + b for a, b in zip(into.series, other.series)]
+    into.stack_ids = sorted(set(into.stack_ids) | set(other.stack_ids))
+
+
+def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
+    """(container, holder dict) keeping most of ``tensors``, or None."""
+    counts: collections.Counter = collections.Counter()
+    containers: dict[int, Any] = {}
+    sample = tuple(tensors[:200])  # a tuple: not mistaken for a holder below
+    ours = {id(tensors), id(containers)}
+    for t in sample:
+        for r in gc.get_referrers(t):
+            if isinstance(r, _CONTAINERS) and not _is_namespace(r) and id(r) not in ours:
+                counts[id(r)] += 1
+                containers[id(r)] = r
+    del sample
+    if not counts:
+        return None
+    container = containers[counts.most_common(1)[0][0]]
+    name, file, owner_kind = _name_of(container)
+    kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
+    holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": len(container),
+              "where": "", "code": ""}
+    if kind == "dict" and container and all(isinstance(k, int) for k in container):
+        holder["int_keys"] = True
+    if name and file:
+        line = _adding_line(file, name, kind, leak)
+        if line:
+            holder["where"] = f"{file}:{line[0]}"
+            holder["code"] = source_line(file, line[0])
+            holder["where_line"] = (file, line[0], line[1])
+    holder["owner"] = owner_kind
+    return container, holder
+
+
+def _is_namespace(d: Any) -> bool:
+    """A module's globals or an instance/class __dict__ (not a user dict)."""
+    return isinstance(d, dict) and ("__name__" in d and "__builtins__" in d)
+
+
+def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str]:
+    """(name, source file to search, "global" | "local" | "attribute" | "closure" | "")."""
+    # A local (or global) of a frame that is running now (not memalloc's own).
+    for frame in list(sys._current_frames().values()):
+        f = frame
+        while f is not None:
+            if is_internal(f.f_code.co_filename):
+                f = f.f_back
+                continue
+            for name, value in f.f_locals.items():
+                if value is container:
+                    return name, f.f_code.co_filename, "local" if f.f_locals is not f.f_globals else "global"
+            f = f.f_back
+    for r in gc.get_referrers(container):
+        if isinstance(r, dict):
+            for name, value in r.items():
+                if value is container:
+                    if _is_namespace(r) and r.get("__file__"):
+                        return name, r["__file__"], "global"
+                    owners = [o for o in gc.get_referrers(r) if getattr(o, "__dict__", None) is r]
+                    if owners:
+                        cls = type(owners[0])
+                        file = sys.modules.get(cls.__module__)
+                        return f"self.{name}", getattr(file, "__file__", None), "attribute"
+        elif not isinstance(r, (type, types.ModuleType, types.FrameType)) and isinstance(
+                getattr(r, "__dict__", None), dict):
+            # An instance whose attributes live inline (CPython 3.11+): it refers to the value itself.
+            for name, value in vars(r).items():
+                if value is container:
+                    module = sys.modules.get(type(r).__module__)
+                    return f"self.{name}", getattr(module, "__file__", None), "attribute"
+    for r in gc.get_referrers(container):  # a closure variable
+        if type(r).__name__ == "cell":
+            for fn in gc.get_referrers(r):
+                if isinstance(fn, tuple):
+                    for g in gc.get_referrers(fn):
+                        code = getattr(g, "__code__", None)
+                        if code is not None and g.__closure__ is fn:
+                            i = list(fn).index(r)
+                            return code.co_freevars[i], code.co_filename, "closure"
+    return None, None, ""
+
+
+_ADDERS = {
+    "list": r"\.(?:append|extend|insert)\s*\(|\s*\+=",
+    "deque": r"\.(?:append|appendleft|extend)\s*\(",
+    "set": r"\.(?:add|update)\s*\(",
+    "dict": r"\s*\[[^\]]*\]\s*=(?!=)|\.(?:setdefault|update)\s*\(",
+    "other": r"\.(?:append|add)\s*\(",
+}
+
+
+def _adding_line(file: str, name: str, kind: str, leak: Leak) -> Optional[tuple[int, str]]:
+    """(line, enclosing function) of the source line that adds to ``name``,
+    the one nearest after the allocating line when several do."""
+    base = name.split(".")[-1]
+    prefix = r"\." if name.startswith("self.") else r"(?<![\w.])"
+    pattern = re.compile(prefix + re.escape(base) + r"(?:" + _ADDERS.get(kind, _ADDERS["other"]) + r")")
+    lines = linecache.getlines(file)
+    hits = [i + 1 for i, text in enumerate(lines) if pattern.search(text) and not text.lstrip().startswith("#")]
+    if not hits:
+        return None
+    alloc_line = leak.alloc_site["line"] if os.path.abspath(leak.alloc_site["filename"]) == os.path.abspath(file) else 0
+    # Prefer a line that adds the very variable the allocating line assigned
+    # (`losses.append(loss)` over `losses.append(loss.item())`), then the
+    # nearest one after the allocating line.
+    var = re.match(r"\s*(\w+)\s*=(?!=)", leak.alloc_code or "")
+    def score(h: int) -> tuple:
+        text = lines[h - 1]
+        exact = bool(var) and re.search(r"[(\[=,]\s*" + re.escape(var.group(1)) + r"\s*[)\],]?\s*(#.*)?$", text)
+        mentions = bool(var) and re.search(r"\b" + re.escape(var.group(1)) + r"\b(?!\.(?:item|tolist|cpu|numpy)\()",
+                                           text)
+        return (not exact, not mentions, h < alloc_line, abs(h - alloc_line))
+    line = min(hits, key=score)
+    return line, _enclosing_function(lines, line)
+
+
+def _enclosing_function(lines: list[str], line: int) -> str:
+    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
+    for i in range(line - 2, -1, -1):
+        text = lines[i]
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ")) and len(text) - len(stripped) < indent:
+            return stripped.split("def ", 1)[1].split("(", 1)[0]
+    return "<module>"
+
+

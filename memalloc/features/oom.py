@@ -1,0 +1,144 @@
+"""The out-of-memory report: what was holding memory when an allocation
+failed.
+
+When memalloc cannot satisfy an allocation, torch raises
+``torch.OutOfMemoryError`` with memalloc's message (what was asked, what the
+device has, what memalloc holds), followed by the live allocations holding
+the most memory grouped by call site (the innermost line of user code that
+allocated them, with that line of source when the file is readable; call
+sites are on from ``memalloc.enable()`` unless the config says
+``call_sites:False``; without them, by tag). With a report folder set
+(:func:`set_oom_report`, the ``MEMALLOC_OOM_REPORT_DIR`` environment variable,
+or ``python -m memalloc run``'s ``--out``), the first ``max_reports`` OOMs of
+the process also write ``oom-<pid>-<n>.txt`` (the message, the holders and
+``memory_summary``) and ``oom-<pid>-<n>.pickle`` (``memalloc.snapshot()``,
+for pytorch.org/memory_viz); the message says where.
+
+The report is built by a hook the C++ allocator calls after the failed
+allocation has released its lock (csrc/boundary/torch/oom_report.cpp); a failing
+hook never hides the out-of-memory error.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import threading
+from typing import Optional
+
+from memalloc import _C
+from memalloc.core import _hooks, _state
+from memalloc.trace import snapshots
+from memalloc.features import stats
+from memalloc.core._device import DeviceLike, device_index
+from memalloc.core._format import fmt_bytes
+from memalloc.core._usercode import source_line
+from memalloc.trace.sites import live_blocks, site_of
+
+_lock = threading.Lock()
+_settings = {"enabled": True, "directory": os.environ.get("MEMALLOC_OOM_REPORT_DIR") or None,
+             "max_reports": 3, "top": 5}
+_written = 0
+
+
+def set_oom_report(enabled: bool = True, *, directory: Optional[str] = None, max_reports: int = 3,
+                   top: int = 5) -> None:
+    """Configures the out-of-memory report.
+
+    Args:
+        enabled: append the top holders to out-of-memory errors.
+        directory: where to write report files (None: no files).
+        max_reports: files are written for the first this many OOMs of the
+            process (>= 0).
+        top: call sites listed (>= 1).
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    for name, value, low in (("max_reports", max_reports, 0), ("top", top, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+    if directory is not None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path or None, not {type(directory).__name__}")
+        os.makedirs(directory, exist_ok=True)
+    with _lock:
+        _settings.update(enabled=enabled, directory=None if directory is None else os.fspath(directory),
+                         max_reports=max_reports, top=top)
+    install()
+
+
+FEATURE = "out-of-memory report"  # its name in hook warnings
+
+
+def install() -> None:
+    """Subscribes the report to the allocator's out-of-memory hook
+    (memalloc.core._hooks) with the current settings (done by memalloc.enable)."""
+    if _settings["enabled"]:
+        _hooks.subscribe(_hooks.OUT_OF_MEMORY, FEATURE, _hook)
+    else:
+        _hooks.unsubscribe(_hooks.OUT_OF_MEMORY, FEATURE)
+
+
+def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: Optional[_C.Allocator] = None) -> list[dict]:
+    """The ``n`` call sites whose live allocations hold the most memory on
+    ``device`` of ``allocator`` (default: the installed one): [{"bytes",
+    "tensors", "filename", "line", "function", "code", "tag"}], bytes, largest
+    first. Sites are the innermost user-code frame of the allocating stack
+    (None fields when stacks were not captured; then the grouping is by tag)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
+    a = _state.allocator_or_installed(allocator)
+    d = device_index(device, a.backend_name)
+    tags = _C.tag_names()
+    groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for _addr, size, _req, stack_id, tag_id, _step in live_blocks(d, a):
+        site = site_of(stack_id)
+        tag = tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>"
+        g = groups[site + ("",) if site else (None, None, None, tag)]
+        g[0] += size
+        g[1] += 1
+    out = []
+    for (filename, line, function, tag), (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]:
+        out.append({"bytes": nbytes, "tensors": count, "filename": filename, "line": line, "function": function,
+                    "code": source_line(filename, line) if filename else "", "tag": tag})
+    return out
+
+
+def _describe(holders: list[dict]) -> str:
+    lines = ["", "Live allocations holding the most memory (memalloc):"]
+    for h in holders:
+        where = (f"{h['filename']}:{h['line']} in {h['function']}" if h["filename"]
+                 else f"tag {h['tag']!r}" if h["tag"] else "no call site recorded")
+        lines.append(f"  {fmt_bytes(h['bytes']):>11} in {h['tensors']:>5} allocations  {where}")
+        if h["code"]:
+            lines.append(f"  {'':>11}    {h['code']}")
+    if holders and all(h["filename"] is None for h in holders):
+        lines.append("  (call sites are off: remove call_sites:False from MEMALLOC_CONF or enable()'s config, "
+                     "or call memalloc.record_memory_history(stacks='python'))")
+    return "\n".join(lines)
+
+
+def _hook(device: int, size: int) -> str:
+    """Called by the allocator after an allocation of ``size`` bytes failed
+    for good on ``device``; returns the text appended to the error."""
+    global _written
+    try:
+        with _lock:
+            settings = dict(_settings)
+        text = _describe(top_holders(device, settings["top"]))
+        directory = settings["directory"]
+        if directory:
+            with _lock:
+                n = _written + 1 if _written < settings["max_reports"] else 0
+                _written = max(_written, n)
+            if n:
+                base = os.path.join(directory, f"oom-{os.getpid()}-{n}")
+                with open(base + ".pickle", "wb") as f:
+                    pickle.dump(snapshots.snapshot(device), f)
+                with open(base + ".txt", "w") as f:
+                    f.write(f"out of memory: {size} bytes requested on device {device}\n{text}\n\n")
+                    f.write(stats.memory_summary(device))
+                text += f"\nOOM report written to {base}.txt and {base}.pickle (open at pytorch.org/memory_viz)"
+        return text
+    except Exception as e:  # noqa: BLE001 - the OOM error must surface, not this
+        return f"\n(memalloc could not build the OOM report: {type(e).__name__}: {e})"

@@ -1,0 +1,467 @@
+"""Trace replay: allocator events replayed on a fresh host-backend allocator
+under a given config, so that fragmentation (peak reserved / peak allocated)
+is a number the CPU computes.
+
+Two kinds of workload:
+
+- a trace file written by :func:`memalloc.save_trace` (or a
+  :class:`~memalloc.trace.trace_files.Trace` read by :func:`memalloc.load_trace`):
+  :func:`replay_trace` replays its allocation-level events per device, on
+  the same device and stream ids: ``alloc`` → ``malloc`` of the size that
+  was requested; ``free_requested`` → ``free`` of the pointer the replay got
+  for that original address; ``empty_cache`` → ``empty_cache``. A free the
+  original allocator completed later (a block used on another stream through
+  ``record_stream``) is replayed as such: the block is recorded on a private
+  stream before the free, and that stream is synchronised at the trace's
+  ``free_completed``. Every other event (segments, retries, OOMs,
+  synchronisations) is what the policy did, so the replay's own policy
+  redoes it.
+- synthetic ops (:func:`replay_ops`): ``("alloc", size)`` (the k-th
+  ``alloc`` op makes key k), ``("free", key)``, ``("empty_cache",)``, on
+  device 0, stream 0. :func:`random_workload` yields the GPU benchmark's
+  random workload this way, so it needs no file.
+
+Every replay builds a new ``memalloc._C.Allocator("host", config)``: the
+config text is the caller's alone (``MEMALLOC_CONF`` is not read), and the
+host capacity defaults to an upper bound of what any replay of the workload
+can reserve (:func:`capacity_bound`), so it never limits a replay unless
+``host_capacity_mb`` asks it to. Sizes are in bytes throughout.
+
+Repeatable to the byte: among free blocks of equal size best fit takes the
+lowest address, and the host backend hands out addresses deterministically
+(first fit in one reserved range per device, csrc/backend/backend_host.cpp), so the
+ties fall the same way in every run and process.
+
+Not replayed: private pools (CUDA graphs, ``MemPool``): their allocations
+go to the default pool. Events the trace's ring dropped are lost: frees of
+blocks allocated before the trace's first event are refused unless
+``skip_unknown_frees=True``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import random
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import torch
+
+from memalloc import _C
+from memalloc.core._format import fmt_bytes
+from memalloc.trace.recording import Event
+from memalloc.trace.trace_files import Trace, load_trace
+
+PathLike = Union[str, "os.PathLike[str]"]
+Op = tuple  # ("alloc", size) | ("free", key) | ("empty_cache",)
+
+MiB = 1 << 20
+RANDOM_SOURCE = "random:"      # replay_source("random:N"): random_workload(N)
+RANDOM_CAP = 512 * MiB         # the random workload's largest allocation (bytes)
+_MAX_CAPACITY_MB = 1 << 40     # the largest host_capacity_mb the config accepts
+_REPLAY_KEYS = ("backend", "host_devices")  # the replay sets these itself
+
+# The replay's own ops: (code, key, size in bytes, stream, index of the op or
+# trace event it comes from).
+_ALLOC, _FREE, _FREE_LATER, _COMPLETE, _EMPTY_CACHE = range(5)
+_Code = tuple[int, int, int, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceReplay:
+    """What one simulated device did during a replay (bytes; counts):
+    the peaks, the allocations made (those that ran out of memory are
+    ``ooms``), what was reserved and allocated when the workload ended, and
+    the frees skipped by ``skip_unknown_frees``.
+
+    ``recorded_peak_*`` are the peaks the trace's own events give (the
+    running sums of ``alloc`` − ``free_requested`` block sizes and of
+    ``segment_alloc`` − ``segment_free`` sizes from the trace's first
+    event): the original allocator's peaks when recording started on an
+    empty allocator. None for synthetic ops, and for a trace that does not
+    start empty (dropped events, frees of blocks older than the trace)."""
+
+    device: int
+    peak_allocated: int
+    peak_reserved: int
+    allocations: int
+    ooms: int
+    final_reserved: int
+    final_allocated: int
+    unknown_frees: int = 0
+    recorded_peak_allocated: Optional[int] = None
+    recorded_peak_reserved: Optional[int] = None
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """peak_reserved / peak_allocated; None when nothing was allocated."""
+        return self.peak_reserved / self.peak_allocated if self.peak_allocated else None
+
+    def to_dict(self) -> dict:
+        """The fields and ``ratio``, as JSON takes them."""
+        return {**dataclasses.asdict(self), "ratio": self.ratio}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayResult:
+    """One workload replayed under one config.
+
+    ``source``: the trace's path or name, ``random:N`` or the name given to
+    :func:`replay_ops`; ``config``: the config text as given (``""``: the
+    default policy); ``capacity``: bytes of each simulated device."""
+
+    source: str
+    config: str
+    capacity: int
+    devices: tuple[DeviceReplay, ...]
+
+    def to_dict(self) -> dict:
+        """The result as JSON takes it (``devices``: a list of dicts)."""
+        return {"source": self.source, "config": self.config, "capacity": self.capacity,
+                "devices": [d.to_dict() for d in self.devices]}
+
+
+# ---- workloads ----------------------------------------------------------------
+def random_workload(n_allocs: int = 50_000, live: int = 64, seed: int = 7) -> Iterator[Op]:
+    """The GPU benchmark's random workload (benchmarks/gpu_worker.py,
+    ``random_plan`` and ``run_random``) as ops for :func:`replay_ops`.
+
+    ``n_allocs`` allocations of e^N(11, 3) bytes (at least 1 B, at most
+    :data:`RANDOM_CAP`, 512 MiB) fill ``live`` slots; before each one, the
+    allocation held by a random slot (if any) is freed. Drawn as the
+    benchmark draws them from ``random.Random(seed)`` (every size first,
+    then every slot), so the ops are the same on every machine.
+    """
+    for name, value, least in (("n_allocs", n_allocs, 0), ("live", live, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
+    return _random_ops(n_allocs, live, seed)
+
+
+def _random_ops(n_allocs: int, live: int, seed: int) -> Iterator[Op]:
+    """random_workload's ops, arguments checked."""
+    rng = random.Random(seed)
+    sizes = [max(1, min(RANDOM_CAP, int(math.exp(rng.gauss(11, 3))))) for _ in range(n_allocs)]
+    slots: list[Optional[int]] = [None] * live
+    for key, size in enumerate(sizes):
+        slot = rng.randrange(live)
+        if slots[slot] is not None:
+            yield ("free", slots[slot])
+        slots[slot] = key
+        yield ("alloc", size)
+
+
+def _ops_of(ops: Iterable[Op]) -> list[_Code]:
+    """Synthetic ops as the replay's op codes; ValueError names a malformed op."""
+    out: list[_Code] = []
+    n_allocs = 0
+    for index, op in enumerate(ops):
+        is_op = isinstance(op, (tuple, list))
+        name = op[0] if is_op and op else None
+        arg = op[1] if is_op and len(op) == 2 else None
+        if name == "empty_cache" and len(op) == 1:
+            out.append((_EMPTY_CACHE, 0, 0, 0, index))
+        elif name in ("alloc", "free") and isinstance(arg, int) and not isinstance(arg, bool) and arg >= 0:
+            out.append((_ALLOC, n_allocs, arg, 0, index) if name == "alloc" else (_FREE, arg, 0, 0, index))
+            n_allocs += name == "alloc"
+        else:
+            raise ValueError(f"op {index} is {op!r}: ops are ('alloc', size), ('free', key) and "
+                             "('empty_cache',), with sizes and keys ints >= 0 (the k-th alloc makes key k)")
+    return out
+
+
+def _trace_ops(events: Sequence[Event]) -> list[_Code]:
+    """The allocation-level events of one device as the replay's op codes:
+    keys are the original addresses; a free whose ``free_completed`` does
+    not follow at once becomes _FREE_LATER + _COMPLETE."""
+    out: list[_Code] = []
+    last = len(events) - 1
+    for i, e in enumerate(events):
+        if e.action == "alloc":
+            out.append((_ALLOC, e.addr, e.requested, e.stream, i))
+        elif e.action == "free_requested":
+            at_once = i < last and events[i + 1].action == "free_completed" and events[i + 1].addr == e.addr
+            out.append((_FREE if at_once else _FREE_LATER, e.addr, 0, 0, i))
+        elif e.action == "free_completed":
+            if not (i > 0 and events[i - 1].action == "free_requested" and events[i - 1].addr == e.addr):
+                out.append((_COMPLETE, e.addr, 0, 0, i))
+        elif e.action == "empty_cache":
+            out.append((_EMPTY_CACHE, 0, 0, 0, i))
+    return out
+
+
+def _recorded_peaks(events: Sequence[Event]) -> tuple[Optional[int], Optional[int]]:
+    """(peak allocated, peak reserved) of the trace's own events, from its
+    first event; (None, None) when a free or segment_free names an address
+    the trace never allocated (it did not start on an empty allocator).
+    Reserved bytes: segments allocated minus freed, plus pages mapped minus
+    unmapped (expandable segments)."""
+    live: dict[str, dict[int, int]] = {"block": {}, "segment": {}}
+    current = {"block": 0, "segment": 0}
+    peak = {"block": 0, "segment": 0}
+    for e in events:
+        kind = "segment" if e.action.startswith("segment_") else "block"
+        if e.action in ("alloc", "segment_alloc", "segment_map"):
+            if e.action != "segment_map":
+                live[kind][e.addr] = e.size
+            current[kind] += e.size
+            peak[kind] = max(peak[kind], current[kind])
+        elif e.action == "segment_unmap":
+            current[kind] -= e.size
+        elif e.action in ("free_requested", "segment_free"):
+            size = live[kind].pop(e.addr, None)
+            if size is None:
+                return None, None
+            current[kind] -= size
+    return peak["block"], peak["segment"]
+
+
+def capacity_bound(sizes: Iterable[int]) -> int:
+    """An upper bound, in bytes, of what a caching allocator can reserve
+    for allocations of ``sizes`` bytes: each allocation makes at most one
+    segment, of at most max(20 MiB, 2 × size + 2 MiB) (a rounding config
+    at most doubles a request; a large segment rounds up to 2 MiB). Rounded
+    up to MiB; at least 1 MiB, at most the largest capacity the config
+    accepts."""
+    total = sum(max(20 * MiB, 2 * size + 2 * MiB) for size in sizes)
+    return min(max(1, -(-total // MiB)), _MAX_CAPACITY_MB) * MiB
+
+
+# ---- replay ---------------------------------------------------------------------
+class _Replayer:
+    """One device of a host allocator driven by the replay's ops."""
+
+    def __init__(self, allocator: _C.Allocator, device: int, streams_in_use: set[int], source: str,
+                 synthetic: bool):
+        self.a, self.device, self.source, self.synthetic = allocator, device, source, synthetic
+        self.ptrs: dict[int, Optional[int]] = {}    # live key -> replay pointer (None: its malloc ran out of memory)
+        self.pending: dict[int, int] = {}           # key of a free not completed yet -> its private stream
+        self.spare: list[int] = []                  # private streams with nothing pending
+        self.private = (s for s in itertools.count((1 << 64) - 1, -1) if s not in streams_in_use)
+        self.skipped: set[int] = set()              # keys of skipped frees whose completion is still to come
+        self.unknown_frees = 0
+
+    def run(self, ops: Sequence[_Code], skip_unknown_frees: bool) -> None:
+        a, device = self.a, self.device
+        for code, key, size, stream, where in ops:
+            if code == _ALLOC:
+                if key in self.ptrs or key in self.pending:
+                    raise ValueError(f"{self.source}: device {device}, event {where}: allocation at {key:#x}, "
+                                     "which is still allocated (the trace is corrupt)")
+                try:
+                    self.ptrs[key] = a.malloc(size, device, stream)
+                except torch.OutOfMemoryError:
+                    self.ptrs[key] = None  # the allocator counts it (num_ooms)
+            elif code == _EMPTY_CACHE:
+                a.empty_cache(device)
+            elif key in (self.pending if code == _COMPLETE else self.ptrs):
+                self._free(code, key)
+            elif code == _COMPLETE and key in self.skipped:
+                self.skipped.discard(key)  # the completion of a free already counted
+            elif not skip_unknown_frees:
+                raise ValueError(self._unknown_free(key, where))
+            else:
+                self.unknown_frees += 1
+                if code == _FREE_LATER:
+                    self.skipped.add(key)
+
+    def _unknown_free(self, key: int, where: int) -> str:
+        if self.synthetic:
+            return (f"{self.source}: op {where} frees key {key}, which no earlier alloc op made, "
+                    "or which was freed already")
+        return (f"{self.source}: device {self.device}, event {where} frees {key:#x}, which no earlier alloc of the "
+                "trace returned (or which was freed already): the trace began after that allocation (recording "
+                "started late, or its ring dropped events); skip_unknown_frees=True (--skip-unknown-frees on the "
+                "command line) skips such frees and counts them")
+
+    def _free(self, code: int, key: int) -> None:
+        if code == _COMPLETE:
+            stream = self.pending.pop(key)
+            self.a.host_synchronize_stream(stream, self.device)
+            self.spare.append(stream)
+            return
+        ptr = self.ptrs.pop(key)
+        if code == _FREE_LATER:
+            stream = self.spare.pop() if self.spare else next(self.private)
+            self.pending[key] = stream
+            if ptr is not None:
+                self.a.record_stream(ptr, stream, self.device)
+        if ptr is not None:
+            self.a.free(ptr, self.device)
+
+    def result(self, recorded: tuple[Optional[int], Optional[int]]) -> DeviceReplay:
+        s = self.a.stats(self.device)
+        return DeviceReplay(self.device, s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"],
+                            s["allocation"]["all"]["allocated"], s["num_ooms"], s["reserved_bytes"]["all"]["current"],
+                            s["allocated_bytes"]["all"]["current"], self.unknown_frees, *recorded)
+
+
+def _allocator(config: str, host_capacity_mb: Optional[int], bound: int, devices: int) -> tuple[_C.Allocator, int]:
+    """A fresh host allocator for a replay and its capacity in bytes."""
+    if not isinstance(config, str):
+        raise TypeError(f"config must be 'key:value,...' text, not {type(config).__name__}")
+    _C.parse_config(config)  # InvalidArgumentError naming a bad key or value
+    keys = {item.partition(":")[0].strip() for item in config.split(",") if item.strip()}
+    refused = [k for k in _REPLAY_KEYS if k in keys]
+    if refused:
+        raise ValueError(f"config {config!r} sets {', '.join(refused)}: the replay sets "
+                         "those itself (the host backend, one device per device of the trace)")
+    if host_capacity_mb is not None and "host_capacity_mb" in keys:
+        raise ValueError(f"the capacity is given twice: host_capacity_mb={host_capacity_mb} and "
+                         f"config {config!r}")
+    if host_capacity_mb is not None and (isinstance(host_capacity_mb, bool) or not isinstance(host_capacity_mb, int)
+                                         or not 0 < host_capacity_mb <= _MAX_CAPACITY_MB):
+        raise ValueError(f"host_capacity_mb must be an int in 1..{_MAX_CAPACITY_MB}, not {host_capacity_mb!r}")
+    parts = [config] if config.strip() else []
+    parts.append(f"host_devices:{devices}")
+    if "host_capacity_mb" not in keys:
+        parts.append(f"host_capacity_mb:{host_capacity_mb or bound // MiB}")
+    a = _C.Allocator("host", ",".join(parts))
+    return a, a.mem_get_info(0)[1]
+
+
+def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: Optional[int],
+            source: str, skip_unknown_frees: bool,
+            recorded: Optional[Sequence[tuple[Optional[int], Optional[int]]]]) -> ReplayResult:
+    """Replays each device's op codes (recorded: each device's recorded
+    peaks; None for synthetic ops)."""
+    bound = max(capacity_bound(op[2] for op in ops if op[0] == _ALLOC) for ops in device_ops)
+    a, capacity = _allocator(config, host_capacity_mb, bound, len(device_ops))
+    streams = {op[3] for ops in device_ops for op in ops if op[0] == _ALLOC}
+    devices = []
+    for device, ops in enumerate(device_ops):
+        replayer = _Replayer(a, device, streams, source, synthetic=recorded is None)
+        replayer.run(ops, skip_unknown_frees)
+        devices.append(replayer.result(recorded[device] if recorded else (None, None)))
+    return ReplayResult(source, config, capacity, tuple(devices))
+
+
+def replay_ops(ops: Iterable[Op], config: str = "", *, host_capacity_mb: Optional[int] = None,
+               name: str = "ops") -> ReplayResult:
+    """Replays synthetic ops (``("alloc", size)`` in bytes, ``("free", key)``
+    where the k-th alloc made key k, ``("empty_cache",)``) on device 0,
+    stream 0 of a fresh host allocator built with ``config`` (e.g. ``""``
+    for the default policy, ``"max_split_size_mb:64"``).
+
+    ``host_capacity_mb`` (MiB) limits the simulated device; by default it
+    is :func:`capacity_bound` of the sizes, so only a limit that is asked for
+    makes OOMs. A ``host_capacity_mb`` key in ``config`` does the same.
+    ``name`` labels the result. Raises ValueError for a malformed op, a
+    free of a key no earlier alloc made (or freed twice), or a config that
+    sets ``backend`` or ``host_devices``; InvalidArgumentError for a bad
+    config text; TypeError for a config that is not a str."""
+    return _replay([_ops_of(ops)], config, host_capacity_mb, name, False, None)
+
+
+def replay_trace(trace: Union[Trace, PathLike], config: str = "", *, host_capacity_mb: Optional[int] = None,
+                 skip_unknown_frees: bool = False, name: Optional[str] = None) -> ReplayResult:
+    """Replays a trace (a path of a file written by :func:`memalloc.save_trace`,
+    or a :class:`~memalloc.trace.trace_files.Trace`) on a fresh host allocator
+    built with ``config``, one simulated device per device of the trace,
+    keeping the original stream ids (module docstring: what is replayed).
+
+    ``host_capacity_mb`` as in :func:`replay_ops`. A free of an address no
+    earlier ``alloc`` of the trace returned raises ValueError naming the
+    event, unless ``skip_unknown_frees`` (then each device's
+    ``unknown_frees`` counts them). ``name`` labels the result (default:
+    the path, or ``"trace"``). Raises as :func:`memalloc.load_trace` for an
+    unreadable file."""
+    if not isinstance(trace, Trace):
+        name = name if name is not None else os.fspath(trace)
+        trace = load_trace(trace)
+    device_ops = [_trace_ops(events) for events in trace.events]
+    recorded = [_recorded_peaks(events) if not dropped else (None, None)
+                for events, dropped in zip(trace.events, trace.dropped)]
+    if not device_ops:
+        raise ValueError(f"{name or 'trace'}: the trace has no device")
+    return _replay(device_ops, config, host_capacity_mb, name or "trace", skip_unknown_frees, recorded)
+
+
+def replay_source(source: str, config: str = "", **options) -> ReplayResult:
+    """``random:N``: :func:`random_workload` (N allocations, the benchmark's
+    64 slots and seed 7) through :func:`replay_ops`; anything else: a trace
+    path through :func:`replay_trace`. ``options`` go to that function."""
+    if source.startswith(RANDOM_SOURCE):
+        n = source[len(RANDOM_SOURCE):]
+        if not n.isdigit():
+            raise ValueError(f"{source!r}: write random:N with N the number of allocations, e.g. random:50000")
+        return replay_ops(random_workload(int(n)), config, name=source, **options)
+    return replay_trace(source, config, **options)
+
+
+def smallest_capacity_mb(source: str, config: str = "", *, step_mb: int = 8, **options) -> int:
+    """The smallest capacity of the simulated device, in MiB and a multiple
+    of ``step_mb``, under which :func:`replay_source` of ``source`` under
+    ``config`` makes no OOM: the smallest device the workload trains on with
+    that policy (what "fit more" saves, measured on the CPU).
+
+    Bisection between a capacity that fails and one that fits (the
+    unlimited replay's peak reserved, rounded up): it assumes that a device
+    larger than one that fits fits too, and checks both ends. ``options``
+    go to :func:`replay_source` (``host_capacity_mb`` is this function's).
+    Raises ValueError when the unlimited replay itself has OOMs."""
+    if isinstance(step_mb, bool) or not isinstance(step_mb, int) or step_mb < 1:
+        raise ValueError(f"step_mb must be an int >= 1, not {step_mb!r}")
+    if "host_capacity_mb" in options:
+        raise ValueError("smallest_capacity_mb chooses host_capacity_mb itself")
+    step = step_mb * MiB
+
+    def fits(units: int) -> bool:
+        result = replay_source(source, config, host_capacity_mb=units * step_mb, **options)
+        return all(d.ooms == 0 for d in result.devices)
+
+    free = replay_source(source, config, **options)
+    if any(d.ooms for d in free.devices):
+        raise ValueError(f"{source} has OOMs under {config or 'the default config'!r} without a capacity limit")
+    hi = -(-max(d.peak_reserved for d in free.devices) // step) + 1  # fits
+    lo = max(d.peak_allocated for d in free.devices) // step - 1     # fails, as a rule
+    if not fits(hi):
+        raise ValueError(f"{source}: a device of {hi * step_mb} MiB, above the unlimited replay's peak reserved, "
+                         "still runs out of memory")
+    if lo > 0 and fits(lo):
+        lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi * step_mb
+
+
+# ---- reports ----------------------------------------------------------------------
+_COLUMNS = ("workload", "config", "device", "peak allocated", "peak reserved", "reserved/allocated", "OOMs")
+
+
+def results_table(results: Sequence[ReplayResult]) -> str:
+    """A text table: one row per (workload, config, device)."""
+    rows = [_COLUMNS]
+    for r in results:
+        for d in r.devices:
+            rows.append((r.source, r.config or "(default)", str(d.device), fmt_bytes(d.peak_allocated),
+                         fmt_bytes(d.peak_reserved), "-" if d.ratio is None else f"{d.ratio:.4f}", str(d.ooms)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def results_to_json(results: Sequence[ReplayResult], path: Optional[PathLike] = None,
+                    command: Optional[str] = None, smallest_device_mb: Optional[dict] = None) -> str:
+    """``{"command": command, "results": [result.to_dict(), ...]}`` as JSON
+    text (plus ``"smallest_device_mb": {source: {config: MiB}}`` when
+    given), also written to ``path`` when given."""
+    data: dict = {"command": command, "results": [r.to_dict() for r in results]}
+    if smallest_device_mb:
+        data["smallest_device_mb"] = smallest_device_mb
+    text = json.dumps(data, indent=2) + "\n"
+    if path is not None:
+        with open(path, "w") as f:
+            f.write(text)
+    return text
+
+
+__all__ = ["DeviceReplay", "Op", "RANDOM_CAP", "RANDOM_SOURCE", "ReplayResult", "capacity_bound", "random_workload",
+           "replay_ops", "replay_source", "replay_trace", "results_table", "results_to_json"]

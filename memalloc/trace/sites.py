@@ -1,0 +1,39 @@
+"""Call sites: where a live allocation came from, for leak reports and OOM
+holders (both sit above this module).
+
+A site is the innermost user-code frame (memalloc/core/_usercode.py) of the
+interned Python stack that allocated a block; live blocks are read from an
+allocator (default: the installed one) so that callers can be tested
+in-process on any allocator.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+from typing import Optional
+
+from memalloc import _C
+from memalloc.core import _state
+from memalloc.core._usercode import user_frame
+from memalloc.trace.recording import stack, struct_format
+
+SiteKey = tuple  # (filename, line, function)
+LIVE_FORMAT = struct_format(_C.LIVE_FIELDS, _C.LIVE_BYTES)  # "<QQQIIIxxxx": LiveBlock, as _C defines it
+LiveBlock = tuple[int, int, int, int, int, int]  # (addr, size, requested, stack_id, tag_id, step)
+assert tuple(f[0] for f in _C.LIVE_FIELDS) == ("addr", "size", "requested", "stack_id", "tag_id", "step")
+
+
+@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/recorder/stacks.h)
+def site_of(stack_id: int) -> Optional[SiteKey]:
+    """(filename, line, function) of the innermost user-code frame of an
+    interned stack; None for stack id 0 (no stack captured)."""
+    f = user_frame(stack(stack_id)) if stack_id else None
+    return (f.filename, f.line, f.name) if f else None
+
+
+def live_blocks(device: int, allocator: Optional[_C.Allocator] = None) -> list[LiveBlock]:
+    """(addr, size, requested, stack_id, tag_id, step) of every live block of
+    ``device`` (bytes; ``step`` = memalloc.step() count at allocation), of
+    ``allocator`` or the installed one."""
+    a = _state.allocator_or_installed(allocator)
+    return list(struct.iter_unpack(LIVE_FORMAT, a.live_blocks(device)))
