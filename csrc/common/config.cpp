@@ -142,6 +142,24 @@ std::vector<std::string> split_entries(const std::string& text) {
   return out;
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> config_entries(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& item : split_entries(text)) {
+    if (trim(item).empty()) continue;
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) {
+      out.emplace_back(trim(item), "");
+    } else {
+      out.emplace_back(trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
+    }
+  }
+  return out;
+}
+
+namespace {
+
 void apply(Config& c, const std::string& key, const std::string& value) {
   if (key == "backend") {
     MEMALLOC_EXPECTS(value == "auto" || value == "cuda" || value == "host",
@@ -212,13 +230,12 @@ Config parse_config(const std::string& text) {
   Config c;
   for (const std::string& item : split_entries(text)) {
     if (trim(item).empty()) continue;
-    size_t colon = item.find(':');
-    MEMALLOC_EXPECTS(colon != std::string::npos,
+    MEMALLOC_EXPECTS(item.find(':') != std::string::npos,
                      "MEMALLOC_CONF: entry '" + trim(item) +
                          "' has no ':'; write key:value pairs separated by commas, "
                          "e.g. 'max_split_size_mb:256,backend:host'");
-    apply(c, trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
   }
+  for (const auto& [key, value] : config_entries(text)) apply(c, key, value);
   return c;
 }
 

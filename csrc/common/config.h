@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace memalloc {
@@ -87,6 +88,12 @@ struct Config {
 
 // Valid keys, in documentation order.
 const std::vector<std::string>& config_keys();
+
+// The "key:value" entries of settings text, in order (the one splitter of
+// that text: parse_config and memalloc/core/_settings.py use it): commas
+// inside brackets stay in their value, whitespace around keys and values is
+// dropped, empty entries are skipped, an entry without ':' has value "".
+std::vector<std::pair<std::string, std::string>> config_entries(const std::string& text);
 
 // Parses "key:value,key:value" (PYTORCH_CUDA_ALLOC_CONF style; a value may be
 // a bracketed list with its own commas). Whitespace around keys and values is

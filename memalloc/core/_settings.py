@@ -53,18 +53,10 @@ def torch_env_text() -> tuple[str, str]:
 
 def entries(text: str) -> list[tuple[str, str]]:
     """``key:value`` pairs of torch's settings text, in order; a bracketed
-    value keeps its own commas (``roundup_power2_divisions:[64:8,>:1]``)."""
-    out, item, depth = [], "", 0
-    for ch in text + ",":
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth <= 0:
-            if item.strip():
-                key, _, value = item.partition(":")
-                out.append((key.strip(), value.strip()))
-            item = ""
-        else:
-            item += ch
-    return out
+    value keeps its own commas (``roundup_power2_divisions:[64:8,>:1]``).
+    The one splitter of settings text is the core's (``_C.config_entries``),
+    so torch's text and MEMALLOC_CONF split alike."""
+    return [tuple(entry) for entry in _C.config_entries(text)]
 
 
 def split(text: str) -> tuple[str, Optional[float], list[str]]:

@@ -30,6 +30,8 @@ def test_entries_keep_bracketed_lists_whole():
     assert _settings.entries("a:1, roundup_power2_divisions:[64:8,>:1],b:x") == [
         ("a", "1"), ("roundup_power2_divisions", "[64:8,>:1]"), ("b", "x")]
     assert _settings.entries("") == []
+    # empty entries skipped, an entry without ':' kept with value '' (torch then names the bad key)
+    assert _settings.entries(" , a : 1 ,,flag, ") == [("a", "1"), ("flag", "")]
 
 
 def test_split_sorts_shared_torch_only_and_unsupported_keys():

@@ -131,6 +131,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("parse_config", [](ConfigTextArg text) { return parse_config(text).to_string(); }, py::arg("text"),
         "Validates MEMALLOC_CONF-style text; returns its canonical form.");
   m.def("config_keys", &config_keys);
+  m.def("config_entries", [](ConfigTextArg text) { return config_entries(text); }, py::arg("text"),
+        "The (key, value) entries of settings text, in order: commas inside brackets stay in their "
+        "value, whitespace around keys and values is dropped, an entry without ':' has value ''.");
   m.def("cuda_available", [] {
     std::string why;
     bool ok = cuda_available(&why);
