@@ -1,6 +1,6 @@
 // allocator.cpp — the fast path of DeviceAllocator: take the device lock,
 // take a cached block (splitting it), account, return; and the reverse.
-// Misses go to pool.cpp (malloc_slow_locked). Invariants: device_allocator.h.
+// Misses go to growth.cpp (malloc_slow_locked). Invariants: device_allocator.h.
 #include <new>
 
 #include "allocator/device_allocator.h"
@@ -16,6 +16,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       live_(&mr_),
       segments_(&mr_),
       events_(backend, device, &mr_),
+      pools_(device, &mr_),
       accounting_(config.max_split_size),
       gc_threshold_(config.garbage_collection_threshold) {
   live_.reserve(4096);
@@ -38,8 +39,8 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx
   std::lock_guard<std::mutex> lock(mu_);
   ctx_ = ctx;
   PrivatePool* owner = nullptr;
-  if (!routes_.empty()) {
-    owner = route_locked(stream);
+  if (pools_.any_route()) {
+    owner = pools_.route(stream);
     if (config_.graph_capture_record_stream_reuse && events_.has_deferred())
       events_.reuse_in_capture(stream, to_free_list());
   } else if (!events_.idle()) {
@@ -113,7 +114,7 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   record_locked(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
     free_block_locked(b);
-  } else if (!routes_.empty()) {
+  } else if (pools_.any_route()) {
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
     events_.insert(b);

@@ -8,17 +8,27 @@
 // no other lock is taken while holding it except the backend's own (leaf).
 // The GIL is never taken here.
 //
-// Parts with their own state and invariants: StreamEvents (stream_events.h:
-// blocks freed after record_stream wait for their streams' work, and during
-// a capture for its end or its graph, capture_reuse.h).
+// Parts with their own state, invariants and C++ unit tests (tests/cpp/),
+// called under the lock, none holding a pointer back to this class:
+//   StreamEvents (pool/stream_events.h): blocks freed after record_stream
+//     wait for their streams' work, and during a capture for its end or its
+//     graph (capture_reuse.h);
+//   SegmentTable (pool/segment_table.h): every segment by address, its owner
+//     and bytes, "which segment holds address a", segment counts per pool;
+//   PrivatePools (pool/private_pools.h): the private pools by id, their use
+//     counts, the open routes (which pool an allocation goes to) and the
+//     checks of the pool calls.
+// This class orchestrates them: whatever changes blocks, free lists or the
+// counters (growth, release, checkpoints and restores, the use_on_oom
+// fallback) is here, and calls the parts.
 //
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
-// pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
-// segments), stream_uses.cpp record_stream and the StreamEvents part,
-// private_pools.cpp the private pools and their routes (graph capture,
-// MemPool), checkpoints of a pool (CUDA graph trees), expandable.cpp the
-// expandable segments (expandable.h: growth by mapping pages, unmapping of
-// free pages).
+// growth.cpp the slow path (growth, release, OOM, empty_cache, segments),
+// validate.cpp validate(), stream_uses.cpp record_stream and the
+// StreamEvents part, pool_calls.cpp the private-pool calls (graph capture,
+// MemPool: PrivatePools does their bookkeeping), checkpoints of a pool (CUDA
+// graph trees), expandable.cpp the expandable segments (expandable.h: growth
+// by mapping pages, unmapping of free pages).
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -41,7 +51,9 @@
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
 //   the breakdown's bytes by category (breakdown.h) match the live blocks'
 //   categories and phases and add up to allocated_bytes
-// plus the tiling and coalescing invariants of block.h.
+// plus the tiling and coalescing invariants of block.h and the parts' own
+// (stream_events.h, segment_table.h, private_pools.h), which validate()
+// checks through each part's validate(check).
 #pragma once
 
 #include <map>
@@ -61,6 +73,8 @@
 #include "pool/expandable.h"
 #include "pool/node_cache.h"
 #include "pool/private_pool.h"
+#include "pool/private_pools.h"
+#include "pool/segment_table.h"
 #include "recorder/recorder.h"
 #include "pool/stream_events.h"
 
@@ -128,7 +142,7 @@ class DeviceAllocator {
   // for an unknown pool.
   size_t empty_pool_cache(PoolId pool, const CallContext& ctx = CallContext{});
 
-  // ---- private pools (private_pools.cpp; torch's MempoolId_t calls) -------
+  // ---- private pools (pool_calls.cpp; torch's MempoolId_t calls) ----------
   // Creates the pool with use count 1, or adds 1 to its use count. With a
   // `source`, the pool's new segments come from it instead of the backend
   // (a pool that exists keeps the source it was created with; InvalidArgument
@@ -248,12 +262,6 @@ class DeviceAllocator {
   void set_event_observer(EventObserver observer);
 
  private:
-  struct Segment {
-    size_t bytes;        // a plain segment's size; an expandable one's address space
-    PrivatePool* owner;  // nullptr = default pool
-    VmSegment* vm;       // nullptr = a plain segment
-  };
-
   // allocator.cpp
   void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
   void free_block_locked(Block* b);
@@ -281,7 +289,7 @@ class DeviceAllocator {
   FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
   Block* new_block();
   void delete_block(Block* b);
-  // pool.cpp
+  // growth.cpp
   // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
   // *from_cache when it is a cached free block (use_on_oom pools).
   Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
@@ -324,15 +332,10 @@ class DeviceAllocator {
   // Merges the neighbour `n` (b's prev or next, in no list) into `b` and
   // deletes it.
   void absorb_locked(Block* b, Block* n);
-  // private_pools.cpp
-  PrivatePool* route_locked(Stream stream);
-  PrivatePool* find_pool_locked(PoolId id);
-  PrivatePool* create_or_incref_locked(PoolId id);
   // The free lists of the default pool and of every private pool.
-  std::vector<FreeLists*> all_free_lists_locked();
-  PrivatePool& pool_or_throw_locked(PoolId id, const char* call);
+  std::vector<FreeLists*> all_free_lists_locked() { return pools_.all_free_lists(default_lists_); }
+  // pool_calls.cpp
   Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
-  void delete_unused_pools_locked();
   void restore_segment_locked(const SegmentState& seg, PrivatePool* pool, PoolRestore* out);
   std::string oom_message_locked(size_t requested, size_t rounded);
   // Why `addr` is not a live allocation, for the failed `call` ("free",
@@ -355,7 +358,7 @@ class DeviceAllocator {
   NodeCache mr_;
   FreeLists default_lists_;
   LiveTable live_;
-  std::pmr::map<std::uintptr_t, Segment> segments_;  // addr -> bytes, owner
+  SegmentTable segments_;  // every segment: addr -> bytes, owner, expandable segment
   std::vector<std::unique_ptr<VmSegment>> vm_segments_;  // expandable segments, oldest first
   size_t vm_page_ = 0;          // the backend's page size, read once
   bool vm_unavailable_ = false;  // the backend has no virtual memory: plain segments
@@ -365,8 +368,7 @@ class DeviceAllocator {
   size_t vm_allocated_hwm_ = 0;
   static constexpr size_t kReuseSlackDivisor = 20;
   StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
-  std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
-  std::vector<PoolRoute> routes_;  // open routes, oldest first
+  PrivatePools pools_;  // the private pools and the open routes
   Accounting accounting_;  // the counters and the breakdown by category
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number

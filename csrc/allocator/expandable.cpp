@@ -53,8 +53,11 @@ VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool) 
   }
   if (base == nullptr) return nullptr;  // address space exhausted: a plain segment this time
   const auto addr = reinterpret_cast<std::uintptr_t>(base);
-  vm_segments_.push_back(std::make_unique<VmSegment>(addr, bytes, stream, pool, &mr_));
-  VmSegment* seg = vm_segments_.back().get();
+  auto owned = std::make_unique<VmSegment>(addr, bytes, stream, pool, &mr_);
+  VmSegment* seg = owned.get();
+  if (!segments_.insert(addr, Segment{bytes, nullptr, seg}))
+    throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
+  vm_segments_.push_back(std::move(owned));
   Block* hole = new_block();
   hole->addr = addr;
   hole->size = bytes;
@@ -63,7 +66,6 @@ VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool) 
   hole->vm = seg;
   hole->mapped = false;
   seg->unmapped.insert(hole);
-  segments_.emplace(addr, Segment{bytes, nullptr, seg});
   return seg;
 }
 
@@ -130,7 +132,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   const PoolKind pool = pool_kind_for(rounded);
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
   // the free pages a room would have joined: rooms are looked for after it).
-  if (gc_threshold_ > 0.0 && routes_.empty() && !vm_segments_.empty())
+  if (gc_threshold_ > 0.0 && !pools_.any_route() && !vm_segments_.empty())
     maybe_collect_locked(round_up(rounded, vm_page_locked()));
   VmSegment* seg = nullptr;
   VmRoom room;
@@ -163,7 +165,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
   vm_allocated_hwm_ = std::max(vm_allocated_hwm_, allocated + rounded);
   const size_t ceiling = vm_allocated_hwm_ + vm_allocated_hwm_ / kReuseSlackDivisor;
-  if (config_.reuse_free_pages && routes_.empty() && room.bytes > 0 && reserved + room.bytes > ceiling) {
+  if (config_.reuse_free_pages && !pools_.any_route() && room.bytes > 0 && reserved + room.bytes > ceiling) {
     // Keep reserved bytes under the ceiling: give back free pages for the
     // part of this mapping above it (below it, pages are mapped without a
     // stream synchronisation, so a steady loop stops moving pages).
@@ -208,7 +210,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
 
 size_t DeviceAllocator::unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a,
                                                 const Block* keep_b) {
-  if (!routes_.empty() || want == 0) return 0;
+  if (pools_.any_route() || want == 0) return 0;
   const size_t page = vm_page_locked();
   struct Candidate {
     Block* block;
@@ -240,7 +242,7 @@ size_t DeviceAllocator::unmap_free_pages_locked(Stream stream, size_t want, cons
 }
 
 size_t DeviceAllocator::release_vm_locked() {
-  if (vm_segments_.empty() || !routes_.empty()) return 0;
+  if (vm_segments_.empty() || pools_.any_route()) return 0;
   std::vector<Stream> streams;
   for (auto& s : vm_segments_)
     if (std::find(streams.begin(), streams.end(), s->stream) == streams.end()) streams.push_back(s->stream);

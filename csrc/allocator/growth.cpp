@@ -1,6 +1,7 @@
-// pool.cpp — the slow path of DeviceAllocator: growth from the backend,
+// growth.cpp — the slow path of DeviceAllocator: growth from the backend,
 // release of cached segments, the OOM retry and message, empty_cache, the
-// memory fraction, and the read-only views (stats, segments, validate).
+// memory fraction, and the read-only views (stats, segments). Segments enter
+// and leave the SegmentTable (segment_table.h) here and in expandable.cpp.
 // Invariants: device_allocator.h and block.h. A message about a pointer that
 // is not live names the call that failed ("free of 0x...", "record_stream of
 // 0x...") and what to do instead.
@@ -58,20 +59,20 @@ DeviceAllocator::~DeviceAllocator() {
 // the default pool); nullptr when the backend or the memory fraction refuses.
 Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* owner) {
   const size_t bytes = segment_size_for(rounded);
-  if (gc_threshold_ > 0.0 && routes_.empty()) maybe_collect_locked(bytes);
+  if (gc_threshold_ > 0.0 && !pools_.any_route()) maybe_collect_locked(bytes);
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
   void* p = owner != nullptr && owner->source ? owner->source->allocate(bytes, stream)
                                               : backend_.allocate(device_, bytes);
   if (p == nullptr) return nullptr;
+  if (!segments_.insert(reinterpret_cast<std::uintptr_t>(p), Segment{bytes, owner, nullptr}))
+    throw Error("memalloc internal error: the backend returned a segment that overlaps another one");
   Block* b = new_block();
   b->addr = reinterpret_cast<std::uintptr_t>(p);
   b->size = bytes;
   b->stream = stream;
   b->pool = pool_kind_for(rounded);
   b->owner = owner;
-  segments_.emplace(b->addr, Segment{bytes, owner, nullptr});
-  if (owner != nullptr) owner->segments += 1;
   Event e = block_event(Action::kSegmentAlloc, *b);
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
@@ -110,7 +111,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
     return grow_locked(rounded, stream, owner);
   };
   Block* b = fits ? grow() : nullptr;
-  if (b == nullptr && fits && routes_.empty()) {
+  if (b == nullptr && fits && !pools_.any_route()) {
     Event retry;
     retry.action = Action::kAllocRetry;
     retry.pool = pool_kind_for(rounded);
@@ -152,7 +153,6 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   }
   free_list(b).erase(b);
   segments_.erase(b->addr);
-  if (b->owner != nullptr) b->owner->segments -= 1;
   Event e = block_event(Action::kSegmentFree, *b);
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
@@ -175,7 +175,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   } else {
     sources.push_back(&default_lists_);
     for (auto& kv : pools_)
-      if (kv.second->use_count == 0) sources.push_back(&kv.second->lists);
+      if (PrivatePools::freeable(*kv.second)) sources.push_back(&kv.second->lists);
   }
   std::vector<Block*> whole;
   for (FreeLists* l : sources)
@@ -188,7 +188,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
     if (release_segment_locked(b)) released += bytes;
   }
   if (only == nullptr) released += release_vm_locked();
-  delete_unused_pools_locked();
+  pools_.delete_unused();
   return released;
 }
 
@@ -199,11 +199,11 @@ size_t DeviceAllocator::empty_cache(const CallContext& ctx) {
 size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   ctx_ = ctx;
-  if (!routes_.empty()) return 0;  // a capture may be under way: no free, no sync
+  if (pools_.any_route()) return 0;  // a capture may be under way: no free, no sync
   size_t released = 0;
   if (id == kDefaultPool) {
     released = release_cached_locked();
-  } else if (PrivatePool* pool = find_pool_locked(id); pool != nullptr && pool->use_count == 0) {
+  } else if (PrivatePool* pool = pools_.find(id); pool != nullptr && PrivatePools::freeable(*pool)) {
     released = release_cached_locked(pool);
   }
   Event e;
@@ -286,8 +286,7 @@ std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded
 }
 
 std::string DeviceAllocator::unknown_pointer_message_locked(const char* call, std::uintptr_t addr) {
-  auto it = segments_.upper_bound(addr);
-  bool inside = it != segments_.begin() && addr < std::prev(it)->first + std::prev(it)->second.bytes;
+  const bool inside = segments_.containing(addr) != segments_.end();
   const bool is_free = std::string(call) == "free";
   const std::string head = std::string(call) + " of " + hex(addr) + " on device " + std::to_string(device_) + ": ";
   if (inside) {
@@ -329,12 +328,6 @@ MemInfo DeviceAllocator::mem_get_info() {
 bool DeviceAllocator::owns(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
-}
-
-std::vector<FreeLists*> DeviceAllocator::all_free_lists_locked() {
-  std::vector<FreeLists*> all{&default_lists_};
-  for (auto& kv : pools_) all.push_back(&kv.second->lists);
-  return all;
 }
 
 std::map<std::uintptr_t, Block*> DeviceAllocator::blocks_by_addr_locked() {

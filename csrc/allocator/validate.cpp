@@ -1,5 +1,6 @@
 // validate.cpp — checks every invariant of device_allocator.h and block.h
-// against the live state. For tests (called after every operation) and
+// against the live state, and the parts' own (StreamEvents, SegmentTable,
+// PrivatePools: each part's validate(check)). For tests (called after every operation) and
 // debugging; O(blocks), takes the device lock.
 #include <algorithm>
 #include <map>
@@ -51,10 +52,8 @@ void DeviceAllocator::validate() {
   }
   events_.validate([&](bool ok, const char* what) { check(ok, what); });
   events_.for_each_waiting([&](const Block* b) { blocks.emplace(b->addr, b); });
-  for (auto& kv : pools_) {
-    check(kv.first == kv.second->id && kv.first != kDefaultPool, "pool table key differs from its pool's id");
-    check(kv.second->use_count >= 0, "a private pool's use count is negative");
-  }
+  pools_.validate([&](bool ok, const char* what) { check(ok, what); });
+  segments_.validate([&](bool ok, const char* what) { check(ok, what); });
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
     for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
       for (const Block* b : list->blocks()) {
@@ -64,7 +63,7 @@ void DeviceAllocator::validate() {
       }
     }
   }
-  std::map<const PrivatePool*, size_t> pool_segments, pool_live;
+  std::map<const PrivatePool*, size_t> pool_live;
   for (auto& kv : live_)
     if (kv.second->owner != nullptr) pool_live[kv.second->owner] += 1;
   // Unmapped blocks of expandable segments (expandable.h) join the map.
@@ -75,8 +74,8 @@ void DeviceAllocator::validate() {
       check(b->addr % vm_page_ == 0 && b->size % vm_page_ == 0, "an unmapped block is not whole pages");
       check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
     }
-    check(segments_.count(vm->base) && segments_.at(vm->base).vm == vm.get(),
-          "an expandable segment is not in the segment table");
+    auto seg = segments_.find(vm->base);
+    check(seg != segments_.end() && seg->second.vm == vm.get(), "an expandable segment is not in the segment table");
   }
   Totals t;
   size_t covered = 0;
@@ -87,12 +86,8 @@ void DeviceAllocator::validate() {
     const VmSegment* vm = seg.second.vm;
     check(first->prev == nullptr, "first block of a segment has a prev");
     check(first->owner == seg.second.owner, "a segment's first block has another owner than the segment");
-    check(vm == nullptr || seg.second.owner == nullptr, "a private pool has an expandable segment");
-    if (seg.second.owner != nullptr) {
-      check(pools_.count(seg.second.owner->id) && pools_.at(seg.second.owner->id).get() == seg.second.owner,
-            "a segment's owner is not in the pool table");
-      pool_segments[seg.second.owner] += 1;
-    }
+    if (seg.second.owner != nullptr)
+      check(pools_.find(seg.second.owner->id) == seg.second.owner, "a segment's owner is not in the pool table");
     if (vm == nullptr) {
       Totals::add(t.reserved, first->pool, static_cast<int64_t>(seg.second.bytes));
       Totals::add(t.segments, first->pool, 1);
@@ -134,11 +129,9 @@ void DeviceAllocator::validate() {
   }
   for (auto& kv : pools_) {
     const PrivatePool* p = kv.second.get();
-    check(p->segments == pool_segments[p], "a private pool's segment count differs from its segments");
+    check(p->segments == segments_.count(p), "a private pool's segment count differs from its segments");
     check(p->live_blocks == pool_live[p], "a private pool's live block count differs from its live blocks");
   }
-  for (const PoolRoute& r : routes_)
-    check(pools_.count(r.id) && pools_.at(r.id).get() == r.pool, "an open route names no pool of the table");
   check(covered == blocks.size(), "a block lies outside every segment");
   const DeviceStats& s = accounting_.stats();
   check_stat(s.allocated_bytes, t.allocated, "allocated_bytes");

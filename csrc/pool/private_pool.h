@@ -10,12 +10,17 @@
 // ... endAllocateToPool, i.e. a graph capture or `use_mem_pool`), each
 // allocation asks the routes' filters with its stream, newest route first
 // (as native); the first that accepts sends the allocation to that pool.
+// The table of pools and the routes are the PrivatePools part
+// (private_pools.h); this file holds the types.
 //
-// Invariants (checked by DeviceAllocator::validate()):
+// Invariants (checked by DeviceAllocator::validate() and the parts'
+// validate(check)):
 //   use_count >= 0; a pool with use_count == 0 is "freeable": its fully
 //     free segments go back to the device on the next release of the cache,
-//     and it is deleted once it holds no segment and no route names it.
-//   segments   == number of segments whose blocks have owner == this pool
+//     and it is deleted once it holds no segment and no route names it
+//     (private_pools.h).
+//   segments   == number of segments with owner == this pool (kept by the
+//                 SegmentTable, segment_table.h, as segments come and go)
 //   live_blocks == number of live blocks with owner == this pool
 //   every free block with owner == this pool is in this pool's free lists,
 //     and no other free list holds it.

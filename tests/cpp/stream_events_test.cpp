@@ -10,23 +10,11 @@
 #include "backend/backend.h"
 #include "common/config.h"
 #include "pool/stream_events.h"
+#include "part_test.h"
 
 using namespace memalloc;
 
 namespace {
-int g_failures = 0;
-
-void expect(bool ok, const std::string& what, int line) {
-  if (!ok) {
-    std::printf("FAIL line %d: %s\n", line, what.c_str());
-    ++g_failures;
-  }
-}
-#define EXPECT(cond) expect((cond), #cond, __LINE__)
-
-void validate(const StreamEvents& e) {
-  e.validate([](bool ok, const char* what) { expect(ok, what, __LINE__); });
-}
 
 struct Fixture {
   Config config = parse_config("backend:host,host_capacity_mb:64");
@@ -54,17 +42,17 @@ void a_block_waits_for_every_use_stream() {
   Block* b = f.freed_block(1, {2, 3});
   f.events.insert(b);
   EXPECT(b->event_count == 2 && b->stream_uses.empty() && !f.events.idle());
-  validate(f.events);
+  VALID(f.events);
   f.events.process(f.collect());
   EXPECT(f.done.empty());  // neither stream's work has completed
   f.backend.synchronize_stream(0, 2);
   f.events.process(f.collect());
   EXPECT(f.done.empty() && b->event_count == 1);
-  validate(f.events);
+  VALID(f.events);
   f.backend.synchronize_stream(0, 3);
   f.events.process(f.collect());
   EXPECT(f.done.size() == 1 && f.done[0] == b && b->event_count == 0 && f.events.idle());
-  validate(f.events);
+  VALID(f.events);
 }
 
 void events_are_reused_once_completed() {
@@ -79,7 +67,7 @@ void events_are_reused_once_completed() {
   EXPECT(f.done.size() == 1 && f.done[0] == a);
   f.events.synchronize(f.collect());
   EXPECT(f.done.size() == 2 && f.done[1] == b && f.events.idle());
-  validate(f.events);
+  VALID(f.events);
 }
 
 void a_deferred_block_waits_for_the_capture_to_end() {
@@ -87,10 +75,10 @@ void a_deferred_block_waits_for_the_capture_to_end() {
   Block* b = f.freed_block(1, {2});
   f.events.defer(b, false);
   EXPECT(b->event_count == 1 && f.events.has_deferred());
-  validate(f.events);
+  VALID(f.events);
   f.events.process(f.collect());  // the capture ended: its events are recorded now
   EXPECT(f.done.empty() && !f.events.has_deferred() && b->event_count == 1);
-  validate(f.events);
+  VALID(f.events);
   f.events.synchronize(f.collect());
   EXPECT(f.done.size() == 1 && f.events.idle());
 }
@@ -110,7 +98,7 @@ void reuse_in_capture_follows_the_graph() {
   EXPECT(f.done.empty());  // only its own stream reuses it
   f.events.reuse_in_capture(1, f.collect());
   EXPECT(f.done.size() == 1 && f.done[0] == b && f.events.idle() && b->stream_uses.empty());
-  validate(f.events);
+  VALID(f.events);
   f.backend.capture_end(0, 1);
 }
 
@@ -136,6 +124,5 @@ int main() {
   a_deferred_block_waits_for_the_capture_to_end();
   reuse_in_capture_follows_the_graph();
   waiting_blocks_are_listed_and_found();
-  std::printf("failures=%d\n", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return part_test::finish();
 }

@@ -1,7 +1,10 @@
-// private_pools.cpp — DeviceAllocator's private pools (private_pool.h):
-// creation and use counts, routes (graph capture, use_mem_pool), the
-// use_on_oom fallback, and checkpoints of a pool (CUDA graph trees).
-// Invariants: private_pool.h and device_allocator.h.
+// pool_calls.cpp — DeviceAllocator's private-pool calls (torch's
+// MempoolId_t calls): creation and use counts, routes (graph capture,
+// use_mem_pool) and their checks are the PrivatePools part's
+// (private_pools.h), called here under the lock; the work on blocks stays
+// here: the use_on_oom fallback, live-block checks, and checkpoints of a
+// pool and their restores (CUDA graph trees).
+// Invariants: private_pools.h, private_pool.h and device_allocator.h.
 #include <algorithm>
 #include <unordered_set>
 
@@ -9,111 +12,45 @@
 #include "common/errors.h"
 
 namespace memalloc {
-namespace {
-
-std::string pool_name(PoolId id) {
-  return "private pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
-}
-
-}  // namespace
-
-PrivatePool* DeviceAllocator::find_pool_locked(PoolId id) {
-  auto it = pools_.find(id);
-  return it == pools_.end() ? nullptr : it->second.get();
-}
-
-PrivatePool& DeviceAllocator::pool_or_throw_locked(PoolId id, const char* call) {
-  PrivatePool* pool = find_pool_locked(id);
-  MEMALLOC_EXPECTS(pool != nullptr, std::string(call) + ": " + pool_name(id) + " does not exist on device " +
-                                        std::to_string(device_) + "; create it first (torch.cuda.MemPool or a graph "
-                                        "capture)");
-  return *pool;
-}
-
-PrivatePool* DeviceAllocator::route_locked(Stream stream) {
-  for (auto r = routes_.rbegin(); r != routes_.rend(); ++r)
-    if (r->filter(stream)) return r->pool;
-  return nullptr;
-}
-
-PrivatePool* DeviceAllocator::create_or_incref_locked(PoolId id) {
-  PrivatePool* pool = find_pool_locked(id);
-  if (pool == nullptr) return pools_.emplace(id, std::make_unique<PrivatePool>(id, &mr_)).first->second.get();
-  pool->use_count += 1;
-  return pool;
-}
 
 void DeviceAllocator::create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source) {
-  MEMALLOC_EXPECTS(id != kDefaultPool, "pool id (0, 0) is the default pool; a private pool needs another id");
   std::lock_guard<std::mutex> lock(mu_);
-  const bool existed = find_pool_locked(id) != nullptr;
-  PrivatePool* pool = create_or_incref_locked(id);
-  if (source == nullptr) return;
-  if (!existed) {
-    pool->source = std::move(source);
-  } else if (pool->source != source) {
-    pool->use_count -= 1;  // nothing changed
-    MEMALLOC_EXPECTS(false, pool_name(id) + " already exists with another segment source");
-  }
+  pools_.create_or_incref(id, std::move(source));
 }
 
 void DeviceAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter) {
-  MEMALLOC_EXPECTS(id != kDefaultPool, "allocate to pool (0, 0): the default pool takes no route");
-  MEMALLOC_EXPECTS(static_cast<bool>(filter), "begin_allocate_to_pool: no filter given");
   std::lock_guard<std::mutex> lock(mu_);
-  for (const PoolRoute& r : routes_)
-    MEMALLOC_EXPECTS(r.id != id, "begin_allocate_to_pool: allocations already go to " + pool_name(id) +
-                                     "; end that (endAllocateToPool) before beginning another");
-  routes_.push_back(PoolRoute{id, create_or_incref_locked(id), std::move(filter)});
+  pools_.begin_route(id, std::move(filter));
 }
 
 void DeviceAllocator::end_allocate_to_pool(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(routes_.begin(), routes_.end(), [&](const PoolRoute& r) { return r.id == id; });
-  MEMALLOC_EXPECTS(it != routes_.end(), "end_allocate_to_pool: allocations do not go to " + pool_name(id));
-  routes_.erase(it);
+  pools_.end_route(id);
 }
 
 void DeviceAllocator::release_pool(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrivatePool& pool = pool_or_throw_locked(id, "release_pool");
-  MEMALLOC_EXPECTS(pool.use_count > 0, "release_pool: " + pool_name(id) + " was already released");
-  pool.use_count -= 1;
+  pools_.release(id);
 }
 
 int DeviceAllocator::pool_use_count(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrivatePool* pool = find_pool_locked(id);
-  return pool == nullptr ? 0 : pool->use_count;
+  return pools_.use_count(id);
 }
 
 void DeviceAllocator::set_pool_use_on_oom(PoolId id, bool use_on_oom) {
   std::lock_guard<std::mutex> lock(mu_);
-  pool_or_throw_locked(id, "set_use_on_oom").use_on_oom = use_on_oom;
+  pools_.get(id, "set_use_on_oom").use_on_oom = use_on_oom;
 }
 
 void DeviceAllocator::set_pool_no_split(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  pool_or_throw_locked(id, "set_no_split").no_split = true;
+  pools_.get(id, "set_no_split").no_split = true;
 }
 
 bool DeviceAllocator::capturing() {
   std::lock_guard<std::mutex> lock(mu_);
-  return !routes_.empty();
-}
-
-// Deletes freeable pools that hold no segment and that no route names.
-void DeviceAllocator::delete_unused_pools_locked() {
-  for (auto it = pools_.begin(); it != pools_.end();) {
-    const PrivatePool& p = *it->second;
-    const bool routed =
-        std::any_of(routes_.begin(), routes_.end(), [&](const PoolRoute& r) { return r.pool == &p; });
-    if (p.use_count == 0 && p.segments == 0 && !routed) {
-      it = pools_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  return pools_.any_route();
 }
 
 // The smallest fitting free block of a use_on_oom pool, for a default-pool
@@ -130,7 +67,7 @@ Block* DeviceAllocator::take_from_oom_pools_locked(size_t rounded, Stream stream
 
 bool DeviceAllocator::pool_live_blocks_are(PoolId id, const std::vector<void*>& expected) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrivatePool* pool = find_pool_locked(id);
+  PrivatePool* pool = pools_.find(id);
   if (pool == nullptr) return false;
   std::unordered_set<void*> distinct(expected.begin(), expected.end());
   if (distinct.size() != pool->live_blocks) return false;
@@ -165,7 +102,7 @@ bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes,
     for (const Block* m = first; m != nullptr && m->mapped; m = m->next) *bytes += m->size;
     return true;
   }
-  auto it = std::prev(segments_.upper_bound(addr));  // a live block lies in a segment
+  auto it = segments_.containing(addr);  // a live block lies in a segment
   *base = it->first;
   *bytes = it->second.bytes;
   return true;
@@ -173,7 +110,7 @@ bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes,
 
 PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrivatePool& pool = pool_or_throw_locked(id, "checkpoint_pool");
+  PrivatePool& pool = pools_.get(id, "checkpoint_pool");
   const std::map<std::uintptr_t, Block*> blocks = blocks_by_addr_locked();
   PoolState state;
   state.id = id;
@@ -191,7 +128,7 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
 
 PoolRestore DeviceAllocator::restore_pool(const PoolState& state) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrivatePool& pool = pool_or_throw_locked(state.id, "restore_pool");
+  PrivatePool& pool = pools_.get(state.id, "restore_pool");
   for (const SegmentState& s : state.segments) {
     auto it = segments_.find(s.addr);
     MEMALLOC_EXPECTS(it != segments_.end() && it->second.owner == &pool && it->second.bytes == s.size,
