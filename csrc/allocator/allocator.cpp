@@ -1,6 +1,6 @@
 // allocator.cpp — the fast path of DeviceAllocator: take the device lock,
 // take a cached block (splitting it), account, return; and the reverse.
-// Misses go to pool.cpp (malloc_slow_locked). Invariants: device_allocator.h.
+// Misses go to growth.cpp (malloc_slow_locked). Invariants: device_allocator.h.
 #include <new>
 
 #include "allocator/device_allocator.h"
@@ -16,6 +16,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       live_(&mr_),
       segments_(&mr_),
       events_(backend, device, &mr_),
+      vm_(backend, device, &mr_),
       accounting_(config.max_split_size),
       gc_threshold_(config.garbage_collection_threshold) {
   live_.reserve(4096);

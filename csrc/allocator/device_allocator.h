@@ -8,17 +8,22 @@
 // no other lock is taken while holding it except the backend's own (leaf).
 // The GIL is never taken here.
 //
-// Parts with their own state and invariants: StreamEvents (stream_events.h:
-// blocks freed after record_stream wait for their streams' work, and during
-// a capture for its end or its graph, capture_reuse.h).
+// Parts with their own state and invariants, called under the lock, acting
+// on blocks only through the callbacks this class passes them:
+// StreamEvents (stream_events.h: blocks freed after record_stream wait for
+// their streams' work, and during a capture for its end or its graph,
+// capture_reuse.h) and VmArena (vm_arena.h: the expandable segments'
+// reservations, page size, room search, reuse ceiling, free runs to unmap).
 //
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
-// pool.cpp the slow path (growth, release, OOM, empty_cache, validate,
-// segments), stream_uses.cpp record_stream and the StreamEvents part,
-// private_pools.cpp the private pools and their routes (graph capture,
-// MemPool), checkpoints of a pool (CUDA graph trees), expandable.cpp the
-// expandable segments (expandable.h: growth by mapping pages, unmapping of
-// free pages).
+// growth.cpp the slow path (growth, release, OOM, empty_cache, segments),
+// validate.cpp the invariants, stream_uses.cpp record_stream and the
+// StreamEvents part, private_pools.cpp the private pools and their routes
+// (graph capture, MemPool), checkpoints of a pool (CUDA graph trees),
+// expandable.cpp the expandable segments' orchestration around VmArena
+// (mapping the room it finds, unmapping the free pages it picks: free
+// lists, segment table, Events), phases.cpp the breakdown by category,
+// recording.cpp the event ring and observer.
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -58,11 +63,11 @@
 #include "accounting/breakdown.h"
 #include "common/config.h"
 #include "pool/events.h"
-#include "pool/expandable.h"
 #include "pool/node_cache.h"
 #include "pool/private_pool.h"
 #include "recorder/recorder.h"
 #include "pool/stream_events.h"
+#include "pool/vm_arena.h"
 
 namespace memalloc {
 
@@ -91,7 +96,7 @@ struct SegmentInfo {
   Stream stream;
   PoolKind pool;
   PoolId owner;  // kDefaultPool or the private pool that owns it
-  bool expandable;  // a mapped run of an expandable segment (expandable.h)
+  bool expandable;  // a mapped run of an expandable segment (vm_arena.h)
   std::vector<BlockInfo> blocks;
 };
 
@@ -281,7 +286,7 @@ class DeviceAllocator {
   FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
   Block* new_block();
   void delete_block(Block* b);
-  // pool.cpp
+  // growth.cpp
   // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
   // *from_cache when it is a cached free block (use_on_oom pools).
   Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
@@ -298,22 +303,22 @@ class DeviceAllocator {
   // which leave their free list (b grows to cover them); `e` gets their
   // inactive-split change.
   void merge_free_neighbours_locked(Block* b, FreeList& list, Event& e);
-  // expandable.cpp (expandable.h)
-  bool use_vm_locked(const PrivatePool* owner) const { return config_.expandable_segments && owner == nullptr; }
+  // expandable.cpp (vm_arena.h)
   // A free block of >= rounded bytes on `stream`, in the free list, made by
   // mapping pages into an expandable segment; nullptr when the memory
   // fraction or the device refuses. *no_vm: no segment could be reserved
   // (the caller falls back to a plain segment).
   Block* grow_vm_locked(size_t rounded, Stream stream, bool* no_vm);
-  size_t vm_page_locked();
+  // A new reservation in vm_, entered in segments_ (nullptr: none).
   VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool);
-  VmRoom find_room_locked(const VmSegment& seg, size_t rounded);
+  // Maps the room the arena found (within the memory fraction), merges it
+  // with its free neighbours into the free list; nullptr when refused.
   Block* map_room_locked(VmSegment& seg, const VmRoom& room);
-  // Unmaps free whole pages of the expandable segments on `stream`, at least
-  // `want` bytes when there are that many (SIZE_MAX: all), never from
-  // `keep_a`/`keep_b`; synchronises the stream first. Returns bytes unmapped.
+  // VmArena::unmap_free_pages over the default pool's free lists (nothing
+  // while a route is open). Returns bytes unmapped.
   size_t unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a, const Block* keep_b);
-  // Unmaps [lo, hi) (whole pages) of the free block f.
+  // Unmaps [lo, hi) (whole pages) of the free block f: VmArena::unmap
+  // between leaving and re-entering the free list, as one Event.
   void unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi);
   // Unmaps every free page of every expandable segment and ends the
   // reservations left with nothing mapped. Returns bytes unmapped.
@@ -356,15 +361,11 @@ class DeviceAllocator {
   FreeLists default_lists_;
   LiveTable live_;
   std::pmr::map<std::uintptr_t, Segment> segments_;  // addr -> bytes, owner
-  std::vector<std::unique_ptr<VmSegment>> vm_segments_;  // expandable segments, oldest first
-  size_t vm_page_ = 0;          // the backend's page size, read once
-  bool vm_unavailable_ = false;  // the backend has no virtual memory: plain segments
-  // reuse_free_pages: the most bytes allocated at once that expandable growth
-  // has served (not reset by reset_peak_stats); free pages are given back
-  // before growing only above hwm + hwm / kReuseSlackDivisor reserved bytes.
-  size_t vm_allocated_hwm_ = 0;
-  static constexpr size_t kReuseSlackDivisor = 20;
   StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
+  // The expandable segments. Declared after mr_, whose blocks its
+  // destructor still reads, and after events_: the backend sees the
+  // reservations end before the events are destroyed, as it always has.
+  VmArena vm_;
   std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
   std::vector<PoolRoute> routes_;  // open routes, oldest first
   Accounting accounting_;  // the counters and the breakdown by category
@@ -382,32 +383,11 @@ class DeviceAllocator {
 // Inline below: the alloc and free paths' hot code (allocator.cpp), also
 // used by expandable.cpp.
 inline Block* DeviceAllocator::split_block_locked(Block* b, size_t offset) {
-  Block* upper = new_block();
-  upper->addr = b->addr + offset;
-  upper->size = b->size - offset;
-  upper->stream = b->stream;
-  upper->pool = b->pool;
-  upper->owner = b->owner;
-  upper->vm = b->vm;
-  upper->mapped = b->mapped;
-  upper->prev = b;
-  upper->next = b->next;
-  if (upper->next != nullptr) upper->next->prev = upper;
-  b->next = upper;
-  b->size = offset;
-  return upper;
+  return split_block(b, offset, new_block());
 }
 
 inline void DeviceAllocator::absorb_locked(Block* b, Block* n) {
-  if (n == b->prev) {
-    b->addr = n->addr;
-    b->prev = n->prev;
-    if (b->prev != nullptr) b->prev->next = b;
-  } else {
-    b->next = n->next;
-    if (b->next != nullptr) b->next->prev = b;
-  }
-  b->size += n->size;
+  absorb_block(b, n);
   delete_block(n);
 }
 
