@@ -16,6 +16,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       live_(&mr_),
       segments_(&mr_),
       events_(backend, device, &mr_),
+      vm_(backend, device, &mr_),
       pools_(device, &mr_),
       accounting_(config.max_split_size),
       gc_threshold_(config.garbage_collection_threshold) {

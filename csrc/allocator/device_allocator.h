@@ -9,7 +9,8 @@
 // The GIL is never taken here.
 //
 // Parts with their own state, invariants and C++ unit tests (tests/cpp/),
-// called under the lock, none holding a pointer back to this class:
+// called under the lock, none holding a pointer back to this class (they
+// act on blocks only through the callbacks it passes them):
 //   StreamEvents (pool/stream_events.h): blocks freed after record_stream
 //     wait for their streams' work, and during a capture for its end or its
 //     graph (capture_reuse.h);
@@ -17,18 +18,22 @@
 //     and bytes, "which segment holds address a", segment counts per pool;
 //   PrivatePools (pool/private_pools.h): the private pools by id, their use
 //     counts, the open routes (which pool an allocation goes to) and the
-//     checks of the pool calls.
+//     checks of the pool calls;
+//   VmArena (pool/vm_arena.h): the expandable segments' reservations, page
+//     size, room search, reuse ceiling, and the free runs to unmap.
 // This class orchestrates them: whatever changes blocks, free lists or the
 // counters (growth, release, checkpoints and restores, the use_on_oom
-// fallback) is here, and calls the parts.
+// fallback, mapping the room VmArena finds) is here, and calls the parts.
 //
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
 // growth.cpp the slow path (growth, release, OOM, empty_cache, segments),
 // validate.cpp validate(), stream_uses.cpp record_stream and the
 // StreamEvents part, pool_calls.cpp the private-pool calls (graph capture,
 // MemPool: PrivatePools does their bookkeeping), checkpoints of a pool (CUDA
-// graph trees), expandable.cpp the expandable segments (expandable.h: growth
-// by mapping pages, unmapping of free pages).
+// graph trees), expandable.cpp the expandable segments' orchestration around
+// VmArena (mapping the room it finds, unmapping the free pages it picks:
+// free lists, segment table, Events), phases.cpp the breakdown by category,
+// recording.cpp the event ring and observer.
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -70,13 +75,13 @@
 #include "accounting/breakdown.h"
 #include "common/config.h"
 #include "pool/events.h"
-#include "pool/expandable.h"
 #include "pool/node_cache.h"
 #include "pool/private_pool.h"
 #include "pool/private_pools.h"
 #include "pool/segment_table.h"
 #include "recorder/recorder.h"
 #include "pool/stream_events.h"
+#include "pool/vm_arena.h"
 
 namespace memalloc {
 
@@ -105,7 +110,7 @@ struct SegmentInfo {
   Stream stream;
   PoolKind pool;
   PoolId owner;  // kDefaultPool or the private pool that owns it
-  bool expandable;  // a mapped run of an expandable segment (expandable.h)
+  bool expandable;  // a mapped run of an expandable segment (vm_arena.h)
   std::vector<BlockInfo> blocks;
 };
 
@@ -306,22 +311,22 @@ class DeviceAllocator {
   // which leave their free list (b grows to cover them); `e` gets their
   // inactive-split change.
   void merge_free_neighbours_locked(Block* b, FreeList& list, Event& e);
-  // expandable.cpp (expandable.h)
-  bool use_vm_locked(const PrivatePool* owner) const { return config_.expandable_segments && owner == nullptr; }
+  // expandable.cpp (vm_arena.h)
   // A free block of >= rounded bytes on `stream`, in the free list, made by
   // mapping pages into an expandable segment; nullptr when the memory
   // fraction or the device refuses. *no_vm: no segment could be reserved
   // (the caller falls back to a plain segment).
   Block* grow_vm_locked(size_t rounded, Stream stream, bool* no_vm);
-  size_t vm_page_locked();
+  // A new reservation in vm_, entered in segments_ (nullptr: none).
   VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool);
-  VmRoom find_room_locked(const VmSegment& seg, size_t rounded);
+  // Maps the room the arena found (within the memory fraction), merges it
+  // with its free neighbours into the free list; nullptr when refused.
   Block* map_room_locked(VmSegment& seg, const VmRoom& room);
-  // Unmaps free whole pages of the expandable segments on `stream`, at least
-  // `want` bytes when there are that many (SIZE_MAX: all), never from
-  // `keep_a`/`keep_b`; synchronises the stream first. Returns bytes unmapped.
+  // VmArena::unmap_free_pages over the default pool's free lists (nothing
+  // while a route is open). Returns bytes unmapped.
   size_t unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a, const Block* keep_b);
-  // Unmaps [lo, hi) (whole pages) of the free block f.
+  // Unmaps [lo, hi) (whole pages) of the free block f: VmArena::unmap
+  // between leaving and re-entering the free list, as one Event.
   void unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi);
   // Unmaps every free page of every expandable segment and ends the
   // reservations left with nothing mapped. Returns bytes unmapped.
@@ -359,15 +364,11 @@ class DeviceAllocator {
   FreeLists default_lists_;
   LiveTable live_;
   SegmentTable segments_;  // every segment: addr -> bytes, owner, expandable segment
-  std::vector<std::unique_ptr<VmSegment>> vm_segments_;  // expandable segments, oldest first
-  size_t vm_page_ = 0;          // the backend's page size, read once
-  bool vm_unavailable_ = false;  // the backend has no virtual memory: plain segments
-  // reuse_free_pages: the most bytes allocated at once that expandable growth
-  // has served (not reset by reset_peak_stats); free pages are given back
-  // before growing only above hwm + hwm / kReuseSlackDivisor reserved bytes.
-  size_t vm_allocated_hwm_ = 0;
-  static constexpr size_t kReuseSlackDivisor = 20;
   StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
+  // The expandable segments. Declared after mr_, whose blocks its
+  // destructor still reads, and after events_: the backend sees the
+  // reservations end before the events are destroyed, as it always has.
+  VmArena vm_;
   PrivatePools pools_;  // the private pools and the open routes
   Accounting accounting_;  // the counters and the breakdown by category
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
@@ -384,32 +385,11 @@ class DeviceAllocator {
 // Inline below: the alloc and free paths' hot code (allocator.cpp), also
 // used by expandable.cpp.
 inline Block* DeviceAllocator::split_block_locked(Block* b, size_t offset) {
-  Block* upper = new_block();
-  upper->addr = b->addr + offset;
-  upper->size = b->size - offset;
-  upper->stream = b->stream;
-  upper->pool = b->pool;
-  upper->owner = b->owner;
-  upper->vm = b->vm;
-  upper->mapped = b->mapped;
-  upper->prev = b;
-  upper->next = b->next;
-  if (upper->next != nullptr) upper->next->prev = upper;
-  b->next = upper;
-  b->size = offset;
-  return upper;
+  return split_block(b, offset, new_block());
 }
 
 inline void DeviceAllocator::absorb_locked(Block* b, Block* n) {
-  if (n == b->prev) {
-    b->addr = n->addr;
-    b->prev = n->prev;
-    if (b->prev != nullptr) b->prev->next = b;
-  } else {
-    b->next = n->next;
-    if (b->next != nullptr) b->next->prev = b;
-  }
-  b->size += n->size;
+  absorb_block(b, n);
   delete_block(n);
 }
 

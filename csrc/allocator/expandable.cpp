@@ -1,14 +1,15 @@
-// expandable.cpp — expandable segments (expandable.h): growth by mapping
-// pages where a request finds room, and unmapping of free whole pages
-// (before growing above 1.05 x the most ever allocated, when
-// reuse_free_pages; on empty_cache; before an OOM; by the threshold policy).
+// expandable.cpp — DeviceAllocator's side of expandable segments (the
+// VmArena part, vm_arena.h): growth by mapping pages where the arena finds
+// room, and unmapping of free whole pages (before growing above the arena's
+// reuse ceiling, when reuse_free_pages; on empty_cache; before an OOM; by
+// the threshold policy). The arena decides where and how much; this file
+// keeps what it may not touch: the free lists, the segment table, the
+// memory fraction, the open routes and the Events that feed the counters.
 // All of it is the slow path: the fast path (allocator.cpp) handles mapped
 // blocks of expandable segments exactly like blocks of plain ones.
-// Invariants: expandable.h, device_allocator.h, block.h.
+// Invariants: vm_arena.h, device_allocator.h, block.h.
 #include <algorithm>
-#include <cstdio>
 #include <limits>
-#include <vector>
 
 #include "allocator/device_allocator.h"
 #include "common/errors.h"
@@ -17,8 +18,6 @@ namespace memalloc {
 namespace {
 
 std::uintptr_t round_up(std::uintptr_t n, size_t to) { return (n + to - 1) / to * to; }
-std::uintptr_t round_down(std::uintptr_t n, size_t to) { return n / to * to; }
-void* ptr(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 
 // Adds sign x the inactive-split bytes and count of `b` (when it is free) to e.
 void add_split(Event& e, const Block* b, int sign) {
@@ -29,94 +28,31 @@ void add_split(Event& e, const Block* b, int sign) {
 
 }  // namespace
 
-size_t DeviceAllocator::vm_page_locked() {
-  if (vm_page_ == 0) vm_page_ = backend_.vm_page_size(device_);
-  return vm_page_;
-}
-
-// A reservation of the device's whole capacity (as native), one unmapped
-// block spanning it. nullptr (and plain segments from then on) when the
-// backend has no virtual memory or no address space left.
+// A reservation of the device's whole capacity (as native) in the arena,
+// entered in the segment table. nullptr (and plain segments from then on)
+// when the backend has no virtual memory or no address space left.
 VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool) {
-  if (vm_unavailable_) return nullptr;
-  void* base = nullptr;
-  size_t bytes = 0;
-  try {
-    if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
-    bytes = round_up(capacity_, vm_page_locked());
-    base = backend_.vm_reserve(device_, bytes);
-  } catch (const DriverError& e) {
-    std::fprintf(stderr, "memalloc: expandable segments are unavailable on device %d (%s); using plain "
-                 "segments\n", device_, e.what());
-    vm_unavailable_ = true;
-    return nullptr;
-  }
-  if (base == nullptr) return nullptr;  // address space exhausted: a plain segment this time
-  const auto addr = reinterpret_cast<std::uintptr_t>(base);
-  auto owned = std::make_unique<VmSegment>(addr, bytes, stream, pool, &mr_);
-  VmSegment* seg = owned.get();
-  if (!segments_.insert(addr, Segment{bytes, nullptr, seg}))
+  VmSegment* seg = vm_.reserve(
+      stream, pool,
+      [this] {
+        if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
+        return capacity_;
+      },
+      [this] { return new_block(); });
+  if (seg != nullptr && !segments_.insert(seg->base, Segment{seg->size, nullptr, seg}))
     throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
-  vm_segments_.push_back(std::move(owned));
-  Block* hole = new_block();
-  hole->addr = addr;
-  hole->size = bytes;
-  hole->stream = stream;
-  hole->pool = pool;
-  hole->vm = seg;
-  hole->mapped = false;
-  seg->unmapped.insert(hole);
   return seg;
 }
 
-// The cheapest room for `rounded` bytes: an unmapped block extended from its
-// start (growing its free prev) or from its end (growing its free next), or
-// mapped whole (joining both); fewest pages first, then lowest address.
-VmRoom DeviceAllocator::find_room_locked(const VmSegment& seg, size_t rounded) {
-  const size_t page = vm_page_locked();
-  VmRoom best;
-  size_t best_bytes = std::numeric_limits<size_t>::max();
-  auto offer = [&](Block* hole, std::uintptr_t lo, size_t bytes) {
-    if (bytes < best_bytes) {
-      best = VmRoom{hole, nullptr, lo, bytes};
-      best_bytes = bytes;
-    }
-  };
-  for (Block* hole : seg.unmapped) {
-    const size_t left = hole->prev != nullptr && hole->prev->is_free() ? hole->prev->size : 0;
-    const size_t right = hole->next != nullptr && hole->next->is_free() ? hole->next->size : 0;
-    if (left >= rounded || right >= rounded) {  // a neighbour alone fits (max_split_size refused it)
-      offer(hole, hole->addr, 0);
-      best.fit = left >= rounded ? hole->prev : hole->next;
-      return best;
-    }
-    const size_t from_start = round_up(rounded - left, page);
-    if (from_start <= hole->size) offer(hole, hole->addr, from_start);
-    const size_t from_end = round_up(rounded - right, page);
-    if (from_end <= hole->size) offer(hole, hole->addr + hole->size - from_end, from_end);
-    if (left + hole->size + right >= rounded) offer(hole, hole->addr, hole->size);
-  }
-  return best;
-}
-
 Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
-  Block* hole = room.hole;
   if (room.bytes == 0) return room.fit;  // a free neighbour that fits already
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (room.bytes > allowed_max_ || reserved > allowed_max_ - room.bytes) return nullptr;
-  if (!backend_.vm_map(device_, ptr(room.lo), room.bytes)) return nullptr;
-  // Carve [lo, lo + bytes) out of the hole; the rest of the hole stays unmapped.
-  seg.unmapped.erase(hole);
-  Block* m = hole;
-  if (room.lo > hole->addr) {
-    m = split_block_locked(hole, room.lo - hole->addr);
-    seg.unmapped.insert(hole);
-  }
-  if (m->size > room.bytes) seg.unmapped.insert(split_block_locked(m, room.bytes));
-  m->mapped = true;
-  seg.mapped += room.bytes;
+  int runs_delta = 0;
+  Block* m = vm_.map(seg, room, [this](Block* b, size_t at) { return split_block_locked(b, at); }, &runs_delta);
+  if (m == nullptr) return nullptr;
   Event e = block_event(Action::kSegmentMap, *m);
-  e.segment_delta = 1 - (m->prev != nullptr && m->prev->mapped) - (m->next != nullptr && m->next->mapped);
+  e.segment_delta = runs_delta;
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
   FreeList& list = free_list(m);
@@ -132,52 +68,35 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   const PoolKind pool = pool_kind_for(rounded);
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
   // the free pages a room would have joined: rooms are looked for after it).
-  if (gc_threshold_ > 0.0 && !pools_.any_route() && !vm_segments_.empty())
-    maybe_collect_locked(round_up(rounded, vm_page_locked()));
-  VmSegment* seg = nullptr;
+  if (gc_threshold_ > 0.0 && !pools_.any_route() && !vm_.empty())
+    maybe_collect_locked(round_up(rounded, vm_.page()));
   VmRoom room;
-  auto find = [&] {
-    seg = nullptr;
-    room = VmRoom{};
-    size_t best = std::numeric_limits<size_t>::max();
-    for (auto& s : vm_segments_) {
-      if (s->stream != stream || s->pool != pool) continue;
-      VmRoom r = find_room_locked(*s, rounded);
-      if (r.hole != nullptr && r.bytes < best) {
-        seg = s.get();
-        room = r;
-        best = r.bytes;
-      }
-    }
-  };
-  find();
+  VmSegment* seg = vm_.find_room(stream, pool, rounded, &room);
   if (seg == nullptr) {
     seg = new_vm_segment_locked(stream, pool);
     if (seg == nullptr) {
       *no_vm = true;
       return nullptr;
     }
-    room = find_room_locked(*seg, rounded);
+    room = vm_.find_room(*seg, rounded);
     if (room.hole == nullptr) return nullptr;  // larger than the device
   }
   const DeviceStats& s = accounting_.stats();
   const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
   const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
-  vm_allocated_hwm_ = std::max(vm_allocated_hwm_, allocated + rounded);
-  const size_t ceiling = vm_allocated_hwm_ + vm_allocated_hwm_ / kReuseSlackDivisor;
-  if (config_.reuse_free_pages && !pools_.any_route() && room.bytes > 0 && reserved + room.bytes > ceiling) {
+  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes);
+  if (config_.reuse_free_pages && !pools_.any_route() && over > 0) {
     // Keep reserved bytes under the ceiling: give back free pages for the
     // part of this mapping above it (below it, pages are mapped without a
     // stream synchronisation, so a steady loop stops moving pages).
-    const size_t over = std::min(room.bytes, reserved + room.bytes - ceiling);
-    if (unmap_free_pages_locked(stream, over, room.hole->prev, room.hole->next) > 0) find();
+    if (unmap_free_pages_locked(stream, over, room.hole->prev, room.hole->next) > 0)
+      seg = vm_.find_room(stream, pool, rounded, &room);
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
   }
   return map_room_locked(*seg, room);
 }
 
 void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
-  VmSegment& seg = *f->vm;
   FreeList& list = free_list(f);
   list.erase(f);
   Event e = block_event(Action::kSegmentUnmap, *f);
@@ -186,83 +105,35 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   e.stack_id = ctx_.stack_id;
   e.tag_id = ctx_.tag_id;
   add_split(e, f, -1);
-  Block* u = f;
-  if (lo > f->addr) u = split_block_locked(f, lo - f->addr);
-  Block* above = hi < u->addr + u->size ? split_block_locked(u, hi - u->addr) : nullptr;
-  backend_.vm_unmap(device_, ptr(lo), hi - lo);
-  u->mapped = false;
-  seg.mapped -= hi - lo;
-  e.segment_delta = -1 + (u->prev != nullptr && u->prev->mapped) + (u->next != nullptr && u->next->mapped);
-  for (Block* piece : {u != f ? f : nullptr, above}) {
+  const VmUnmapped u = vm_.unmap(
+      f, lo, hi, [this](Block* b, size_t at) { return split_block_locked(b, at); },
+      [this](Block* b, Block* n) { absorb_locked(b, n); });
+  e.segment_delta = u.runs_delta;
+  for (Block* piece : {u.below, u.above}) {
     if (piece == nullptr) continue;
     add_split(e, piece, +1);
     list.insert(piece);
   }
-  // Coalesce the new hole with unmapped neighbours.
-  for (Block* n : {u->prev, u->next}) {
-    if (n == nullptr || n->mapped) continue;
-    seg.unmapped.erase(n);
-    absorb_locked(u, n);
-  }
-  seg.unmapped.insert(u);
   record_locked(e);
 }
 
 size_t DeviceAllocator::unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a,
                                                 const Block* keep_b) {
-  if (pools_.any_route() || want == 0) return 0;
-  const size_t page = vm_page_locked();
-  struct Candidate {
-    Block* block;
-    std::uintptr_t lo, hi;  // its whole pages
-  };
-  std::vector<Candidate> found;
-  for (FreeList* list : {&default_lists_.small, &default_lists_.large}) {
-    for (Block* b : list->blocks()) {
-      if (b->vm == nullptr || b->stream != stream || b == keep_a || b == keep_b) continue;
-      const std::uintptr_t lo = round_up(b->addr, page), hi = round_down(b->addr + b->size, page);
-      if (hi > lo) found.push_back(Candidate{b, lo, hi});
-    }
-  }
-  if (found.empty()) return 0;
-  // Largest runs first: fewest blocks cut; ties by address, so replays repeat.
-  std::sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
-    return a.hi - a.lo != b.hi - b.lo ? a.hi - a.lo > b.hi - b.lo : a.lo < b.lo;
-  });
-  backend_.synchronize_stream(device_, stream);  // queued work may still use these pages
-  size_t done = 0;
-  for (const Candidate& c : found) {
-    if (done >= want) break;
-    const size_t run = c.hi - c.lo, rest = want - done;
-    const size_t take = rest >= run ? run : std::min<size_t>(run, round_up(rest, page));
-    unmap_range_locked(c.block, c.hi - take, c.hi);  // the top pages: the block keeps its start
-    done += take;
-  }
-  return done;
+  if (pools_.any_route()) return 0;
+  return vm_.unmap_free_pages({&default_lists_.small, &default_lists_.large}, stream, want, keep_a, keep_b,
+                              [this](Block* f, std::uintptr_t lo, std::uintptr_t hi) { unmap_range_locked(f, lo, hi); });
 }
 
 size_t DeviceAllocator::release_vm_locked() {
-  if (vm_segments_.empty() || pools_.any_route()) return 0;
-  std::vector<Stream> streams;
-  for (auto& s : vm_segments_)
-    if (std::find(streams.begin(), streams.end(), s->stream) == streams.end()) streams.push_back(s->stream);
+  if (vm_.empty() || pools_.any_route()) return 0;
   size_t released = 0;
-  for (Stream s : streams)
+  for (Stream s : vm_.streams())
     released += unmap_free_pages_locked(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
   // End the reservations with nothing mapped: one unmapped block each.
-  for (auto it = vm_segments_.begin(); it != vm_segments_.end();) {
-    VmSegment& seg = **it;
-    if (seg.mapped != 0) {
-      ++it;
-      continue;
-    }
-    Block* hole = *seg.unmapped.begin();
-    seg.unmapped.clear();
+  vm_.release_unmapped([this](const VmSegment& seg, Block* hole) {
     delete_block(hole);
     segments_.erase(seg.base);
-    backend_.vm_free(device_, ptr(seg.base));
-    it = vm_segments_.erase(it);
-  }
+  });
   return released;
 }
 

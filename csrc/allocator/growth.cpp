@@ -36,22 +36,7 @@ std::string hex(std::uintptr_t addr) {
 DeviceAllocator::~DeviceAllocator() {
   for (auto& seg : segments_)
     if (seg.second.vm == nullptr) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
-  // Expandable segments: unmap each mapped run (the gaps between unmapped
-  // blocks), then end the reservation.
-  for (auto& vm : vm_segments_) {
-    try {
-      std::uintptr_t at = vm->base;
-      for (const Block* hole : vm->unmapped) {
-        if (hole->addr > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), hole->addr - at);
-        at = hole->addr + hole->size;
-      }
-      if (vm->base + vm->size > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), vm->base + vm->size - at);
-      backend_.vm_free(device_, reinterpret_cast<void*>(vm->base));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "memalloc: could not give back expandable segment 0x%llx on device %d: %s\n",
-                   static_cast<unsigned long long>(vm->base), device_, e.what());
-    }
-  }
+  // Expandable segments: vm_'s destructor unmaps and ends them.
   // Block objects live in mr_, which releases them all when destroyed.
 }
 
@@ -102,7 +87,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   // A new segment, or pages mapped into an expandable one (then the block
   // is a cached free block).
   auto grow = [&]() -> Block* {
-    if (use_vm_locked(owner)) {
+    if (VmArena::serves(config_.expandable_segments, owner)) {
       bool no_vm = false;
       Block* v = grow_vm_locked(rounded, stream, &no_vm);
       *from_cache = v != nullptr;

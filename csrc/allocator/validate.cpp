@@ -66,17 +66,14 @@ void DeviceAllocator::validate() {
   std::map<const PrivatePool*, size_t> pool_live;
   for (auto& kv : live_)
     if (kv.second->owner != nullptr) pool_live[kv.second->owner] += 1;
-  // Unmapped blocks of expandable segments (expandable.h) join the map.
-  for (auto& vm : vm_segments_) {
-    for (const Block* b : vm->unmapped) {
-      check(!b->mapped && !b->allocated && b->event_count == 0 && b->vm == vm.get(),
-            "an expandable segment's unmapped set holds a mapped or used block");
-      check(b->addr % vm_page_ == 0 && b->size % vm_page_ == 0, "an unmapped block is not whole pages");
-      check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
-    }
-    auto seg = segments_.find(vm->base);
-    check(seg != segments_.end() && seg->second.vm == vm.get(), "an expandable segment is not in the segment table");
-  }
+  // Unmapped blocks of expandable segments (vm_arena.h) join the map; the
+  // arena checks its own invariants, this the segment table's side.
+  vm_.validate([&](bool ok, const char* what) { check(ok, what); });
+  vm_.for_each_segment([&](const VmSegment& vm) {
+    for (const Block* b : vm.unmapped) check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
+    auto seg = segments_.find(vm.base);
+    check(seg != segments_.end() && seg->second.vm == &vm, "an expandable segment is not in the segment table");
+  });
   Totals t;
   size_t covered = 0;
   for (auto& seg : segments_) {

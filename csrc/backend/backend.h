@@ -18,7 +18,7 @@
 //     allocates in the relaxed capture mode, which a capture tolerates.
 //   * Inter-process handles (CUDA IPC) name whole segments; the host
 //     backend has none and throws DriverError.
-//   * Virtual memory (expandable segments, expandable.h):
+//   * Virtual memory (expandable segments, vm_arena.h):
 //     vm_reserve() takes address space only; vm_map() backs whole pages
 //     (vm_page_size() bytes) inside a reservation with device memory and
 //     returns false exactly when the device is out of memory; vm_unmap()

@@ -49,7 +49,7 @@ struct Config {
   // Python layer, host backend: answer torch.cuda.memory_allocated & co.
   // from the simulated device (on CUDA torch's own functions answer).
   bool patch_torch = true;
-  // Expandable segments (expandable.h; torch's key): the default pool's
+  // Expandable segments (vm_arena.h; torch's key): the default pool's
   // segments are address ranges backed page by page, reserved = mapped bytes.
   bool expandable_segments = false;
   // With expandable_segments: before mapping pages that would take reserved

@@ -11,7 +11,7 @@
 // (its pool: the default pool's lists, or its owner's: private_pool.h).
 // Every block of a segment has the same owner, stream and kind.
 // Free neighbours are always coalesced: no free block has a free prev/next.
-// Blocks of an expandable segment (expandable.h) have a fourth state,
+// Blocks of an expandable segment (vm_arena.h) have a fourth state,
 //   unmapped  (!mapped: no device memory behind it) -> in its segment's
 //             `unmapped` set, never in a free list, never coalesced with a
 //             mapped block;
@@ -42,7 +42,7 @@ constexpr size_t kMaxRequest = size_t{1} << 60;      // beyond this, nothing can
 enum class PoolKind : uint8_t { kSmall = 0, kLarge = 1 };
 
 struct PrivatePool;  // private_pool.h
-struct VmSegment;    // expandable.h
+struct VmSegment;    // vm_arena.h
 
 struct Block {
   std::uintptr_t addr = 0;
@@ -74,6 +74,40 @@ struct Block {
 // Bytes and blocks a free block contributes to inactive_split_* (accounting.h).
 inline int64_t split_bytes(const Block* b) { return b->is_split() ? static_cast<int64_t>(b->size) : 0; }
 inline int64_t split_count(const Block* b) { return b->is_split() ? 1 : 0; }
+
+// The tiling's two edits; DeviceAllocator's split_block_locked and
+// absorb_locked add its node cache (making and deleting the Block), parts'
+// unit tests use them as they are.
+// Makes the fresh block `upper` the part of `b` from `offset` bytes on (same
+// stream, pool, owner, segment, mapping; in no list) and returns it.
+inline Block* split_block(Block* b, size_t offset, Block* upper) {
+  upper->addr = b->addr + offset;
+  upper->size = b->size - offset;
+  upper->stream = b->stream;
+  upper->pool = b->pool;
+  upper->owner = b->owner;
+  upper->vm = b->vm;
+  upper->mapped = b->mapped;
+  upper->prev = b;
+  upper->next = b->next;
+  if (upper->next != nullptr) upper->next->prev = upper;
+  b->next = upper;
+  b->size = offset;
+  return upper;
+}
+// Merges the neighbour `n` (b's prev or next, in no list) into `b`; n is
+// left unlinked from the tiling, for the caller to delete.
+inline void absorb_block(Block* b, Block* n) {
+  if (n == b->prev) {
+    b->addr = n->addr;
+    b->prev = n->prev;
+    if (b->prev != nullptr) b->prev->next = b;
+  } else {
+    b->next = n->next;
+    if (b->next != nullptr) b->next->prev = b;
+  }
+  b->size += n->size;
+}
 
 // Best-fit order: by stream, then size, then address (lowest first).
 struct BlockBySize {

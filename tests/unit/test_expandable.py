@@ -1,4 +1,4 @@
-"""Expandable segments on the host backend (csrc/pool/expandable.h, expandable.cpp):
+"""Expandable segments on the host backend (csrc/pool/vm_arena.h, expandable.cpp):
 MEMALLOC_CONF=expandable_segments:True backs one address range per (stream,
 pool kind) page by page; reserved bytes are mapped bytes; free whole pages
 go back on empty_cache, before an OOM and (reuse_free_pages, the default)

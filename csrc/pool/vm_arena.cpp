@@ -1,0 +1,116 @@
+// vm_arena.cpp — the VmArena part's members that are not templates
+// (vm_arena.h): the page size, the room search, the reuse-free-pages slack
+// rule, the choice of free runs to unmap, and the end of every reservation.
+// Invariants: vm_arena.h.
+#include "pool/vm_arena.h"
+
+#include <cstdio>
+
+namespace memalloc {
+
+VmArena::~VmArena() {
+  // Unmap each mapped run (the gaps between unmapped blocks), then end the
+  // reservation. The blocks themselves live in the caller's node resource.
+  for (auto& vm : segments_) {
+    try {
+      std::uintptr_t at = vm->base;
+      for (const Block* hole : vm->unmapped) {
+        if (hole->addr > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), hole->addr - at);
+        at = hole->addr + hole->size;
+      }
+      if (vm->base + vm->size > at) backend_.vm_unmap(device_, reinterpret_cast<void*>(at), vm->base + vm->size - at);
+      backend_.vm_free(device_, reinterpret_cast<void*>(vm->base));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "memalloc: could not give back expandable segment 0x%llx on device %d: %s\n",
+                   static_cast<unsigned long long>(vm->base), device_, e.what());
+    }
+  }
+}
+
+size_t VmArena::page() {
+  if (page_ == 0) page_ = backend_.vm_page_size(device_);
+  return page_;
+}
+
+void VmArena::report_unavailable(const char* why) {
+  std::fprintf(stderr, "memalloc: expandable segments are unavailable on device %d (%s); using plain "
+               "segments\n", device_, why);
+  unavailable_ = true;
+}
+
+VmRoom VmArena::find_room(const VmSegment& seg, size_t rounded) {
+  const size_t pg = page();
+  VmRoom best;
+  size_t best_bytes = std::numeric_limits<size_t>::max();
+  auto offer = [&](Block* hole, std::uintptr_t lo, size_t bytes) {
+    if (bytes < best_bytes) {
+      best = VmRoom{hole, nullptr, lo, bytes};
+      best_bytes = bytes;
+    }
+  };
+  for (Block* hole : seg.unmapped) {
+    const size_t left = hole->prev != nullptr && hole->prev->is_free() ? hole->prev->size : 0;
+    const size_t right = hole->next != nullptr && hole->next->is_free() ? hole->next->size : 0;
+    if (left >= rounded || right >= rounded) {  // a neighbour alone fits (max_split_size refused it)
+      offer(hole, hole->addr, 0);
+      best.fit = left >= rounded ? hole->prev : hole->next;
+      return best;
+    }
+    const size_t from_start = round_up(rounded - left, pg);
+    if (from_start <= hole->size) offer(hole, hole->addr, from_start);
+    const size_t from_end = round_up(rounded - right, pg);
+    if (from_end <= hole->size) offer(hole, hole->addr + hole->size - from_end, from_end);
+    if (left + hole->size + right >= rounded) offer(hole, hole->addr, hole->size);
+  }
+  return best;
+}
+
+VmSegment* VmArena::find_room(Stream stream, PoolKind pool, size_t rounded, VmRoom* room) {
+  VmSegment* seg = nullptr;
+  *room = VmRoom{};
+  size_t best = std::numeric_limits<size_t>::max();
+  for (auto& s : segments_) {
+    if (s->stream != stream || s->pool != pool) continue;
+    VmRoom r = find_room(*s, rounded);
+    if (r.hole != nullptr && r.bytes < best) {
+      seg = s.get();
+      *room = r;
+      best = r.bytes;
+    }
+  }
+  return seg;
+}
+
+size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes) {
+  allocated_hwm_ = std::max(allocated_hwm_, allocated + rounded);
+  const size_t ceiling = allocated_hwm_ + allocated_hwm_ / kReuseSlackDivisor;
+  if (room_bytes == 0 || reserved + room_bytes <= ceiling) return 0;
+  return std::min(room_bytes, reserved + room_bytes - ceiling);
+}
+
+std::vector<VmArena::Run> VmArena::free_runs(std::initializer_list<const FreeList*> lists, Stream stream,
+                                             const Block* keep_a, const Block* keep_b) {
+  const size_t pg = page();
+  std::vector<Run> found;
+  for (const FreeList* list : lists) {
+    for (Block* b : list->blocks()) {
+      if (b->vm == nullptr || b->stream != stream || b == keep_a || b == keep_b) continue;
+      const std::uintptr_t lo = round_up(b->addr, pg), hi = (b->addr + b->size) / pg * pg;
+      if (hi > lo) found.push_back(Run{b, lo, hi});
+    }
+  }
+  // Largest runs first: fewest blocks cut; ties by address, so replays repeat.
+  std::sort(found.begin(), found.end(), [](const Run& a, const Run& b) {
+    return a.hi - a.lo != b.hi - b.lo ? a.hi - a.lo > b.hi - b.lo : a.lo < b.lo;
+  });
+  return found;
+}
+
+std::vector<Stream> VmArena::streams() const {
+  std::vector<Stream> out;
+  for (auto& s : segments_)
+    if (std::find(out.begin(), out.end(), s->stream) == out.end()) out.push_back(s->stream);
+  return out;
+}
+
+}  // namespace memalloc

@@ -1,0 +1,344 @@
+// vm_arena.h — expandable segments (MEMALLOC_CONF=expandable_segments:True,
+// torch's name) as one part: reservations of address space per (stream,
+// pool kind) of the default pool, backed by device memory one page at a
+// time (backend.h, "Virtual memory"), so that a segment grows where a
+// request needs room and gives back the free pages inside it instead of
+// whole segments.
+//
+// The arena owns the reservations (VmSegment: address range, mapped bytes,
+// its unmapped blocks), the page size and whether the backend has virtual
+// memory at all, the "where is room" search, the reuse-free-pages slack
+// rule with its high-water mark, and the choice of free pages to unmap.
+// It changes blocks only by carving and coalescing the runs it maps and
+// unmaps, through the caller's block operations (split, absorb, make,
+// drop: DeviceAllocator's, passed per call); free lists, the segment table
+// and the counters stay with the caller (expandable.cpp).
+//
+// Invariants (validate(); DeviceAllocator::validate() checks the rest
+// against its blocks and segment table):
+//   * The blocks of a VmSegment tile [base, base + size) in address order
+//     (block.h's tiling rule, over the whole reservation): every block is
+//     mapped (live, pending or free, as in a plain segment) or unmapped.
+//   * base and size are whole pages. Unmapped blocks start and end on page
+//     boundaries inside [base, base + size), have vm == their segment, are
+//     never live, pending or in a free list, are exactly the members of
+//     `unmapped`, and are coalesced: no unmapped block has an unmapped
+//     prev/next. (A free mapped block and an unmapped neighbour stay apart.)
+//   * mapped == size - the unmapped blocks' bytes == the sum of the sizes
+//     of its mapped blocks == the bytes the backend has mapped in it.
+//   * reserved_bytes counts mapped bytes (torch's accounting); the segment
+//     statistic counts maximal mapped runs (map() and unmap() report how
+//     many runs they add), which are also the segments that segments() and
+//     snapshots report.
+//   * Only the default pool has expandable segments (serves()): private
+//     pools (CUDA graphs, MemPool) keep plain segments, whose layout graph
+//     trees checkpoint; a reservation that the backend refuses falls back to
+//     a plain segment; a backend without virtual memory is asked once
+//     (unavailable() from then on).
+//   * Pages are unmapped only while no route is open (no capture: the
+//     caller checks), after the segment's stream has been synchronised:
+//     work queued before the free may still touch them.
+//   * No lock of its own: DeviceAllocator calls it under the device lock.
+//     Its sets use the allocator's node resource. All of it is the slow
+//     path: the fast path (allocator.cpp) handles mapped blocks of
+//     expandable segments exactly like blocks of plain ones. The destructor
+//     unmaps every mapped run and ends every reservation.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <memory_resource>
+#include <set>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/errors.h"
+#include "pool/block.h"
+
+namespace memalloc {
+
+struct PrivatePool;  // private_pool.h
+
+struct BlockByAddr {
+  bool operator()(const Block* a, const Block* b) const { return a->addr < b->addr; }
+};
+
+struct VmSegment {
+  VmSegment(std::uintptr_t base_, size_t size_, Stream stream_, PoolKind pool_, std::pmr::memory_resource* mr)
+      : base(base_), size(size_), stream(stream_), pool(pool_), unmapped(mr) {}
+  std::uintptr_t base;  // start of the reservation
+  size_t size;          // bytes of address space reserved
+  Stream stream;
+  PoolKind pool;
+  size_t mapped = 0;    // bytes backed by device memory
+  std::pmr::set<Block*, BlockByAddr> unmapped;
+};
+
+// Where a request can be given room in a segment: pages [lo, lo + bytes)
+// of the unmapped block `hole`; bytes == 0: its free neighbour `fit` is
+// large enough already (best fit refused it: max_split_size).
+struct VmRoom {
+  Block* hole = nullptr;
+  Block* fit = nullptr;
+  std::uintptr_t lo = 0;
+  size_t bytes = 0;
+};
+
+// What unmap() made of a free block: the unmapped run `hole` (coalesced with
+// its unmapped neighbours), and the free mapped pieces left below and above
+// it (nullptr: none), in no list.
+struct VmUnmapped {
+  Block* below = nullptr;
+  Block* hole = nullptr;
+  Block* above = nullptr;
+  int runs_delta = 0;  // mapped runs added (the segment statistic's change)
+};
+
+class VmArena {
+ public:
+  // reuse_free_pages: free pages are given back before growing only above
+  // hwm + hwm / kReuseSlackDivisor reserved bytes (hwm: the most bytes
+  // allocated at once that growth has served).
+  static constexpr size_t kReuseSlackDivisor = 20;
+
+  VmArena(Backend& backend, int device, std::pmr::memory_resource* mr) : backend_(backend), device_(device), mr_(mr) {}
+  ~VmArena();  // unmaps every mapped run and ends every reservation
+  VmArena(const VmArena&) = delete;
+  VmArena& operator=(const VmArena&) = delete;
+
+  // Whether a request of `owner` (nullptr: the default pool) grows in an
+  // expandable segment: only the default pool's, and only when configured.
+  static bool serves(bool expandable_segments, const PrivatePool* owner) {
+    return expandable_segments && owner == nullptr;
+  }
+
+  bool empty() const { return segments_.empty(); }
+  // The backend refused virtual memory once: plain segments from then on.
+  bool unavailable() const { return unavailable_; }
+  // The backend's page size, read once (throws the backend's DriverError
+  // when it has no virtual memory).
+  size_t page();
+  size_t allocated_hwm() const { return allocated_hwm_; }
+
+  // A reservation of capacity() bytes (rounded up to whole pages) for
+  // (stream, pool), oldest last, spanned by one unmapped block from
+  // make_block(). nullptr when the address space is exhausted (a plain
+  // segment this time), or when the backend has no virtual memory (a
+  // message on stderr; unavailable() from then on; capacity() runs inside
+  // that guard, so its DriverError counts as none too).
+  template <class Capacity, class MakeBlock>
+  VmSegment* reserve(Stream stream, PoolKind pool, Capacity&& capacity, MakeBlock&& make_block);
+
+  // The cheapest room for `rounded` bytes in `seg`: an unmapped block
+  // extended from its start (growing its free prev) or from its end
+  // (growing its free next), or mapped whole (joining both); fewest pages
+  // first, then lowest address. room.hole == nullptr: none.
+  VmRoom find_room(const VmSegment& seg, size_t rounded);
+  // The same over every segment of (stream, pool), the oldest first on a
+  // tie; nullptr (and *room empty) when none has room.
+  VmSegment* find_room(Stream stream, PoolKind pool, size_t rounded, VmRoom* room);
+
+  // The reuse-free-pages rule: records allocated + rounded in the
+  // high-water mark, then returns how many of the room_bytes about to be
+  // mapped would take reserved bytes above the ceiling (0: none).
+  size_t over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes);
+
+  // Maps room (room.bytes > 0) of seg: carves [lo, lo + bytes) out of its
+  // hole with split(b, offset) -> upper part, and returns that block, now
+  // mapped (in no list, not yet merged with its free neighbours);
+  // *runs_delta: mapped runs added. nullptr when the device is out of memory.
+  template <class Split>
+  Block* map(VmSegment& seg, const VmRoom& room, Split&& split, int* runs_delta);
+
+  // Unmaps [lo, hi) (whole pages) of the free block f (in no list): split
+  // carves it out, absorb(b, n) merges the unmapped neighbour n into b (and
+  // deletes n).
+  template <class Split, class Absorb>
+  VmUnmapped unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Split&& split, Absorb&& absorb);
+
+  // Unmaps free whole pages of the expandable blocks on `stream` in `lists`,
+  // at least `want` bytes when there are that many (SIZE_MAX: all), never
+  // from keep_a/keep_b: the largest runs first (fewest blocks cut; ties by
+  // address, so replays repeat), the top pages of each (the block keeps its
+  // start). Synchronises the stream first; unmap_range(f, lo, hi) does each
+  // (the caller's free-list bookkeeping around unmap()). Returns the bytes.
+  template <class UnmapRange>
+  size_t unmap_free_pages(std::initializer_list<const FreeList*> lists, Stream stream, size_t want,
+                          const Block* keep_a, const Block* keep_b, UnmapRange&& unmap_range);
+
+  // The streams that have segments, each once, in segment order.
+  std::vector<Stream> streams() const;
+  // Ends every reservation with nothing mapped; drop(seg, hole) first takes
+  // its one unmapped block (and the caller's record of it).
+  template <class Drop>
+  void release_unmapped(Drop&& drop);
+
+  template <class F>
+  void for_each_segment(F&& f) const {
+    for (const auto& s : segments_) f(static_cast<const VmSegment&>(*s));
+  }
+  // Checks the invariants above that need no other state: check(condition,
+  // what is wrong).
+  template <class Check>
+  void validate(Check&& check) const;
+
+ private:
+  struct Run {
+    Block* block;
+    std::uintptr_t lo, hi;  // its whole pages
+  };
+  // The free runs unmap_free_pages() takes from, in the order it takes them.
+  std::vector<Run> free_runs(std::initializer_list<const FreeList*> lists, Stream stream, const Block* keep_a,
+                             const Block* keep_b);
+  void report_unavailable(const char* why);
+
+  static std::uintptr_t round_up(std::uintptr_t n, size_t to) { return (n + to - 1) / to * to; }
+
+  Backend& backend_;
+  const int device_;
+  std::pmr::memory_resource* mr_;
+  std::vector<std::unique_ptr<VmSegment>> segments_;  // oldest first
+  size_t page_ = 0;             // the backend's page size, read once
+  bool unavailable_ = false;    // the backend has no virtual memory: plain segments
+  size_t allocated_hwm_ = 0;    // not reset by reset_peak_stats
+};
+
+template <class Capacity, class MakeBlock>
+VmSegment* VmArena::reserve(Stream stream, PoolKind pool, Capacity&& capacity, MakeBlock&& make_block) {
+  if (unavailable_) return nullptr;
+  size_t bytes = 0;
+  std::uintptr_t base = 0;
+  try {
+    const size_t cap = capacity();  // before page(): the order the backend sees
+    bytes = round_up(cap, page());
+    base = reinterpret_cast<std::uintptr_t>(backend_.vm_reserve(device_, bytes));
+  } catch (const DriverError& e) {
+    report_unavailable(e.what());
+    return nullptr;
+  }
+  if (base == 0) return nullptr;  // address space exhausted: a plain segment this time
+  segments_.push_back(std::make_unique<VmSegment>(base, bytes, stream, pool, mr_));
+  VmSegment* seg = segments_.back().get();
+  Block* hole = make_block();
+  hole->addr = base;
+  hole->size = bytes;
+  hole->stream = stream;
+  hole->pool = pool;
+  hole->vm = seg;
+  hole->mapped = false;
+  seg->unmapped.insert(hole);
+  return seg;
+}
+
+template <class Split>
+Block* VmArena::map(VmSegment& seg, const VmRoom& room, Split&& split, int* runs_delta) {
+  Block* hole = room.hole;
+  if (!backend_.vm_map(device_, reinterpret_cast<void*>(room.lo), room.bytes)) return nullptr;
+  // Carve [lo, lo + bytes) out of the hole; the rest of the hole stays unmapped.
+  seg.unmapped.erase(hole);
+  Block* m = hole;
+  if (room.lo > hole->addr) {
+    m = split(hole, room.lo - hole->addr);
+    seg.unmapped.insert(hole);
+  }
+  if (m->size > room.bytes) seg.unmapped.insert(split(m, room.bytes));
+  m->mapped = true;
+  seg.mapped += room.bytes;
+  *runs_delta = 1 - (m->prev != nullptr && m->prev->mapped) - (m->next != nullptr && m->next->mapped);
+  return m;
+}
+
+template <class Split, class Absorb>
+VmUnmapped VmArena::unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Split&& split, Absorb&& absorb) {
+  VmSegment& seg = *f->vm;
+  VmUnmapped out;
+  Block* u = f;
+  if (lo > f->addr) {
+    u = split(f, lo - f->addr);
+    out.below = f;
+  }
+  if (hi < u->addr + u->size) out.above = split(u, hi - u->addr);
+  backend_.vm_unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
+  u->mapped = false;
+  seg.mapped -= hi - lo;
+  // Counted before the coalescing below, which would hide an unmapped
+  // neighbour (it stops no run).
+  out.runs_delta = -1 + (u->prev != nullptr && u->prev->mapped) + (u->next != nullptr && u->next->mapped);
+  for (Block* n : {u->prev, u->next}) {
+    if (n == nullptr || n->mapped) continue;
+    seg.unmapped.erase(n);
+    absorb(u, n);
+  }
+  seg.unmapped.insert(u);
+  out.hole = u;
+  return out;
+}
+
+template <class UnmapRange>
+size_t VmArena::unmap_free_pages(std::initializer_list<const FreeList*> lists, Stream stream, size_t want,
+                                 const Block* keep_a, const Block* keep_b, UnmapRange&& unmap_range) {
+  if (want == 0) return 0;
+  const std::vector<Run> runs = free_runs(lists, stream, keep_a, keep_b);
+  if (runs.empty()) return 0;
+  backend_.synchronize_stream(device_, stream);  // queued work may still use these pages
+  const size_t pg = page();
+  size_t done = 0;
+  for (const Run& r : runs) {
+    if (done >= want) break;
+    const size_t run = r.hi - r.lo, rest = want - done;
+    const size_t take = rest >= run ? run : std::min<size_t>(run, round_up(rest, pg));
+    unmap_range(r.block, r.hi - take, r.hi);  // the top pages: the block keeps its start
+    done += take;
+  }
+  return done;
+}
+
+template <class Drop>
+void VmArena::release_unmapped(Drop&& drop) {
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    VmSegment& seg = **it;
+    if (seg.mapped != 0) {
+      ++it;
+      continue;
+    }
+    Block* hole = *seg.unmapped.begin();
+    seg.unmapped.clear();
+    drop(seg, hole);
+    backend_.vm_free(device_, reinterpret_cast<void*>(seg.base));
+    it = segments_.erase(it);
+  }
+}
+
+template <class Check>
+void VmArena::validate(Check&& check) const {
+  check(segments_.empty() || page_ > 0, "an expandable segment exists but the page size was never read");
+  for (const auto& s : segments_) {
+    const VmSegment& seg = *s;
+    check(seg.base % page_ == 0 && seg.size % page_ == 0 && seg.size > 0,
+          "an expandable segment is not whole pages");
+    size_t unmapped = 0;
+    for (const Block* b : seg.unmapped) {
+      check(!b->mapped && !b->allocated && b->event_count == 0 && b->vm == &seg,
+            "an expandable segment's unmapped set holds a mapped or used block");
+      check(b->addr % page_ == 0 && b->size % page_ == 0, "an unmapped block is not whole pages");
+      check(b->addr >= seg.base && b->addr + b->size <= seg.base + seg.size,
+            "an unmapped block lies outside its reservation");
+      check(b->stream == seg.stream && b->pool == seg.pool, "an unmapped block differs from its segment in stream/pool");
+      check((b->prev == nullptr || b->prev->mapped) && (b->next == nullptr || b->next->mapped),
+            "two adjacent unmapped blocks are not coalesced");
+      check(b->prev == nullptr ? b->addr == seg.base : b->prev->addr + b->prev->size == b->addr,
+            "an unmapped block does not follow its prev");
+      check(b->next == nullptr ? b->addr + b->size == seg.base + seg.size : b->next->addr == b->addr + b->size,
+            "an unmapped block does not precede its next");
+      unmapped += b->size;
+    }
+    check(unmapped <= seg.size && seg.mapped == seg.size - unmapped,
+          "an expandable segment's mapped bytes differ from its unmapped blocks");
+  }
+}
+
+}  // namespace memalloc

@@ -1,0 +1,404 @@
+// vm_arena_test.cpp — C++ unit tests of the VmArena part (csrc/pool/vm_arena.h)
+// on its own: the host backend's virtual memory (2 MiB pages, mapped bytes
+// counted in mem_get_info, streams whose work completes only when
+// synchronised), blocks made and split by hand (the test's own block
+// operations, as DeviceAllocator's), and the part's invariants checked after
+// every step. Expected rooms and runs are page arithmetic done here.
+// Built by tests/cpp/test_cpp_core.py.
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/config.h"
+#include "pool/vm_arena.h"
+#include "part_test.h"
+
+using namespace memalloc;
+
+namespace {
+using part_test::expect;
+
+constexpr size_t MiB = size_t{1} << 20;
+constexpr size_t kCapacity = 64 * MiB;
+
+// A backend without virtual memory: Backend's own vm_* (DriverError), and a
+// count of how often it was asked.
+struct NoVmBackend : HostBackend {
+  using HostBackend::HostBackend;
+  int asked = 0;
+  size_t vm_page_size(int device) override {
+    ++asked;
+    return Backend::vm_page_size(device);
+  }
+  void* vm_reserve(int device, size_t bytes) override {
+    ++asked;
+    return Backend::vm_reserve(device, bytes);
+  }
+};
+
+template <class B = HostBackend>
+struct Fixture {
+  Config config = parse_config("backend:host,host_capacity_mb:64");
+  B backend{config};
+  std::pmr::unsynchronized_pool_resource mr;
+  std::vector<std::unique_ptr<Block>> blocks;  // every block made; absorbed ones stay here, unlinked
+  int absorbed = 0;
+  VmArena arena{backend, 0, &mr};  // last: destroyed first, while the blocks and backend live
+  size_t page = 0;
+
+  void validate() {
+    arena.validate([](bool ok, const char* what) { expect(ok, what, __LINE__); });
+  }
+  size_t device_free() { return backend.mem_get_info(0).free; }
+
+  auto make() {
+    return [this] {
+      blocks.push_back(std::make_unique<Block>(&mr));
+      return blocks.back().get();
+    };
+  }
+  // DeviceAllocator's split_block_locked and absorb_locked, over the
+  // test's blocks (an absorbed block is only counted).
+  auto split() {
+    return [this](Block* b, size_t offset) { return split_block(b, offset, make()()); };
+  }
+  auto absorb() {
+    return [this](Block* b, Block* n) {
+      absorb_block(b, n);
+      ++absorbed;
+    };
+  }
+  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity) {
+    VmSegment* seg = arena.reserve(stream, pool, [capacity] { return capacity; }, make());
+    if (seg != nullptr) page = arena.page();
+    return seg;
+  }
+  // Maps the room for `rounded` in seg (a room that needs pages).
+  Block* map(VmSegment& seg, size_t rounded, int* runs = nullptr) {
+    VmRoom room = arena.find_room(seg, rounded);
+    int r = 0;
+    Block* m = room.hole != nullptr && room.bytes > 0 ? arena.map(seg, room, split(), &r) : nullptr;
+    if (runs != nullptr) *runs = r;
+    return m;
+  }
+  // The caller's side of an unmap: out of the free list, unmapped, pieces back.
+  auto unmap_in(FreeList& list, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>* done) {
+    return [this, &list, done](Block* f, std::uintptr_t lo, std::uintptr_t hi) {
+      done->emplace_back(lo, hi);
+      list.erase(f);
+      VmUnmapped u = arena.unmap(f, lo, hi, split(), absorb());
+      for (Block* piece : {u.below, u.above})
+        if (piece != nullptr) list.insert(piece);
+    };
+  }
+};
+
+void a_reservation_is_whole_pages_spanned_by_one_hole() {
+  Fixture<> f;
+  EXPECT(f.arena.empty() && !f.arena.unavailable());
+  VmSegment* seg = f.reserve(7, PoolKind::kLarge, 5 * MiB + 1);  // rounds up to 3 pages
+  EXPECT(seg != nullptr && f.page == 2 * MiB);
+  if (seg == nullptr) return;
+  EXPECT(seg->size == 6 * MiB && seg->base % f.page == 0 && seg->mapped == 0);
+  EXPECT(seg->stream == 7 && seg->pool == PoolKind::kLarge && seg->unmapped.size() == 1);
+  const Block* hole = *seg->unmapped.begin();
+  EXPECT(hole->addr == seg->base && hole->size == seg->size && !hole->mapped && hole->vm == seg);
+  EXPECT(f.device_free() == kCapacity);  // address space only
+  EXPECT(!f.arena.empty() && f.arena.streams() == std::vector<Stream>{7});
+  f.validate();
+}
+
+void rooms_follow_the_page_arithmetic() {
+  Fixture<> f;
+  VmSegment* seg = f.reserve(1);
+  if (seg == nullptr) return EXPECT(false);
+  // A fresh segment: from its start, 3 MiB rounds up to 2 pages.
+  VmRoom room = f.arena.find_room(*seg, 3 * MiB);
+  EXPECT(room.hole == *seg->unmapped.begin() && room.lo == seg->base && room.bytes == 2 * f.page);
+  int runs = 0;
+  Block* m = f.arena.map(*seg, room, f.split(), &runs);
+  EXPECT(m != nullptr && m->addr == seg->base && m->size == 4 * MiB && m->mapped && runs == 1);
+  if (m == nullptr) return;
+  EXPECT(seg->mapped == 4 * MiB && f.device_free() == kCapacity - 4 * MiB);
+  EXPECT(seg->unmapped.size() == 1 && (*seg->unmapped.begin())->addr == seg->base + 4 * MiB);
+  f.validate();
+  // m free (4 MiB): 5 MiB grows it by one page after it; 3 MiB fits in m as it is.
+  room = f.arena.find_room(*seg, 5 * MiB);
+  EXPECT(room.lo == seg->base + 4 * MiB && room.bytes == f.page && room.fit == nullptr);
+  room = f.arena.find_room(*seg, 3 * MiB);
+  EXPECT(room.bytes == 0 && room.fit == m);
+  // m live: 5 MiB needs 3 pages of its own.
+  m->allocated = true;
+  room = f.arena.find_room(*seg, 5 * MiB);
+  EXPECT(room.lo == seg->base + 4 * MiB && room.bytes == 3 * f.page);
+  Block* n = f.arena.map(*seg, room, f.split(), &runs);
+  EXPECT(n != nullptr && n->prev == m && runs == 0);  // extends m's run
+  EXPECT(seg->mapped == 10 * MiB && f.device_free() == kCapacity - 10 * MiB);
+  f.validate();
+  // Larger than the reservation: no room.
+  EXPECT(f.arena.find_room(*seg, kCapacity).hole == nullptr);
+}
+
+void a_hole_between_free_blocks_is_mapped_whole() {
+  Fixture<> f;
+  VmSegment* seg = f.reserve(1);
+  if (seg == nullptr) return EXPECT(false);
+  Block* a = f.map(*seg, 2 * MiB);  // [0, 1p)
+  EXPECT(a != nullptr);
+  if (a == nullptr) return;
+  a->allocated = true;  // live blocks, so that the next room is not a free neighbour
+  Block* b = f.map(*seg, 6 * MiB);  // [1p, 4p)
+  if (b == nullptr) return EXPECT(false);
+  b->allocated = true;
+  Block* c = f.map(*seg, 2 * MiB);  // [4p, 5p), stays live
+  EXPECT(c != nullptr && c->addr == seg->base + 4 * f.page);
+  if (c == nullptr) return;
+  c->allocated = true;
+  b->allocated = false;
+  // Unmap b's middle page: a one-page hole between two free one-page blocks.
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> done;
+  FreeList list(&f.mr);
+  list.insert(b);
+  f.unmap_in(list, &done)(b, seg->base + 2 * f.page, seg->base + 3 * f.page);
+  EXPECT(seg->unmapped.size() == 2 && seg->mapped == 4 * f.page);
+  f.validate();
+  // 5 MiB: neither neighbour (2 MiB each) nor one side plus the hole (4 MiB)
+  // is enough; the whole hole joining both (6 MiB) is.
+  VmRoom room = f.arena.find_room(*seg, 5 * MiB);
+  EXPECT(room.lo == seg->base + 2 * f.page && room.bytes == f.page);
+  int runs = 0;
+  Block* m = f.arena.map(*seg, room, f.split(), &runs);
+  EXPECT(m != nullptr && runs == -1);  // two runs become one
+  EXPECT(seg->unmapped.size() == 1 && seg->mapped == 5 * f.page);
+  f.validate();
+}
+
+void unmapping_splits_and_coalesces() {
+  Fixture<> f;
+  VmSegment* seg = f.reserve(1);
+  if (seg == nullptr) return EXPECT(false);
+  Block* b = f.map(*seg, 8 * MiB);  // 4 pages from the start
+  if (b == nullptr) return EXPECT(false);
+  const std::uintptr_t base = seg->base;
+  const size_t p = f.page;
+  VmUnmapped u = f.arena.unmap(b, base + p, base + 3 * p, f.split(), f.absorb());
+  EXPECT(u.below == b && b->addr == base && b->size == p && b->mapped);
+  EXPECT(u.hole != nullptr && u.hole->addr == base + p && u.hole->size == 2 * p && !u.hole->mapped);
+  EXPECT(u.above != nullptr && u.above->addr == base + 3 * p && u.above->size == p && u.above->mapped);
+  EXPECT(u.runs_delta == 1);  // one run became two
+  EXPECT(seg->mapped == 2 * p && f.device_free() == kCapacity - 2 * p && seg->unmapped.size() == 2);
+  f.validate();
+  // Unmapping the top piece whole joins both holes around it into one.
+  Block* top = u.above;
+  u = f.arena.unmap(top, top->addr, top->addr + top->size, f.split(), f.absorb());
+  EXPECT(u.below == nullptr && u.above == nullptr && u.hole == top && u.runs_delta == -1);
+  EXPECT(f.absorbed == 2 && seg->unmapped.size() == 1 && top->addr == base + p && top->size == seg->size - p);
+  EXPECT(seg->mapped == p && f.device_free() == kCapacity - p);
+  f.validate();
+}
+
+void free_pages_go_largest_run_first_after_a_synchronisation() {
+  Fixture<> f;
+  VmSegment* seg = f.reserve(1);
+  if (seg == nullptr) return EXPECT(false);
+  const size_t p = f.page;
+  const std::uintptr_t base = seg->base;
+  // Each mapped while the ones before are live (else the next room would
+  // be a free neighbour), then freed as the test needs.
+  std::vector<Block*> made;
+  for (size_t bytes : {8 * MiB, 2 * MiB, 2 * MiB, 4 * MiB}) {
+    Block* b = f.map(*seg, bytes);
+    if (b == nullptr) return EXPECT(false);
+    b->allocated = true;
+    made.push_back(b);
+  }
+  Block* low = made[0];   // [0, 4p)
+  Block* keep = made[1];  // [4p, 5p)
+  Block* live = made[2];  // [5p, 6p)
+  Block* high = made[3];  // [6p, 8p)
+  EXPECT(keep->addr == base + 4 * p && live->addr == base + 5 * p && high->addr == base + 6 * p);
+  keep->allocated = high->allocated = false;
+  // low's first half page is live: its whole free pages are [1p, 4p).
+  Block* free_low = f.split()(low, MiB);
+  free_low->allocated = false;
+  FreeList list(&f.mr), other(&f.mr);
+  list.insert(free_low);
+  list.insert(keep);
+  list.insert(high);
+  EventHandle ev = f.backend.create_event(0);
+  f.backend.record_event(0, ev, 1);  // work queued on the segment's stream
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> done;
+  // Nothing free on stream 2: no synchronisation, nothing unmapped.
+  EXPECT(f.arena.unmap_free_pages({&list, &other}, 2, SIZE_MAX, nullptr, nullptr, f.unmap_in(list, &done)) == 0);
+  EXPECT(!f.backend.query_event(0, ev) && done.empty());
+  // 3 pages wanted, never from keep: the 3-page run of free_low whole (the
+  // largest first), before high's 2 pages.
+  size_t got = f.arena.unmap_free_pages({&list, &other}, 1, 3 * p, keep, nullptr, f.unmap_in(list, &done));
+  EXPECT(got == 3 * p && f.backend.query_event(0, ev));  // synchronised first
+  EXPECT(done.size() == 1 && done[0].first == base + p && done[0].second == base + 4 * p);
+  EXPECT(free_low->size == MiB && free_low->mapped && seg->mapped == 5 * p);
+  f.validate();
+  // One byte more: one page, the top page of the largest run left (high).
+  done.clear();
+  got = f.arena.unmap_free_pages({&list, &other}, 1, 1, keep, nullptr, f.unmap_in(list, &done));
+  EXPECT(got == p && done.size() == 1 && done[0].first == base + 7 * p && done[0].second == base + 8 * p);
+  EXPECT(high->addr == base + 6 * p && high->size == p && high->mapped);
+  // Everything: high's last page and keep's (keep no longer kept); free_low has no whole page.
+  done.clear();
+  got = f.arena.unmap_free_pages({&list, &other}, 1, SIZE_MAX, nullptr, nullptr, f.unmap_in(list, &done));
+  EXPECT(got == 2 * p && done.size() == 2 && done[0].first == base + 4 * p && done[1].first == base + 6 * p);
+  EXPECT(seg->mapped == 2 * p && f.device_free() == kCapacity - 2 * p);
+  EXPECT(f.arena.unmap_free_pages({&list}, 1, 0, nullptr, nullptr, f.unmap_in(list, &done)) == 0);
+  f.validate();
+  f.backend.destroy_event(0, ev);
+}
+
+void the_reuse_ceiling_follows_the_high_water_mark() {
+  Fixture<> f;
+  const size_t d = VmArena::kReuseSlackDivisor;
+  // 20 MiB allocated at most: ceiling 21 MiB (20 + 20 / d).
+  EXPECT(f.arena.over_ceiling(0, 0, 20 * MiB, 20 * MiB) == 0 && f.arena.allocated_hwm() == 20 * MiB);
+  const size_t ceiling = 20 * MiB + 20 * MiB / d;
+  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 4 * MiB) == 24 * MiB - ceiling);
+  EXPECT(f.arena.allocated_hwm() == 20 * MiB);  // 0 + 4 MiB is below it: unchanged
+  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 0) == 0);  // no pages to map
+  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB) == 2 * MiB);  // all of it above: capped at the room
+  // A larger peak raises the ceiling: 40 + 2 MiB allocated.
+  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB) == 0 && f.arena.allocated_hwm() == 42 * MiB);
+}
+
+void rooms_are_searched_per_stream_and_pool() {
+  Fixture<> f;
+  VmSegment* a = f.reserve(1);
+  VmSegment* b = f.reserve(1);
+  VmSegment* other_stream = f.reserve(2);
+  VmSegment* small = f.reserve(1, PoolKind::kSmall);
+  if (a == nullptr || b == nullptr || other_stream == nullptr || small == nullptr) return EXPECT(false);
+  EXPECT(a->base != b->base && (f.arena.streams() == std::vector<Stream>{1, 2}));
+  Block* m = f.map(*b, 4 * MiB);  // b: a free 2-page block, 5 MiB needs one more page
+  Block* s = f.map(*other_stream, 4 * MiB);  // the same on stream 2
+  if (m == nullptr || s == nullptr) return EXPECT(false);
+  VmRoom room;
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 5 * MiB, &room) == b && room.bytes == f.page);
+  EXPECT(f.arena.find_room(2, PoolKind::kLarge, 5 * MiB, &room) == other_stream && room.bytes == f.page);
+  EXPECT(f.arena.find_room(1, PoolKind::kSmall, 5 * MiB, &room) == small && room.bytes == 3 * f.page);
+  EXPECT(f.arena.find_room(3, PoolKind::kLarge, 5 * MiB, &room) == nullptr && room.hole == nullptr);
+  // Tie (both fresh for stream 1 after m is live): the oldest.
+  m->allocated = true;
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 5 * MiB, &room) == a && room.bytes == 3 * f.page);
+  f.validate();
+}
+
+void the_device_refuses_a_map() {
+  Fixture<> f;
+  VmSegment* a = f.reserve(1);
+  VmSegment* b = f.reserve(1);
+  if (a == nullptr || b == nullptr) return EXPECT(false);
+  EXPECT(f.map(*a, 40 * MiB) != nullptr);
+  Block* hole = *b->unmapped.begin();
+  int runs = 7;
+  EXPECT(f.map(*b, 40 * MiB, &runs) == nullptr && runs == 0);  // 80 MiB > the device's 64
+  EXPECT(b->mapped == 0 && b->unmapped.size() == 1 && *b->unmapped.begin() == hole && hole->size == b->size);
+  EXPECT(f.device_free() == kCapacity - 40 * MiB);
+  f.validate();
+}
+
+void reservations_with_nothing_mapped_end() {
+  Fixture<> f;
+  VmSegment* a = f.reserve(1);
+  VmSegment* b = f.reserve(1);
+  if (a == nullptr || b == nullptr) return EXPECT(false);
+  const std::uintptr_t a_base = a->base;
+  EXPECT(f.map(*b, 2 * MiB) != nullptr);
+  std::vector<const Block*> dropped;
+  f.arena.release_unmapped([&](const VmSegment& seg, Block* hole) {
+    EXPECT(seg.base == a_base && hole->addr == a_base && hole->size == seg.size);
+    dropped.push_back(hole);
+  });
+  EXPECT(dropped.size() == 1);
+  int left = 0;
+  f.arena.for_each_segment([&](const VmSegment& seg) { left += seg.base == b->base; });
+  EXPECT(left == 1);
+  f.validate();
+  // a's address space is free again: the backend hands out its lowest free range.
+  VmSegment* again = f.reserve(1);
+  EXPECT(again != nullptr && again->base == a_base);
+}
+
+void the_arena_gives_everything_back_when_destroyed() {
+  Config config = parse_config("backend:host,host_capacity_mb:64");
+  HostBackend backend{config};
+  std::pmr::unsynchronized_pool_resource mr;
+  std::vector<std::unique_ptr<Block>> blocks;
+  auto make = [&] {
+    blocks.push_back(std::make_unique<Block>(&mr));
+    return blocks.back().get();
+  };
+  std::uintptr_t base = 0;
+  {
+    VmArena arena{backend, 0, &mr};
+    VmSegment* seg = arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make);
+    if (seg == nullptr) return EXPECT(false);
+    base = seg->base;
+    // Two mapped runs around a hole, and an unmapped tail.
+    auto split = [&](Block* b, size_t at) { return split_block(b, at, make()); };
+    int runs = 0;
+    Block* m = arena.map(*seg, arena.find_room(*seg, 8 * MiB), split, &runs);
+    if (m == nullptr) return EXPECT(false);
+    arena.unmap(m, m->addr + 2 * MiB, m->addr + 4 * MiB, split, [](Block*, Block*) {});
+    EXPECT(backend.mem_get_info(0).free == kCapacity - 6 * MiB);
+  }
+  EXPECT(backend.mem_get_info(0).free == kCapacity);
+  // The reservation ended too: the same address space is handed out again.
+  VmArena arena{backend, 0, &mr};
+  VmSegment* seg = arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make);
+  EXPECT(seg != nullptr && seg->base == base);
+}
+
+void a_backend_without_virtual_memory_is_asked_once() {
+  Fixture<NoVmBackend> f;
+  int made = 0;
+  auto make = [&] {
+    ++made;
+    return f.make()();
+  };
+  EXPECT(f.arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make) == nullptr);
+  EXPECT(f.arena.unavailable() && f.arena.empty() && made == 0 && f.backend.asked == 1);
+  EXPECT(f.arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make) == nullptr);
+  EXPECT(f.backend.asked == 1 && made == 0);  // not asked again
+  // A capacity that cannot be read counts as no virtual memory too.
+  Fixture<> g;
+  auto broken = []() -> size_t { throw DriverError("mem_get_info failed"); };
+  EXPECT(g.arena.reserve(1, PoolKind::kLarge, broken, g.make()) == nullptr && g.arena.unavailable());
+  f.validate();
+}
+
+void exhausted_address_space_is_refused_but_not_for_good() {
+  Fixture<> f;
+  // More than the host backend's address range for the device.
+  EXPECT(f.reserve(1, PoolKind::kLarge, size_t{1} << 44) == nullptr);
+  EXPECT(!f.arena.unavailable() && f.arena.empty() && f.blocks.empty());
+  EXPECT(f.reserve(1) != nullptr);
+  f.validate();
+}
+}  // namespace
+
+int main() {
+  a_reservation_is_whole_pages_spanned_by_one_hole();
+  rooms_follow_the_page_arithmetic();
+  a_hole_between_free_blocks_is_mapped_whole();
+  unmapping_splits_and_coalesces();
+  free_pages_go_largest_run_first_after_a_synchronisation();
+  the_reuse_ceiling_follows_the_high_water_mark();
+  rooms_are_searched_per_stream_and_pool();
+  the_device_refuses_a_map();
+  reservations_with_nothing_mapped_end();
+  the_arena_gives_everything_back_when_destroyed();
+  a_backend_without_virtual_memory_is_asked_once();
+  exhausted_address_space_is_refused_but_not_for_good();
+  return part_test::finish();
+}
