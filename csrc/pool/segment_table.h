@@ -27,7 +27,7 @@
 #include <memory_resource>
 #include <string>
 
-#include "pool/expandable.h"
+#include "pool/vm_arena.h"
 #include "pool/private_pool.h"
 
 namespace memalloc {

@@ -1,8 +1,9 @@
-"""The Python package's layers (docs/architecture.md): every import of a
+"""The layers (docs/architecture.md), read from the source: every import of a
 memalloc module goes down the table below, and sits at module level (no
 import inside a function to dodge a circle). Reads the source with ``ast``;
 needs no build. ``python3 ../shared/tools/import_graph.py memalloc`` checks
-the weaker property (no circles).
+the weaker property (no circles). The same for csrc/: every #include of a
+memalloc header names its path from csrc/ and goes down the folders' layers.
 """
 from __future__ import annotations
 
@@ -128,3 +129,45 @@ def test_imports_go_down_and_sit_at_module_level(path):
                 problems.append(f"line {node.lineno}: imports {target} (layer {LAYER[target]}) "
                                 f"from layer {LAYER[module]}: imports must go down")
     assert not problems, f"{module}:\n  " + "\n  ".join(problems)
+
+
+# The C++ folders of csrc/, bottom to top (docs/architecture.md). A file
+# includes only headers of its own folder and of the folders below it;
+# boundary/ (python/, torch/, torch/cuda/) is one layer, the only one that
+# includes torch or Python headers.
+CSRC = PACKAGE.parent / "csrc"
+CSRC_LAYERS: list[tuple[str, ...]] = [
+    ("common",), ("backend",), ("pool",), ("accounting", "recorder"), ("allocator",), ("boundary",),
+]
+CSRC_LAYER = {folder: i for i, folders in enumerate(CSRC_LAYERS) for folder in folders}
+
+
+def csrc_files():
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp"))
+
+
+def test_every_csrc_folder_has_a_layer():
+    folders = {p.relative_to(CSRC).parts[0] for p in csrc_files()}
+    assert folders == set(CSRC_LAYER), f"csrc/ folders without a layer: {folders - set(CSRC_LAYER)}"
+    assert not [p for p in csrc_files() if len(p.relative_to(CSRC).parts) == 1], "csrc/ keeps files only in folders"
+
+
+@pytest.mark.parametrize("path", csrc_files(), ids=lambda p: str(p.relative_to(CSRC)))
+def test_csrc_includes_go_down(path):
+    folder = path.relative_to(CSRC).parts[0]
+    problems = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith('#include "'):
+            target = stripped.split('"')[1]
+            top = target.split("/")[0]
+            if "/" not in target or top not in CSRC_LAYER:
+                problems.append(f"line {n}: {target!r} is not a path from csrc/ (\"pool/block.h\")")
+            elif CSRC_LAYER[top] > CSRC_LAYER[folder]:
+                problems.append(f"line {n}: includes {target} (layer {CSRC_LAYER[top]}) from layer "
+                                f"{CSRC_LAYER[folder]}: includes must go down")
+        elif stripped.startswith("#include <") and folder != "boundary":
+            header = stripped[len("#include <"):].split(">")[0]
+            if header.split("/")[0] in ("torch", "c10", "ATen", "pybind11", "Python.h", "cuda.h", "cuda_runtime_api.h"):
+                problems.append(f"line {n}: <{header}> outside csrc/boundary/")
+    assert not problems, f"{path.relative_to(CSRC)}:\n  " + "\n  ".join(problems)
