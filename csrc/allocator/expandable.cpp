@@ -115,8 +115,7 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   seg.mapped += room.bytes;
   Event e = block_event(Action::kSegmentMap, *m);
   e.segment_delta = 1 - (m->prev != nullptr && m->prev->mapped) - (m->next != nullptr && m->next->mapped);
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   FreeList& list = free_list(m);
   merge_free_neighbours_locked(m, list, e);
   add_split(e, m, +1);
@@ -181,8 +180,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   Event e = block_event(Action::kSegmentUnmap, *f);
   e.addr = lo;
   e.size = hi - lo;
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   add_split(e, f, -1);
   Block* u = f;
   if (lo > f->addr) u = split_block_locked(f, lo - f->addr);

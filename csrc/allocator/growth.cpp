@@ -73,8 +73,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   segments_.emplace(b->addr, Segment{bytes, owner, nullptr});
   if (owner != nullptr) owner->segments += 1;
   Event e = block_event(Action::kSegmentAlloc, *b);
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   record_locked(e);
   return b;
 }
@@ -130,8 +129,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.stream = stream;
   oom.size = rounded;
   oom.requested = requested;
-  oom.stack_id = ctx_.stack_id;
-  oom.tag_id = ctx_.tag_id;
+  oom.prov = call_provenance_locked();
   oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
   record_locked(oom);
   throw OutOfMemory(oom_message_locked(requested, rounded));
@@ -154,8 +152,7 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   segments_.erase(b->addr);
   if (b->owner != nullptr) b->owner->segments -= 1;
   Event e = block_event(Action::kSegmentFree, *b);
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   record_locked(e);
   delete_block(b);
   return true;
@@ -367,7 +364,7 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
       }
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->stack_id, b->tag_id});
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->prov});
       info->size += b->size;
       end = b->addr + b->size;
     }
