@@ -2,27 +2,18 @@
 // (csrc/pool/stream_events.h) on its own: blocks made by hand, the host backend's
 // streams (their work completes only when synchronised), and the part's
 // invariants checked after every step. Built by tests/cpp/test_cpp_core.py.
-#include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "common/config.h"
 #include "pool/stream_events.h"
+#include "unit_test.h"
 
 using namespace memalloc;
 
 namespace {
-int g_failures = 0;
-
-void expect(bool ok, const std::string& what, int line) {
-  if (!ok) {
-    std::printf("FAIL line %d: %s\n", line, what.c_str());
-    ++g_failures;
-  }
-}
-#define EXPECT(cond) expect((cond), #cond, __LINE__)
+using unit_test::expect;
 
 void validate(const StreamEvents& e) {
   e.validate([](bool ok, const char* what) { expect(ok, what, __LINE__); });
@@ -136,6 +127,5 @@ int main() {
   a_deferred_block_waits_for_the_capture_to_end();
   reuse_in_capture_follows_the_graph();
   waiting_blocks_are_listed_and_found();
-  std::printf("failures=%d\n", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return unit_test::finish();
 }
