@@ -256,8 +256,8 @@ Peaks peaks(Bench& b, int devices) {
   Peaks p;
   for (int d = 0; d < devices; ++d) {
     DeviceStats s = b.alloc.device(d).stats();
-    p.peak_reserved += s.reserved_bytes[kStatAll].peak;
-    p.peak_allocated += s.allocated_bytes[kStatAll].peak;
+    p.peak_reserved += s.reserved_bytes[kStatAll].peak.value();
+    p.peak_allocated += s.allocated_bytes[kStatAll].peak.value();
     p.num_device_alloc += s.num_device_alloc;
     p.num_alloc_retries += s.num_alloc_retries;
     p.num_ooms += s.num_ooms;

@@ -1,5 +1,7 @@
-// accounting.h — torch-compatible memory counters, and the breakdown by
-// category (breakdown.h), driven only by Events.
+// accounting.h — torch-compatible memory counters, driven only by Events:
+// one of the consumers of the Event stream (DeviceAllocator::record_locked
+// lists them); it reads each Event's action, pool, size, requested bytes and
+// inactive-split / segment deltas, never its provenance or its block.
 //
 // One counter type (Stat: current/peak/allocated/freed); the list of
 // per-pool stats is written once (MEMALLOC_POOL_STATS) and drives the C++
@@ -13,31 +15,33 @@
 //   oversize_allocations.current == live blocks of >= max_split_size bytes
 //   oversize_segments.current    == segments of >= max_split_size bytes
 //   active_bytes   == allocated_bytes + (pending block bytes)
-//   window.peak_allocated_bytes >= allocated_bytes[all].current, likewise
-//   window.peak_reserved_bytes for reserved_bytes: the step window (below)
+//   window().peak_allocated_bytes >= allocated_bytes[all].current, likewise
+//   window().peak_reserved_bytes for reserved_bytes: the step window (below)
 //   is raised wherever those currents rise (and counts OOMs) and is reset
 //   only by take_window(), never by reset_peak()/reset_accumulated() (those
 //   belong to the user through torch.cuda.reset_peak_memory_stats...), so
 //   torch-visible peaks and the step tracker's never disturb each other.
+// Both windows, and the breakdown's (breakdown.h), are Peaks (peak.h): the
+// rule of a window is written there once; each owner restarts only its own.
 #pragma once
 
 #include <cstdint>
 
-#include "accounting/breakdown.h"
+#include "accounting/peak.h"
 #include "pool/events.h"
 
 namespace memalloc {
 
 struct Stat {
   int64_t current = 0;
-  int64_t peak = 0;
+  Peak<int64_t> peak;     // since the last reset_peak(): torch's ".peak"
   int64_t allocated = 0;  // total ever added
   int64_t freed = 0;      // total ever removed
 
   void update(int64_t delta) {
     current += delta;
     if (delta > 0) allocated += delta; else freed -= delta;
-    if (current > peak) peak = current;
+    peak.raise(current);
   }
 };
 
@@ -86,7 +90,7 @@ struct DeviceStats {
 
 // What happened over a window that only take_window() ends: the per-step
 // tracker's "peak in this step" of allocated_bytes and reserved_bytes (all
-// pools), and the OOMs raised in it.
+// pools), and the OOMs raised in it (a copy; Accounting keeps the Peaks).
 struct StepWindow {
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
@@ -106,10 +110,10 @@ class Accounting {
   // allocated = freed = 0 and the scalar counts = 0
   // (torch.cuda.reset_accumulated_memory_stats).
   void reset_accumulated();
-  const StepWindow& window() const { return window_; }
-  // Bytes by category (breakdown.h): fed by kAlloc / kFreeRequested here;
-  // the landmarks (phases.cpp) resolve and mark through it.
-  Breakdown& breakdown() { return breakdown_; }
+  // The step window so far.
+  StepWindow window() const {
+    return StepWindow{step_allocated_.value(), step_reserved_.value(), step_ooms_};
+  }
   // The window since the previous call; the next one starts with the peaks
   // at the current values and no OOMs. O(1), no allocation.
   StepWindow take_window();
@@ -129,8 +133,11 @@ class Accounting {
   bool oversize(size_t bytes) const { return oversize(bytes, max_split_size_); }
   size_t max_split_size_;
   DeviceStats stats_;
-  StepWindow window_;
-  Breakdown breakdown_;
+  // The step window: peaks of allocated_bytes / reserved_bytes (all pools)
+  // and the OOMs since the last take_window().
+  Peak<int64_t> step_allocated_;
+  Peak<int64_t> step_reserved_;
+  int64_t step_ooms_ = 0;
 };
 
 }  // namespace memalloc

@@ -1,7 +1,9 @@
 // breakdown.h — live bytes by what they hold (parameters, gradients,
 // optimizer state, activations, temporaries, other), now and at the peak of
-// the step. Accounting (accounting.h) feeds it the kAlloc and kFreeRequested
-// Events (their block's phase, category and sequence number).
+// the step. A consumer of the Event stream of its own, beside the counters
+// (accounting.h) and the recorder (DeviceAllocator::record_locked): it reads
+// the kAlloc and kFreeRequested Events (their size and their provenance's
+// phase, category and sequence number) and nothing else of the allocator.
 //
 // Phases: the Python layer tells the allocator where a training step is
 // (memalloc/phases.py); every new block is stamped with the phase it was
@@ -29,10 +31,12 @@
 // step is fully resolved: a block live at the peak and freed before its
 // landmark counts as a temporary there.
 //
-// The peak window begins at a step's end (end_step) and records the split
-// when allocated bytes reach a new maximum; blocks are ordered by a per-
-// device allocation sequence number, so "live at the peak" is "allocated at
-// or before the peak's sequence number and not freed before it".
+// The peak window (a Peak, peak.h, of the split by its total) begins at a
+// step's end (end_window) and records the split when allocated bytes reach
+// a new maximum; it is independent of Stat::peak and the step window.
+// Blocks are ordered by a per-device allocation sequence number, so "live at
+// the peak" is "allocated at or before the peak's sequence number and not
+// freed before it".
 //
 // Invariants (per device; checked by DeviceAllocator::validate):
 //   total == sum(live) + sum(unresolved) == allocated_bytes (all pools)
@@ -49,21 +53,11 @@
 #include <array>
 #include <cstdint>
 
+#include "accounting/peak.h"
+#include "pool/events.h"
+#include "recorder/provenance.h"  // Phase, Category
+
 namespace memalloc {
-
-enum class Phase : uint8_t { kIdle = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
-constexpr int kNumPhases = 4;
-
-enum class Category : uint8_t {
-  kParameters = 0,
-  kGradients = 1,
-  kOptimizerState = 2,
-  kActivations = 3,
-  kTemporaries = 4,
-  kOther = 5,
-  kUnresolved = 6,  // a block's state, never a reported category
-};
-constexpr int kNumCategories = 6;
 
 // Names by Category value (exported to Python; torch.profiler's names where
 // its memory timeline has the category).
@@ -105,15 +99,28 @@ struct CategoryBytes {
   }
 };
 
+// How high a split is, for its Peak window: its total.
+struct TotalLevel {
+  int64_t operator()(const CategoryBytes& s) const { return s.total; }
+};
+
 class Breakdown {
  public:
+  // The consumer of one Event: kAlloc and kFreeRequested move the bytes of
+  // their block's provenance; every other action leaves the breakdown alone.
+  void apply(const Event& e) {
+    if (e.action == Action::kAlloc) {
+      on_alloc(static_cast<int64_t>(e.size), e.prov.phase, e.prov.category, e.prov.seq);
+    } else if (e.action == Action::kFreeRequested) {
+      on_free(static_cast<int64_t>(e.size), e.prov.phase, e.prov.category, e.prov.seq);
+    }
+  }
   // A block of `bytes` became live (kAlloc) or was freed (kFreeRequested):
   // its phase, its category (kUnresolved or a final one) and its sequence
   // number.
   void on_alloc(int64_t bytes, Phase phase, Category cat, uint64_t seq) {
     add(now_, bytes, phase, cat);
-    if (now_.total > peak_.total) {
-      peak_ = now_;
+    if (peak_.raise(now_)) {
       peak_seq_ = seq;
       freed_ = {};
     }
@@ -128,9 +135,12 @@ class Breakdown {
     const int p = static_cast<int>(phase), c = static_cast<int>(cat);
     now_.live[c] += now_.unresolved[p];
     now_.unresolved[p] = 0;
-    peak_.live[c] += peak_.unresolved[p] - freed_[p];
-    peak_.live[static_cast<int>(Category::kTemporaries)] += freed_[p];
-    peak_.unresolved[p] = 0;
+    const int64_t freed = freed_[p];
+    peak_.relabel([&](CategoryBytes& peak) {
+      peak.live[c] += peak.unresolved[p] - freed;
+      peak.live[static_cast<int>(Category::kTemporaries)] += freed;
+      peak.unresolved[p] = 0;
+    });
     freed_[p] = 0;
   }
   // A live block moved from category `from` (kUnresolved: of `phase`) to
@@ -139,28 +149,29 @@ class Breakdown {
     add(now_, -bytes, phase, from);
     add(now_, bytes, phase, to);
     if (seq > peak_seq_) return;  // allocated after the peak: not in it
-    if (from == Category::kUnresolved) {
-      // Of the phase's unresolved bytes at the peak, this block's are now final.
-      peak_.unresolved[static_cast<int>(phase)] -= bytes;
-    } else {
-      peak_.live[static_cast<int>(from)] -= bytes;
-    }
-    peak_.live[static_cast<int>(to)] += bytes;
+    peak_.relabel([&](CategoryBytes& peak) {
+      if (from == Category::kUnresolved) {
+        // Of the phase's unresolved bytes at the peak, this block's are now final.
+        peak.unresolved[static_cast<int>(phase)] -= bytes;
+      } else {
+        peak.live[static_cast<int>(from)] -= bytes;
+      }
+      peak.live[static_cast<int>(to)] += bytes;
+    });
   }
   // Ends the window (call after resolving every phase): `last()` becomes
   // its peak; the next window starts at the current split. `last_seq` is
   // the sequence number of the last block allocated so far.
   void end_window(uint64_t last_seq, uint32_t step) {
-    last_ = peak_;
+    last_ = peak_.restart(now_);
     has_last_ = true;
     last_step_ = step;
-    peak_ = now_;
     peak_seq_ = last_seq;
     freed_ = {};
   }
 
   const CategoryBytes& now() const { return now_; }
-  const CategoryBytes& peak() const { return peak_; }
+  const CategoryBytes& peak() const { return peak_.value(); }
   const std::array<int64_t, kNumPhases>& freed_since_peak() const { return freed_; }
   bool has_last() const { return has_last_; }
   const CategoryBytes& last() const { return last_; }
@@ -176,7 +187,7 @@ class Breakdown {
     s.total += bytes;
   }
   CategoryBytes now_;
-  CategoryBytes peak_;   // the current window's peak
+  Peak<CategoryBytes, TotalLevel> peak_;  // the current window's peak
   uint64_t peak_seq_ = 0;  // blocks with seq <= this were allocated by the peak
   std::array<int64_t, kNumPhases> freed_{};
   CategoryBytes last_;   // the last finished window's peak

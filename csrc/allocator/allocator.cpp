@@ -75,10 +75,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   }
   b->allocated = true;
   b->requested = requested;
-  b->stack_id = ctx_.stack_id;
-  b->tag_id = ctx_.tag_id;
-  b->step = ctx_.step;
-  stamp_breakdown_locked(b);
+  b->prov = new_provenance_locked();
   live_.emplace(b->addr, b);
   if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);
@@ -128,7 +125,7 @@ void DeviceAllocator::free_block_locked(Block* b) {
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
   merge_free_neighbours_locked(b, list, e);
   b->requested = 0;
-  b->stack_id = b->tag_id = b->step = 0;
+  b->prov = Provenance{};
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);

@@ -1,7 +1,9 @@
 // device_allocator.h — the caching allocator of one device.
 //
 // Layers inside: Backend (memory) -> FreeList/Block (caching policy) ->
-// Accounting (counters, fed by record_locked) -> this facade (the lock).
+// the consumers of the one Event stream (record_locked: the counters, the
+// breakdown by category, the trace ring, the boundary's observer) -> this
+// facade (the lock).
 //
 // Locking: one plain std::mutex per device, taken only by the public member
 // functions below. Every *_locked helper assumes it is held. No recursion,
@@ -56,6 +58,7 @@
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
 //   the breakdown's bytes by category (breakdown.h) match the live blocks'
 //   categories and phases and add up to allocated_bytes
+//   a free block's provenance is empty (recorder/provenance.h)
 // plus the tiling and coalescing invariants of block.h and the parts' own
 // (stream_events.h, segment_table.h, private_pools.h), which validate()
 // checks through each part's validate(check).
@@ -79,6 +82,7 @@
 #include "pool/private_pool.h"
 #include "pool/private_pools.h"
 #include "pool/segment_table.h"
+#include "recorder/provenance.h"
 #include "recorder/recorder.h"
 #include "pool/stream_events.h"
 #include "pool/vm_arena.h"
@@ -90,19 +94,27 @@ struct BlockInfo {
   size_t size;
   size_t requested;
   const char* state;  // "active_allocated" | "active_pending_free" | "inactive"
-  uint32_t stack_id;  // who allocated it (live and pending blocks)
-  uint32_t tag_id;
+  Provenance prov;    // the block's (empty for an inactive one)
 };
 
 // One live allocation (a block the caller has not freed), for leak tracking.
+// A wire format (memalloc._C.LIVE_FIELDS / LIVE_BYTES; memalloc/sites.py
+// unpacks it): the who and when of the block's Provenance that Python reads,
+// flat, 40 bytes. Holding the whole Provenance would add its phase, category
+// and sequence number (8 bytes) to every record that Python never reads.
 struct LiveBlock {
   std::uintptr_t addr;
   size_t size;
   size_t requested;
-  uint32_t stack_id;
-  uint32_t tag_id;
-  uint32_t step;  // step count when it was allocated
+  uint32_t stack_id;  // Provenance::stack_id
+  uint32_t tag_id;    // Provenance::tag_id
+  uint32_t step;      // Provenance::step: step count when it was allocated
+
+  static LiveBlock of(std::uintptr_t addr, size_t size, size_t requested, const Provenance& p) {
+    return LiveBlock{addr, size, requested, p.stack_id, p.tag_id, p.step};
+  }
 };
+static_assert(sizeof(LiveBlock) == 40, "LiveBlock is a 40-byte wire format (LIVE_BYTES)");
 
 struct SegmentInfo {
   std::uintptr_t addr;
@@ -273,18 +285,45 @@ class DeviceAllocator {
   using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
   // The caller freed the live block at `it`.
   void free_live_locked(LiveTable::iterator it, const CallContext& ctx);
+  // The one Event stream and its consumers, a fixed list, in this order
+  // (each reads only the Event, and what is named here):
+  //   accounting_  the counters (accounting.h): action, pool, size,
+  //                requested, the inactive-split and segment deltas
+  //   breakdown_   bytes by category (breakdown.h): kAlloc and
+  //                kFreeRequested, their size and provenance (phase,
+  //                category, seq)
+  //   ring_        the trace records (recorder.h), while recording is on:
+  //                action, pool, stream, addr, size, requested, the
+  //                provenance's stack and tag; the call's thread and step
+  //                (ctx_)
+  //   observer_    the boundary (torch's history), when set: the whole
+  //                Event, its block included, and the allocated and
+  //                reserved bytes after the counters took it
   void record_locked(const Event& e) {
     accounting_.apply(e);
+    breakdown_.apply(e);
     if (ring_.enabled()) trace_locked(e);
     if (observer_.fn != nullptr) observe_locked(e);
   }
   void observe_locked(const Event& e) noexcept;  // recording.cpp
-  // A block becoming live (malloc, restore_pool) gets the next sequence
-  // number, the current phase and that phase's initial category.
-  void stamp_breakdown_locked(Block* b) {
-    b->seq = ++alloc_seq_;
-    b->phase = phase_;
-    b->category = initial_category(phase_);
+  // The provenance of a block becoming live now (malloc, restore_pool): the
+  // call's stack, tag and step, the next sequence number, the current phase
+  // and that phase's initial category.
+  Provenance new_provenance_locked() {
+    Provenance p = call_provenance_locked();
+    p.phase = phase_;
+    p.category = initial_category(phase_);
+    p.seq = ++alloc_seq_;
+    return p;
+  }
+  // The public call in progress as a provenance (stack, tag, step; the rest
+  // empty): what segment and OOM events carry.
+  Provenance call_provenance_locked() const {
+    Provenance p;
+    p.stack_id = ctx_.stack_id;
+    p.tag_id = ctx_.tag_id;
+    p.step = ctx_.step;
+    return p;
   }
   // Sets the category of every live unresolved block of `phase` to `cat`.
   void resolve_locked(Phase phase, Category cat);
@@ -370,7 +409,8 @@ class DeviceAllocator {
   // reservations end before the events are destroyed, as it always has.
   VmArena vm_;
   PrivatePools pools_;  // the private pools and the open routes
-  Accounting accounting_;  // the counters and the breakdown by category
+  Accounting accounting_;  // the counters
+  Breakdown breakdown_;    // bytes by category
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number
   TraceRing ring_;

@@ -53,8 +53,7 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   if (m == nullptr) return nullptr;
   Event e = block_event(Action::kSegmentMap, *m);
   e.segment_delta = runs_delta;
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   FreeList& list = free_list(m);
   merge_free_neighbours_locked(m, list, e);
   add_split(e, m, +1);
@@ -102,8 +101,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   Event e = block_event(Action::kSegmentUnmap, *f);
   e.addr = lo;
   e.size = hi - lo;
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   add_split(e, f, -1);
   const VmUnmapped u = vm_.unmap(
       f, lo, hi, [this](Block* b, size_t at) { return split_block_locked(b, at); },

@@ -59,8 +59,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   b->pool = pool_kind_for(rounded);
   b->owner = owner;
   Event e = block_event(Action::kSegmentAlloc, *b);
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   record_locked(e);
   return b;
 }
@@ -116,8 +115,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.stream = stream;
   oom.size = rounded;
   oom.requested = requested;
-  oom.stack_id = ctx_.stack_id;
-  oom.tag_id = ctx_.tag_id;
+  oom.prov = call_provenance_locked();
   oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
   record_locked(oom);
   throw OutOfMemory(oom_message_locked(requested, rounded));
@@ -139,8 +137,7 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   free_list(b).erase(b);
   segments_.erase(b->addr);
   Event e = block_event(Action::kSegmentFree, *b);
-  e.stack_id = ctx_.stack_id;
-  e.tag_id = ctx_.tag_id;
+  e.prov = call_provenance_locked();
   record_locked(e);
   delete_block(b);
   return true;
@@ -345,7 +342,7 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
       }
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->stack_id, b->tag_id});
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, b->prov});
       info->size += b->size;
       end = b->addr + b->size;
     }

@@ -8,13 +8,13 @@
 namespace memalloc {
 
 void DeviceAllocator::resolve_locked(Phase phase, Category cat) {
-  if (accounting_.breakdown().now().unresolved[static_cast<int>(phase)] != 0) {
+  if (breakdown_.now().unresolved[static_cast<int>(phase)] != 0) {
     for (auto& kv : live_) {
       Block* b = kv.second;
-      if (b->category == Category::kUnresolved && b->phase == phase) b->category = cat;
+      if (b->prov.category == Category::kUnresolved && b->prov.phase == phase) b->prov.category = cat;
     }
   }
-  accounting_.breakdown().resolve(phase, cat);
+  breakdown_.resolve(phase, cat);
 }
 
 void DeviceAllocator::enter_phase(Phase phase) {
@@ -39,7 +39,7 @@ void DeviceAllocator::end_step(uint32_t step) {
   resolve_locked(Phase::kOptimizer, Category::kOptimizerState);
   resolve_locked(Phase::kBackward, Category::kGradients);
   resolve_locked(Phase::kForward, Category::kOther);
-  accounting_.breakdown().end_window(alloc_seq_, step);
+  breakdown_.end_window(alloc_seq_, step);
   phase_ = Phase::kForward;
 }
 
@@ -60,16 +60,16 @@ size_t DeviceAllocator::mark(std::uintptr_t ptr, Category cat) {
     }
   }
   if (b == nullptr) return 0;
-  if (b->category != cat) {
-    accounting_.breakdown().recategorize(static_cast<int64_t>(b->size), b->phase, b->category, cat, b->seq);
-    b->category = cat;
+  if (b->prov.category != cat) {
+    breakdown_.recategorize(static_cast<int64_t>(b->size), b->prov.phase, b->prov.category, cat, b->prov.seq);
+    b->prov.category = cat;
   }
   return b->size;
 }
 
 DeviceAllocator::BreakdownState DeviceAllocator::breakdown() {
   std::lock_guard<std::mutex> lock(mu_);
-  const Breakdown& b = accounting_.breakdown();
+  const Breakdown& b = breakdown_;
   return BreakdownState{b.now(), b.peak(), b.last(), b.has_last(), b.last_step(), phase_};
 }
 

@@ -120,7 +120,7 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
     SegmentState s{seg.first, seg.second.bytes, first->stream, first->pool, {}};
     for (const Block* b = first; b != nullptr; b = b->next)
       s.blocks.push_back(BlockState{b->addr, b->size, b->allocated ? b->requested : 0, b->allocated,
-                                    b->allocated ? b->stack_id : 0, b->allocated ? b->tag_id : 0});
+                                    b->allocated ? b->prov : Provenance{}});
     state.segments.push_back(std::move(s));
   }
   return state;
@@ -201,10 +201,10 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
     }
     b->allocated = true;
     b->requested = cut[i].requested;
-    b->stack_id = cut[i].stack_id;
-    b->tag_id = cut[i].tag_id;
-    b->step = ctx_.step;
-    stamp_breakdown_locked(b);
+    // Live again now (step, sequence number, phase), allocated by whom it was.
+    b->prov = new_provenance_locked();
+    b->prov.stack_id = cut[i].prov.stack_id;
+    b->prov.tag_id = cut[i].prov.tag_id;
     live_.emplace(b->addr, b);
     pool->live_blocks += 1;
     out->allocated.push_back(reinterpret_cast<void*>(b->addr));

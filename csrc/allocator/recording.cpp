@@ -20,8 +20,8 @@ void DeviceAllocator::trace_locked(const Event& e) noexcept {
   r.size = e.size;
   r.requested = e.requested;
   r.stream = e.stream;
-  r.stack_id = e.stack_id;
-  r.tag_id = e.tag_id;
+  r.stack_id = e.prov.stack_id;
+  r.tag_id = e.prov.tag_id;
   r.thread = ctx_.thread;
   r.step = ctx_.step;
   r.action = static_cast<uint8_t>(e.action);
@@ -68,7 +68,7 @@ std::vector<LiveBlock> DeviceAllocator::live_blocks() {
   out.reserve(live_.size());
   for (const auto& kv : live_) {
     const Block* b = kv.second;
-    out.push_back(LiveBlock{b->addr, b->size, b->requested, b->stack_id, b->tag_id, b->step});
+    out.push_back(LiveBlock::of(b->addr, b->size, b->requested, b->prov));
   }
   return out;
 }

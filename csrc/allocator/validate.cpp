@@ -37,7 +37,7 @@ void check_stat(const Stat (&s)[kNumStatTypes], const int64_t (&want)[kNumStatTy
   for (int i = 0; i < kNumStatTypes; ++i) {
     check(s[i].current == want[i], std::string(name) + "[" + std::to_string(i) + "].current == " +
                                        std::to_string(s[i].current) + ", expected " + std::to_string(want[i]));
-    check(s[i].peak >= s[i].current, std::string(name) + " peak < current");
+    check(s[i].peak.value() >= s[i].current, std::string(name) + " peak < current");
   }
 }
 
@@ -58,6 +58,8 @@ void DeviceAllocator::validate() {
     for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
       for (const Block* b : list->blocks()) {
         check(b->is_free(), "free list holds a non-free block");
+        check(b->prov.seq == 0 && b->prov.stack_id == 0 && b->prov.tag_id == 0 && b->prov.step == 0,
+              "a free block keeps an allocation's provenance");
         check(&free_list(b) == list, "free block in the wrong pool's list");
         check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
       }
@@ -148,19 +150,19 @@ void DeviceAllocator::validate() {
 
 // The invariants of breakdown.h against the live blocks.
 void DeviceAllocator::validate_breakdown_locked() {
-  const Breakdown& bd = accounting_.breakdown();
+  const Breakdown& bd = breakdown_;
   CategoryBytes want;
   for (auto& kv : live_) {
     const Block* b = kv.second;
     const auto bytes = static_cast<int64_t>(b->size);
-    if (b->category == Category::kUnresolved) {
-      check(b->phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
-      want.unresolved[static_cast<int>(b->phase)] += bytes;
+    if (b->prov.category == Category::kUnresolved) {
+      check(b->prov.phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
+      want.unresolved[static_cast<int>(b->prov.phase)] += bytes;
     } else {
-      check(static_cast<int>(b->category) < kNumCategories, "breakdown: a block has no valid category");
-      want.live[static_cast<int>(b->category)] += bytes;
+      check(static_cast<int>(b->prov.category) < kNumCategories, "breakdown: a block has no valid category");
+      want.live[static_cast<int>(b->prov.category)] += bytes;
     }
-    check(b->seq >= 1 && b->seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
+    check(b->prov.seq >= 1 && b->prov.seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
     want.total += bytes;
   }
   const CategoryBytes& now = bd.now();

@@ -16,6 +16,8 @@
 //             `unmapped` set, never in a free list, never coalesced with a
 //             mapped block;
 // every other block is mapped.
+// A live or pending block's `prov` says who allocated it, when, and what it
+// holds (recorder/provenance.h); a free block's is Provenance{}.
 // All Block objects and container nodes come from the owning device's
 // NodeCache (node_cache.h): no host allocation in steady state.
 #pragma once
@@ -27,7 +29,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "accounting/breakdown.h"
+#include "recorder/provenance.h"
 
 namespace memalloc {
 
@@ -53,12 +55,7 @@ struct Block {
   bool allocated = false;
   bool mapped = true;   // false: an unmapped run of an expandable segment
   int event_count = 0;  // outstanding cross-stream events (pending state)
-  uint32_t stack_id = 0;  // who allocated it (live blocks; recorder.h)
-  uint32_t tag_id = 0;
-  uint32_t step = 0;      // memalloc.step() count when it was allocated (live blocks)
-  uint64_t seq = 0;       // allocation sequence number on its device (live blocks)
-  Phase phase = Phase::kIdle;                 // when it was allocated (breakdown.h)
-  Category category = Category::kOther;       // what it holds, or kUnresolved (breakdown.h)
+  Provenance prov;       // who allocated it, when, what it holds (live and pending blocks)
   PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
   VmSegment* vm = nullptr;       // its expandable segment; nullptr = a plain segment
   Block* prev = nullptr;

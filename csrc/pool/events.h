@@ -1,9 +1,10 @@
 // events.h — the one record of a state change. Every allocator state change
 // is described by exactly one Event and goes through
-// DeviceAllocator::record_locked(); the counters (accounting.h), the
-// breakdown by category (breakdown.h) and the event ring (recorder.h)
-// consume it. Policy code never updates a counter by
-// hand.
+// DeviceAllocator::record_locked(), which hands it to every consumer (the
+// list, and what each reads, is written there): the counters
+// (accounting.h), the breakdown by category (breakdown.h), the event ring
+// (recorder.h) and the boundary's observer. Policy code never updates a
+// counter by hand.
 //
 // Field meanings per action:
 //   kAlloc          a block became live: size = block bytes, requested = asked
@@ -32,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "pool/block.h"
+#include "recorder/provenance.h"
 
 namespace memalloc {
 
@@ -72,18 +74,17 @@ struct Event {
   int64_t inactive_split_bytes_delta = 0;
   int64_t inactive_split_count_delta = 0;
   int64_t segment_delta = 0;  // kSegmentMap / kSegmentUnmap
-  // Attribution (recorder.h): alloc events carry the caller's; free events
-  // the allocation's; segment events the triggering call's.
-  uint32_t stack_id = 0;
-  uint32_t tag_id = 0;
-  // The block (kAlloc, kFreeRequested): the breakdown by category reads its
-  // phase, category and sequence number (breakdown.h). Valid during
-  // record_locked() only.
+  // Provenance (recorder/provenance.h): block events carry their block's (a
+  // free event the allocation's, category as it is at the free); segment
+  // and OOM events the triggering call's stack, tag and step, the rest empty.
+  Provenance prov;
+  // The block of a block event (nullptr for kOom and the counts): for the
+  // boundary's observer (its owner). Valid during record_locked() only.
   const Block* block = nullptr;
 };
 
 // An Event about block `b`: pool, stream, address, size, requested bytes and
-// attribution taken from the block (callers adjust what differs).
+// provenance taken from the block (callers adjust what differs).
 inline Event block_event(Action action, const Block& b) {
   Event e;
   e.action = action;
@@ -92,8 +93,7 @@ inline Event block_event(Action action, const Block& b) {
   e.addr = b.addr;
   e.size = b.size;
   e.requested = b.requested;
-  e.stack_id = b.stack_id;
-  e.tag_id = b.tag_id;
+  e.prov = b.prov;
   e.block = &b;
   return e;
 }

@@ -34,6 +34,7 @@
 #include <utility>
 
 #include "pool/block.h"
+#include "recorder/provenance.h"
 
 namespace memalloc {
 
@@ -93,8 +94,7 @@ struct BlockState {
   size_t size = 0;
   size_t requested = 0;
   bool allocated = false;
-  uint32_t stack_id = 0;
-  uint32_t tag_id = 0;
+  Provenance prov;  // a live block's (restore_pool gives back its stack and tag)
 };
 
 struct SegmentState {

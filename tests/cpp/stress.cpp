@@ -296,7 +296,7 @@ std::string check_snapshot(const DeviceStats& s) {
       if (st[i].current != st[i].allocated - st[i].freed)
         return std::string(name) + "[" + std::to_string(i) + "]: current != allocated - freed";
       if (st[i].current < 0) return std::string(name) + "[" + std::to_string(i) + "].current < 0";
-      if (st[i].peak < st[i].current) return std::string(name) + "[" + std::to_string(i) + "]: peak < current";
+      if (st[i].peak.value() < st[i].current) return std::string(name) + "[" + std::to_string(i) + "]: peak < current";
     }
     if (st[kStatAll].current != st[kStatSmall].current + st[kStatLarge].current ||
         st[kStatAll].allocated != st[kStatSmall].allocated + st[kStatLarge].allocated ||

@@ -51,7 +51,7 @@ using NoGil = py::call_guard<py::gil_scoped_release>;
 py::dict stat_dict(const Stat& s) {
   py::dict d;
   d["current"] = s.current;
-  d["peak"] = s.peak;
+  d["peak"] = s.peak.value();
   d["allocated"] = s.allocated;
   d["freed"] = s.freed;
   return d;
@@ -88,8 +88,8 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
       bd["size"] = b.size;
       bd["requested_size"] = b.requested;
       bd["state"] = b.state;
-      bd["stack_id"] = b.stack_id;
-      bd["tag_id"] = b.tag_id;
+      bd["stack_id"] = b.prov.stack_id;
+      bd["tag_id"] = b.prov.tag_id;
       blocks.append(bd);
     }
     py::dict sd;

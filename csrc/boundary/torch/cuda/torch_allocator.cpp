@@ -101,7 +101,7 @@ cda::TraceEntry::Action torch_action(Action a, bool* known) {
 
 void copy_stat(const Stat& from, c10::CachingAllocator::Stat& to) {
   to.current = from.current;
-  to.peak = from.peak;
+  to.peak = from.peak.value();
   to.allocated = from.allocated;
   to.freed = from.freed;
 }
@@ -507,7 +507,7 @@ class TorchCudaAllocator final : public Pluggable {
       bi.active = std::string(b.state) != "inactive";
       if (bi.active) {
         bi.context_when_allocated = history_.enabled() ? history_.block_context(device, addr)
-                                                       : contexts->of(b.stack_id);
+                                                       : contexts->of(b.prov.stack_id);
       }
       addr += b.size;
       if (bi.allocated) {
