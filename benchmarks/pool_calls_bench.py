@@ -1,0 +1,57 @@
+"""The private-pool calls CUDA graph trees make around each replay, timed on the
+host backend (microseconds per call, medians of 5 repeats): checkpoint_pool
+and restore_pool of a pool holding 200 live blocks, pool_live_blocks_are over
+them, and 8 KiB malloc/free pairs with a route to the pool open and without.
+Compare two builds side by side by running it once per tree, alternating:
+
+    PYTHONPATH=<tree> python benchmarks/pool_calls_bench.py
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from memalloc import _C
+
+POOL = (0, 7)  # a MemPool-style id: {0, id}
+BLOCKS = 200
+
+
+def per_call_us(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def one_repeat() -> dict[str, float]:
+    a = _C.Allocator("host")
+    a.begin_allocate_to_pool(POOL, [0])
+    ptrs = [a.malloc(4096 * (1 + i % 7)) for i in range(BLOCKS)]
+    a.end_allocate_to_pool(POOL)
+    state = a.checkpoint_pool(POOL)
+
+    def pair() -> None:
+        a.free(a.malloc(8192))
+
+    out = {
+        "live_check_us": per_call_us(lambda: a.pool_live_blocks_are(POOL, ptrs), 2000),
+        "restore_us": per_call_us(lambda: a.restore_pool(state), 300),
+        "checkpoint_us": per_call_us(lambda: a.checkpoint_pool(POOL), 300),
+    }
+    a.begin_allocate_to_pool(POOL, [0])
+    out["routed_pair_us"] = per_call_us(pair, 20000)
+    a.end_allocate_to_pool(POOL)
+    out["pair_us"] = per_call_us(pair, 20000)
+    return out
+
+
+def main() -> None:
+    print(_C.__file__, file=sys.stderr)
+    repeats = [one_repeat() for _ in range(5)]
+    print({key: round(statistics.median(r[key] for r in repeats), 3) for key in repeats[0]})
+
+
+if __name__ == "__main__":
+    main()
