@@ -7,6 +7,7 @@ alive, its name, and the line of source that adds to it
 from __future__ import annotations
 
 import collections
+import copy
 import gc
 import linecache
 import os
@@ -28,6 +29,7 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
     """Fills ``holder`` and merges the leaks one container keeps alive."""
     leak_of_stack = {sid: id(leak) for leak in leaks for sid in leak.stack_ids}
     site_of_addr = {addr: leak_of_stack[sid] for addr, _size, _req, sid, _tag, _step in live if sid in leak_of_stack}
+    block_at = {addr: (size, step) for addr, size, _req, _sid, _tag, step in live}
     by_leak: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
     with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
         warnings.simplefilter("ignore")
@@ -42,16 +44,40 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
             by_leak[owner].append(obj)
     del objects
     holders: dict[int, tuple[Any, dict]] = {}
-    for leak in leaks:
+    for leak in list(leaks):
         tensors = by_leak.get(id(leak), [])
-        found = _holder_of(tensors, leak)
+        found_all = _holders_of(tensors, leak)
+        site_id = id(leak)
+        for extra in found_all[1:]:
+            # Another container of the same site's tensors: its own leak when
+            # its tensors carry no graph (a graph's holder keeps the rest).
+            items = extra[0].values() if isinstance(extra[0], dict) else extra[0]
+            held_tensors = [t for t in items if isinstance(t, torch.Tensor)]
+            if any(t.grad_fn is not None for t in held_tensors):
+                continue
+            other = copy.copy(leak)
+            other.also_allocated_at = []
+            other.holder = extra[1]
+            where = extra[1].pop("where_line", None)
+            if where:
+                other.site = {"filename": where[0], "line": where[1], "function": where[2]}
+                other.code = source_line(where[0], where[1])
+            if _measure_held(other, held_tensors, block_at, site_of_addr, site_id):
+                holders[id(other)] = extra
+                leaks.append(other)
+        found = found_all[0] if found_all else None
         if found is not None:
             holders[id(leak)] = found
             leak.holder = found[1]
-            leak.graph = any(t.grad_fn is not None for t in tensors)
             # A graph keeping more than the container's own tensors: saved activations (no_grad_eval).
             items = found[0].values() if isinstance(found[0], dict) else found[0]
-            held = {t.untyped_storage().data_ptr(): t for t in items if isinstance(t, torch.Tensor)}
+            held_tensors = [t for t in items if isinstance(t, torch.Tensor)]
+            held = {t.untyped_storage().data_ptr(): t for t in held_tensors}
+            # The container's tensors, not every tensor of the site: the
+            # loop's `out` of this step (a loss with its graph) is no leak.
+            leak.graph = any(t.grad_fn is not None for t in held_tensors)
+            if not leak.graph:
+                _measure_held(leak, held_tensors, block_at, site_of_addr, site_id)
             # More blocks per step than the container gains tensors: the graph keeps activations too.
             held_per_step = len(held) / max(1, len(leak.series))
             leak.graph_extra = leak.graph and bool(held) and leak.tensors_per_step > 1.5 * held_per_step
@@ -89,6 +115,37 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
     return merged
 
 
+def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, site_id: int) -> bool:
+    """The leak's figures from what its container holds, when the tensors
+    carry no graph: the blocks of the leak's site that held tensors' storages
+    start (each block once, views of one storage included), the tensors on
+    them, and per step over the iterations from the first such block's to the
+    last one's. The site's other live blocks (the loop's current
+    outputs, one-off caches) and the shape of its live-bytes series (noisy
+    with varying shapes) no longer enter the figures. ``site_id`` names the
+    site's leak in ``site_of_addr``. False (nothing changed) when the
+    container holds no block of the site."""
+    storages: dict[int, int] = {}  # block address -> tensors held on it
+    for t in held:
+        ptr = t.untyped_storage().data_ptr()
+        if site_of_addr.get(ptr) == site_id and ptr in block_at:
+            storages[ptr] = storages.get(ptr, 0) + 1
+    if not storages:
+        return False
+    steps = [block_at[ptr][1] for ptr in storages]
+    first = min(steps)
+    # The iterations the blocks were allocated over, counted from their own
+    # step stamps (not from the boundaries sampled: before the first
+    # memalloc.step(), optimizer.step() marks boundaries too).
+    iterations = max(steps) - first + 1
+    leak.retained_bytes = sum(block_at[ptr][0] for ptr in storages)
+    leak.retained_tensors = sum(storages.values())
+    leak.first_step = first
+    leak.bytes_per_step = leak.retained_bytes / iterations
+    leak.tensors_per_step = leak.retained_tensors / iterations
+    return True
+
+
 def _absorb(into: Leak, other: Leak) -> None:
     into.also_allocated_at.append({**other.alloc_site, "code": other.alloc_code,
                                    "bytes_per_step": other.bytes_per_step, "retained_bytes": other.retained_bytes})
@@ -103,6 +160,19 @@ def _absorb(into: Leak, other: Leak) -> None:
 
 def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
     """(container, holder dict) keeping most of ``tensors``, or None."""
+    found = _holders_of(tensors, leak)
+    return found[0] if found else None
+
+
+# A second container of one site's tensors is its own leak from this many
+# tensors on (fewer: the loop's variables of the moment, not a growing store).
+_MIN_OTHER_HOLDER_TENSORS = 3
+
+
+def _holders_of(tensors: list, leak: Leak) -> list[tuple[Any, dict]]:
+    """(container, holder dict) for the container keeping most of
+    ``tensors``, then for every other one keeping at least
+    _MIN_OTHER_HOLDER_TENSORS of them, most first ([] when none)."""
     counts: collections.Counter = collections.Counter()
     containers: dict[int, Any] = {}
     sample = tuple(tensors[:200])  # a tuple: not mistaken for a holder below
@@ -113,9 +183,12 @@ def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
                 counts[id(r)] += 1
                 containers[id(r)] = r
     del sample
-    if not counts:
-        return None
-    container = containers[counts.most_common(1)[0][0]]
+    ranked = [cid for i, (cid, n) in enumerate(counts.most_common()) if i == 0 or n >= _MIN_OTHER_HOLDER_TENSORS]
+    return [_describe(containers[cid], leak) for cid in ranked]
+
+
+def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
+    """(container, holder dict): its kind, name, length and adding line."""
     name, file, owner_kind = _name_of(container)
     kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
     holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": len(container),

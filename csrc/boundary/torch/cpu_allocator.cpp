@@ -20,10 +20,12 @@
 //     allocator is used; it is immortal
 //     (registry.h), so frees during interpreter shutdown are safe.
 //   * A CpuRoute (the scoped form, for in-process use of an allocator that is
-//     not installed) holds no global: the route object is the c10 allocator
-//     while open, and each tensor's DataPtr context owns a reference to the
-//     allocator it came from (one small heap object per tensor: this route is
-//     a test and analysis seam, not the hot path), so a tensor may die after
+//     not installed) is the c10 allocator while open. Its DataPtrs follow
+//     c10's raw contract (context == data, one deleter: raw_deleter()), which
+//     torch's own CPU kernels rely on; the one global, RoutedAllocators, keeps
+//     each routed allocator alive while its route is open or any block from
+//     it lives (a lock and a search per allocation and free: this route is a
+//     test and analysis seam, not the hot path), so a tensor may die after
 //     the route is closed. Closing hands torch back the allocator it had.
 #include "boundary/torch/cpu_allocator.h"
 
@@ -33,6 +35,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "common/errors.h"
 #include "boundary/torch/malloc_entry.h"
@@ -80,20 +84,85 @@ class HostCpuAllocator final : public c10::Allocator {
 HostCpuAllocator g_cpu_allocator;  // stateless; referenced by c10 for the process's life
 std::atomic<bool> g_installed{false};
 
-// The DataPtr context of a routed tensor: its allocator and pointer.
-struct RoutedBlock {
-  std::shared_ptr<CachingAllocator> allocator;
-  void* ptr;
+// The allocators routed tensors may still be freed into: each with its
+// routed blocks alive and whether its route is open. An entry goes when its
+// route is closed and its last routed block is freed, so a tensor may die
+// after its route closed. Immortal (frees may come during shutdown). Its
+// mutex is never taken under a device lock (allocated() runs after the
+// allocation returned); free() takes the device lock under it.
+class RoutedAllocators {
+ public:
+  void opened(const std::shared_ptr<CachingAllocator>& a) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Entry& e : entries_) {
+      if (e.allocator == a) {
+        e.open = true;
+        return;
+      }
+    }
+    entries_.push_back(Entry{a, 0, true});
+  }
+  void closed(const CachingAllocator* a) {
+    std::shared_ptr<CachingAllocator> last;  // released after the lock
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->allocator.get() != a) continue;
+      it->open = false;
+      if (it->live == 0) {
+        last = std::move(it->allocator);
+        entries_.erase(it);
+      }
+      return;
+    }
+  }
+  void allocated(const CachingAllocator* a) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Entry& e : entries_)
+      if (e.allocator.get() == a) ++e.live;
+  }
+  // Frees ptr into the routed allocator that owns it; false when none does.
+  bool free(void* ptr) {
+    std::shared_ptr<CachingAllocator> last;  // released after the lock
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      DeviceAllocator* owner = it->allocator->find_owner(ptr);
+      if (owner == nullptr) continue;
+      owner->free(ptr, AllocatorRegistry::instance().thread_context());
+      if (--it->live == 0 && !it->open) {
+        last = std::move(it->allocator);
+        entries_.erase(it);
+      }
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<CachingAllocator> allocator;
+    size_t live;
+    bool open;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
 };
 
-void free_routed(void* ctx) {
-  auto* block = static_cast<RoutedBlock*>(ctx);
+RoutedAllocators& routed() {
+  static RoutedAllocators* r = new RoutedAllocators();  // never destroyed
+  return *r;
+}
+
+// The deleter of every routed block, and the route's raw_deleter(): the
+// DataPtr's context is the data pointer itself, as c10's raw_allocate()
+// and raw_deallocate() require (torch's CPU kernels use them: gelu).
+void free_routed(void* ptr) {
+  if (ptr == nullptr) return;
   try {
-    block->allocator->device(0).free(block->ptr, AllocatorRegistry::instance().thread_context());
+    if (!routed().free(ptr))
+      std::fprintf(stderr, "memalloc: CPU free of %p ignored: not a live routed allocation\n", ptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: CPU free ignored: %s\n", e.what());
   }
-  delete block;
 }
 
 constexpr uint8_t kPriority = 255;  // c10 keeps an allocator of higher priority over ours
@@ -109,6 +178,7 @@ CpuRoute::CpuRoute(std::shared_ptr<CachingAllocator> allocator) : allocator_(std
                    "torch's CPU tensors are already routed to a memalloc allocator: "
                    "close that route (leave its `with` block) first");
   previous_ = current;
+  routed().opened(allocator_);
   c10::SetCPUAllocator(this, kPriority);
 }
 
@@ -127,20 +197,23 @@ void CpuRoute::close() {
                    "inside it first");
   c10::SetCPUAllocator(previous_, kPriority);
   previous_ = nullptr;
+  routed().closed(allocator_.get());
 }
 
 c10::DataPtr CpuRoute::allocate(size_t n) {
   const c10::Device cpu(c10::DeviceType::CPU);
-  if (n == 0) return {nullptr, nullptr, &free_cpu, cpu};
-  auto block = std::make_unique<RoutedBlock>(RoutedBlock{allocator_, nullptr});  // before the memory: no leak
+  if (n == 0) return {nullptr, nullptr, &free_routed, cpu};
+  void* p = nullptr;
   try {
-    block->ptr = malloc_for_torch(*allocator_, 0, n, 0, current_context(), "memalloc_cpu_allocate");
+    p = malloc_for_torch(*allocator_, 0, n, 0, current_context(), "memalloc_cpu_allocate");
   } catch (...) {
     rethrow_for_torch("memalloc_cpu_allocate");
   }
-  void* p = block->ptr;
-  return {p, block.release(), &free_routed, cpu};
+  routed().allocated(allocator_.get());
+  return {p, p, &free_routed, cpu};
 }
+
+c10::DeleterFnPtr CpuRoute::raw_deleter() const { return &free_routed; }
 
 void CpuRoute::copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 

@@ -20,8 +20,8 @@ bool used_for_torch_cpu();
 // installed); close() gives torch back the CPU allocator it had. Tensors
 // made inside are freed into `allocator` whenever they die (each keeps it
 // alive). One route at a time, opened and closed on one thread while no other
-// thread makes CPU tensors. Not for raw_allocate() (c10 asserts: the DataPtr
-// context is not the data pointer).
+// thread makes CPU tensors. Its DataPtrs keep c10's raw contract (context ==
+// data, deleter == raw_deleter()), so torch's kernels may raw_allocate.
 class CpuRoute final : public c10::Allocator {
  public:
   explicit CpuRoute(std::shared_ptr<CachingAllocator> allocator);
@@ -36,7 +36,7 @@ class CpuRoute final : public c10::Allocator {
   bool open() const { return previous_ != nullptr; }
 
   c10::DataPtr allocate(size_t n) override;
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
  private:
