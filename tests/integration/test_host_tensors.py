@@ -411,6 +411,39 @@ def test_cpu_tensors_from_routes_torch_cpu_tensors_for_the_block_only(a):
     del before, after
 
 
+def test_cpu_tensors_from_serves_torch_kernels_that_allocate_raw_memory(a):
+    # torch's CPU gelu takes scratch memory through c10's raw_allocate /
+    # raw_deallocate, which need the route's DataPtr context to be the data
+    # and its raw_deleter() to free it (it aborted the process before).
+    x = torch.randn(2, 64, 128)
+    expected = torch.nn.functional.gelu(x)  # torch's own CPU allocator
+    with host.cpu_tensors_from(a):
+        routed_x = x.clone()
+        y = torch.nn.functional.gelu(routed_x)
+        assert stat(a, "allocated_bytes") == 2 * x.numel() * 4  # the clone and the output
+    assert torch.equal(y, expected)
+    del routed_x, y
+    gc.collect()
+    assert stat(a, "allocated_bytes") == 0
+    a.validate()
+
+
+def test_a_routed_tensor_outliving_its_route_and_allocator_handle_is_freed_into_it(capfd):
+    b = memalloc.Allocator("host", "host_capacity_mb:16")
+    with host.cpu_tensors_from(b):
+        t = torch.ones(1000)
+        kept = torch.ones(10)
+    del b  # the route's book keeps the allocator alive while its tensors live
+    gc.collect()
+    assert float(t.sum()) == 1000.0
+    del t  # freed into that allocator: no "ignored" free, no crash
+    gc.collect()
+    assert float(kept.sum()) == 10.0
+    del kept  # the last one: the book lets the allocator go
+    gc.collect()
+    assert "ignored" not in capfd.readouterr().err
+
+
 def test_cpu_tensors_from_restores_torch_on_an_exception(a):
     with pytest.raises(KeyError):
         with host.cpu_tensors_from(a):

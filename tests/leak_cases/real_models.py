@@ -73,6 +73,15 @@ def _setup(make: Callable[[], torch.nn.Module], seed: int = 0):
     return m, torch.optim.AdamW(m.parameters(), lr=1e-3)
 
 
+def _train_step(m, opt, ids, *, set_to_none: bool = True, **kwargs):
+    """One AdamW step on ``ids`` as its own labels; the model's output."""
+    out = m(input_ids=ids, labels=ids, **kwargs)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+    return out
+
+
 # ---- leaks -------------------------------------------------------------------------
 def gpt2_detached_hidden_states(allocator=None):
     """The issue's loop: GPT-2, lengths drawn per step, each step keeping the
@@ -81,10 +90,7 @@ def gpt2_detached_hidden_states(allocator=None):
     kept = []
     with memalloc.leak_check(allocator=allocator) as check:
         for ids in _batches(1):
-            out = m(input_ids=ids, labels=ids, output_hidden_states=True)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad()
+            out = _train_step(m, opt, ids, output_hidden_states=True)
             kept.append(out.hidden_states[-1].detach())  # LEAK:gpt2_detached_hidden_states
             memalloc.step()
     return check, {"kept": truth_of(kept, STEPS)}
@@ -97,10 +103,7 @@ def bert_cache_by_step(allocator=None):
     cache = {}
     with memalloc.leak_check(allocator=allocator) as check:
         for step, ids in enumerate(_batches(2)):
-            out = m(input_ids=ids, labels=ids)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
+            out = _train_step(m, opt, ids, set_to_none=False)
             cache[step] = out.logits.detach()[:, 0]  # LEAK:bert_cache_by_step
             memalloc.step()
     return check, {"cache": truth_of(cache.values(), STEPS)}
@@ -116,10 +119,7 @@ def t5_leak_after_warmup(allocator=None):
     kept = []
     with memalloc.leak_check(allocator=allocator) as check:
         for step, ids in enumerate(_batches(3)):
-            out = m(input_ids=ids, labels=ids)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad()
+            out = _train_step(m, opt, ids)
             if step >= WARMUP:
                 kept.append(out.encoder_last_hidden_state.detach())  # LEAK:t5_leak_after_warmup
             memalloc.step()
@@ -133,10 +133,7 @@ def gpt2_two_leaks(allocator=None):
     logits, firsts = [], []
     with memalloc.leak_check(allocator=allocator) as check:
         for ids in _batches(4):
-            out = m(input_ids=ids, labels=ids, output_hidden_states=True)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad()
+            out = _train_step(m, opt, ids, output_hidden_states=True)
             logits.append(out.logits.detach())  # LEAK:gpt2_two_leaks:logits
             firsts.append(out.hidden_states[1].detach())  # LEAK:gpt2_two_leaks:firsts
             memalloc.step()
@@ -150,10 +147,7 @@ def gpt2_clean(allocator=None):
     losses = []
     with memalloc.leak_check(allocator=allocator) as check:
         for ids in _batches(5):
-            out = m(input_ids=ids, labels=ids)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad()
+            out = _train_step(m, opt, ids)
             losses.append(out.loss.item())
             memalloc.step()
     return check, {}
@@ -165,10 +159,7 @@ def bert_clean_grads_kept(allocator=None):
     m, opt = _setup(_bert)
     with memalloc.leak_check(allocator=allocator) as check:
         for ids in _batches(6):
-            out = m(input_ids=ids, labels=ids)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
+            out = _train_step(m, opt, ids, set_to_none=False)
             memalloc.step()
     return check, {}
 
