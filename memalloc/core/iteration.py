@@ -20,7 +20,9 @@ A watcher that needs boundaries (``leak_check``, ``LeakTracker``,
 does, and no explicit :func:`step` has come since the first one asked,
 ``optimizer.step()`` marks the boundaries (the hook of :func:`auto_step`),
 so a training loop gets them with no change. The first explicit
-:func:`step` hands the boundaries to the code. :func:`boundary_counts`
+:func:`step` hands the boundaries to the code, and takes over the boundary
+``optimizer.step()`` marked in its own iteration (the last one), so that
+iteration ends once, not twice. :func:`boundary_counts`
 says which source marked how many, so a report can say what it used.
 """
 from __future__ import annotations
@@ -53,7 +55,17 @@ def step() -> int:
     watchers asked for (:func:`want_boundaries`); :func:`auto_step` still
     does."""
     with _lock:
+        # The boundary optimizer.step() marked for watchers in this iteration
+        # stood in for this call: it becomes this call's (counted as
+        # memalloc.step()), not a second boundary of one iteration.
+        absorb = not _auto.explicit_seen and _auto.stand_in
         _auto.explicit_seen = True
+        _auto.stand_in = False
+        if absorb:
+            _counts[OPTIMIZER] -= 1
+            _counts[EXPLICIT] += 1
+    if absorb:
+        return int(_C.step())
     return _boundary(EXPLICIT)
 
 
@@ -92,6 +104,7 @@ def want_boundaries() -> None:
     with _lock:
         if _auto.watchers == 0:
             _auto.explicit_seen = False
+            _auto.stand_in = False
         _auto.watchers += 1
         _auto.update_hook()
 
@@ -165,6 +178,9 @@ class _AutoStep:
         self.on = False            # auto_step(True)
         self.watchers = 0          # want_boundaries() - release_boundaries()
         self.explicit_seen = False  # an explicit step() since the first watcher asked
+        # The last boundary was marked by optimizer.step() standing in for an
+        # explicit step() (for watchers, auto_step off), and no step() came since.
+        self.stand_in = False
 
     def marks(self) -> bool:
         return self.on or (self.watchers > 0 and not self.explicit_seen)
@@ -187,6 +203,8 @@ class _AutoStep:
             if self.first is None or self.first() is None:
                 self.first = weakref.ref(optimizer)
             mark = self.first() is optimizer and self.marks()
+            if mark:
+                self.stand_in = not self.on
         if mark:
             _boundary(OPTIMIZER)
 

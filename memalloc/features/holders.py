@@ -76,11 +76,19 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
             # The container's tensors, not every tensor of the site: the
             # loop's `out` of this step (a loss with its graph) is no leak.
             leak.graph = any(t.grad_fn is not None for t in held_tensors)
-            if not leak.graph:
-                _measure_held(leak, held_tensors, block_at, site_of_addr, site_id)
-            # More blocks per step than the container gains tensors: the graph keeps activations too.
+            # More blocks per step than the container gains tensors (the site's
+            # live blocks, before the figures below count the container's):
+            # the graph keeps activations too.
             held_per_step = len(held) / max(1, len(leak.series))
             leak.graph_extra = leak.graph and bool(held) and leak.tensors_per_step > 1.5 * held_per_step
+            measured = (_measure_graph_held if leak.graph else _measure_held)(
+                leak, held_tensors, block_at, site_of_addr, site_id)
+            if not measured:
+                # It holds this step's tensors only (blocks of fewer than
+                # _MIN_HELD_STEPS iterations): not what keeps the leak.
+                leak.holder, leak.graph, leak.graph_extra = None, False, False
+                del holders[id(leak)]
+                continue
             where = found[1].get("where_line")
             if where:
                 leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
@@ -94,7 +102,9 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
         main = max(graph_holders, key=lambda l: l.bytes_per_step)
         for leak in leaks:
             if leak.holder is None:
+                tensors_before = main.retained_tensors
                 _absorb(main, leak)
+                main.retained_tensors = tensors_before  # its blocks are the graph's, not tensors the container keeps
                 main.graph_extra = True
                 absorbed.add(id(leak))
     # One entry per container.
@@ -115,6 +125,34 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
     return merged
 
 
+# A container is a leak's holder when it keeps the site's blocks of at least
+# this many iterations (leaks.py's second rule: a leak's blocks are of every age).
+_MIN_HELD_STEPS = 3
+
+
+def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, site_id: int) -> bool:
+    """The leak's figures when its container's tensors carry their graphs
+    (which keep saved activations, with no Python tensor of their own): every
+    live block of the site allocated from the iteration of the first held
+    tensor's block on, per step over those iterations; the tensor count is
+    the container's. False (nothing changed) when the container holds no
+    block of the site from _MIN_HELD_STEPS iterations."""
+    held_steps = {block_at[p][1] for p in (t.untyped_storage().data_ptr() for t in held)
+                  if site_of_addr.get(p) == site_id and p in block_at}
+    if len(held_steps) < _MIN_HELD_STEPS:
+        return False
+    first = min(held_steps)
+    blocks = [(size, step) for addr, (size, step) in block_at.items()
+              if site_of_addr.get(addr) == site_id and step >= first]
+    iterations = max(step for _, step in blocks) - first + 1
+    leak.retained_bytes = sum(size for size, _ in blocks)
+    leak.retained_tensors = len(held)
+    leak.first_step = first
+    leak.bytes_per_step = leak.retained_bytes / iterations
+    leak.tensors_per_step = leak.retained_tensors / iterations
+    return True
+
+
 def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, site_id: int) -> bool:
     """The leak's figures from what its container holds, when the tensors
     carry no graph: the blocks of the leak's site that held tensors' storages
@@ -124,15 +162,16 @@ def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, si
     outputs, one-off caches) and the shape of its live-bytes series (noisy
     with varying shapes) no longer enter the figures. ``site_id`` names the
     site's leak in ``site_of_addr``. False (nothing changed) when the
-    container holds no block of the site."""
+    container holds the site's blocks of fewer than _MIN_HELD_STEPS
+    iterations."""
     storages: dict[int, int] = {}  # block address -> tensors held on it
     for t in held:
         ptr = t.untyped_storage().data_ptr()
         if site_of_addr.get(ptr) == site_id and ptr in block_at:
             storages[ptr] = storages.get(ptr, 0) + 1
-    if not storages:
-        return False
     steps = [block_at[ptr][1] for ptr in storages]
+    if len(set(steps)) < _MIN_HELD_STEPS:
+        return False
     first = min(steps)
     # The iterations the blocks were allocated over, counted from their own
     # step stamps (not from the boundaries sampled: before the first
@@ -189,14 +228,14 @@ def _holders_of(tensors: list, leak: Leak) -> list[tuple[Any, dict]]:
 
 def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
     """(container, holder dict): its kind, name, length and adding line."""
-    name, file, owner_kind = _name_of(container)
+    name, file, owner_kind, scope = _name_of(container)
     kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
     holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": len(container),
               "where": "", "code": ""}
     if kind == "dict" and container and all(isinstance(k, int) for k in container):
         holder["int_keys"] = True
     if name and file:
-        line = _adding_line(file, name, kind, leak)
+        line = _adding_line(file, name, kind, leak, scope)
         if line:
             holder["where"] = f"{file}:{line[0]}"
             holder["code"] = source_line(file, line[0])
@@ -210,8 +249,15 @@ def _is_namespace(d: Any) -> bool:
     return isinstance(d, dict) and ("__name__" in d and "__builtins__" in d)
 
 
-def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str]:
-    """(name, source file to search, "global" | "local" | "attribute" | "closure" | "")."""
+def _code_lines(code: types.CodeType) -> tuple[int, int]:
+    """The first and last source line of a function's code."""
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
+    return code.co_firstlineno, last
+
+
+def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str, Optional[tuple[int, int]]]:
+    """(name, source file to search, "global" | "local" | "attribute" |
+    "closure" | "", the lines of the function whose local it is or None)."""
     # A local (or global) of a frame that is running now (not memalloc's own).
     for frame in list(sys._current_frames().values()):
         f = frame
@@ -221,26 +267,28 @@ def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str]:
                 continue
             for name, value in f.f_locals.items():
                 if value is container:
-                    return name, f.f_code.co_filename, "local" if f.f_locals is not f.f_globals else "global"
+                    if f.f_locals is f.f_globals:
+                        return name, f.f_code.co_filename, "global", None
+                    return name, f.f_code.co_filename, "local", _code_lines(f.f_code)
             f = f.f_back
     for r in gc.get_referrers(container):
         if isinstance(r, dict):
             for name, value in r.items():
                 if value is container:
                     if _is_namespace(r) and r.get("__file__"):
-                        return name, r["__file__"], "global"
+                        return name, r["__file__"], "global", None
                     owners = [o for o in gc.get_referrers(r) if getattr(o, "__dict__", None) is r]
                     if owners:
                         cls = type(owners[0])
                         file = sys.modules.get(cls.__module__)
-                        return f"self.{name}", getattr(file, "__file__", None), "attribute"
+                        return f"self.{name}", getattr(file, "__file__", None), "attribute", None
         elif not isinstance(r, (type, types.ModuleType, types.FrameType)) and isinstance(
                 getattr(r, "__dict__", None), dict):
             # An instance whose attributes live inline (CPython 3.11+): it refers to the value itself.
             for name, value in vars(r).items():
                 if value is container:
                     module = sys.modules.get(type(r).__module__)
-                    return f"self.{name}", getattr(module, "__file__", None), "attribute"
+                    return f"self.{name}", getattr(module, "__file__", None), "attribute", None
     for r in gc.get_referrers(container):  # a closure variable
         if type(r).__name__ == "cell":
             for fn in gc.get_referrers(r):
@@ -249,8 +297,8 @@ def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str]:
                         code = getattr(g, "__code__", None)
                         if code is not None and g.__closure__ is fn:
                             i = list(fn).index(r)
-                            return code.co_freevars[i], code.co_filename, "closure"
-    return None, None, ""
+                            return code.co_freevars[i], code.co_filename, "closure", None
+    return None, None, "", None
 
 
 _ADDERS = {
@@ -262,9 +310,11 @@ _ADDERS = {
 }
 
 
-def _adding_line(file: str, name: str, kind: str, leak: Leak) -> Optional[tuple[int, str]]:
-    """(line, enclosing function) of the source line that adds to ``name``,
-    the one nearest after the allocating line when several do."""
+def _adding_line(file: str, name: str, kind: str, leak: Leak,
+                 scope: Optional[tuple[int, int]] = None) -> Optional[tuple[int, str]]:
+    """(line, enclosing function) of the source line that adds to ``name``:
+    one inside ``scope`` (the lines of the function whose local it is) when
+    there is one, then the nearest after the allocating line."""
     base = name.split(".")[-1]
     prefix = r"\." if name.startswith("self.") else r"(?<![\w.])"
     pattern = re.compile(prefix + re.escape(base) + r"(?:" + _ADDERS.get(kind, _ADDERS["other"]) + r")")
@@ -282,7 +332,8 @@ def _adding_line(file: str, name: str, kind: str, leak: Leak) -> Optional[tuple[
         exact = bool(var) and re.search(r"[(\[=,]\s*" + re.escape(var.group(1)) + r"\s*[)\],]?\s*(#.*)?$", text)
         mentions = bool(var) and re.search(r"\b" + re.escape(var.group(1)) + r"\b(?!\.(?:item|tolist|cpu|numpy)\()",
                                            text)
-        return (not exact, not mentions, h < alloc_line, abs(h - alloc_line))
+        outside = scope is not None and not scope[0] <= h <= scope[1]
+        return (outside, not exact, not mentions, h < alloc_line, abs(h - alloc_line))
     line = min(hits, key=score)
     return line, _enclosing_function(lines, line)
 

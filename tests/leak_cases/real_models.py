@@ -140,6 +140,39 @@ def gpt2_two_leaks(allocator=None):
     return check, {"logits": truth_of(logits, STEPS), "firsts": truth_of(firsts, STEPS)}
 
 
+def _saved_storages(m: torch.nn.Module):
+    """A saved-tensors hook context that records, per forward, the storages
+    autograd saves ({data_ptr: nbytes}), the model's own tensors left out."""
+    own = {p.untyped_storage().data_ptr() for p in list(m.parameters()) + list(m.buffers())}
+    record: dict = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in own and s.nbytes() > 0:
+            record[s.data_ptr()] = s.nbytes()
+        return t
+
+    return record, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def gpt2_eval_without_no_grad(allocator=None):
+    """GPT-2 evaluated without torch.no_grad(), keeping each step's logits:
+    every logits tensor keeps its graph and the activations autograd saved."""
+    m, _ = _setup(_gpt2)
+    m.eval()
+    outputs = []
+    saved, hooks = _saved_storages(m)
+    with memalloc.leak_check(allocator=allocator) as check, hooks:
+        for ids in _batches(7):
+            outputs.append(m(input_ids=ids).logits)  # LEAK:gpt2_eval_without_no_grad
+            memalloc.step()
+    storages = dict(saved)
+    for t in outputs:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return check, {"outputs": Truth(bytes=sum(-(-n // BLOCK) * BLOCK for n in storages.values()),
+                                    tensors=len(outputs), steps=STEPS)}
+
+
 # ---- clean loops -----------------------------------------------------------------
 def gpt2_clean(allocator=None):
     """GPT-2 with varying lengths, keeping only floats."""
@@ -164,5 +197,6 @@ def bert_clean_grads_kept(allocator=None):
     return check, {}
 
 
-LEAKS = [gpt2_detached_hidden_states, bert_cache_by_step, t5_leak_after_warmup, gpt2_two_leaks]
+LEAKS = [gpt2_detached_hidden_states, bert_cache_by_step, t5_leak_after_warmup, gpt2_two_leaks,
+         gpt2_eval_without_no_grad]
 CLEAN = [gpt2_clean, bert_clean_grads_kept]

@@ -72,10 +72,27 @@ def test_the_first_explicit_step_hands_the_boundaries_to_the_code(allocator):
         for _ in range(5):
             train_step(w, opt)  # marks a boundary only before the first memalloc.step()
             memalloc.step()
+    # Five iterations, five boundaries: the one optimizer.step() marked in
+    # the first iteration stood in for that iteration's memalloc.step(),
+    # which takes it over instead of marking a second one.
     used = {k: v - before[k] for k, v in iteration.boundary_counts().items()}
-    assert used == {"memalloc.step()": 5, "optimizer.step()": 1}
-    assert t.boundaries == "5 from memalloc.step() and 1 from optimizer.step()"
-    assert len(t.rows) == 6 and t.to_dict()["boundaries"] == t.boundaries
+    assert used == {"memalloc.step()": 5, "optimizer.step()": 0}
+    assert t.boundaries == "5 from memalloc.step()"
+    assert len(t.rows) == 5 and t.to_dict()["boundaries"] == t.boundaries
+
+
+def test_optimizer_boundaries_before_a_late_first_step_stay_theirs(allocator):
+    w, opt = sgd()
+    before = iteration.boundary_counts()
+    with memalloc.StepTracker(allocator=allocator) as t:
+        for _ in range(3):
+            train_step(w, opt)  # three iterations marked by optimizer.step() alone
+        for _ in range(2):
+            train_step(w, opt)
+            memalloc.step()  # the first one takes over its iteration's optimizer boundary
+    used = {k: v - before[k] for k, v in iteration.boundary_counts().items()}
+    assert used == {"memalloc.step()": 2, "optimizer.step()": 3}
+    assert len(t.rows) == 5
 
 
 def test_no_watcher_no_boundaries_from_the_optimizer():
