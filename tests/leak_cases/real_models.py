@@ -140,6 +140,36 @@ def gpt2_two_leaks(allocator=None):
     return check, {"logits": truth_of(logits, STEPS), "firsts": truth_of(firsts, STEPS)}
 
 
+def bert_hook_stores_outputs(allocator=None):
+    """BERT with a forward hook on its first layer that stores the layer's
+    output, detached, on every call."""
+    m, opt = _setup(_bert)
+    store = []
+
+    def keep(module, args, output):
+        store.append(output[0].detach() if isinstance(output, tuple) else output.detach())  # LEAK:bert_hook_stores_outputs
+
+    handle = m.bert.encoder.layer[0].register_forward_hook(keep)
+    with memalloc.leak_check(allocator=allocator) as check:
+        for ids in _batches(8):
+            _train_step(m, opt, ids)
+            memalloc.step()
+    handle.remove()
+    return check, {"store": truth_of(store, STEPS)}
+
+
+def t5_batches_kept(allocator=None):
+    """T5 whose loop keeps every input batch (a data-side list)."""
+    m, opt = _setup(_t5)
+    seen = []
+    with memalloc.leak_check(allocator=allocator) as check:
+        for ids in _batches(9):
+            seen.append(ids)  # LEAK:t5_batches_kept
+            _train_step(m, opt, ids)
+            memalloc.step()
+    return check, {"seen": truth_of(seen, STEPS)}
+
+
 def _saved_storages(m: torch.nn.Module):
     """A saved-tensors hook context that records, per forward, the storages
     autograd saves ({data_ptr: nbytes}), the model's own tensors left out."""
@@ -198,5 +228,5 @@ def bert_clean_grads_kept(allocator=None):
 
 
 LEAKS = [gpt2_detached_hidden_states, bert_cache_by_step, t5_leak_after_warmup, gpt2_two_leaks,
-         gpt2_eval_without_no_grad]
+         gpt2_eval_without_no_grad, bert_hook_stores_outputs, t5_batches_kept]
 CLEAN = [gpt2_clean, bert_clean_grads_kept]
