@@ -11,6 +11,7 @@ from __future__ import annotations
 import linecache
 import os
 import sysconfig
+import zipfile
 from typing import Iterable, Optional, Protocol
 
 import torch
@@ -45,5 +46,51 @@ def user_frame(frames: Iterable[FrameLike]) -> Optional[FrameLike]:
 
 
 def source_line(filename: str, line: int) -> str:
-    """The stripped source text of ``filename:line``; "" when unreadable."""
-    return linecache.getline(filename, line).strip() if filename and line > 0 else ""
+    """The stripped source text of ``filename:line``, wherever Python can
+    find it: a file, an IPython/Jupyter cell (IPython registers its cells in
+    linecache), a module imported from a zip archive. Where it cannot, why,
+    in parentheses ("(no source: code given to python -c or exec() has no
+    file)"). "" for no filename or line."""
+    if not filename or line <= 0:
+        return ""
+    text = linecache.getline(filename, line)
+    if not text and load_zip_source(filename):
+        text = linecache.getline(filename, line)
+    return text.strip() if text else f"({_why_no_source(filename, line)})"
+
+
+def _zip_member(filename: str) -> Optional[tuple[str, str]]:
+    """(archive, member) of a path inside a zip archive, or None."""
+    head, sep, member = filename.partition(".zip" + os.sep)
+    return (head + ".zip", member.replace(os.sep, "/")) if sep and os.path.isfile(head + ".zip") else None
+
+
+def load_zip_source(filename: str) -> bool:
+    """Reads a module's source out of its zip archive into linecache (a
+    zipimported module's frames name "<archive>.zip/<member>", which
+    linecache cannot open without the module's globals)."""
+    found = _zip_member(filename)
+    if found is None:
+        return False
+    try:
+        with zipfile.ZipFile(found[0]) as z:
+            source = z.read(found[1]).decode("utf-8", errors="replace")
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return False
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    return True
+
+
+def _why_no_source(filename: str, line: int) -> str:
+    if filename == "<string>":
+        return "no source: code given to python -c or exec() has no file"
+    if filename == "<stdin>":
+        return "no source: code typed at the interpreter prompt or piped to python"
+    if filename.startswith("<ipython-input-") or "ipykernel_" in filename:
+        return "no source: an IPython cell that is not in this session's history"
+    if filename.startswith("<"):
+        return f"no source: {filename} is not a file"
+    if os.path.exists(filename) or _zip_member(filename):
+        return f"no source: {filename} has no line {line} (changed since it ran?)"
+    return f"no source: {filename} is not found"

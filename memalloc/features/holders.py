@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from memalloc.core._usercode import is_internal, source_line
+from memalloc.core._usercode import load_zip_source, is_internal, source_line
 from memalloc.reporters.leak_report import Leak
 
 _CONTAINERS = (list, dict, set, collections.deque)
@@ -318,7 +318,7 @@ def _adding_line(file: str, name: str, kind: str, leak: Leak,
     base = name.split(".")[-1]
     prefix = r"\." if name.startswith("self.") else r"(?<![\w.])"
     pattern = re.compile(prefix + re.escape(base) + r"(?:" + _ADDERS.get(kind, _ADDERS["other"]) + r")")
-    lines = linecache.getlines(file)
+    lines = linecache.getlines(file) or (linecache.getlines(file) if load_zip_source(file) else [])
     hits = [i + 1 for i, text in enumerate(lines) if pattern.search(text) and not text.lstrip().startswith("#")]
     if not hits:
         return None
