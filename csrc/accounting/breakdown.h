@@ -6,7 +6,7 @@
 // phase, category and sequence number) and nothing else of the allocator.
 //
 // Phases: the Python layer tells the allocator where a training step is
-// (memalloc/phases.py); every new block is stamped with the phase it was
+// (memalloc/features/phases.py); every new block is stamped with the phase it was
 // allocated in:
 //   kIdle       before the first training step (model, data, setup)
 //   kForward    after a step ended or backward() returned

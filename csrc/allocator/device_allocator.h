@@ -98,7 +98,7 @@ struct BlockInfo {
 };
 
 // One live allocation (a block the caller has not freed), for leak tracking.
-// A wire format (memalloc._C.LIVE_FIELDS / LIVE_BYTES; memalloc/sites.py
+// A wire format (memalloc._C.LIVE_FIELDS / LIVE_BYTES; memalloc/trace/sites.py
 // unpacks it): the who and when of the block's Provenance that Python reads,
 // flat, 40 bytes. Holding the whole Provenance would add its phase, category
 // and sequence number (8 bytes) to every record that Python never reads.

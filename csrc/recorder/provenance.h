@@ -19,7 +19,7 @@
 
 namespace memalloc {
 
-// The training phase a block was allocated in (memalloc/phases.py tells the
+// The training phase a block was allocated in (memalloc/features/phases.py tells the
 // allocator; accounting/breakdown.h gives the meaning of each).
 enum class Phase : uint8_t { kIdle = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
 constexpr int kNumPhases = 4;

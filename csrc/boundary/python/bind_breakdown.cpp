@@ -1,7 +1,7 @@
 // bind_breakdown.cpp — Python bindings of the breakdown by category
 // (breakdown.h, csrc/allocator/phases.cpp): the training phase, the end of a step,
-// marking parameters, and the report. memalloc/phases.py calls them at the
-// training loop's landmarks; memalloc/breakdown.py reads the report.
+// marking parameters, and the report. memalloc/features/phases.py calls them at the
+// training loop's landmarks; memalloc/features/breakdown.py reads the report.
 //
 // Invariants: as bindings.cpp (the GIL is released before a device lock is
 // taken; a phase or category name is checked before anything changes).

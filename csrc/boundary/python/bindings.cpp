@@ -250,7 +250,7 @@ PYBIND11_MODULE(_C, m) {
                py::gil_scoped_release nogil;
                blocks = a.device(device).live_blocks();
              }
-             // the wire format: memalloc._C.LIVE_FIELDS, LIVE_BYTES (memalloc/sites.py reads them)
+             // the wire format: memalloc._C.LIVE_FIELDS, LIVE_BYTES (memalloc/trace/sites.py reads them)
              return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(LiveBlock));
            },
            py::arg("device") = 0,
@@ -288,7 +288,7 @@ PYBIND11_MODULE(_C, m) {
   // The wire formats, defined once here from the C++ structs: the 64-byte
   // record (recorder.h) and a live block as Allocator.live_blocks packs it
   // (device_allocator.h), each as (field, byte offset, bytes, signed) in
-  // memory order; memalloc/recording.py and sites.py build their formats
+  // memory order; memalloc/trace/recording.py and sites.py build their formats
   // from them.
 #define MEMALLOC_FIELD(T, f) \
   py::make_tuple(#f, offsetof(T, f), sizeof(T::f), std::is_signed<decltype(T::f)>::value)

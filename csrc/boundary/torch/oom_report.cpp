@@ -2,7 +2,7 @@
 //
 // When an allocation fails for good, memalloc's message (what was asked,
 // what the device has, what memalloc holds) is extended by a Python hook
-// (memalloc/oom.py): the live allocations holding the most memory, by call
+// (memalloc/features/oom.py): the live allocations holding the most memory, by call
 // site, and where a report was written. torch then raises the result as
 // torch.OutOfMemoryError.
 //
