@@ -18,8 +18,11 @@ after ``warmup_steps`` (docs/architecture.md, "Leak rules"). A site leaks when a
 2. what is alive at the last sample was allocated in at least three
    different steps, and in at least a third of the first half's steps
    (allocations that die late are young; leaked ones are of every age);
-3. it grows by at least ``threshold_bytes_per_step`` per step (least-squares
-   slope of its live bytes; at least 1 byte).
+3. it grows by at least ``threshold_bytes_per_step`` per step (at least 1
+   byte): the least-squares slope of its live bytes, or, where that slope
+   drowns in the noise of the line's other blocks (outputs whose shapes
+   vary), the bytes alive now that the judged iterations before the last
+   allocated, per iteration.
 
 The cache (reserved but unallocated memory) is never a leak: only live
 allocations are counted.
@@ -212,6 +215,13 @@ class LeakTracker:
             if sum(1 for step in first_half_steps if step in ages) * 3 < len(first_half_steps):
                 continue
             per_step = _slope(xs, [float(y) for y in ys])
+            # The growth the surviving blocks show: bytes alive now that the
+            # judged iterations before the last allocated, per iteration. It
+            # stands where the series' slope drowns in the noise of the
+            # line's other blocks (a loop's outputs whose shapes vary).
+            kept_before_last = sum(nbytes for step, (_n, nbytes) in ages.items()
+                                   if window[0].step - 1 <= step < last_step - 1)
+            per_step = max(per_step, kept_before_last / max(1, last_step - window[0].step))
             if per_step < max(1, self.threshold_bytes_per_step):
                 continue
             frames = stack(max(stacks, key=lambda sid: samples[-1].by_stack.get(sid, (0, 0))[1]))

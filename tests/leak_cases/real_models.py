@@ -3,11 +3,14 @@ from small configs: no downloads), with varying sequence lengths, for
 tests/integration/test_leaks_real_models.py. Each case runs its loop under
 ``memalloc.leak_check(allocator=...)`` and returns ``(check, truth)``: the
 truth is computed here from the tensors the loop kept, as
-``{holder name: Truth}`` (empty for a clean loop). Each keeping line is
+``{holder name: Truth}`` (empty for a clean loop): the storages of the kept
+tensors (truth_of), or for kept tensors that carry their graphs, the bytes
+the allocator frees when the container is emptied (freed_by_clearing). Each keeping line is
 marked ``# LEAK:<case>`` (``# LEAK:<case>:<holder>`` when a case has two).
 """
 from __future__ import annotations
 
+import gc
 import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -38,6 +41,18 @@ def truth_of(kept: Iterable[torch.Tensor], steps: int) -> Truth:
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     rounded = sum(-(-n // BLOCK) * BLOCK for n in storages.values())
     return Truth(bytes=rounded, tensors=len(tensors), steps=steps)
+
+
+def freed_by_clearing(container, allocator, tensors: int, steps: int) -> Truth:
+    """The truth for a container whose tensors carry their graphs: the bytes
+    the allocator frees when the container is emptied (its tensors, and all
+    their graphs keep), read from the allocator's own counter."""
+    def allocated() -> int:
+        gc.collect()
+        return allocator.stats(0)["allocated_bytes"]["all"]["current"]
+    before = allocated()
+    container.clear()
+    return Truth(bytes=before - allocated(), tensors=tensors, steps=steps)
 
 
 def _gpt2():
@@ -170,37 +185,17 @@ def t5_batches_kept(allocator=None):
     return check, {"seen": truth_of(seen, STEPS)}
 
 
-def _saved_storages(m: torch.nn.Module):
-    """A saved-tensors hook context that records, per forward, the storages
-    autograd saves ({data_ptr: nbytes}), the model's own tensors left out."""
-    own = {p.untyped_storage().data_ptr() for p in list(m.parameters()) + list(m.buffers())}
-    record: dict = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in own and s.nbytes() > 0:
-            record[s.data_ptr()] = s.nbytes()
-        return t
-
-    return record, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-
-
 def gpt2_eval_without_no_grad(allocator=None):
     """GPT-2 evaluated without torch.no_grad(), keeping each step's logits:
     every logits tensor keeps its graph and the activations autograd saved."""
     m, _ = _setup(_gpt2)
     m.eval()
     outputs = []
-    saved, hooks = _saved_storages(m)
-    with memalloc.leak_check(allocator=allocator) as check, hooks:
+    with memalloc.leak_check(allocator=allocator) as check:
         for ids in _batches(7):
             outputs.append(m(input_ids=ids).logits)  # LEAK:gpt2_eval_without_no_grad
             memalloc.step()
-    storages = dict(saved)
-    for t in outputs:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return check, {"outputs": Truth(bytes=sum(-(-n // BLOCK) * BLOCK for n in storages.values()),
-                                    tensors=len(outputs), steps=STEPS)}
+    return check, {"outputs": freed_by_clearing(outputs, allocator, len(outputs), STEPS)}
 
 
 # ---- clean loops -----------------------------------------------------------------
