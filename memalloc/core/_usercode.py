@@ -56,7 +56,16 @@ def source_line(filename: str, line: int) -> str:
     text = linecache.getline(filename, line)
     if not text and load_zip_source(filename):
         text = linecache.getline(filename, line)
-    return text.strip() if text else f"({_why_no_source(filename, line)})"
+    return text.strip() if text else f"({NO_SOURCE}: {_why_no_source(filename, line)})"
+
+
+NO_SOURCE = "no source"  # how source_line() begins the reason it has no line
+
+
+def is_source(code: str) -> bool:
+    """Whether a source_line() result is source text (not "" nor the reason
+    there is none)."""
+    return bool(code) and not code.startswith(f"({NO_SOURCE}:")
 
 
 def _zip_member(filename: str) -> Optional[tuple[str, str]]:
@@ -84,13 +93,13 @@ def load_zip_source(filename: str) -> bool:
 
 def _why_no_source(filename: str, line: int) -> str:
     if filename == "<string>":
-        return "no source: code given to python -c or exec() has no file"
+        return "code given to python -c or exec() has no file"
     if filename == "<stdin>":
-        return "no source: code typed at the interpreter prompt or piped to python"
+        return "code typed at the interpreter prompt or piped to python"
     if filename.startswith("<ipython-input-") or "ipykernel_" in filename:
-        return "no source: an IPython cell that is not in this session's history"
+        return "an IPython cell that is not in this session's history"
     if filename.startswith("<"):
-        return f"no source: {filename} is not a file"
+        return f"{filename} is not a file"
     if os.path.exists(filename) or _zip_member(filename):
-        return f"no source: {filename} has no line {line} (changed since it ran?)"
-    return f"no source: {filename} is not found"
+        return f"{filename} has no line {line} (changed since it ran?)"
+    return f"{filename} is not found"

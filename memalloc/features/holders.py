@@ -51,17 +51,13 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
         for extra in found_all[1:]:
             # Another container of the same site's tensors: its own leak when
             # its tensors carry no graph (a graph's holder keeps the rest).
-            items = extra[0].values() if isinstance(extra[0], dict) else extra[0]
-            held_tensors = [t for t in items if isinstance(t, torch.Tensor)]
+            held_tensors = _tensors_in(extra[0])
             if any(t.grad_fn is not None for t in held_tensors):
                 continue
             other = copy.copy(leak)
             other.also_allocated_at = []
             other.holder = extra[1]
-            where = extra[1].pop("where_line", None)
-            if where:
-                other.site = {"filename": where[0], "line": where[1], "function": where[2]}
-                other.code = source_line(where[0], where[1])
+            _take_adding_line(other)
             if _measure_held(other, held_tensors, block_at, site_of_addr, site_id):
                 holders[id(other)] = extra
                 leaks.append(other)
@@ -70,8 +66,7 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
             holders[id(leak)] = found
             leak.holder = found[1]
             # A graph keeping more than the container's own tensors: saved activations (no_grad_eval).
-            items = found[0].values() if isinstance(found[0], dict) else found[0]
-            held_tensors = [t for t in items if isinstance(t, torch.Tensor)]
+            held_tensors = _tensors_in(found[0])
             held = {t.untyped_storage().data_ptr(): t for t in held_tensors}
             # The container's tensors, not every tensor of the site: the
             # loop's `out` of this step (a loss with its graph) is no leak.
@@ -89,11 +84,7 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
                 leak.holder, leak.graph, leak.graph_extra = None, False, False
                 del holders[id(leak)]
                 continue
-            where = found[1].get("where_line")
-            if where:
-                leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
-                leak.code = source_line(where[0], where[1])
-            found[1].pop("where_line", None)
+            _take_adding_line(leak)
     # Sites whose tensors no container holds: kept by the autograd graph of a held tensor.
     graph_holders = [l for l in leaks if l.holder is not None and l.graph]
     merged: list[Leak] = []
@@ -144,12 +135,8 @@ def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: di
     first = min(held_steps)
     blocks = [(size, step) for addr, (size, step) in block_at.items()
               if site_of_addr.get(addr) == site_id and step >= first]
-    iterations = max(step for _, step in blocks) - first + 1
-    leak.retained_bytes = sum(size for size, _ in blocks)
-    leak.retained_tensors = len(held)
-    leak.first_step = first
-    leak.bytes_per_step = leak.retained_bytes / iterations
-    leak.tensors_per_step = leak.retained_tensors / iterations
+    _set_figures(leak, sum(size for size, _ in blocks), len(held), first,
+                 max(step for _, step in blocks) - first + 1)
     return True
 
 
@@ -172,17 +159,36 @@ def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, si
     steps = [block_at[ptr][1] for ptr in storages]
     if len(set(steps)) < _MIN_HELD_STEPS:
         return False
-    first = min(steps)
     # The iterations the blocks were allocated over, counted from their own
-    # step stamps (not from the boundaries sampled: before the first
-    # memalloc.step(), optimizer.step() marks boundaries too).
-    iterations = max(steps) - first + 1
-    leak.retained_bytes = sum(block_at[ptr][0] for ptr in storages)
-    leak.retained_tensors = sum(storages.values())
-    leak.first_step = first
-    leak.bytes_per_step = leak.retained_bytes / iterations
-    leak.tensors_per_step = leak.retained_tensors / iterations
+    # step stamps, not from the boundaries sampled.
+    _set_figures(leak, sum(block_at[ptr][0] for ptr in storages), sum(storages.values()), min(steps),
+                 max(steps) - min(steps) + 1)
     return True
+
+
+def _set_figures(leak: Leak, retained_bytes: int, retained_tensors: int, first: int, iterations: int) -> None:
+    """A measured leak's figures: retained bytes and tensors, the iteration
+    it starts in, and both per step over ``iterations``."""
+    leak.retained_bytes = retained_bytes
+    leak.retained_tensors = retained_tensors
+    leak.first_step = first
+    leak.bytes_per_step = retained_bytes / iterations
+    leak.tensors_per_step = retained_tensors / iterations
+
+
+def _tensors_in(container: Any) -> list:
+    """The tensors a holder keeps (a dict's values, a sequence's or set's items)."""
+    items = container.values() if isinstance(container, dict) else container
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def _take_adding_line(leak: Leak) -> None:
+    """The holder's adding line (``where_line``, popped from the holder dict)
+    becomes the leak's site and code."""
+    where = leak.holder.pop("where_line", None)
+    if where:
+        leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
+        leak.code = source_line(where[0], where[1])
 
 
 def _absorb(into: Leak, other: Leak) -> None:

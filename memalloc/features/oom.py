@@ -32,7 +32,7 @@ from memalloc.trace import snapshots
 from memalloc.features import stats
 from memalloc.core._device import DeviceLike, device_index
 from memalloc.core._format import fmt_bytes
-from memalloc.core._usercode import source_line
+from memalloc.core._usercode import is_source, source_line
 from memalloc.trace.sites import live_blocks, site_of
 
 _lock = threading.Lock()
@@ -110,7 +110,7 @@ def _describe(holders: list[dict]) -> str:
         where = (f"{h['filename']}:{h['line']} in {h['function']}" if h["filename"]
                  else f"tag {h['tag']!r}" if h["tag"] else "no call site recorded")
         lines.append(f"  {fmt_bytes(h['bytes']):>11} in {h['tensors']:>5} allocations  {where}")
-        if h["code"] and not h["code"].startswith("(no source"):  # the message stays one line per holder
+        if is_source(h["code"]):  # the message stays one line per holder
             lines.append(f"  {'':>11}    {h['code']}")
     if holders and all(h["filename"] is None for h in holders):
         lines.append("  (call sites are off: remove call_sites:False from MEMALLOC_CONF or enable()'s config, "

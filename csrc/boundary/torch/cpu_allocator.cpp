@@ -108,10 +108,7 @@ class RoutedAllocators {
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       if (it->allocator.get() != a) continue;
       it->open = false;
-      if (it->live == 0) {
-        last = std::move(it->allocator);
-        entries_.erase(it);
-      }
+      drop_if_unused(it, last);
       return;
     }
   }
@@ -128,10 +125,8 @@ class RoutedAllocators {
       DeviceAllocator* owner = it->allocator->find_owner(ptr);
       if (owner == nullptr) continue;
       owner->free(ptr, AllocatorRegistry::instance().thread_context());
-      if (--it->live == 0 && !it->open) {
-        last = std::move(it->allocator);
-        entries_.erase(it);
-      }
+      --it->live;
+      drop_if_unused(it, last);
       return true;
     }
     return false;
@@ -143,6 +138,13 @@ class RoutedAllocators {
     size_t live;
     bool open;
   };
+  // Erases the entry once its route is closed and no block of it lives; its
+  // allocator moves to `last`, which the caller releases after the lock.
+  void drop_if_unused(std::vector<Entry>::iterator it, std::shared_ptr<CachingAllocator>& last) {
+    if (it->open || it->live != 0) return;
+    last = std::move(it->allocator);
+    entries_.erase(it);
+  }
   std::mutex mu_;
   std::vector<Entry> entries_;
 };
