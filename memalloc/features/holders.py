@@ -7,14 +7,17 @@ alive, its name, and the line of source that adds to it
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import gc
+import inspect
 import linecache
 import os
 import re
 import sys
 import types
 import warnings
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -25,15 +28,23 @@ from memalloc.reporters.leak_report import Leak
 _CONTAINERS = (list, dict, set, collections.deque)
 
 
-def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
-    """Fills ``holder`` and merges the leaks one container keeps alive."""
+def attribute_holders(leaks: list[Leak], live: list,
+                      groups_at_start: Optional[dict[int, int]] = None) -> list[Leak]:
+    """Fills ``holder`` and merges the leaks one container keeps alive.
+    ``groups_at_start``: {id(optimizer): its parameter groups} when the
+    check began (optimizer_groups()); an optimizer holds a leak through the
+    groups added since (for one made during the check, all but its first)."""
     leak_of_stack = {sid: id(leak) for leak in leaks for sid in leak.stack_ids}
     site_of_addr = {addr: leak_of_stack[sid] for addr, _size, _req, sid, _tag, _step in live if sid in leak_of_stack}
     block_at = {addr: (size, step) for addr, size, _req, _sid, _tag, step in live}
     by_leak: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
     with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
         warnings.simplefilter("ignore")
-        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        objects = gc.get_objects()
+        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        objects = [o for o in objects if isinstance(o, torch.Tensor)]
+    parts = _optimizer_parts(optimizers, groups_at_start or {})
+    del optimizers
     for obj in objects:
         try:
             ptr = obj.untyped_storage().data_ptr()
@@ -44,9 +55,11 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
             by_leak[owner].append(obj)
     del objects
     holders: dict[int, tuple[Any, dict]] = {}
+    reached_by: dict[int, set[int]] = {}  # graph-held leak -> the blocks its figures count
     for leak in list(leaks):
         tensors = by_leak.get(id(leak), [])
-        found_all = _holders_of(tensors, leak)
+        held_tensors: list = []  # the last leak's: not a holder of this one's tensors
+        found_all = _holders_of(tensors, leak, parts)
         site_id = id(leak)
         for extra in found_all[1:]:
             # Another container of the same site's tensors: its own leak when
@@ -65,19 +78,20 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
         if found is not None:
             holders[id(leak)] = found
             leak.holder = found[1]
-            # A graph keeping more than the container's own tensors: saved activations (no_grad_eval).
             held_tensors = _tensors_in(found[0])
-            held = {t.untyped_storage().data_ptr(): t for t in held_tensors}
             # The container's tensors, not every tensor of the site: the
             # loop's `out` of this step (a loss with its graph) is no leak.
+            # Whether their graphs keep saved activations too (no_grad_eval):
+            # _measure_graph_held finds out.
             leak.graph = any(t.grad_fn is not None for t in held_tensors)
-            # More blocks per step than the container gains tensors (the site's
-            # live blocks, before the figures below count the container's):
-            # the graph keeps activations too.
-            held_per_step = len(held) / max(1, len(leak.series))
-            leak.graph_extra = leak.graph and bool(held) and leak.tensors_per_step > 1.5 * held_per_step
-            measured = (_measure_graph_held if leak.graph else _measure_held)(
-                leak, held_tensors, block_at, site_of_addr, site_id)
+            leak.graph_extra = False
+            if leak.graph:
+                reached = _measure_graph_held(leak, held_tensors, block_at, site_of_addr, site_id,
+                                              ours={id(tensors) for tensors in by_leak.values()})
+                measured = reached is not None
+                reached_by[id(leak)] = reached or set()
+            else:
+                measured = _measure_held(leak, held_tensors, block_at, site_of_addr, site_id)
             if not measured:
                 # It holds this step's tensors only (blocks of fewer than
                 # _MIN_HELD_STEPS iterations): not what keeps the leak.
@@ -91,11 +105,14 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
     absorbed: set[int] = set()
     if graph_holders:
         main = max(graph_holders, key=lambda l: l.bytes_per_step)
+        reached = reached_by.get(id(main), set())
         for leak in leaks:
             if leak.holder is None:
-                tensors_before = main.retained_tensors
-                _absorb(main, leak)
-                main.retained_tensors = tensors_before  # its blocks are the graph's, not tensors the container keeps
+                mine = [addr for addr, owner in site_of_addr.items() if owner == id(leak)]
+                if 2 * sum(addr in reached for addr in mine) < len(mine):
+                    continue  # the graph does not keep most of its blocks: its own leak
+                # Its blocks are the graph's, already in main's figures.
+                _absorb(main, leak, figures=False)
                 main.graph_extra = True
                 absorbed.add(id(leak))
     # One entry per container.
@@ -121,23 +138,113 @@ def attribute_holders(leaks: list[Leak], live: list) -> list[Leak]:
 _MIN_HELD_STEPS = 3
 
 
-def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, site_id: int) -> bool:
-    """The leak's figures when its container's tensors carry their graphs
-    (which keep saved activations, with no Python tensor of their own): every
-    live block of the site allocated from the iteration of the first held
+def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict,
+                        site_id: int, ours: set[int]) -> Optional[set[int]]:
+    """The leak's figures when its container's tensors carry their graphs:
+    the blocks of the container's tensors and of every tensor their graphs
+    saved (autograd's saved variables, read by walking the graph:
+    _graph_storages), allocated from the iteration of the first held
     tensor's block on, per step over those iterations; the tensor count is
-    the container's. False (nothing changed) when the container holds no
-    block of the site from _MIN_HELD_STEPS iterations."""
-    held_steps = {block_at[p][1] for p in (t.untyped_storage().data_ptr() for t in held)
-                  if site_of_addr.get(p) == site_id and p in block_at}
+    the container's. Blocks the site made that no graph reaches (a library
+    workspace made by the first forward, a lazily built buffer) are not the
+    container's. Sets ``graph_extra`` when the graphs keep blocks besides
+    the container's tensors (saved activations). The addresses of the
+    blocks counted, or None (nothing changed) when the container holds no
+    block of the site from _MIN_HELD_STEPS iterations. ``ours``: the ids
+    of memalloc's own lists of tensors (not holders)."""
+    own = {t.untyped_storage().data_ptr() for t in held}
+    held_steps = {block_at[p][1] for p in own if site_of_addr.get(p) == site_id and p in block_at}
     if len(held_steps) < _MIN_HELD_STEPS:
-        return False
+        return None
     first = min(held_steps)
-    blocks = [(size, step) for addr, (size, step) in block_at.items()
-              if site_of_addr.get(addr) == site_id and step >= first]
-    _set_figures(leak, sum(size for size, _ in blocks), len(held), first,
-                 max(step for _, step in blocks) - first + 1)
-    return True
+    saved = _graph_storages(held) - own
+    # What other Python tensors keep (the batch, the loop's variables, the
+    # parameters) emptying the container would not free.
+    reached = own | (saved - _held_elsewhere(saved, held, ours))
+    blocks = {p: block_at[p] for p in reached if p in block_at and block_at[p][1] >= first}
+    _set_figures(leak, sum(size for size, _ in blocks.values()), len(held), first,
+                 max(step for _, step in blocks.values()) - first + 1)
+    leak.graph_extra = any(p not in own for p in blocks)
+    return set(blocks)
+
+
+def _graph_storages(roots: list) -> set[int]:
+    """The storage addresses of every tensor the autograd graphs of
+    ``roots`` saved for backward (each node's ``_saved_*`` values; a custom
+    Function's saved_tensors), a graph that backward() already freed
+    contributing nothing."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
+    alive = []  # the nodes visited, kept alive so that their ids stay unique
+    while nodes:
+        node = nodes.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        alive.append(node)
+        for name in _saved_names(type(node)):
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed by backward(), or never saved
+                continue
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    try:
+                        found.add(t.untyped_storage().data_ptr())
+                    except Exception:  # noqa: BLE001 - storage-less tensors
+                        pass
+        nodes.extend(fn for fn, _ in getattr(node, "next_functions", ()))
+    return found
+
+
+def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
+    """The storage addresses among ``ptrs`` that a Python tensor other than
+    ``own``'s keeps alive: one that some Python object (a variable, a
+    container, a module's parameters) refers to. A tensor whose Python
+    object only autograd's saved variables keep (torch preserves it while
+    its storage lives) keeps nothing of its own. memalloc's own frames and
+    lists (``ours``: their ids) do not count."""
+    if not ptrs:
+        return set()
+    own_ids = {id(t) for t in own}
+    with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
+        warnings.simplefilter("ignore")
+        candidates = [o for o in gc.get_objects()
+                      if isinstance(o, torch.Tensor) and id(o) not in own_ids and _storage_of(o) in ptrs]
+    if not candidates:
+        return set()
+    by_id = {id(t): t for t in candidates}
+    held: set[int] = set()
+    for r in gc.get_referrers(*candidates):
+        if r is candidates or r is by_id or r is own or id(r) in ours or (
+                isinstance(r, types.FrameType) and is_internal(r.f_code.co_filename)) or (
+                isinstance(r, tuple) and len(r) == len(candidates) and all(a is b for a, b in zip(r, candidates))):
+            continue
+        for o in gc.get_referents(r):
+            if id(o) in by_id:
+                held.add(_storage_of(o))
+    return held
+
+
+def _storage_of(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - meta, sparse or otherwise storage-less tensors
+        return None
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_names(node_type: type) -> tuple[str, ...]:
+    """The attributes of an autograd node type that give its saved tensors."""
+    names = _SAVED_NAMES.get(node_type)
+    if names is None:
+        names = tuple(n for n in dir(node_type) if n.startswith("_saved_")) + (
+            ("saved_tensors",) if hasattr(node_type, "saved_tensors") else ())
+        _SAVED_NAMES[node_type] = names
+    return names
 
 
 def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, site_id: int) -> bool:
@@ -177,9 +284,62 @@ def _set_figures(leak: Leak, retained_bytes: int, retained_tensors: int, first: 
 
 
 def _tensors_in(container: Any) -> list:
-    """The tensors a holder keeps (a dict's values, a sequence's or set's items)."""
+    """The tensors a holder keeps (a dict's values, a sequence's or set's
+    items; an optimizer's added groups' parameters, their gradients and
+    their state)."""
+    if isinstance(container, torch.optim.Optimizer):
+        return _added_group_tensors(container)
     items = container.values() if isinstance(container, dict) else container
     return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def optimizer_groups() -> dict[int, int]:
+    """{id(optimizer): parameter groups} of every optimizer alive now (what
+    a leak check notes when it begins)."""
+    with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
+        warnings.simplefilter("ignore")
+        return {id(o): len(o.param_groups) for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)}
+
+
+def _added_groups(optimizer: Any) -> list[dict]:
+    """The parameter groups an optimizer gained during the check."""
+    return optimizer.param_groups[_GROUPS_AT_START.get(optimizer, 1):]
+
+
+# optimizer -> its parameter groups when the check began, set by
+# _optimizer_parts (not an attribute of the user's optimizer: memalloc adds
+# nothing to the user's objects)
+_GROUPS_AT_START: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def _added_group_tensors(optimizer: Any) -> list:
+    params = [p for g in _added_groups(optimizer) for p in g["params"] if isinstance(p, torch.Tensor)]
+    grads = [p.grad for p in params if p.grad is not None]
+    state = [v for p in params for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+    return params + grads + state
+
+
+def _optimizer_parts(optimizers: list, groups_at_start: dict[int, int]) -> dict[int, Any]:
+    """{id(part): optimizer} for the objects through which an optimizer
+    holds its added groups' tensors: each group's dict and parameter list,
+    each of their parameters' state dicts, and the state dict keyed by
+    parameter."""
+    parts: dict[int, Any] = {}
+    for opt in optimizers:
+        # where the added groups begin, for _added_groups (1: made during the check)
+        _GROUPS_AT_START[opt] = groups_at_start.get(id(opt), 1)
+        groups = _added_groups(opt)
+        if not groups:
+            continue
+        parts[id(opt.state)] = opt
+        for g in groups:
+            parts[id(g)] = opt
+            parts[id(g["params"])] = opt
+            for p in g["params"]:
+                state = opt.state.get(p)
+                if state is not None:
+                    parts[id(state)] = opt
+    return parts
 
 
 def _take_adding_line(leak: Leak) -> None:
@@ -191,16 +351,20 @@ def _take_adding_line(leak: Leak) -> None:
         leak.code = source_line(where[0], where[1])
 
 
-def _absorb(into: Leak, other: Leak) -> None:
+def _absorb(into: Leak, other: Leak, figures: bool = True) -> None:
+    """Merges ``other`` into ``into``: its allocating line, and its figures
+    unless ``into``'s already count its blocks (``figures`` False)."""
     into.also_allocated_at.append({**other.alloc_site, "code": other.alloc_code,
                                    "bytes_per_step": other.bytes_per_step, "retained_bytes": other.retained_bytes})
+    into.stack_ids = sorted(set(into.stack_ids) | set(other.stack_ids))
+    if not figures:
+        return
     into.bytes_per_step += other.bytes_per_step
     into.tensors_per_step += other.tensors_per_step
     into.retained_bytes += other.retained_bytes
     into.retained_tensors += other.retained_tensors
     into.first_step = min(into.first_step, other.first_step)
     into.series = [a + b for a, b in zip(into.series, other.series)]
-    into.stack_ids = sorted(set(into.stack_ids) | set(other.stack_ids))
 
 
 def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
@@ -214,17 +378,26 @@ def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
 _MIN_OTHER_HOLDER_TENSORS = 3
 
 
-def _holders_of(tensors: list, leak: Leak) -> list[tuple[Any, dict]]:
+def _holders_of(tensors: list, leak: Leak, parts: Optional[dict[int, Any]] = None) -> list[tuple[Any, dict]]:
     """(container, holder dict) for the container keeping most of
     ``tensors``, then for every other one keeping at least
-    _MIN_OTHER_HOLDER_TENSORS of them, most first ([] when none)."""
+    _MIN_OTHER_HOLDER_TENSORS of them, most first ([] when none). A part of
+    an optimizer's added parameter groups (``parts``: id -> optimizer)
+    counts as the optimizer."""
+    parts = parts or {}
     counts: collections.Counter = collections.Counter()
     containers: dict[int, Any] = {}
     sample = tuple(tensors[:200])  # a tuple: not mistaken for a holder below
     ours = {id(tensors), id(containers)}
     for t in sample:
+        mine = set()
         for r in gc.get_referrers(t):
-            if isinstance(r, _CONTAINERS) and not _is_namespace(r) and id(r) not in ours:
+            if id(r) in parts:
+                r = parts[id(r)]
+            elif not isinstance(r, _CONTAINERS) or _is_namespace(r) or id(r) in ours:
+                continue
+            if id(r) not in mine:  # once per tensor (an optimizer holds a parameter twice)
+                mine.add(id(r))
                 counts[id(r)] += 1
                 containers[id(r)] = r
     del sample
@@ -235,9 +408,15 @@ def _holders_of(tensors: list, leak: Leak) -> list[tuple[Any, dict]]:
 def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
     """(container, holder dict): its kind, name, length and adding line."""
     name, file, owner_kind, scope = _name_of(container)
-    kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
-    holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": len(container),
+    if isinstance(container, torch.optim.Optimizer):
+        kind, length = "optimizer", len(container.param_groups)
+    else:
+        kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
+        length = len(container)
+    holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": length,
               "where": "", "code": ""}
+    if kind == "optimizer":
+        holder["added_groups"] = len(_added_groups(container))
     if kind == "dict" and container and all(isinstance(k, int) for k in container):
         holder["int_keys"] = True
     if name and file:
@@ -271,11 +450,12 @@ def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str, Optiona
             if is_internal(f.f_code.co_filename):
                 f = f.f_back
                 continue
-            for name, value in f.f_locals.items():
-                if value is container:
-                    if f.f_locals is f.f_globals:
-                        return name, f.f_code.co_filename, "global", None
-                    return name, f.f_code.co_filename, "local", _code_lines(f.f_code)
+            with _locals_of(f) as names:
+                for name, value in names.items():
+                    if value is container:
+                        if names is f.f_globals:
+                            return name, f.f_code.co_filename, "global", None
+                        return name, f.f_code.co_filename, "local", _code_lines(f.f_code)
             f = f.f_back
     for r in gc.get_referrers(container):
         if isinstance(r, dict):
@@ -307,11 +487,33 @@ def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str, Optiona
     return None, None, "", None
 
 
+@contextlib.contextmanager
+def _locals_of(frame: types.FrameType):
+    """A running frame's variables, read without keeping them alive: on
+    Python 3.11 and 3.12 reading a function frame's f_locals leaves a
+    snapshot dict on the frame that holds every value it had then, so a
+    tensor the code deletes afterwards would stay allocated until the
+    function returns. The snapshot is emptied after the read (the next
+    reader of f_locals or locals() gets a fresh one). Python 3.13's f_locals
+    is a view of the variables themselves: nothing to empty (and emptying it
+    would delete them)."""
+    names = frame.f_locals
+    try:
+        yield names
+    finally:
+        if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED and names is not frame.f_globals:
+            names.clear()
+
+
+_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
+
+
 _ADDERS = {
     "list": r"\.(?:append|extend|insert)\s*\(|\s*\+=",
     "deque": r"\.(?:append|appendleft|extend)\s*\(",
     "set": r"\.(?:add|update)\s*\(",
     "dict": r"\s*\[[^\]]*\]\s*=(?!=)|\.(?:setdefault|update)\s*\(",
+    "optimizer": r"\.add_param_group\s*\(",
     "other": r"\.(?:append|add)\s*\(",
 }
 

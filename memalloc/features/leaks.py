@@ -51,7 +51,7 @@ from memalloc import _C
 from memalloc.core import _state, iteration
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._usercode import is_internal, source_line
-from memalloc.features.holders import attribute_holders
+from memalloc.features.holders import attribute_holders, optimizer_groups
 from memalloc.reporters.leak_report import Leak, LeakError, LeakReport
 from memalloc.core._config import STACK_MODES
 from memalloc.trace.recording import stack
@@ -114,6 +114,7 @@ class LeakTracker:
         self._last_ages: dict[int, dict[int, list[int]]] = {}
         self._counts_at_start: dict[str, int] = {}
         self._counts_at_stop: Optional[dict[str, int]] = None
+        self._groups_at_start: dict[int, int] = {}
 
     # ---- sampling ---------------------------------------------------------------
     def start(self) -> "LeakTracker":
@@ -125,6 +126,9 @@ class LeakTracker:
             _C.set_stack_mode(STACK_MODES["python"])
         iteration.add_step_listener(self._on_step)
         self._counts_at_start, self._counts_at_stop = iteration.boundary_counts(), None
+        # what each optimizer holds now is not the check's (holders.py: an
+        # optimizer holds a leak through the parameter groups added since)
+        self._groups_at_start = optimizer_groups()
         iteration.want_boundaries()
         self._running = True
         return self
@@ -237,7 +241,7 @@ class LeakTracker:
                 first_step=min(since),
                 series=bytes_series, stack_ids=sorted(stacks), last_step=last_step))
         if find_holders and leaks:
-            leaks = attribute_holders(leaks, live)
+            leaks = attribute_holders(leaks, live, self._groups_at_start)
         for leak in leaks:
             leak.cause, leak.hint = _cause(leak)
         report.leaks = sorted(leaks, key=lambda l: -l.bytes_per_step)
@@ -265,6 +269,10 @@ def _cause(leak: Leak) -> tuple[str, str]:
     h = leak.holder
     name = f"`{h['name']}`" if h else ""
     in_hook = any("hook" in f["name"].lower() for f in leak.stack if not is_internal(f["filename"]))
+    if h and h["kind"] == "optimizer":
+        return ("optimizer_state", f"{name} gains a parameter group every step and keeps its parameters, their "
+                f"gradients and their state: make the parameters once, before the loop, or take the old groups "
+                f"out of {h['name']}.param_groups and {h['name']}.state")
     if h and leak.graph_extra:
         return ("no_grad_eval", f"the tensors kept in {name} carry their autograd graph, saved activations "
                 "included: evaluate under torch.no_grad() (or torch.inference_mode()), or keep .detach() / .item()")

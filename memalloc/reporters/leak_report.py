@@ -129,8 +129,11 @@ class LeakReport:
                 lines.append(f"    {l.code}")
             if l.holder:
                 h = l.holder
-                lines.append(f"    held by {h['kind']} `{h['name']}`" + (f" ({h['length']} items)" if h.get("length")
-                                                                         is not None else ""))
+                if h["kind"] == "optimizer":
+                    size = f" ({h['length']} parameter groups, {h.get('added_groups', 0)} added during the check)"
+                else:
+                    size = f" ({h['length']} items)" if h.get("length") is not None else ""
+                lines.append(f"    held by {h['kind']} `{h['name']}`{size}")
             if l.alloc_site != l.site:
                 a = l.alloc_site
                 lines.append(f"    allocated at {a['filename']}:{a['line']} in {a['function']}: {l.alloc_code}")

@@ -21,22 +21,8 @@ from memtest_helpers import REPO
 
 pytest.importorskip("transformers")
 
-CASES_FILE = REPO / "tests" / "leak_cases" / "real_models.py"
-CASES_SOURCE = CASES_FILE.read_text()
-sys.path.insert(0, str(CASES_FILE.parent))
+sys.path.insert(0, str(REPO / "tests" / "leak_cases"))
 import real_models  # noqa: E402  (tests/leak_cases, put on the path above)
-
-# case: {holder: cause}
-CAUSES = {
-    "gpt2_detached_hidden_states": {"kept": "container"},
-    "bert_cache_by_step": {"cache": "cache_by_step"},
-    "t5_leak_after_warmup": {"kept": "container"},
-    "gpt2_two_leaks": {"logits": "container", "firsts": "container"},
-    "gpt2_eval_without_no_grad": {"outputs": "no_grad_eval"},
-    "bert_hook_stores_outputs": {"store": "hook_storage"},
-    "t5_batches_kept": {"seen": "container"},
-}
-GRAPH_CASES = {"gpt2_eval_without_no_grad"}  # the kept tensors carry their graph: the hint says so
 
 
 @pytest.fixture(scope="module")
@@ -54,56 +40,17 @@ def runs():
     a.validate()
     table = os.environ.get("MEMALLOC_LEAK_TABLE")
     if table:
-        pathlib.Path(table).write_text(figures_table(out))
-
-
-def figures_table(runs: dict) -> str:
-    """Markdown: per case and holder, the reported figures beside the truth
-    (docs/leak-report.md holds the table of the last run with
-    MEMALLOC_LEAK_TABLE=<file>)."""
-    rows = ["| case | holder | bytes/step reported | true | retained reported | true | tensors reported | true |",
-            "|---|---|---|---|---|---|---|---|"]
-    for case, (report, _text, truth) in runs.items():
-        by_holder = {leak["holder"]["name"]: leak for leak in report["leaks"] if leak["holder"]}
-        if not truth:
-            rows.append(f"| {case} (clean) | - | {len(report['leaks'])} leaks | 0 leaks | | | | |")
-        for holder, tr in truth.items():
-            leak = by_holder.get(holder)
-            got = (f"{leak['bytes_per_step']:,.0f}", f"{leak['retained_bytes']:,}", str(leak["retained_tensors"])) \
-                if leak else ("not found",) * 3
-            rows.append(f"| {case} | `{holder}` | {got[0]} | {tr.bytes_per_step:,.0f} | {got[1]} | {tr.bytes:,} "
-                        f"| {got[2]} | {tr.tensors} |")
-    return "\n".join(rows) + "\n"
-
-
-def marker(case: str, holder: str) -> int:
-    hits = [i for i, line in enumerate(CASES_SOURCE.splitlines(), 1)
-            if line.rstrip().endswith((f"# LEAK:{case}:{holder}", f"# LEAK:{case}"))]
-    assert len(hits) == 1, (case, holder, hits)
-    return hits[0]
+        pathlib.Path(table).write_text(real_models.figures_table(out))
 
 
 def test_every_case_is_judged():
-    assert set(CAUSES) == {fn.__name__ for fn in real_models.LEAKS}
+    assert set(real_models.CAUSES) == {fn.__name__ for fn in real_models.LEAKS}
 
 
-@pytest.mark.parametrize("case", sorted(CAUSES))
+@pytest.mark.parametrize("case", sorted(real_models.CAUSES))
 def test_leak_figures_match_what_the_loop_kept(runs, case):
     report, text, truth = runs[case]
-    by_holder = {leak["holder"]["name"]: leak for leak in report["leaks"] if leak["holder"]}
-    assert set(by_holder) == set(truth) and len(report["leaks"]) == len(truth), text
-    for holder, t in truth.items():
-        leak = by_holder[holder]
-        assert leak["site"]["filename"] == str(CASES_FILE), text
-        assert leak["site"]["line"] == marker(case, holder), text
-        assert leak["retained_tensors"] == t.tensors, text
-        assert leak["retained_bytes"] == pytest.approx(t.bytes, rel=0.10), text
-        assert leak["bytes_per_step"] == pytest.approx(t.bytes_per_step, rel=0.10), text
-        assert leak["cause"] == CAUSES[case][holder], text
-        if case in GRAPH_CASES:
-            assert "autograd graph" in leak["hint"], text
-        elif leak["hint"]:
-            assert "autograd graph" not in leak["hint"], text  # the kept tensors are detached
+    real_models.check_leak(case, report, text, truth)
 
 
 @pytest.mark.parametrize("case", [fn.__name__ for fn in real_models.CLEAN])

@@ -21,6 +21,7 @@ import memalloc
 
 STEPS = 16
 VOCAB = 256
+DEVICE = "cpu"  # where models and batches live: "cpu" on the host backend, "cuda" in the GPU suite
 LENGTHS = (16, 32, 48, 64)
 BLOCK = 512  # the allocator's rounding: a block is a multiple of 512 bytes
 
@@ -49,10 +50,14 @@ def freed_by_clearing(container, allocator, tensors: int, steps: int) -> Truth:
     their graphs keep), read from the allocator's own counter."""
     def allocated() -> int:
         gc.collect()
-        return allocator.stats(0)["allocated_bytes"]["all"]["current"]
+        return allocator.stats(_device_index())["allocated_bytes"]["all"]["current"]
     before = allocated()
     container.clear()
     return Truth(bytes=before - allocated(), tensors=tensors, steps=steps)
+
+
+def _device_index() -> int:
+    return torch.device(DEVICE).index or 0
 
 
 def _gpt2():
@@ -78,12 +83,12 @@ def _batches(seed: int):
     g = torch.Generator().manual_seed(seed)
     for _ in range(STEPS):
         length = rng.choice(LENGTHS)
-        yield torch.randint(1, VOCAB, (2, length), generator=g)
+        yield torch.randint(1, VOCAB, (2, length), generator=g).to(DEVICE)
 
 
 def _setup(make: Callable[[], torch.nn.Module], seed: int = 0):
     torch.manual_seed(seed)
-    m = make()
+    m = make().to(DEVICE)
     m.train()
     return m, torch.optim.AdamW(m.parameters(), lr=1e-3)
 
@@ -198,6 +203,77 @@ def gpt2_eval_without_no_grad(allocator=None):
     return check, {"outputs": freed_by_clearing(outputs, allocator, len(outputs), STEPS)}
 
 
+def bert_losses_with_graph(allocator=None):
+    """BERT keeping each step's loss tensor, not its value: every loss keeps
+    its graph (backward() freed what the graph saved, not the nodes)."""
+    m, opt = _setup(_bert)
+    losses = []
+    with memalloc.leak_check(allocator=allocator) as check:
+        for ids in _batches(10):
+            out = _train_step(m, opt, ids)
+            losses.append(out.loss)  # LEAK:bert_losses_with_graph
+            memalloc.step()
+    del out  # the last step's logits: the loop's variable, not the leak
+    return check, {"losses": freed_by_clearing(losses, allocator, len(losses), STEPS)}
+
+
+class CachingDataset(torch.utils.data.Dataset):
+    """A dataset that moves each sample to the device and keeps it there, "to
+    save the copy next epoch": a DataLoader-side list of device tensors."""
+
+    def __init__(self, seed: int):
+        self.batches = list(_batches_on_host(seed))
+        self.on_device = []
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        ids = self.batches[i].to(DEVICE, copy=True)
+        self.on_device.append(ids)  # LEAK:gpt2_dataloader_keeps_device_batches
+        return ids
+
+
+def _batches_on_host(seed: int):
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(STEPS):
+        yield torch.randint(1, VOCAB, (2, rng.choice(LENGTHS)), generator=g)
+
+
+def gpt2_dataloader_keeps_device_batches(allocator=None):
+    """GPT-2 fed by a DataLoader whose dataset keeps every batch it moved to
+    the device (batch_size=None: the dataset's items are the batches)."""
+    m, opt = _setup(_gpt2)
+    data = CachingDataset(11)
+    with memalloc.leak_check(allocator=allocator) as check:
+        for ids in torch.utils.data.DataLoader(data, batch_size=None, shuffle=False):
+            _train_step(m, opt, ids)
+            memalloc.step()
+    return check, {"self.on_device": truth_of(data.on_device, STEPS)}
+
+
+def gpt2_param_groups_added(allocator=None):
+    """GPT-2 tuned with a new soft-prompt vector each step, each added to
+    AdamW as its own parameter group: the optimizer keeps every one of them,
+    and the state AdamW made for it."""
+    m, opt = _setup(_gpt2)
+    groups_before = len(opt.param_groups)
+    with memalloc.leak_check(allocator=allocator) as check:
+        for ids in _batches(12):
+            prompt = torch.nn.Parameter(torch.zeros(1, 1, m.config.n_embd, device=DEVICE))
+            opt.add_param_group({"params": [prompt]})  # LEAK:gpt2_param_groups_added
+            out = m(inputs_embeds=m.transformer.wte(ids) + prompt, labels=ids)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad()
+            memalloc.step()
+    added = [p for g in opt.param_groups[groups_before:] for p in g["params"]]
+    kept = added + [t for p in added for t in opt.state[p].values()
+                    if torch.is_tensor(t) and t.device.type == torch.device(DEVICE).type]
+    return check, {"opt": truth_of(kept, STEPS)}
+
+
 # ---- clean loops -----------------------------------------------------------------
 def gpt2_clean(allocator=None):
     """GPT-2 with varying lengths, keeping only floats."""
@@ -222,6 +298,100 @@ def bert_clean_grads_kept(allocator=None):
     return check, {}
 
 
+def gpt2_compiled_clean(allocator=None):
+    """GPT-2 under torch.compile (``COMPILE_BACKEND``: "aot_eager" on the
+    host backend, where inductor would compile C++ for minutes; inductor on
+    the GPU), lengths varying (a recompile for dynamic shapes), keeping only
+    floats."""
+    m, opt = _setup(_gpt2)
+    forward = torch.compile(m, backend=COMPILE_BACKEND)
+    losses = []
+    with memalloc.leak_check(allocator=allocator) as check:
+        for ids in _batches(13):
+            out = forward(input_ids=ids, labels=ids)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(out.loss.item())
+            memalloc.step()
+    return check, {}
+
+
+COMPILE_BACKEND = "aot_eager"
+
+
 LEAKS = [gpt2_detached_hidden_states, bert_cache_by_step, t5_leak_after_warmup, gpt2_two_leaks,
-         gpt2_eval_without_no_grad, bert_hook_stores_outputs, t5_batches_kept]
+         gpt2_eval_without_no_grad, bert_hook_stores_outputs, t5_batches_kept, bert_losses_with_graph,
+         gpt2_dataloader_keeps_device_batches, gpt2_param_groups_added]
 CLEAN = [gpt2_clean, bert_clean_grads_kept]
+COMPILED = [gpt2_compiled_clean]  # ~25 s of compiling on 2 cores: the slow tier
+
+
+# ---- what each leak must be reported as (the host and the GPU suite check the same) ----
+# case: {holder: cause}
+CAUSES = {
+    "gpt2_detached_hidden_states": {"kept": "container"},
+    "bert_cache_by_step": {"cache": "cache_by_step"},
+    "t5_leak_after_warmup": {"kept": "container"},
+    "gpt2_two_leaks": {"logits": "container", "firsts": "container"},
+    "gpt2_eval_without_no_grad": {"outputs": "no_grad_eval"},
+    "bert_hook_stores_outputs": {"store": "hook_storage"},
+    "t5_batches_kept": {"seen": "container"},
+    "bert_losses_with_graph": {"losses": "graph_in_container"},
+    "gpt2_dataloader_keeps_device_batches": {"self.on_device": "container"},
+    "gpt2_param_groups_added": {"opt": "optimizer_state"},
+}
+# the kept tensors carry their graphs: the hint says so (for the others it must not)
+GRAPH_CASES = {"gpt2_eval_without_no_grad", "bert_losses_with_graph"}
+RELATIVE_BOUND = 0.10  # bytes per step and retained bytes within 10% of the truth
+
+
+def marker(source: str, case: str, holder: str) -> int:
+    """The line of ``source`` marked ``# LEAK:<case>`` (or ``# LEAK:<case>:<holder>``)."""
+    hits = [i for i, line in enumerate(source.splitlines(), 1)
+            if line.rstrip().endswith((f"# LEAK:{case}:{holder}", f"# LEAK:{case}"))]
+    assert len(hits) == 1, (case, holder, hits)
+    return hits[0]
+
+
+def check_leak(case: str, report: dict, text: str, truth: dict, cases: dict = CAUSES,
+               graph_cases: set = GRAPH_CASES, cases_file: str = __file__) -> None:
+    """One leak case's report against its truth: one leak per holder, at the
+    keeping line, the holder named, the tensor count exact, bytes per step
+    and retained bytes within RELATIVE_BOUND, the cause (and so the hint)
+    the case's."""
+    import pytest
+    source = open(cases_file).read()
+    by_holder = {leak["holder"]["name"]: leak for leak in report["leaks"] if leak["holder"]}
+    assert set(by_holder) == set(truth) and len(report["leaks"]) == len(truth), text
+    for holder, t in truth.items():
+        leak = by_holder[holder]
+        assert leak["site"]["filename"] == cases_file, text
+        assert leak["site"]["line"] == marker(source, case, holder), text
+        assert leak["retained_tensors"] == t.tensors, text
+        assert leak["retained_bytes"] == pytest.approx(t.bytes, rel=RELATIVE_BOUND), text
+        assert leak["bytes_per_step"] == pytest.approx(t.bytes_per_step, rel=RELATIVE_BOUND), text
+        assert leak["cause"] == cases[case][holder], text
+        if case in graph_cases:
+            assert "autograd graph" in leak["hint"], text
+        elif leak["hint"]:
+            assert "autograd graph" not in leak["hint"], text  # the kept tensors are detached
+
+
+def figures_table(runs: dict) -> str:
+    """Markdown: per case and holder, the reported figures beside the truth
+    (``runs``: {case: (report dict, text, truth)}; docs/leak-report.md holds
+    the table of the last run with MEMALLOC_LEAK_TABLE=<file>)."""
+    rows = ["| case | holder | bytes/step reported | true | retained reported | true | tensors reported | true |",
+            "|---|---|---|---|---|---|---|---|"]
+    for case, (report, _text, truth) in runs.items():
+        by_holder = {leak["holder"]["name"]: leak for leak in report["leaks"] if leak["holder"]}
+        if not truth:
+            rows.append(f"| {case} (clean) | - | {len(report['leaks'])} leaks | 0 leaks | | | | |")
+        for holder, tr in truth.items():
+            leak = by_holder.get(holder)
+            got = (f"{leak['bytes_per_step']:,.0f}", f"{leak['retained_bytes']:,}", str(leak["retained_tensors"])) \
+                if leak else ("not found",) * 3
+            rows.append(f"| {case} | `{holder}` | {got[0]} | {tr.bytes_per_step:,.0f} | {got[1]} | {tr.bytes:,} "
+                        f"| {got[2]} | {tr.tensors} |")
+    return "\n".join(rows) + "\n"
