@@ -216,6 +216,10 @@ def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
         return set()
     by_id = {id(t): t for t in candidates}
     held: set[int] = set()
+    # A running frame does not show its variables to gc.get_referrers: read them.
+    for o in _running_frames_values():
+        if id(o) in by_id:
+            held.add(_storage_of(o))
     for r in gc.get_referrers(*candidates):
         if r is candidates or r is by_id or r is own or id(r) in ours or (
                 isinstance(r, types.FrameType) and is_internal(r.f_code.co_filename)) or (
@@ -225,6 +229,21 @@ def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
             if id(o) in by_id:
                 held.add(_storage_of(o))
     return held
+
+
+def _running_frames_values() -> list:
+    """The values of the variables of every frame running now, memalloc's
+    own excepted."""
+    values = []
+    for frame in list(sys._current_frames().values()):
+        f = frame
+        while f is not None:
+            if not is_internal(f.f_code.co_filename):
+                with _locals_of(f) as names:
+                    if names is not f.f_globals:
+                        values.extend(names.values())
+            f = f.f_back
+    return values
 
 
 def _storage_of(t: torch.Tensor) -> Optional[int]:

@@ -60,6 +60,8 @@ LEAKS = {
     "leak_in_helper": (4096, "container", "store"),
     "nested_module": (4096, "container", "self.seen"),
     "auto_step_loss_list": (512, "graph_in_container", "losses"),
+    # the kept output and the ReLU output its graph saved; not the layer's workspace
+    "eval_with_a_lazy_workspace": (512 + 8192, "no_grad_eval", "outputs"),
 }
 MARKERS = {"leak_in_helper": "helper", "hook_storage": "hook_storage", "nested_module": "nested_module"}
 
@@ -80,6 +82,11 @@ def test_leak_is_reported_at_the_line_that_keeps_it(reports, name):
     steps, allocated = r["steps"][r["warmup_steps"]:], r["allocated"][r["warmup_steps"]:]
     assert leak["bytes_per_step"] == pytest.approx((allocated[-1] - allocated[0]) / (steps[-1] - steps[0]))
     assert leak["retained_tensors"] >= 20 and leak["hint"]
+
+
+def test_a_workspace_made_at_the_forward_line_is_not_the_graphs(reports):
+    leak = reports["eval_with_a_lazy_workspace"]["leaks"][0]
+    assert leak["retained_bytes"] == loops.STEPS * (512 + 8192), reports["eval_with_a_lazy_workspace"]["text"]
 
 
 def test_eval_without_no_grad_counts_the_saved_activations(reports):

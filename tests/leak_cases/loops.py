@@ -58,6 +58,34 @@ def eval_without_no_grad(allocator=None):
     return check
 
 
+class LazyWorkspace(torch.nn.Module):
+    """A layer that makes a scratch buffer on its first call and keeps it, as
+    cuBLAS and cuDNN do with their workspaces: allocated at the forward's
+    line in the first iteration, alive ever after, saved by no graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.scratch = None
+
+    def forward(self, x):
+        if self.scratch is None:
+            self.scratch = torch.empty(32 * 1024)  # 128 KiB
+        return x
+
+
+def eval_with_a_lazy_workspace(allocator=None):
+    """eval_without_no_grad through a layer whose first call makes a
+    workspace it keeps: the workspace is no part of the kept graphs."""
+    m, outputs = torch.nn.Sequential(LazyWorkspace(), *model()), []
+    x, _ = batch()
+    with memalloc.leak_check(allocator=allocator) as check:
+        for _ in range(STEPS):
+            out = m(x)
+            outputs.append(out)  # LEAK:eval_with_a_lazy_workspace
+            memalloc.step()
+    return check
+
+
 class Recorder:
     """Forward hook that stores activations: the classic hook leak."""
 
@@ -245,5 +273,5 @@ def bounded_deque(allocator=None):
 
 
 LEAKS = [losses_with_graph, eval_without_no_grad, hook_storage, cache_by_step, leak_in_helper, nested_module,
-         auto_step_loss_list]
+         auto_step_loss_list, eval_with_a_lazy_workspace]
 NOT_LEAKS = [training_with_item, cache_heavy, one_iteration_retention, warmup_then_flat, gc_delayed, bounded_deque]
