@@ -18,7 +18,7 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -235,15 +235,29 @@ def _running_frames_values() -> list:
     """The values of the variables of every frame running now, memalloc's
     own excepted."""
     values = []
-    for frame in list(sys._current_frames().values()):
-        f = frame
-        while f is not None:
-            if not is_internal(f.f_code.co_filename):
-                with _locals_of(f) as names:
-                    if names is not f.f_globals:
-                        values.extend(names.values())
-            f = f.f_back
+    for f in _user_frames():
+        with _locals_of(f) as names:
+            if names is not f.f_globals:
+                values.extend(names.values())
     return values
+
+
+def _user_frames() -> Iterator[types.FrameType]:
+    """Every frame running now in any thread, innermost first, memalloc's
+    own excepted. The frame objects are let go when the iteration ends: the
+    list of the threads' top frames includes this generator's own frame, a
+    cycle that would keep every variable of the frames alive until the
+    next garbage collection."""
+    tops = list(sys._current_frames().values())
+    f = None
+    try:
+        for f in tops:
+            while f is not None:
+                if not is_internal(f.f_code.co_filename):
+                    yield f
+                f = f.f_back
+    finally:
+        tops = f = None
 
 
 def _storage_of(t: torch.Tensor) -> Optional[int]:
@@ -463,19 +477,13 @@ def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str, Optiona
     """(name, source file to search, "global" | "local" | "attribute" |
     "closure" | "", the lines of the function whose local it is or None)."""
     # A local (or global) of a frame that is running now (not memalloc's own).
-    for frame in list(sys._current_frames().values()):
-        f = frame
-        while f is not None:
-            if is_internal(f.f_code.co_filename):
-                f = f.f_back
-                continue
-            with _locals_of(f) as names:
-                for name, value in names.items():
-                    if value is container:
-                        if names is f.f_globals:
-                            return name, f.f_code.co_filename, "global", None
-                        return name, f.f_code.co_filename, "local", _code_lines(f.f_code)
-            f = f.f_back
+    for f in _user_frames():
+        with _locals_of(f) as names:
+            for name, value in names.items():
+                if value is container:
+                    if names is f.f_globals:
+                        return name, f.f_code.co_filename, "global", None
+                    return name, f.f_code.co_filename, "local", _code_lines(f.f_code)
     for r in gc.get_referrers(container):
         if isinstance(r, dict):
             for name, value in r.items():
