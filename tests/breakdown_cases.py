@@ -11,7 +11,10 @@ def model_script(backend: str) -> str:
     """A 5-layer MLP trained 3 steps with Adam (backend "host": on the host
     backend through use_for_cpu_tensors; "cuda": on the GPU, the model also
     under torch.compile when COMPILE is set); R["steps"] holds, per step,
-    the breakdown and what the model, its gradients, Adam and autograd hold."""
+    the breakdown and what the model, its gradients, Adam and autograd hold
+    (their storages' bytes), and the allocator's rounding (the bytes of live
+    blocks beyond what was asked for, which the breakdown counts as other)
+    now and at the step's peak, replayed from the event ring."""
     return (PRELUDE[backend] + MODEL)
 
 
@@ -31,7 +34,9 @@ device = "cuda"
 
 MODEL = """
 import os
-from memalloc.trace import sites
+from memalloc.trace import recording, sites
+recording.record_memory_history(max_entries=200_000, stacks="none")  # for the peaks' rounding
+already = list(sites.live_blocks(0))  # blocks made before the recording (none expected)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                             torch.nn.Tanh(), torch.nn.Linear(512, 16)).to(device)
@@ -40,12 +45,40 @@ x, y = torch.randn(4096, 128, device=device), torch.randn(4096, 16, device=devic
 forward = torch.compile(model) if os.environ.get("COMPILE") else model
 a = memalloc.installed_allocator()
 
-def block_bytes(tensors):
-    sizes = {blk[0]: blk[1] for blk in sites.live_blocks(0)}
-    return sum(sizes[p] for p in {t.untyped_storage().data_ptr() for t in tensors})
+def tensor_bytes(tensors):
+    # The bytes of the distinct storages of tensors (each the start of a live block).
+    found = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    blocks = {blk[0] for blk in sites.live_blocks(0)}
+    assert set(found) <= blocks, "a storage the allocator holds no block at"
+    return sum(found.values())
+
+def rounding():
+    # Bytes of the live blocks beyond what was asked for (size - requested).
+    return sum(blk[1] - blk[2] for blk in sites.live_blocks(0))
+
+def ring_length():
+    return len(recording.raw_records(0)[0]) // 64
+
+def window_peak_rounding(start, end):
+    # (allocated bytes, rounding bytes) when allocated bytes first reached
+    # their maximum in the ring's events [start, end) (a step's peak window,
+    # which starts at the split after event start - 1), replayed from the
+    # recording begun before the model was built.
+    live = {blk[0]: blk[1] - blk[2] for blk in already}
+    total, slack, best = sum(blk[1] for blk in already), sum(live.values()), None
+    for i, e in enumerate(recording.events(0)[:end]):
+        if e.action == "alloc":
+            live[e.addr] = e.size - e.requested
+            total, slack = total + e.size, slack + e.size - e.requested
+        elif e.action == "free_requested":
+            total, slack = total - e.size, slack - live.pop(e.addr)
+        if i == start - 1 or (i >= start and (best is None or total > best[0])):
+            best = (total, slack)
+    return best
 
 R = {"steps": []}
 tracker = memalloc.StepTracker().start()
+marks = [ring_length()]
 for step in range(3):
     opt.zero_grad(set_to_none=True)
     saved = []
@@ -59,20 +92,25 @@ for step in range(3):
     mine = [t for t in saved if t.untyped_storage().data_ptr() not in {p.data_ptr() for p in params}
             and t.untyped_storage().data_ptr() not in {x.data_ptr(), y.data_ptr()}]
     before_backward = memalloc.memory_breakdown()
-    expected_activations = block_bytes(mine + [loss])
+    expected_activations = tensor_bytes(mine + [loss])
     del saved, mine, out
     memalloc.reset_peak_memory_stats()
     loss.backward()
-    opt.step()
+    opt.step()  # the step ends here (its first optimizer's post-step hook)
+    marks.append(ring_length())
     b = memalloc.memory_breakdown()
     state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.device == x.device]
     R["steps"].append({
         "before_backward": before_backward.now, "expected_activations": expected_activations,
         "now": b.now, "peak": b.peak, "peak_step": b.peak_step,
-        "params": block_bytes(params), "grads": block_bytes([p.grad for p in params]),
-        "state": block_bytes(state), "inputs": block_bytes([x, y]), "loss": block_bytes([loss]),
-        "max_allocated": memalloc.max_memory_allocated(), "loss_value": loss.item(),
+        "params": tensor_bytes(params), "grads": tensor_bytes([p.grad for p in params]),
+        "state": tensor_bytes(state), "inputs": tensor_bytes([x, y]), "loss": tensor_bytes([loss]),
+        "rounding": rounding(), "max_allocated": memalloc.max_memory_allocated(), "loss_value": loss.item(),
     })
+assert recording.dropped(0) == 0
+for s, start, end in zip(R["steps"], marks, marks[1:]):
+    s["peak_allocated_replayed"], s["peak_rounding"] = window_peak_rounding(start, end)
+recording.record_memory_history(False)
 tracker.stop()
 R["rows"] = tracker.rows
 R["summary"] = tracker.summary()
@@ -88,12 +126,13 @@ def check_model_run(R: dict, compiled: bool = False, workspaces: int = 0) -> Non
     and stream, made by the first matmul of the forward and of the autograd
     engine's thread)."""
 
-    def other_is_inputs(other: int, inputs: int) -> None:
+    def other_is(other: int, inputs: int) -> None:
         assert inputs <= other <= inputs + workspaces
     first, *later = R["steps"]
     assert first["peak_step"] == 1
     for s in R["steps"]:
-        # After the step: what the model, its gradients and Adam hold, to the byte.
+        # After the step: what the model, its gradients and Adam hold, to the
+        # byte (their storages; the blocks' rounding is other).
         assert s["now"]["parameters"] == s["params"] > 0
         assert s["now"]["gradients"] == s["grads"] == s["params"]
         assert s["now"]["optimizer_state"] == s["state"] > 2 * s["params"] - 1
@@ -108,17 +147,18 @@ def check_model_run(R: dict, compiled: bool = False, workspaces: int = 0) -> Non
             assert s["before_backward"]["activations"] > s["loss"]
         assert s["before_backward"]["parameters"] == s["params"]
         assert s["before_backward"]["gradients"] == 0  # set_to_none: freed at zero_grad
-        # Data made before the loop: other; the loss kept by the loop variable: an activation.
-        other_is_inputs(s["now"]["other"], s["inputs"])
+        # Data made before the loop and the blocks' rounding: other; the loss
+        # kept by the loop variable: an activation.
+        other_is(s["now"]["other"], s["inputs"] + s["rounding"])
         assert s["now"]["activations"] == s["loss"]
         # The step's peak: in backward, when its first gradients and temporaries
         # join the activations; every byte accounted for.
-        assert sum(s["peak"].values()) == s["max_allocated"]
+        assert sum(s["peak"].values()) == s["max_allocated"] == s["peak_allocated_replayed"]
         assert s["peak"]["parameters"] == s["params"]
         assert s["peak"]["optimizer_state"] == s["state"]
         assert 0 < s["peak"]["activations"] <= s["before_backward"]["activations"]
         assert s["peak"]["temporaries"] > 0
-        other_is_inputs(s["peak"]["other"], s["inputs"])
+        other_is(s["peak"]["other"], s["inputs"] + s["peak_rounding"])
     # The step tracker's rows carry the same split, which adds up to the step's peak.
     assert len(R["rows"]) == 3
     for row, s in zip(R["rows"], R["steps"]):

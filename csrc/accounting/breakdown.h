@@ -2,8 +2,18 @@
 // optimizer state, activations, temporaries, other), now and at the peak of
 // the step. A consumer of the Event stream of its own, beside the counters
 // (accounting.h) and the recorder (DeviceAllocator::record_locked): it reads
-// the kAlloc and kFreeRequested Events (their size and their provenance's
-// phase, category and sequence number) and nothing else of the allocator.
+// the kAlloc and kFreeRequested Events (their size, their requested bytes
+// and their provenance's phase, category and sequence number) and nothing
+// else of the allocator.
+//
+// What a block's category holds is the bytes that were asked for (the
+// Event's `requested`: a tensor's storage bytes), so that a category holds
+// what its tensors hold. The rest of the block, the allocator's rounding (a
+// size rounded up to 512 B or to a power-of-two division, a cached block
+// handed out whole because too little of it would be left to split), is
+// `other` from the block's allocation to its free, whatever its category;
+// the categories still add up to allocated_bytes. Below, "a block's bytes"
+// in a category are its requested bytes.
 //
 // Phases: the Python layer tells the allocator where a training step is
 // (memalloc/features/phases.py); every new block is stamped with the phase it was
@@ -110,24 +120,27 @@ class Breakdown {
   // their block's provenance; every other action leaves the breakdown alone.
   void apply(const Event& e) {
     if (e.action == Action::kAlloc) {
-      on_alloc(static_cast<int64_t>(e.size), e.prov.phase, e.prov.category, e.prov.seq);
+      on_alloc(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov.phase, e.prov.category,
+               e.prov.seq);
     } else if (e.action == Action::kFreeRequested) {
-      on_free(static_cast<int64_t>(e.size), e.prov.phase, e.prov.category, e.prov.seq);
+      on_free(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov.phase, e.prov.category,
+              e.prov.seq);
     }
   }
-  // A block of `bytes` became live (kAlloc) or was freed (kFreeRequested):
-  // its phase, its category (kUnresolved or a final one) and its sequence
-  // number.
-  void on_alloc(int64_t bytes, Phase phase, Category cat, uint64_t seq) {
-    add(now_, bytes, phase, cat);
+  // A block of `size` bytes, `held` of them its category's (its requested
+  // bytes, never more than its size: DeviceAllocator::validate; the rest:
+  // other), became live (kAlloc) or was freed (kFreeRequested): its phase,
+  // its category (kUnresolved or a final one) and its sequence number.
+  void on_alloc(int64_t size, int64_t held, Phase phase, Category cat, uint64_t seq) {
+    add(now_, size, held, phase, cat);
     if (peak_.raise(now_)) {
       peak_seq_ = seq;
       freed_ = {};
     }
   }
-  void on_free(int64_t bytes, Phase phase, Category cat, uint64_t seq) {
-    add(now_, -bytes, phase, cat);
-    if (cat == Category::kUnresolved && seq <= peak_seq_) freed_[static_cast<int>(phase)] += bytes;
+  void on_free(int64_t size, int64_t held, Phase phase, Category cat, uint64_t seq) {
+    add(now_, -size, -held, phase, cat);
+    if (cat == Category::kUnresolved && seq <= peak_seq_) freed_[static_cast<int>(phase)] += held;
   }
   // Every unresolved block of `phase` became `cat` (the caller set their
   // category): in the window's peak, those freed since it are temporaries.
@@ -144,10 +157,10 @@ class Breakdown {
     freed_[p] = 0;
   }
   // A live block moved from category `from` (kUnresolved: of `phase`) to
-  // `to`, which is final.
+  // `to`, which is final; `bytes`: those its category holds (requested).
   void recategorize(int64_t bytes, Phase phase, Category from, Category to, uint64_t seq) {
-    add(now_, -bytes, phase, from);
-    add(now_, bytes, phase, to);
+    add(now_, -bytes, -bytes, phase, from);
+    add(now_, bytes, bytes, phase, to);
     if (seq > peak_seq_) return;  // allocated after the peak: not in it
     peak_.relabel([&](CategoryBytes& peak) {
       if (from == Category::kUnresolved) {
@@ -178,13 +191,14 @@ class Breakdown {
   uint32_t last_step() const { return last_step_; }
 
  private:
-  static void add(CategoryBytes& s, int64_t bytes, Phase phase, Category cat) {
-    if (cat == Category::kUnresolved) {
-      s.unresolved[static_cast<int>(phase)] += bytes;
-    } else {
-      s.live[static_cast<int>(cat)] += bytes;
-    }
-    s.total += bytes;
+  // `size` bytes of a block join the split (leave it: negative), `held` of
+  // them under its category (its phase while unresolved), the rest other.
+  static void add(CategoryBytes& s, int64_t size, int64_t held, Phase phase, Category cat) {
+    int64_t& slot =
+        cat == Category::kUnresolved ? s.unresolved[static_cast<int>(phase)] : s.live[static_cast<int>(cat)];
+    slot += held;
+    s.live[static_cast<int>(Category::kOther)] += size - held;
+    s.total += size;
   }
   CategoryBytes now_;
   Peak<CategoryBytes, TotalLevel> peak_;  // the current window's peak

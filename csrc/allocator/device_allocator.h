@@ -290,8 +290,8 @@ class DeviceAllocator {
   //   accounting_  the counters (accounting.h): action, pool, size,
   //                requested, the inactive-split and segment deltas
   //   breakdown_   bytes by category (breakdown.h): kAlloc and
-  //                kFreeRequested, their size and provenance (phase,
-  //                category, seq)
+  //                kFreeRequested, their size, requested bytes and
+  //                provenance (phase, category, seq)
   //   ring_        the trace records (recorder.h), while recording is on:
   //                action, pool, stream, addr, size, requested, the
   //                provenance's stack and tag; the call's thread and step

@@ -61,7 +61,7 @@ size_t DeviceAllocator::mark(std::uintptr_t ptr, Category cat) {
   }
   if (b == nullptr) return 0;
   if (b->prov.category != cat) {
-    breakdown_.recategorize(static_cast<int64_t>(b->size), b->prov.phase, b->prov.category, cat, b->prov.seq);
+    breakdown_.recategorize(static_cast<int64_t>(b->requested), b->prov.phase, b->prov.category, cat, b->prov.seq);
     b->prov.category = cat;
   }
   return b->size;

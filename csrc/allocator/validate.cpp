@@ -109,6 +109,7 @@ void DeviceAllocator::validate() {
         if (b->prev == nullptr || !b->prev->mapped) Totals::add(t.segments, b->pool, 1);  // a run starts
       }
       if (b->allocated) {
+        check(b->requested <= b->size, "a live block's requested bytes exceed its size");
         Totals::add(t.allocated, b->pool, static_cast<int64_t>(b->size));
         Totals::add(t.requested, b->pool, static_cast<int64_t>(b->requested));
         Totals::add(t.live_count, b->pool, 1);
@@ -154,7 +155,8 @@ void DeviceAllocator::validate_breakdown_locked() {
   CategoryBytes want;
   for (auto& kv : live_) {
     const Block* b = kv.second;
-    const auto bytes = static_cast<int64_t>(b->size);
+    const auto bytes = static_cast<int64_t>(b->requested);  // what its category holds; the rest: other
+    want.live[static_cast<int>(Category::kOther)] += static_cast<int64_t>(b->size) - bytes;
     if (b->prov.category == Category::kUnresolved) {
       check(b->prov.phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
       want.unresolved[static_cast<int>(b->prov.phase)] += bytes;
@@ -163,7 +165,7 @@ void DeviceAllocator::validate_breakdown_locked() {
       want.live[static_cast<int>(b->prov.category)] += bytes;
     }
     check(b->prov.seq >= 1 && b->prov.seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
-    want.total += bytes;
+    want.total += static_cast<int64_t>(b->size);
   }
   const CategoryBytes& now = bd.now();
   for (int c = 0; c < kNumCategories; ++c)

@@ -17,8 +17,16 @@ landmark where its fate is known (csrc/accounting/breakdown.h, memalloc/features
 ``temporaries``     made during a step and freed before its landmark
                     (workspaces, intermediate results)
 ``other``           made before training (buffers, data kept on the device),
-                    or kept past a step without a backward using it
+                    or kept past a step without a backward using it; and the
+                    allocator's rounding (below)
 ==================  =========================================================
+
+A block counts in its category with the bytes that were asked for (a
+tensor's storage bytes), so a category holds what its tensors hold; the
+rest of the block, the allocator's rounding (sizes rounded up to 512 B or
+to a power-of-two division, a cached block handed out whole because too
+little of it would be left to split), counts as ``other``. The categories
+add up to the allocated bytes.
 
 The first training step is a warm-up: what its forward allocated counts as
 ``other`` when no step boundary has been seen yet (the allocator learns

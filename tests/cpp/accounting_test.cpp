@@ -147,6 +147,7 @@ struct Live {
   size_t size;
   PoolKind pool;
   Provenance prov;
+  size_t requested = 0;  // 0: the whole block was asked for
 };
 
 // Random allocations, frees, segments and OOMs go to both consumers, as
@@ -288,11 +289,14 @@ void a_restart_moves_its_window_only() {
 
 // ---- the breakdown as a consumer of Events -----------------------------------
 
-// The bytes of the live blocks by category (final) and by phase (unresolved).
+// The bytes of the live blocks by category (final) and by phase
+// (unresolved): a block's bytes asked for; the rest of it is other.
 CategoryBytes split_of(const std::vector<Live>& live) {
   CategoryBytes s;
   for (const Live& b : live) {
-    const auto bytes = static_cast<int64_t>(b.size);
+    const auto bytes = static_cast<int64_t>(b.requested != 0 ? b.requested : b.size);
+    s.live[static_cast<int>(Category::kOther)] += static_cast<int64_t>(b.size) - bytes;
+    s.total += static_cast<int64_t>(b.size) - bytes;
     if (b.prov.category == Category::kUnresolved) {
       s.unresolved[static_cast<int>(b.prov.phase)] += bytes;
     } else {
@@ -326,8 +330,14 @@ void the_breakdown_reads_block_events_and_their_provenance_only() {
       p.seq = ++seq;
       p.stack_id = static_cast<uint32_t>(rng.below(7));  // who: not the breakdown's business
       const size_t size = 512 * (1 + rng.below(100));
-      bd.apply(block_ev(Action::kAlloc, PoolKind::kSmall, size, p));
-      live.push_back(Live{size, PoolKind::kSmall, p});
+      // Asked for: the whole block, up to 511 bytes less (rounded up), or
+      // far less (a cached block handed out whole).
+      const uint64_t kind = rng.below(3);
+      const size_t requested = kind == 0 ? size : kind == 1 ? size - rng.below(512) : 1 + rng.below(size);
+      Event e = block_ev(Action::kAlloc, PoolKind::kSmall, size, p);
+      e.requested = requested;
+      bd.apply(e);
+      live.push_back(Live{size, PoolKind::kSmall, p, requested});
       const CategoryBytes now = split_of(live);
       if (now.total > peak_truth.total) peak_truth = now;
     } else if (op < 7 && !live.empty()) {
@@ -335,7 +345,9 @@ void the_breakdown_reads_block_events_and_their_provenance_only() {
       const Live b = live[k];
       live[k] = live.back();
       live.pop_back();
-      bd.apply(block_ev(Action::kFreeRequested, b.pool, b.size, b.prov));
+      Event e = block_ev(Action::kFreeRequested, b.pool, b.size, b.prov);
+      e.requested = b.requested;
+      bd.apply(e);
     } else {  // any other action, with a block's figures: nothing moves
       const CategoryBytes before = bd.now(), peak_before = bd.peak();
       Provenance p;
