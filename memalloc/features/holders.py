@@ -382,6 +382,31 @@ def _take_adding_line(leak: Leak) -> None:
     if where:
         leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
         leak.code = source_line(where[0], where[1])
+        if _in_module_hook(where[0], where[1]):
+            leak.holder["in_hook"] = True
+
+
+def _in_module_hook(filename: str, line: int) -> bool:
+    """Whether ``filename:line`` is in the code of a hook registered on a
+    live nn.Module (forward, forward-pre, backward; also torch's global
+    module hooks): the line that adds to a holder runs on every call."""
+    from torch.nn.modules import module as module_mod
+    hook_dicts = [getattr(module_mod, name) for name in dir(module_mod)
+                  if name.startswith("_global_") and name.endswith("_hooks")]
+    with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
+        warnings.simplefilter("ignore")
+        for m in gc.get_objects():
+            if isinstance(m, torch.nn.Module):
+                hook_dicts += [d for name, d in vars(m).items() if name.endswith("_hooks") and isinstance(d, dict)]
+    target = os.path.abspath(filename)
+    for hooks in hook_dicts:
+        for fn in list(hooks.values()) if isinstance(hooks, dict) else ():
+            code = getattr(getattr(fn, "func", fn), "__code__", None)  # functools.partial, bound methods
+            if code is not None and os.path.abspath(code.co_filename) == target:
+                first, last = _code_lines(code)
+                if first <= line <= last:
+                    return True
+    return False
 
 
 def _absorb(into: Leak, other: Leak, figures: bool = True) -> None:

@@ -268,7 +268,8 @@ class LeakTracker:
 def _cause(leak: Leak) -> tuple[str, str]:
     h = leak.holder
     name = f"`{h['name']}`" if h else ""
-    in_hook = any("hook" in f["name"].lower() for f in leak.stack if not is_internal(f["filename"]))
+    in_hook = bool(h and h.get("in_hook")) or any(
+        "hook" in f["name"].lower() for f in leak.stack if not is_internal(f["filename"]))
     if h and h["kind"] == "optimizer":
         return ("optimizer_state", f"{name} gains a parameter group every step and keeps its parameters, their "
                 f"gradients and their state: make the parameters once, before the loop, or take the old groups "
