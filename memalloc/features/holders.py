@@ -59,22 +59,23 @@ def attribute_holders(leaks: list[Leak], live: list,
     for leak in list(leaks):
         tensors = by_leak.get(id(leak), [])
         held_tensors: list = []  # the last leak's: not a holder of this one's tensors
-        found_all = _holders_of(tensors, leak, parts)
+        found_all = _holders_of(tensors, parts)
         site_id = id(leak)
         for extra in found_all[1:]:
             # Another container of the same site's tensors: its own leak when
             # its tensors carry no graph (a graph's holder keeps the rest).
-            held_tensors = _tensors_in(extra[0])
+            held_tensors = _tensors_in(extra)
             if any(t.grad_fn is not None for t in held_tensors):
                 continue
             other = copy.copy(leak)
             other.also_allocated_at = []
-            other.holder = extra[1]
-            _take_adding_line(other)
             if _measure_held(other, held_tensors, block_at, site_of_addr, site_id):
-                holders[id(other)] = extra
+                described = _describe(extra, leak)
+                other.holder = described[1]
+                holders[id(other)] = described
+                _take_adding_line(other)
                 leaks.append(other)
-        found = found_all[0] if found_all else None
+        found = _describe(found_all[0], leak) if found_all else None
         if found is not None:
             holders[id(leak)] = found
             leak.holder = found[1]
@@ -425,42 +426,38 @@ def _absorb(into: Leak, other: Leak, figures: bool = True) -> None:
     into.series = [a + b for a, b in zip(into.series, other.series)]
 
 
-def _holder_of(tensors: list, leak: Leak) -> Optional[tuple[Any, dict]]:
-    """(container, holder dict) keeping most of ``tensors``, or None."""
-    found = _holders_of(tensors, leak)
-    return found[0] if found else None
-
-
 # A second container of one site's tensors is its own leak from this many
 # tensors on (fewer: the loop's variables of the moment, not a growing store).
 _MIN_OTHER_HOLDER_TENSORS = 3
 
 
-def _holders_of(tensors: list, leak: Leak, parts: Optional[dict[int, Any]] = None) -> list[tuple[Any, dict]]:
-    """(container, holder dict) for the container keeping most of
-    ``tensors``, then for every other one keeping at least
-    _MIN_OTHER_HOLDER_TENSORS of them, most first ([] when none). A part of
-    an optimizer's added parameter groups (``parts``: id -> optimizer)
-    counts as the optimizer."""
+def _holders_of(tensors: list, parts: Optional[dict[int, Any]] = None) -> list:
+    """The container keeping most of ``tensors``, then every other one
+    keeping at least _MIN_OTHER_HOLDER_TENSORS of them, most first ([]
+    when none). A part of an optimizer's added parameter groups (``parts``:
+    id -> optimizer) counts as the optimizer. One scan of the heap for all
+    the tensors (gc.get_referrers walks every object once per call)."""
     parts = parts or {}
-    counts: collections.Counter = collections.Counter()
-    containers: dict[int, Any] = {}
     sample = tuple(tensors[:200])  # a tuple: not mistaken for a holder below
-    ours = {id(tensors), id(containers)}
-    for t in sample:
-        mine = set()
-        for r in gc.get_referrers(t):
-            if id(r) in parts:
-                r = parts[id(r)]
-            elif not isinstance(r, _CONTAINERS) or _is_namespace(r) or id(r) in ours:
-                continue
-            if id(r) not in mine:  # once per tensor (an optimizer holds a parameter twice)
-                mine.add(id(r))
-                counts[id(r)] += 1
-                containers[id(r)] = r
+    index = {id(t): i for i, t in enumerate(sample)}
+    holding: dict[int, set[int]] = collections.defaultdict(set)  # holder id -> the sample's tensors it keeps
+    containers: dict[int, Any] = {}
+    ours = {id(tensors), id(containers), id(index), id(holding)}
+    for r in gc.get_referrers(*sample):
+        if id(r) in parts:
+            holder = parts[id(r)]
+        elif not isinstance(r, _CONTAINERS) or _is_namespace(r) or id(r) in ours:
+            continue
+        else:
+            holder = r
+        # (a dict's referents are its keys and values; a set per holder
+        # counts a tensor once where an optimizer holds it twice)
+        holding[id(holder)] |= {index[id(o)] for o in gc.get_referents(r) if id(o) in index}
+        containers[id(holder)] = holder
     del sample
-    ranked = [cid for i, (cid, n) in enumerate(counts.most_common()) if i == 0 or n >= _MIN_OTHER_HOLDER_TENSORS]
-    return [_describe(containers[cid], leak) for cid in ranked]
+    ranked = sorted(holding, key=lambda h: -len(holding[h]))
+    return [containers[h] for i, h in enumerate(ranked)
+            if i == 0 or len(holding[h]) >= _MIN_OTHER_HOLDER_TENSORS]
 
 
 def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
