@@ -26,7 +26,8 @@ SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_dev
 # The keys MEMALLOC_CONF accepts, in documentation order.
 CONFIG_KEYS = [
     "backend", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-    "expandable_segments", "graph_capture_record_stream_reuse", "reuse_free_pages", "empty_cache_every_n_steps", "patch_torch", "record_history", "record_stacks", "call_sites", "host_capacity_mb",
+    "expandable_segments", "graph_capture_record_stream_reuse", "reuse_free_pages", "empty_cache_every_n_steps", "patch_torch", "record_history", "record_stacks", "call_sites", "flight_recorder",
+    "flight_recorder_keep", "host_capacity_mb",
     "host_devices",
 ]
 

@@ -261,6 +261,9 @@ class DeviceAllocator {
   // Event recording into the ring (recorder.h): capacity 0 turns it off.
   // Enabling allocates the ring once; recording itself never allocates.
   void set_recording(size_t capacity);
+  // Recording into a flight file (recorder.h's attach): `capacity` records
+  // at `slots`, their sequence numbers at `seqs`, memory `keep` keeps alive.
+  void set_recording_file(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep);
   bool recording_enabled();
   // Stored records oldest first, and how many were overwritten.
   std::vector<TraceRecord> trace(uint64_t* dropped);

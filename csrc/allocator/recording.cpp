@@ -51,6 +51,15 @@ void DeviceAllocator::set_recording(size_t capacity) {
   ring_.reset(capacity);
 }
 
+void DeviceAllocator::set_recording_file(TraceRecord* slots, uint64_t* seqs, size_t capacity,
+                                         std::shared_ptr<void> keep) {
+  MEMALLOC_EXPECTS(capacity > 0 && capacity <= kMaxTraceRecords,
+                   "flight recorder capacity " + std::to_string(capacity) + " records: use 1 to " +
+                       std::to_string(kMaxTraceRecords) + " per device");
+  std::lock_guard<std::mutex> lock(mu_);
+  ring_.attach(slots, seqs, capacity, std::move(keep));
+}
+
 bool DeviceAllocator::recording_enabled() {
   std::lock_guard<std::mutex> lock(mu_);
   return ring_.enabled();

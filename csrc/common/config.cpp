@@ -198,6 +198,13 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.record_stacks = value;
   } else if (key == "call_sites") {
     c.call_sites = parse_bool(key, value);
+  } else if (key == "flight_recorder") {
+    MEMALLOC_EXPECTS(!value.empty() && value.find(',') == std::string::npos,
+                     "MEMALLOC_CONF: flight_recorder needs a directory without commas, e.g. "
+                     "flight_recorder:/tmp/memalloc-flight (got '" + value + "')");
+    c.flight_recorder = value;
+  } else if (key == "flight_recorder_keep") {
+    c.flight_recorder_keep = parse_bool(key, value);
   } else if (key == "host_capacity_mb") {
     size_t bytes = parse_mib(key, value);
     MEMALLOC_EXPECTS(bytes > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
@@ -221,7 +228,7 @@ const std::vector<std::string>& config_keys() {
       "garbage_collection_threshold", "expandable_segments", "graph_capture_record_stream_reuse",
       "reuse_free_pages",
       "empty_cache_every_n_steps", "patch_torch",
-      "record_history", "record_stacks", "call_sites",
+      "record_history", "record_stacks", "call_sites", "flight_recorder", "flight_recorder_keep",
       "host_capacity_mb", "host_devices"};
   return keys;
 }
@@ -262,6 +269,8 @@ std::string Config::to_string() const {
   if (record_history) s += ",record_history:" + std::to_string(record_history);
   if (record_stacks != "python") s += ",record_stacks:" + record_stacks;
   if (!call_sites) s += ",call_sites:False";
+  if (!flight_recorder.empty()) s += ",flight_recorder:" + flight_recorder;
+  if (flight_recorder_keep) s += ",flight_recorder_keep:True";
   s += ",host_capacity_mb:" + std::to_string(host_capacity / kMiB);
   s += ",host_devices:" + std::to_string(host_devices);
   return s;

@@ -76,6 +76,10 @@ struct Config {
   // reports name lines with no setup; False = no stacks unless recording or
   // a leak check asks for them.
   bool call_sites = true;
+  // The flight recorder (memalloc/features/flight.py): the directory of the
+  // per-process files ("" = off), and whether a clean exit keeps the file.
+  std::string flight_recorder;
+  bool flight_recorder_keep = false;
   // Host backend only: simulated capacity of each device, in bytes.
   size_t host_capacity = size_t{1} << 30;
   // Host backend only: number of simulated devices.

@@ -20,10 +20,20 @@
 //   size() == min(total(), capacity());  dropped() == total() - size()
 //   the records in order are the last size() pushed, oldest first
 //   push() never allocates and never throws; capacity changes only in
-//   reset() (slow path, under the device lock like every other call).
+//   reset() and attach() (slow path, under the device lock like every
+//   other call).
+//   Attached to a flight file (attach(): the slots and their sequence
+//   numbers live in a MAP_SHARED mapping, recorder/flight_map.h), slot i's
+//   sequence number is 0 while its record is being written and, once
+//   written, the record's 1-based position in the stream (total() at the
+//   time it was pushed, plus 1), stored after the record with release
+//   ordering: a reader (memalloc/trace/flight_files.py) takes a record whose
+//   number reads the same before and after it and is not 0, and knows a
+//   torn one. push() stays free of allocation, locks and system calls.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace memalloc {
@@ -49,31 +59,58 @@ class TraceRing {
  public:
   // capacity 0 disables recording and frees the buffer.
   void reset(size_t capacity) {
-    std::vector<TraceRecord>(capacity).swap(buf_);
-    head_ = 0;
-    total_ = 0;
+    std::vector<TraceRecord>(capacity).swap(own_);
+    keep_.reset();
+    use(own_.data(), nullptr, capacity);
   }
-  bool enabled() const { return !buf_.empty(); }
+  // Records into `slots` (and their sequence numbers into `seqs`), `capacity`
+  // of each, memory that `keep` keeps alive (a flight file's mapping).
+  void attach(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep) {
+    std::vector<TraceRecord>().swap(own_);
+    keep_ = std::move(keep);
+    for (size_t i = 0; i < capacity; ++i) __atomic_store_n(&seqs[i], 0, __ATOMIC_RELAXED);
+    use(slots, seqs, capacity);
+  }
+  bool enabled() const { return cap_ != 0; }
+  bool attached() const { return seqs_ != nullptr; }
   void push(const TraceRecord& r) noexcept {
-    buf_[head_] = r;
-    head_ = head_ + 1 == buf_.size() ? 0 : head_ + 1;
+    if (seqs_) {
+      __atomic_store_n(&seqs_[head_], 0, __ATOMIC_RELAXED);  // being written
+      __atomic_thread_fence(__ATOMIC_RELEASE);
+      slots_[head_] = r;
+      __atomic_store_n(&seqs_[head_], total_ + 1, __ATOMIC_RELEASE);  // published
+    } else {
+      slots_[head_] = r;
+    }
+    head_ = head_ + 1 == cap_ ? 0 : head_ + 1;
     ++total_;
   }
-  size_t capacity() const { return buf_.size(); }
+  size_t capacity() const { return cap_; }
   uint64_t total() const { return total_; }
-  size_t size() const { return total_ < buf_.size() ? static_cast<size_t>(total_) : buf_.size(); }
+  size_t size() const { return total_ < cap_ ? static_cast<size_t>(total_) : cap_; }
   uint64_t dropped() const { return total_ - size(); }
   // The stored records, oldest first.
   std::vector<TraceRecord> in_order() const {
     std::vector<TraceRecord> out;
     out.reserve(size());
-    size_t start = total_ < buf_.size() ? 0 : head_;
-    for (size_t i = 0; i < size(); ++i) out.push_back(buf_[(start + i) % buf_.size()]);
+    size_t start = total_ < cap_ ? 0 : head_;
+    for (size_t i = 0; i < size(); ++i) out.push_back(slots_[(start + i) % cap_]);
     return out;
   }
 
  private:
-  std::vector<TraceRecord> buf_;
+  void use(TraceRecord* slots, uint64_t* seqs, size_t capacity) {
+    slots_ = slots;
+    seqs_ = seqs;
+    cap_ = capacity;
+    head_ = 0;
+    total_ = 0;
+  }
+  std::vector<TraceRecord> own_;  // the slots when not attached to a file
+  std::shared_ptr<void> keep_;    // the file's mapping, while attached
+  TraceRecord* slots_ = nullptr;
+  uint64_t* seqs_ = nullptr;
+  size_t cap_ = 0;
   size_t head_ = 0;
   uint64_t total_ = 0;
 };

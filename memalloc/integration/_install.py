@@ -28,7 +28,7 @@ import torch
 from memalloc import _C
 from memalloc.core import _policy, _settings, _state, iteration
 from memalloc.integration import _torch_patch
-from memalloc.features import oom, phases
+from memalloc.features import flight, oom, phases
 from memalloc.trace import recording
 from memalloc.core._config import ConfigLike, config_text, config_value
 
@@ -89,7 +89,12 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     if chosen == "host" and wants_patch:
         _torch_patch.patch(chosen)
     entries = int(config_value(text, "record_history") or 0)
-    if entries:
+    flight_dir = config_value(text, "flight_recorder")
+    if flight_dir:
+        # the rings in a file that outlives the process (memalloc/features/flight.py)
+        flight.start(flight_dir, records=entries or flight.DEFAULT_RECORDS,
+                     keep=config_value(text, "flight_recorder_keep") == "True")
+    elif entries:
         recording.record_memory_history(True, max_entries=entries,
                                         stacks=config_value(text, "record_stacks") or "python")
     if verbose:

@@ -222,6 +222,24 @@ add(A, 'a.set_recording(2**62)', "huge capacity (2**62)", "ValueError", "capacit
 add(A, 'a.set_recording(2**64)', "capacity above size_t (2**64)", "ValueError", "capacity")
 add(A, 'a.set_recording("10")', "str capacity", "TypeError", "capacity must be")
 
+A = "Allocator.record_to_file"
+FM = 'memalloc._C.FlightMap(__import__("os").path.join(__import__("tempfile").mkdtemp(), "{}"), 8192)'
+add(A, f'a.record_to_file({FM.format("r1")}, 4096, 100)', "a ring beyond the file's end", "InvalidArgumentError",
+    "does not fit in the 8192-byte file")
+add(A, f'a.record_to_file({FM.format("r2")}, 100, 1)', "offset not a multiple of 64", "InvalidArgumentError",
+    "must be a multiple of 64")
+add(A, f'a.record_to_file({FM.format("r3")}, 4096, 0)', "zero records", "InvalidArgumentError",
+    "capacity must be > 0")
+add(A, f'a.record_to_file({FM.format("r4")}, 4096, 1, 99)', "device 99", "InvalidArgumentError",
+    "device 99 does not exist")
+add(A, 'a.record_to_file(None, 4096, 1)', "None for the file", "TypeError", "file must be a memalloc._C.FlightMap, not NoneType")
+add(A, 'a.record_to_file("f", 4096, 1)', "a str for the file", "TypeError", "file must be a memalloc._C.FlightMap, not str")
+A = "FlightMap"
+add(A, 'memalloc._C.FlightMap(__import__("os").path.join(__import__("tempfile").mkdtemp(), "no-dir", "f"), 8192)',
+    "a directory that does not exist", "RuntimeError", "cannot create")
+add(A, 'memalloc._C.FlightMap(__import__("os").path.join(__import__("tempfile").mkdtemp(), "z"), 0)', "zero bytes",
+    "InvalidArgumentError", "nbytes 0 is too small")
+
 A = "Allocator.host_synchronize_stream"
 add(A, 'a.host_synchronize_stream(0, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'a.host_synchronize_stream(-1)', "negative stream", "ValueError", "stream -1")

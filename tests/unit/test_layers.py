@@ -37,7 +37,8 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("trace", [
         ("memalloc.trace", "memalloc.trace.tags"),  # stack tags
         ("memalloc.trace.recording",),                                 # events of the ring, stacks
-        ("memalloc.trace.snapshots", "memalloc.trace.trace_files", "memalloc.trace.sites"),
+        ("memalloc.trace.snapshots", "memalloc.trace.trace_files", "memalloc.trace.sites",
+         "memalloc.trace.flight_files"),                               # exports; the flight recorder's file
     ]),
     ("features", [
         ("memalloc.features", "memalloc.features.phases"),  # training landmarks
@@ -45,6 +46,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         ("memalloc.features.stats", "memalloc.features.holders"),      # queries; holder search
         ("memalloc.features.leaks", "memalloc.features.oom", "memalloc.features.tracker",
          "memalloc.features.replay", "memalloc.features.advisor"),
+        ("memalloc.features.flight",),                                 # the flight recorder (checkpoints: top holders)
     ]),
     ("integration", [
         ("memalloc.integration", "memalloc.integration.host", "memalloc.integration._torch_patch"),  # torch tensors; torch.cuda patch
@@ -54,7 +56,8 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("examples", [("memalloc.examples", "memalloc.examples.leaky_training")]),
     ("cli", [
         ("memalloc.cli", "memalloc.cli._common"),
-        ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run"),
+        ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run",
+         "memalloc.cli.postmortem"),
     ]),
     ("", [("memalloc.__main__",)]),
 ]

@@ -15,6 +15,7 @@ using AllocatorClass = pybind11::class_<CachingAllocator, std::shared_ptr<Cachin
 void bind_host(AllocatorClass& cls);         // bind_host.cpp
 void bind_pools(AllocatorClass& cls);        // bind_pools.cpp
 void bind_breakdown(AllocatorClass& cls);    // bind_breakdown.cpp
+void bind_flight(pybind11::module_& m, AllocatorClass& cls);  // bind_flight.cpp
 void bind_attribution(pybind11::module_& m);  // bind_attribution.cpp
 void bind_testing(pybind11::module_& m);     // bind_testing.cpp: memalloc._C._testing
 

@@ -17,6 +17,7 @@
 //     config, the Allocator's core methods and installation; bind_host.cpp
 //     the simulated device's methods and host tensors, bind_pools.cpp the
 //     private pools, bind_breakdown.cpp the breakdown by category,
+//     bind_flight.cpp the flight recorder's file mapping,
 //     bind_attribution.cpp stacks/tags/steps and trace export,
 //     bind_testing.cpp the test hooks (memalloc._C._testing).
 #include <cstddef>
@@ -278,6 +279,7 @@ PYBIND11_MODULE(_C, m) {
   bind_host(allocator_class);
   bind_pools(allocator_class);
   bind_breakdown(allocator_class);
+  bind_flight(m, allocator_class);
   {  // the one definition of the breakdown's names (breakdown.h), in value order
     py::list categories, phases;
     for (int c = 0; c < kNumCategories; ++c) categories.append(category_name(c));

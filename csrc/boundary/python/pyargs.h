@@ -92,6 +92,8 @@ inline constexpr UIntSpec kCount{"count", "count", "", "an int >= 0 (calls to fa
                                  std::numeric_limits<size_t>::max()};
 inline constexpr UIntSpec kSeed{"seed", "seed", "", "an int >= 0 (a random seed)",
                                 std::numeric_limits<uint64_t>::max()};
+inline constexpr UIntSpec kOffset{"offset", "offset", " bytes", "an int >= 0 (bytes into the file)", kMaxBytes};
+inline constexpr UIntSpec kFileBytes{"nbytes", "size", " bytes", "an int > 0 (the file's bytes)", kMaxBytes};
 
 inline constexpr RealSpec kFraction{"fraction", "a float in [0, 1] (a share of the device's memory)"};
 inline constexpr RealSpec kThreshold{"threshold", "a float in [0, 1) (a share of the limit; 0 = off)"};
@@ -101,6 +103,7 @@ inline constexpr RealSpec kReleaseRate{"release_rate", "a float in [0, 1] (a pro
 inline constexpr TextSpec kBackend{"backend", "a str, 'cuda' or 'host'"};
 inline constexpr TextSpec kConfig{"config", "a 'key:value,...' str (MEMALLOC_CONF syntax)"};
 inline constexpr TextSpec kConfigText{"text", "a 'key:value,...' str (MEMALLOC_CONF syntax)"};
+inline constexpr TextSpec kPath{"path", "a str (a file path)"};
 
 inline constexpr FlagSpec kUseOnOom{"use_on_oom", "a bool"};
 inline constexpr FlagSpec kDriverError{"driver_error",
@@ -175,6 +178,9 @@ using CapacityArg = UInt<kCapacity>;
 using SkipArg = UInt<kSkip>;
 using CountArg = UInt<kCount>;
 using SeedArg = UInt<kSeed>;
+using OffsetArg = UInt<kOffset>;
+using FileBytesArg = UInt<kFileBytes>;
+using PathArg = Text<kPath>;
 using FractionArg = Real<kFraction>;
 using ThresholdArg = Real<kThreshold>;
 using AllocateRateArg = Real<kAllocateRate>;

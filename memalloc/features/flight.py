@@ -1,0 +1,197 @@
+"""The flight recorder: the allocator's event rings in a file that outlives
+the process (layout and reader: memalloc/trace/flight_files.py).
+
+``MEMALLOC_CONF=flight_recorder:DIR`` (or :func:`start`) makes one file per
+process in DIR, ``memalloc-<host>-<pid>-<start ns>.flight``, and points every
+device's event ring into it: from then on the C++ core writes each record
+there as it happens (csrc/recorder/recorder.h: no allocation, lock or system
+call more than recording into memory). At each ``memalloc.step()`` this
+module appends the stacks and tags interned since the last step, updates the
+heartbeat (time and step) and writes a checkpoint (counters per device, the
+top call sites of live memory, the breakdown), so the file stays useful
+after the ring has wrapped. A clean exit removes the file, unless
+``flight_recorder_keep:True`` (then it is marked exited); SIGKILL, a
+segfault or an abort leave it, for ``python -m memalloc postmortem DIR``.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Optional
+
+from memalloc import _C
+from memalloc.core import _state, iteration
+from memalloc.features.oom import top_holders
+from memalloc.trace import flight_files as ff
+from memalloc.trace import recording
+
+DEFAULT_RECORDS = 65_536  # per device: 4.5 MiB of ring with its sequence numbers
+STACKS_BYTES = 8 << 20
+CHECKPOINT_BYTES = 256 << 10
+
+
+class FlightRecorder:
+    """One process's flight recorder file, written while the process runs
+    (sizes in bytes). Made by :func:`start`."""
+
+    def __init__(self, allocator: _C.Allocator, directory: str, records: int, keep: bool) -> None:
+        self.allocator = allocator
+        self.keep = keep
+        self.records = records
+        n = allocator.device_count
+        stride = records * (ff.RECORD_BYTES + ff.SEQ_BYTES)
+        stride += -stride % 4096
+        ring_offset = ff.HEADER_BYTES
+        stacks_offset = ring_offset + n * stride
+        cp_offset = stacks_offset + STACKS_BYTES
+        file_bytes = cp_offset + CHECKPOINT_BYTES
+        start_ns = time.time_ns()
+        host = socket.gethostname()
+        name = f"memalloc-{host}-{os.getpid()}-{start_ns}{ff.SUFFIX}"
+        os.makedirs(directory, exist_ok=True)
+        self.map = _C.FlightMap(os.path.join(os.path.abspath(directory), name), file_bytes)
+        self.path = self.map.path
+        self.buf = self.map.buffer()
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        ff.HEADER.pack_into(self.buf, 0, ff.MAGIC, ff.VERSION, ff.HEADER_BYTES, file_bytes, os.getpid(), start_ns,
+                            rank, world, n, ff.RECORD_BYTES, ring_offset, records, stride, stacks_offset,
+                            STACKS_BYTES, cp_offset, CHECKPOINT_BYTES)
+        self.buf[ff.HOST_AT:ff.HOST_AT + len(host.encode()[:ff.HOST_BYTES])] = host.encode()[:ff.HOST_BYTES]
+        backend = allocator.backend_name.encode()[:ff.BACKEND_BYTES]
+        self.buf[ff.BACKEND_AT:ff.BACKEND_AT + len(backend)] = backend
+        meta = json.dumps({"config": _state.installed_config() if _state.installed_allocator() is allocator else "",
+                           "argv": list(sys.argv), "local_rank": os.environ.get("LOCAL_RANK")}).encode()
+        meta = meta[:ff.HEADER_BYTES - ff.META_AT - 4]
+        struct.pack_into("<I", self.buf, ff.META_AT, len(meta))
+        self.buf[ff.META_AT + 4:ff.META_AT + 4 + len(meta)] = meta
+        self._stacks_at = stacks_offset
+        self._stacks_used = 0
+        self._stacks_written = 0  # stack ids 1..this are in the file
+        self._tags_written = 0
+        self._checkpoints = 0
+        self._cp_offset = cp_offset
+        self._lock = threading.Lock()
+        for d in range(n):
+            allocator.record_to_file(self.map, ring_offset + d * stride, records, device=d)
+        self.heartbeat(0)
+
+    # ---- at each step (under the GIL, not on the malloc path) ----------------
+    def heartbeat(self, step: int) -> None:
+        """New stacks and tags, the heartbeat and a checkpoint, for ``step``."""
+        with self._lock:
+            self._append_interned()
+            ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, ff.RUNNING, 0,
+                                   self._stacks_used)
+            self._write_checkpoint(step)
+
+    def _append(self, entry: dict) -> bool:
+        data = json.dumps(entry, separators=(",", ":")).encode()
+        if self._stacks_used + 4 + len(data) > STACKS_BYTES:
+            return False  # region full: later stacks stay unnamed in the file
+        at = self._stacks_at + self._stacks_used
+        struct.pack_into("<I", self.buf, at, len(data))
+        self.buf[at + 4:at + 4 + len(data)] = data
+        self._stacks_used += 4 + len(data)
+        return True
+
+    def _append_interned(self) -> None:
+        for sid in range(self._stacks_written + 1, _C.stack_count() + 1):
+            frames = [[f.filename, f.line, f.name] for f in recording.stack(sid)]
+            if not self._append({"stack": sid, "frames": frames}):
+                break
+            self._stacks_written = sid
+        names = _C.tag_names()
+        for tid in range(max(1, self._tags_written + 1), len(names)):
+            if not self._append({"tag": tid, "name": names[tid]}):
+                break
+            self._tags_written = tid
+
+    def _write_checkpoint(self, step: int) -> None:
+        devices = []
+        for d in range(self.allocator.device_count):
+            s = self.allocator.stats(d)
+            devices.append({"device": d, "allocated": s["allocated_bytes"]["all"]["current"],
+                            "reserved": s["reserved_bytes"]["all"]["current"],
+                            "peak_allocated": s["allocated_bytes"]["all"]["peak"],
+                            "peak_reserved": s["reserved_bytes"]["all"]["peak"],
+                            "top": top_holders(d, 10, allocator=self.allocator),
+                            "breakdown": self.allocator.breakdown(d)["last"]})
+        data = json.dumps({"step": step, "time_ns": time.time_ns(), "devices": devices}, default=str).encode()
+        half = CHECKPOINT_BYTES // 2
+        if len(data) > half - ff.SLOT_HEAD.size:
+            return
+        self._checkpoints += 1
+        at = self._cp_offset + (self._checkpoints % 2) * half
+        ff.SLOT_HEAD.pack_into(self.buf, at, 0, 0)  # being written
+        self.buf[at + ff.SLOT_HEAD.size:at + ff.SLOT_HEAD.size + len(data)] = data
+        ff.SLOT_HEAD.pack_into(self.buf, at, self._checkpoints, len(data))
+
+    # ---- the end ---------------------------------------------------------------
+    def close(self) -> None:
+        """A clean end: the rings go back to memory and the file is removed,
+        or (keep) marked exited and left."""
+        with self._lock:
+            if self.keep:
+                self._append_interned()
+                ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(), ff.EXITED, 0,
+                                       self._stacks_used)
+            for d in range(self.allocator.device_count):
+                self.allocator.set_recording(0, device=d)
+            if not self.keep:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+
+
+_recorder: Optional[FlightRecorder] = None
+
+
+def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
+          allocator: Optional[_C.Allocator] = None) -> FlightRecorder:
+    """Starts the flight recorder of this process in ``directory`` (made if
+    missing): every device's event ring of ``allocator`` (default: the
+    installed one) moves into the file, ``records`` 64-byte records per
+    device. ``keep``: leave the file at a clean exit too. One per process."""
+    global _recorder
+    if isinstance(records, bool) or not isinstance(records, int) or not 0 < records <= _C.max_trace_records():
+        raise ValueError(f"records must be an int in 1..{_C.max_trace_records()} (per device), not {records!r}")
+    if _recorder is not None:
+        raise RuntimeError(f"the flight recorder is already writing {_recorder.path}: one per process")
+    a = _state.allocator_or_installed(allocator)
+    if _C.stack_mode() == 0:
+        _C.set_stack_mode(2)  # the file names lines: stacks on (enable() keeps them on already)
+    _recorder = FlightRecorder(a, os.fspath(directory), records, keep)
+    iteration.add_step_listener(_on_step)
+    atexit.register(stop)
+    return _recorder
+
+
+def stop() -> None:
+    """Ends the flight recorder cleanly (the file is removed unless kept)."""
+    global _recorder
+    r, _recorder = _recorder, None
+    if r is None:
+        return
+    iteration.remove_step_listener(_on_step)
+    r.close()
+
+
+def current() -> Optional[FlightRecorder]:
+    """The running flight recorder, or None."""
+    return _recorder
+
+
+def _on_step(step: int) -> None:
+    r = _recorder
+    if r is not None:
+        r.heartbeat(step)
+
+
+__all__ = ["DEFAULT_RECORDS", "FlightRecorder", "current", "start", "stop"]

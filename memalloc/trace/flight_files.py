@@ -1,0 +1,214 @@
+"""The flight recorder's file: its layout, and reading it back after the
+process that wrote it is gone (or while it runs).
+
+One file per process, ``memalloc-<host>-<pid>-<start ns>.flight``, written
+by memalloc/features/flight.py: the process's event rings live in it (the
+C++ core writes each record there, csrc/recorder/recorder.h), and at every
+``memalloc.step()`` the writer adds the stacks and tags interned since the
+last step, a heartbeat and a checkpoint of the counters. A ``MAP_SHARED``
+file sits in the kernel's page cache, so SIGKILL, a segfault or an abort of
+the writer leave it whole (a host crash or power loss does not).
+
+Layout (version 1, little-endian; offsets in bytes)::
+
+    0     header (HEADER, 4096 bytes): magic, version, what wrote it (pid,
+          host, rank, world size, backend, config as JSON), where the regions are
+    128   heartbeat (HEARTBEAT): unix time (ns) and step of the last
+          memalloc.step(), state (RUNNING / EXITED), bytes used of the
+          stacks region
+    4096  rings, one per device: ``capacity`` 64-byte records, then their
+          8-byte sequence numbers (0: being written; else the record's
+          1-based position in the device's stream)
+    ...   stacks: appended entries, each a 4-byte length then JSON
+          ({"stack": id, "frames": [[file, line, function], ...]} or
+          {"tag": id, "name": ...}); the heartbeat's ``stacks_used`` says how
+          far they are complete
+    ...   checkpoint: two slots of ``checkpoint_bytes / 2``, each an 8-byte
+          sequence number (0 while written), a 4-byte length, then JSON
+          (step, counters per device, top holders, breakdown); the valid
+          slot with the higher number is the last checkpoint
+
+A record is read as committed when its sequence number reads the same,
+non-zero, before and after the record (a torn one, written when the process
+died, has 0), and a ring's records are the committed ones in sequence order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import os
+import struct
+from typing import Optional, Union
+
+from memalloc.trace.recording import RECORD_FORMAT, Event, decode_records
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+MAGIC = b"MEMAFLT\x00"
+VERSION = 1
+SUFFIX = ".flight"
+HEADER_BYTES = 4096
+RECORD_BYTES = struct.calcsize(RECORD_FORMAT)  # 64
+SEQ_BYTES = 8
+# magic, version, header bytes, file bytes, pid, start (unix ns), rank, world size,
+# rings, record bytes, ring offset, ring capacity (records), ring stride (bytes),
+# stacks offset, stacks bytes, checkpoint offset, checkpoint bytes
+HEADER = struct.Struct("<8sIIQqqiiIIQQQQQQQ")
+HEARTBEAT_AT = 128
+# heartbeat unix ns, step, state, (pad), stacks bytes used
+HEARTBEAT = struct.Struct("<qqIIQ")
+HOST_AT, HOST_BYTES = 256, 64
+BACKEND_AT, BACKEND_BYTES = 320, 16
+META_AT = 336  # 4-byte length, then JSON, up to the header's end
+RUNNING, EXITED = 0, 1
+SLOT_HEAD = struct.Struct("<QI")
+
+
+class FlightFileError(ValueError):
+    """A file that is not a readable flight recorder file (its path and why)."""
+
+
+@dataclasses.dataclass
+class FlightFile:
+    """One process's flight recorder file, read back (sizes in bytes)."""
+
+    path: str
+    pid: int
+    host: str
+    rank: int
+    world_size: int
+    backend: str
+    start_ns: int
+    meta: dict
+    state: str  # "running" (no clean exit: alive, or ended otherwise) or "exited"
+    heartbeat_ns: int  # unix ns of the last memalloc.step() (0: none yet)
+    step: int  # memalloc.step() count at the last heartbeat
+    rings: list[list[Event]]  # per device, the committed records, oldest first
+    sequences: list[list[int]]  # per device, their sequence numbers (1-based positions)
+    torn: list[int]  # per device, records whose sequence number was 0 or changed while read
+    stacks: dict[int, list[list]]  # stack id -> [[file, line, function], ...] innermost first
+    tags: dict[int, str]
+    checkpoint: Optional[dict]
+
+
+def read(path: PathLike) -> FlightFile:
+    """Reads one flight recorder file (FlightFileError naming the file and
+    the problem when it is not one, is of another format version, or is
+    truncated)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER_BYTES:
+                raise FlightFileError(f"{path}: not a memalloc flight recorder file ({size} bytes, no header)")
+            # mapped, not copied: a live writer's records are checked as they are read
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _parse(path, data)
+    except OSError as e:
+        raise FlightFileError(f"{path}: cannot read it: {e.strerror}") from None
+
+
+def _parse(path: str, data) -> FlightFile:
+    if data[:8] != MAGIC:
+        raise FlightFileError(f"{path}: not a memalloc flight recorder file (no {MAGIC[:7].decode()} header)")
+    (_, version, header_bytes, file_bytes, pid, start_ns, rank, world, n_rings, record_bytes, ring_offset,
+     capacity, stride, stacks_offset, stacks_bytes, cp_offset, cp_bytes) = HEADER.unpack_from(data, 0)
+    if version != VERSION:
+        raise FlightFileError(f"{path}: flight recorder format version {version}; this memalloc reads version "
+                              f"{VERSION} (read it with the memalloc that wrote it)")
+    if len(data) < file_bytes:
+        raise FlightFileError(f"{path}: truncated: {len(data)} of its {file_bytes} bytes")
+    if record_bytes != RECORD_BYTES or header_bytes != HEADER_BYTES:
+        raise FlightFileError(f"{path}: records of {record_bytes} bytes, header of {header_bytes}: not version "
+                              f"{VERSION}'s layout")
+    hb_ns, step, state, _, stacks_used = HEARTBEAT.unpack_from(data, HEARTBEAT_AT)
+    host = data[HOST_AT:HOST_AT + HOST_BYTES].rstrip(b"\0").decode("utf-8", "replace")
+    backend = data[BACKEND_AT:BACKEND_AT + BACKEND_BYTES].rstrip(b"\0").decode("utf-8", "replace")
+    (meta_len,) = struct.unpack_from("<I", data, META_AT)
+    meta = json.loads(data[META_AT + 4:META_AT + 4 + meta_len] or b"{}")
+    stacks, tags = _interned(data[stacks_offset:stacks_offset + min(stacks_used, stacks_bytes)])
+    tag_names = [f"<tag {i}>" for i in range(max(tags, default=0) + 1)]
+    tag_names[0] = ""
+    for i, name in tags.items():
+        tag_names[i] = name
+    rings, sequences, torn = [], [], []
+    for r in range(n_rings):
+        events, seqs, bad = _ring(data, ring_offset + r * stride, capacity, tag_names)
+        rings.append(events)
+        sequences.append(seqs)
+        torn.append(bad)
+    return FlightFile(path=path, pid=pid, host=host, rank=rank, world_size=world, backend=backend,
+                      start_ns=start_ns, meta=meta, state="exited" if state == EXITED else "running",
+                      heartbeat_ns=hb_ns, step=step, rings=rings, sequences=sequences, torn=torn,
+                      stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes))
+
+
+def _ring(data, offset: int, capacity: int, tag_names: list[str]) -> tuple[list[Event], list[int], int]:
+    """A ring's committed records in sequence order, their numbers, and how
+    many slots hold a torn record (written in part when the writer died, or
+    being written while a live writer is read). A slot's record counts when
+    its number, read before and after the record, is the same, not 0, and
+    the slot's own (position - 1 modulo capacity)."""
+    seq_at = offset + capacity * RECORD_BYTES
+    slots = []
+    empty_written = 0
+    for i in range(capacity):
+        (seq,) = struct.unpack_from("<Q", data, seq_at + i * SEQ_BYTES)
+        raw = bytes(data[offset + i * RECORD_BYTES:offset + (i + 1) * RECORD_BYTES])
+        (again,) = struct.unpack_from("<Q", data, seq_at + i * SEQ_BYTES)
+        if seq == 0 or again != seq or (seq - 1) % capacity != i:
+            empty_written += seq != 0 or again != 0 or any(raw)
+            continue
+        slots.append((seq, raw))
+    slots.sort()
+    return decode_records(b"".join(raw for _, raw in slots), tag_names), [s for s, _ in slots], empty_written
+
+
+def _interned(region: bytes) -> tuple[dict[int, list[list]], dict[int, str]]:
+    stacks: dict[int, list[list]] = {}
+    tags: dict[int, str] = {}
+    at = 0
+    while at + 4 <= len(region):
+        (n,) = struct.unpack_from("<I", region, at)
+        if n == 0 or at + 4 + n > len(region):
+            break
+        entry = json.loads(region[at + 4:at + 4 + n])
+        if "stack" in entry:
+            stacks[int(entry["stack"])] = entry["frames"]
+        else:
+            tags[int(entry["tag"])] = entry["name"]
+        at += 4 + n
+    return stacks, tags
+
+
+def _checkpoint(data: bytes, offset: int, nbytes: int) -> Optional[dict]:
+    best: tuple[int, Optional[dict]] = (0, None)
+    half = nbytes // 2
+    for slot in (0, 1):
+        at = offset + slot * half
+        seq, n = SLOT_HEAD.unpack_from(data, at)
+        if seq == 0 or n > half - SLOT_HEAD.size or seq <= best[0]:
+            continue
+        try:
+            best = (seq, json.loads(data[at + SLOT_HEAD.size:at + SLOT_HEAD.size + n]))
+        except ValueError:
+            continue
+    return best[1]
+
+
+def files_in(directory: PathLike) -> list[str]:
+    """The flight recorder files in ``directory``, by name (FlightFileError
+    when it is not a directory or holds none)."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise FlightFileError(f"{directory}: not a directory (give the flight_recorder:DIR directory)")
+    found = sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(SUFFIX))
+    if not found:
+        raise FlightFileError(f"{directory}: no flight recorder files (*{SUFFIX}) in it: was the job run with "
+                              f"MEMALLOC_CONF=flight_recorder:{directory}?")
+    return found
+
+
+__all__ = ["EXITED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
+           "MAGIC", "RECORD_BYTES", "RUNNING", "SEQ_BYTES", "SUFFIX", "VERSION", "files_in", "read"]

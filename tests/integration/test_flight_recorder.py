@@ -1,0 +1,152 @@
+"""The flight recorder (issue 24; memalloc/features/flight.py writes the file,
+memalloc/trace/flight_files.py reads it, ``python -m memalloc postmortem``
+reports it) on the host backend: a loop (tests/recording_cases/flight_loop.py)
+SIGKILLed or segfaulting after step 20 leaves a file whose records are
+exactly what the same loop's in-memory ring held at that step (a run that
+did not die, the peer truth), sequence numbers contiguous, none torn; a ring
+that wrapped keeps the newest records; postmortem names the line holding the
+most memory at the end; a clean exit removes the file (or keeps it, marked
+exited); bad files and directories get errors naming them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from memalloc.trace import flight_files as ff
+from memalloc.trace.recording import RECORD_FORMAT
+from memtest_helpers import REPO
+
+LOOP = REPO / "tests" / "recording_cases" / "flight_loop.py"
+KEEP_LINE = next(i for i, l in enumerate(LOOP.read_text().splitlines(), 1) if l.rstrip().endswith("# KEEP-LINE"))
+
+
+def run_loop(mode: str, directory, records: int = 4096) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("MEMALLOC_CONF", None)
+    return subprocess.run([sys.executable, str(LOOP), mode, str(directory), str(records)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def comparable(raw: bytes) -> list[tuple]:
+    """What two runs of the loop share: every field but the time and the address."""
+    return [(size, req, stack, tag, step, action, dev, pool)
+            for (_t, _addr, size, req, _stream, stack, tag, _thread, step, action, dev, pool)
+            in struct.iter_unpack(RECORD_FORMAT, raw)]
+
+
+def records_of(f: ff.FlightFile, device: int = 0) -> list[tuple]:
+    return [(e.size, e.requested, e.stack_id, e.step, e.action, e.pool) for e in f.rings[device]]
+
+
+@pytest.fixture(scope="module")
+def memory_ring(tmp_path_factory):
+    """The in-memory ring of a run that did not die, at step 20."""
+    d = tmp_path_factory.mktemp("memory")
+    p = run_loop("memory", d)
+    assert p.returncode == 0, p.stderr
+    return (d / "ring.bin").read_bytes()
+
+
+@pytest.mark.parametrize("mode, rc", [("kill", -9), ("segv", -11)])
+def test_a_killed_process_leaves_every_committed_record(tmp_path, memory_ring, mode, rc):
+    p = run_loop(mode, tmp_path)
+    assert p.returncode == rc, p.stderr
+    (path,) = ff.files_in(tmp_path)
+    f = ff.read(path)
+    assert f.state == "running" and f.step == 21 and f.pid > 0 and f.torn == [0]
+    n = len(f.rings[0])
+    assert f.sequences[0] == list(range(1, n + 1))  # contiguous from the first, nothing torn or lost
+    truth = comparable(memory_ring)
+    mine = [(e.size, e.requested, e.stack_id, e.tag, e.step, e.action, e.device, e.pool) for e in f.rings[0]]
+    from memalloc.trace.recording import ACTIONS
+    assert [(s, r, st, t, step, ACTIONS[a], d, "small" if pool == 0 else "large")
+            for s, r, st, t, step, a, d, pool in truth] == [
+        (s, r, st, 0 if t == "" else t, step, a, d, pool) for s, r, st, t, step, a, d, pool in mine]
+    # the stacks interned before the end are in the file: every record's line reads back
+    assert {e.stack_id for e in f.rings[0]} <= set(f.stacks)
+
+
+def test_a_wrapped_ring_keeps_the_newest_records(tmp_path, memory_ring):
+    p = run_loop("kill", tmp_path, records=32)
+    assert p.returncode == -9
+    f = ff.read(ff.files_in(tmp_path)[0])
+    total = len(comparable(memory_ring))
+    assert total > 32
+    assert f.sequences[0] == list(range(total - 31, total + 1))
+    assert records_of(f)[-1][3] == 20  # the last step's
+
+
+def test_postmortem_names_the_line_holding_the_most_memory(tmp_path):
+    assert run_loop("kill", tmp_path).returncode == -9
+    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path), "--events", "3"],
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "no clean exit" in p.stdout and "last step: 21" in p.stdout
+    first_site = p.stdout.split("live memory at the end by line")[1].splitlines()[1]
+    # 21 kept tensors of 16 KiB: the keeping line holds the most
+    assert f"{LOOP}:{KEEP_LINE} in <module>" in first_site and "336.00 KiB in 21 blocks" in first_site, p.stdout
+
+
+def test_a_clean_exit_removes_the_file_or_keeps_it_marked(tmp_path):
+    assert run_loop("clean", tmp_path / "a").returncode == 0
+    assert os.listdir(tmp_path / "a") == []
+    assert run_loop("keep", tmp_path / "b").returncode == 0
+    f = ff.read(ff.files_in(tmp_path / "b")[0])
+    assert f.state == "exited" and f.step == 30 and f.sequences[0] == list(range(1, len(f.rings[0]) + 1))
+
+
+def test_a_torn_record_is_skipped_and_counted(tmp_path):
+    assert run_loop("kill", tmp_path / "run").returncode == -9
+    src = ff.files_in(tmp_path / "run")[0]
+    good = ff.read(src)
+    n = len(good.rings[0])
+    (_, _, _, _, _, _, _, _, _, _, ring_offset, capacity, *_rest) = ff.HEADER.unpack_from(open(src, "rb").read(), 0)
+    seq_at = ring_offset + capacity * ff.RECORD_BYTES
+    torn = tmp_path / "torn.flight"
+    shutil.copy(src, torn)
+    with open(torn, "r+b") as f:  # the writer died inside push(): the last slot's number is 0
+        f.seek(seq_at + (n - 1) * ff.SEQ_BYTES)
+        f.write(struct.pack("<Q", 0))
+        f.seek(seq_at + 3 * ff.SEQ_BYTES)  # a number that is not its slot's (slot 3 holds 4, 4 + capacity, ...)
+        f.write(struct.pack("<Q", 5))
+    bad = ff.read(torn)
+    assert bad.torn == [2] and len(bad.rings[0]) == n - 2
+    assert bad.sequences[0] == [s for s in good.sequences[0] if s not in (4, n)]
+
+
+def test_bad_files_and_directories_are_named(tmp_path):
+    with pytest.raises(ff.FlightFileError, match="no flight recorder files"):
+        ff.files_in(tmp_path)
+    with pytest.raises(ff.FlightFileError, match="not a directory"):
+        ff.files_in(tmp_path / "missing")
+    other = tmp_path / "other.flight"
+    other.write_bytes(b"x" * 8192)
+    with pytest.raises(ff.FlightFileError, match=r"other\.flight: not a memalloc flight recorder file"):
+        ff.read(other)
+    assert run_loop("kill", tmp_path / "run").returncode == -9
+    src = ff.files_in(tmp_path / "run")[0]
+    data = bytearray(open(src, "rb").read())
+    newer = tmp_path / "newer.flight"
+    newer.write_bytes(bytes(data[:8]) + struct.pack("<I", ff.VERSION + 1) + bytes(data[12:]))
+    with pytest.raises(ff.FlightFileError, match=f"format version {ff.VERSION + 1}"):
+        ff.read(newer)
+    cut = tmp_path / "cut.flight"
+    cut.write_bytes(bytes(data[:len(data) // 2]))
+    with pytest.raises(ff.FlightFileError, match="truncated"):
+        ff.read(cut)
+    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path / "empty")],
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "not a directory" in p.stderr
+
+
+def test_the_config_key_needs_a_directory():
+    from memalloc import _C
+    with pytest.raises(Exception, match="flight_recorder needs a directory"):
+        _C.parse_config("flight_recorder:")
+    assert "flight_recorder:/tmp/x" in _C.parse_config("flight_recorder:/tmp/x")
