@@ -35,7 +35,7 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # and without giving free pages back before growing (reuse_free_pages:False)
               "memalloc_expandable", "memalloc_expandable_noreuse")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites")
+GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight")
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -229,6 +229,25 @@ def set_call_sites(mode: str) -> None:
     _C.set_stack_mode(0 if mode == "off" else 2)
 
 
+def set_flight(mode: str) -> None:
+    """memalloc's flight recorder "off" (no recording) or "file" (every
+    device's ring in a MAP_SHARED file, memalloc/features/flight.py)."""
+    import tempfile
+
+    from memalloc.features import flight
+
+    flight.stop()
+    if mode == "file":
+        flight.start(tempfile.mkdtemp(prefix="memalloc-flight-bench-"))
+
+
+def run_flight(rounds: int = 11) -> dict:
+    """What the file-backed ring costs under memalloc, in one process: no
+    recording against the flight recorder (run_modes; keys fr_*, e.g.
+    fr_bf16_ms_x_file, fr_pair_us_512_x_file)."""
+    return run_modes(set_flight, ("off", "file"), "fr", rounds)
+
+
 def run_recording(name: str, rounds: int = 11) -> dict:
     """What recording costs, measured in one process (run_modes with
     RECORDING_MODES[name]; keys rec_*)."""
@@ -332,6 +351,10 @@ def main(argv) -> int:
         if name != "memalloc":
             raise SystemExit("the call_sites group runs under memalloc only")
         result.update(run_call_sites())
+    elif group == "flight":
+        if name != "memalloc":
+            raise SystemExit("the flight group runs under memalloc only")
+        result.update(run_flight())
     else:
         result.update(run_resnet50(name, peaks))
     print(json.dumps(result))
