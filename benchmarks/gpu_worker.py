@@ -230,22 +230,27 @@ def set_call_sites(mode: str) -> None:
 
 
 def set_flight(mode: str) -> None:
-    """memalloc's flight recorder "off" (no recording) or "file" (every
-    device's ring in a MAP_SHARED file, memalloc/features/flight.py)."""
+    """memalloc's recording "off", "memory" (the in-memory ring, 65,536
+    records per device) or "file" (the flight recorder: the same ring in a
+    MAP_SHARED file, memalloc/features/flight.py)."""
     import tempfile
 
+    import memalloc
     from memalloc.features import flight
 
     flight.stop()
-    if mode == "file":
+    memalloc.record_memory_history(enabled=False)
+    if mode == "memory":
+        memalloc.record_memory_history(max_entries=flight.DEFAULT_RECORDS, stacks="python")
+    elif mode == "file":
         flight.start(tempfile.mkdtemp(prefix="memalloc-flight-bench-"))
 
 
 def run_flight(rounds: int = 11) -> dict:
     """What the file-backed ring costs under memalloc, in one process: no
-    recording against the flight recorder (run_modes; keys fr_*, e.g.
-    fr_bf16_ms_x_file, fr_pair_us_512_x_file)."""
-    return run_modes(set_flight, ("off", "file"), "fr", rounds)
+    recording (the baseline), the in-memory ring, the flight recorder
+    (run_modes; keys fr_*, e.g. fr_pair_us_512_x_file, fr_pair_us_512_x_memory)."""
+    return run_modes(set_flight, ("off", "memory", "file"), "fr", rounds)
 
 
 def run_recording(name: str, rounds: int = 11) -> dict:

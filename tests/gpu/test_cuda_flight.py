@@ -63,5 +63,6 @@ def test_the_file_backed_ring_costs_within_budget():
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     record("flight_cost", "memalloc", r)
+    # (r["fr_*_x_memory"]: the in-memory ring's cost on the same baseline, for comparison)
     assert r["fr_bf16_ms_x_file"] <= 1.02, r
     assert r["fr_pair_us_512_x_file"] <= 1.05, r
