@@ -53,6 +53,8 @@ def how_it_ended(f: FlightFile, now_ns: Optional[int] = None) -> str:
     clean exit: killed or crashed, last heartbeat <when>"."""
     if f.state == "exited":
         return "exited cleanly (file kept)"
+    if f.state == "raised":
+        return f"exited on an uncaught exception at step {f.step}"
     if f.host == os.uname().nodename and _alive(f.pid):
         return f"running (pid {f.pid} is alive)"
     when = (f"{((now_ns or _now_ns()) - f.heartbeat_ns) / 1e9:.0f} s ago, at step {f.step}"

@@ -23,6 +23,13 @@ matplotlib is installed.
 
 An out-of-memory error in the script writes its report (memalloc/features/oom.py) to
 DIR as well, with or without these flags.
+
+The flight recorder is on (memalloc/features/flight.py): the event rings go
+into a file in DIR/flight that a SIGKILL, segfault or abort leaves behind,
+for ``python -m memalloc postmortem DIR/flight``; so does an exception out
+of the script (an OOM, Ctrl-C, SIGTERM); a clean end removes it.
+``--no-flight-recorder`` turns it off; a ``flight_recorder:`` config entry
+chooses the folder instead.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ import sys
 from typing import Any, Optional
 
 from memalloc.core import _state, iteration
-from memalloc.features import advisor, oom, stats
+from memalloc.features import advisor, flight, oom, stats
 from memalloc.integration import host
 from memalloc.core._format import fmt_bytes
 from memalloc.features.breakdown import describe_split, memory_breakdown
@@ -53,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", action="store_true", help="record memory per step (steps.csv, .json, .png)")
     p.add_argument("--advise", action="store_true",
                    help="profile the forward and print which strategies would save memory (advice.json)")
+    p.add_argument("--no-flight-recorder", action="store_true",
+                   help="do not keep the event rings in a file that outlives the process (DIR/flight)")
     p.add_argument("--out", default="memalloc-report",
                    help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports")
     p.add_argument("script")
@@ -76,6 +85,10 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
     backend = enable_or_exit(args.backend, args.config)
     oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
+    flight_dir = None
+    if not args.no_flight_recorder and flight.current() is None:
+        flight_dir = os.path.join(args.out, "flight")
+        flight.start(flight_dir)
     if args.leaks or args.steps or args.advise:
         _start_boundaries(backend)
     tracker = _start_leaks(args.warmup_steps) if args.leaks else None
@@ -86,8 +99,13 @@ def main(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     previous = signal.signal(signal.SIGTERM, _sigterm)
     script_globals: Optional[dict] = None  # keeps the script's objects alive for the holder search
+    clean = False
     try:
         script_globals = runpy.run_path(args.script, run_name="__main__")
+        clean = True
+    except SystemExit as e:
+        clean = e.code in (0, None)  # sys.exit(0) is a clean end, SIGTERM (above) is not
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         if step_tracker is not None:
@@ -98,6 +116,14 @@ def main(args: argparse.Namespace) -> int:
             _write_advice(*advice, args.out)
         _print_totals(backend)
         del script_globals
+        if flight_dir is not None:
+            # a clean end: the file goes, and its folder when nothing else is in it;
+            # an exception (an OOM, Ctrl-C, SIGTERM) leaves it for postmortem
+            flight.stop(clean)
+            try:
+                os.rmdir(flight_dir)
+            except OSError:
+                pass
     return 0
 
 

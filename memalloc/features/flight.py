@@ -10,8 +10,9 @@ module appends the stacks and tags interned since the last step, updates the
 heartbeat (time and step) and writes a checkpoint (counters per device, the
 top call sites of live memory, the breakdown), so the file stays useful
 after the ring has wrapped. A clean exit removes the file, unless
-``flight_recorder_keep:True`` (then it is marked exited); SIGKILL, a
-segfault or an abort leave it, for ``python -m memalloc postmortem DIR``.
+``flight_recorder_keep:True`` (then it is marked exited); an uncaught
+exception leaves it marked raised; SIGKILL, a segfault or an abort leave
+it as it was, for ``python -m memalloc postmortem DIR``.
 """
 from __future__ import annotations
 
@@ -133,17 +134,18 @@ class FlightRecorder:
         ff.SLOT_HEAD.pack_into(self.buf, at, self._checkpoints, len(data))
 
     # ---- the end ---------------------------------------------------------------
-    def close(self) -> None:
-        """A clean end: the rings go back to memory and the file is removed,
-        or (keep) marked exited and left."""
+    def close(self, clean: bool = True) -> None:
+        """The end: the rings go back to memory; a clean end removes the
+        file unless ``keep``, an end on an uncaught exception (``clean``
+        False) leaves it, marked so."""
         with self._lock:
-            if self.keep:
+            if self.keep or not clean:
                 self._append_interned()
-                ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(), ff.EXITED, 0,
-                                       self._stacks_used)
+                ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(),
+                                       ff.EXITED if clean else ff.RAISED, 0, self._stacks_used)
             for d in range(self.allocator.device_count):
                 self.allocator.set_recording(0, device=d)
-            if not self.keep:
+            if clean and not self.keep:
                 try:
                     os.unlink(self.path)
                 except FileNotFoundError:
@@ -173,14 +175,19 @@ def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
     return _recorder
 
 
-def stop() -> None:
-    """Ends the flight recorder cleanly (the file is removed unless kept)."""
+def stop(clean: Optional[bool] = None) -> None:
+    """Ends the flight recorder: cleanly (the file is removed unless kept),
+    or with ``clean=False`` after a failure (the file stays, marked raised).
+    At interpreter exit (None), the end is clean unless an uncaught
+    exception ended the program (Python then sets ``sys.last_value``)."""
     global _recorder
     r, _recorder = _recorder, None
     if r is None:
         return
+    if clean is None:
+        clean = getattr(sys, "last_value", None) is None
     iteration.remove_step_listener(_on_step)
-    r.close()
+    r.close(clean)
 
 
 def current() -> Optional[FlightRecorder]:

@@ -14,7 +14,7 @@ Layout (version 1, little-endian; offsets in bytes)::
     0     header (HEADER, 4096 bytes): magic, version, what wrote it (pid,
           host, rank, world size, backend, config as JSON), where the regions are
     128   heartbeat (HEARTBEAT): unix time (ns) and step of the last
-          memalloc.step(), state (RUNNING / EXITED), bytes used of the
+          memalloc.step(), state (RUNNING / EXITED / RAISED), bytes used of the
           stacks region
     4096  rings, one per device: ``capacity`` 64-byte records, then their
           8-byte sequence numbers (0: being written; else the record's
@@ -61,7 +61,7 @@ HEARTBEAT = struct.Struct("<qqIIQ")
 HOST_AT, HOST_BYTES = 256, 64
 BACKEND_AT, BACKEND_BYTES = 320, 16
 META_AT = 336  # 4-byte length, then JSON, up to the header's end
-RUNNING, EXITED = 0, 1
+RUNNING, EXITED, RAISED = 0, 1, 2  # the writer's state: running (or ended otherwise), exited cleanly, exited on an uncaught exception
 SLOT_HEAD = struct.Struct("<QI")
 
 
@@ -81,7 +81,7 @@ class FlightFile:
     backend: str
     start_ns: int
     meta: dict
-    state: str  # "running" (no clean exit: alive, or ended otherwise) or "exited"
+    state: str  # "running" (no exit seen: alive, or killed), "exited" or "raised" (an uncaught exception)
     heartbeat_ns: int  # unix ns of the last memalloc.step() (0: none yet)
     step: int  # memalloc.step() count at the last heartbeat
     rings: list[list[Event]]  # per device, the committed records, oldest first
@@ -139,7 +139,7 @@ def _parse(path: str, data) -> FlightFile:
         sequences.append(seqs)
         torn.append(bad)
     return FlightFile(path=path, pid=pid, host=host, rank=rank, world_size=world, backend=backend,
-                      start_ns=start_ns, meta=meta, state="exited" if state == EXITED else "running",
+                      start_ns=start_ns, meta=meta, state={EXITED: "exited", RAISED: "raised"}.get(state, "running"),
                       heartbeat_ns=hb_ns, step=step, rings=rings, sequences=sequences, torn=torn,
                       stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes))
 
@@ -210,5 +210,5 @@ def files_in(directory: PathLike) -> list[str]:
     return found
 
 
-__all__ = ["EXITED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
+__all__ = ["EXITED", "RAISED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
            "MAGIC", "RECORD_BYTES", "RUNNING", "SEQ_BYTES", "SUFFIX", "VERSION", "files_in", "read"]

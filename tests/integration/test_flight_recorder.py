@@ -150,3 +150,33 @@ def test_the_config_key_needs_a_directory():
     with pytest.raises(Exception, match="flight_recorder needs a directory"):
         _C.parse_config("flight_recorder:")
     assert "flight_recorder:/tmp/x" in _C.parse_config("flight_recorder:/tmp/x")
+
+
+def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_well(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import os, torch, memalloc\n"
+                      "kept = []\n"
+                      "for step in range(5):\n"
+                      "    kept.append(torch.ones(4096))\n"
+                      "    memalloc.step()\n"
+                      "if os.environ.get('FAIL'):\n"
+                      "    raise RuntimeError('the loss is NaN')\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("MEMALLOC_CONF", None)
+
+    def run(out, **extra):
+        return subprocess.run([sys.executable, "-m", "memalloc", "run", "--backend", "host", "--steps", "--out",
+                               str(out), str(script)], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=120)
+    ok = run(tmp_path / "ok")
+    assert ok.returncode == 0, ok.stderr
+    assert not (tmp_path / "ok" / "flight").exists()  # a clean end leaves nothing behind
+    failed = run(tmp_path / "failed", FAIL="1")
+    assert failed.returncode != 0 and "the loss is NaN" in failed.stderr
+    f = ff.read(ff.files_in(tmp_path / "failed" / "flight")[0])
+    assert f.state == "raised" and f.step == 5
+    assert any(e.action == "alloc" and e.size == 16384 for e in f.rings[0])
+    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path / "failed" / "flight")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert "exited on an uncaught exception at step 5" in p.stdout, p.stdout
+    assert f"{script}:4 in <module>" in p.stdout.split("live memory at the end by line")[1], p.stdout
