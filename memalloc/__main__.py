@@ -1,4 +1,4 @@
-"""Command line: ``python -m memalloc {demo,run,report,replay,info,postmortem}`` (one module per
+"""Command line: ``python -m memalloc {demo,run,report,replay,info,postmortem,top}`` (one module per
 command under memalloc/cli/)."""
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from memalloc.cli import demo, info, postmortem, replay, report, run
+from memalloc.cli import demo, info, postmortem, replay, report, run, top
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memalloc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (demo, run, report, replay, info, postmortem):
+    for module in (demo, run, report, replay, info, postmortem, top):
         module.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -180,3 +180,44 @@ def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_w
                        env=env, capture_output=True, text=True, timeout=60)
     assert "exited on an uncaught exception at step 5" in p.stdout, p.stdout
     assert f"{script}:4 in <module>" in p.stdout.split("live memory at the end by line")[1], p.stdout
+
+
+LIVE = """
+import sys, torch, memalloc
+memalloc.enable(backend="host", config="host_capacity_mb:64,flight_recorder:{d}")
+memalloc.host.use_for_cpu_tensors()
+kept = []
+for step in range(7):
+    kept.append(torch.ones(8192))  # HOLDER
+    memalloc.step()
+print("ready", flush=True)
+sys.stdin.readline()  # stays alive until the test has looked
+"""
+
+
+def test_top_once_shows_a_live_process_from_outside(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("MEMALLOC_CONF", None)
+    child = subprocess.Popen([sys.executable, "-c", LIVE.format(d=tmp_path)], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        for target in (str(child.pid), str(tmp_path)):
+            p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once", target], env=env,
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, p.stderr
+            assert f"pid {child.pid} (rank 0/1, host) step 7" in p.stdout, p.stdout
+            # 7 kept tensors of 32 KiB, at the line that makes them
+            holder = next(i for i, l in enumerate(LIVE.splitlines(), 1) if l.endswith("# HOLDER"))
+            assert "allocated 224.00 KiB" in p.stdout, p.stdout
+            assert f"224.00 KiB in 7 tensors  <string>:{holder} in <module>" in p.stdout, p.stdout
+        p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert f"pid {child.pid} " in p.stdout  # found among every process of the machine
+    finally:
+        child.stdin.write("\n")
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0
+    p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once", str(child.pid)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and f"no process {child.pid}" in p.stderr

@@ -57,7 +57,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("cli", [
         ("memalloc.cli", "memalloc.cli._common"),
         ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run",
-         "memalloc.cli.postmortem"),
+         "memalloc.cli.postmortem", "memalloc.cli.top"),
     ]),
     ("", [("memalloc.__main__",)]),
 ]

@@ -1,0 +1,134 @@
+"""``python -m memalloc top [PID|DIR] [--once] [--interval S]``: a live view
+of running memalloc processes, from outside them, with no change to their
+code: each process whose flight recorder is on (``python -m memalloc run``,
+or ``MEMALLOC_CONF=flight_recorder:DIR``) maps its file, and this view reads
+it (memalloc/trace/flight_files.py).
+
+Which processes: a PID (its file is found in /proc/PID/maps), a DIR (every
+file there: one job's ranks), or, with neither, every process on this
+machine that maps a flight recorder file. Per process: pid, rank, step and
+the age of its last heartbeat, allocated / reserved / peak bytes per device
+and the breakdown at the last checkpoint (each step), the top call sites of
+live memory, the last OOM the ring holds. ``--once`` prints one plain-text
+frame (for scripts and tests); otherwise the view refreshes every
+``--interval`` seconds until Ctrl-C (through ``rich`` when it is installed,
+else by redrawing the terminal).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+from typing import Optional
+
+from memalloc.core._format import fmt_bytes
+from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("top", help="a live view of running memalloc processes (their flight recorder files)")
+    p.add_argument("target", nargs="?", default=None, help="a PID or a flight recorder DIR (default: every one)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--top", type=int, default=3, help="call sites per device")
+    p.set_defaults(func=main)
+
+
+def mapped_files(pid: Optional[int] = None) -> list[str]:
+    """The flight recorder files mapped by ``pid`` (every process when None),
+    from /proc/<pid>/maps."""
+    maps = [f"/proc/{pid}/maps"] if pid is not None else glob.glob("/proc/[0-9]*/maps")
+    found: set[str] = set()
+    for path in maps:
+        try:
+            with open(path) as f:
+                for line in f:
+                    name = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                    if name.endswith(SUFFIX) and os.path.basename(name).startswith("memalloc-"):
+                        found.add(name)
+        except OSError:  # gone, or not ours to read
+            continue
+    return sorted(found)
+
+
+def sources(target: Optional[str]) -> list[str]:
+    if target is None:
+        return mapped_files()
+    if target.isdigit():
+        if not os.path.exists(f"/proc/{target}"):
+            raise FlightFileError(f"no process {target} on this machine")
+        files = mapped_files(int(target))
+        if not files:
+            raise FlightFileError(f"process {target} maps no flight recorder file: run it with `python -m memalloc "
+                                  f"run` or MEMALLOC_CONF=flight_recorder:DIR")
+        return files
+    return files_in(target)
+
+
+def frame(files: list[str], top: int = 3, now_ns: Optional[int] = None) -> str:
+    """One frame of the view, plain text."""
+    now_ns = now_ns or time.time_ns()
+    lines = [f"memalloc top: {len(files)} process(es)"]
+    for path in files:
+        try:
+            f = read(path)
+        except FlightFileError as e:
+            lines.append(f"  {e}")
+            continue
+        lines.extend(_process(f, top, now_ns))
+    if not files:
+        lines.append("  no running memalloc process has its flight recorder on (python -m memalloc run turns it on)")
+    return "\n".join(lines)
+
+
+def _process(f: FlightFile, top: int, now_ns: int) -> list[str]:
+    age = f"{(now_ns - f.heartbeat_ns) / 1e9:.1f} s ago" if f.heartbeat_ns else "none yet"
+    state = {"exited": ", exited", "raised": ", exited on an exception"}.get(f.state, "")
+    out = [f"pid {f.pid} (rank {f.rank}/{f.world_size}, {f.backend}) step {f.step}, heartbeat {age}{state}"]
+    cp = f.checkpoint or {"devices": []}
+    for dev in cp["devices"]:
+        d = dev["device"]
+        out.append(f"  device {d}: allocated {fmt_bytes(dev['allocated'])}, reserved {fmt_bytes(dev['reserved'])}, "
+                   f"peak {fmt_bytes(dev['peak_allocated'])} (at step {cp['step']})")
+        split = (dev.get("breakdown") or {}).get("split") or {}
+        if any(split.values()):
+            out.append("    by category: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in split.items() if v))
+        for h in dev.get("top", [])[:top]:
+            where = f"{h['filename']}:{h['line']} in {h['function']}" if h.get("filename") else (h.get("tag") or "?")
+            out.append(f"    {fmt_bytes(h['bytes']):>10} in {h['tensors']} tensors  {where}")
+        ooms = [e for e in (f.rings[d] if d < len(f.rings) else []) if e.action == "oom"]
+        if ooms:
+            out.append(f"    last OOM: step {ooms[-1].step}, {fmt_bytes(ooms[-1].requested)} asked")
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise SystemExit("memalloc: --interval must be > 0 seconds")
+    try:
+        files = sources(args.target)
+    except FlightFileError as e:
+        raise SystemExit(f"memalloc: {e}") from None
+    if args.once:
+        print(frame(files, args.top))
+        return 0
+    try:
+        try:
+            from rich.live import Live
+            from rich.text import Text
+        except ImportError:
+            Live = None
+        if Live is not None:
+            with Live(Text(frame(files, args.top)), refresh_per_second=4) as live:
+                while True:
+                    time.sleep(args.interval)  # the refresh period of a display, not synchronisation
+                    live.update(Text(frame(sources(args.target) if args.target is None else files, args.top)))
+        while True:
+            sys.stdout.write("\x1b[H\x1b[2J" + frame(sources(args.target) if args.target is None else files,
+                                                       args.top) + "\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)  # the refresh period of a display, not synchronisation
+    except KeyboardInterrupt:
+        return 0
