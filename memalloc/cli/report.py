@@ -1,4 +1,10 @@
-"""``python -m memalloc report FILE [--html OUT]``: renders a saved report.
+"""``python -m memalloc report FILE|DIR [--html OUT]``: renders a saved report.
+
+DIR holds a job's flight recorder files (one per rank, ``flight_recorder:DIR``):
+they are merged into one report (memalloc/trace/flight_report.py): per rank
+and step the peak allocated, reserved and the breakdown, the rank whose peak
+stands out with the lines that make the difference, leaks per rank; with
+``--html OUT`` also a page with a per-rank memory-over-steps chart.
 
 FILE is a leak report (``leaks.json`` from ``memalloc run --leaks`` or
 ``LeakReport.to_json``): printed as text, and with ``--html OUT`` written
@@ -15,6 +21,8 @@ import struct
 
 from memalloc.core._format import fmt_bytes
 from memalloc.reporters.leak_report import LeakReport
+from memalloc.trace import flight_report
+from memalloc.trace.flight_files import FlightFileError, files_in, read
 from memalloc.trace.trace_files import load_trace
 
 
@@ -27,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.file):
+        return _job_report(args)
     if not os.path.isfile(args.file):
         raise SystemExit(f"memalloc: no such file: {args.file}")
     with open(args.file, "rb") as f:
@@ -48,6 +58,20 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, OSError, KeyError, struct.error) as e:
         raise SystemExit(f"memalloc: cannot read {args.file}: {e}") from None
     _summarise_trace(trace, args.top)
+    return 0
+
+
+def _job_report(args: argparse.Namespace) -> int:
+    try:
+        files = [read(p) for p in files_in(args.file)]
+    except FlightFileError as e:
+        raise SystemExit(f"memalloc: {e}") from None
+    merged = flight_report.merge(files)
+    print(flight_report.to_text(merged))
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(flight_report.to_html(merged))
+        print(f"wrote {args.html}")
     return 0
 
 

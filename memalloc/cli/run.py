@@ -44,6 +44,7 @@ from typing import Any, Optional
 from memalloc.core import _state, iteration
 from memalloc.features import advisor, flight, oom, stats
 from memalloc.integration import host
+from memalloc.core._config import config_value
 from memalloc.core._format import fmt_bytes
 from memalloc.features.breakdown import describe_split, memory_breakdown
 from memalloc.features.leaks import LeakTracker
@@ -88,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     flight_dir = None
     if not args.no_flight_recorder and flight.current() is None:
         flight_dir = os.path.join(args.out, "flight")
-        flight.start(flight_dir)
+        flight.start(flight_dir, keep=config_value(_state.installed_config(), "flight_recorder_keep") == "True")
     if args.leaks or args.steps or args.advise:
         _start_boundaries(backend)
     tracker = _start_leaks(args.warmup_steps) if args.leaks else None

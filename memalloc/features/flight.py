@@ -35,6 +35,7 @@ from memalloc.trace import recording
 DEFAULT_RECORDS = 65_536  # per device: 4.5 MiB of ring with its sequence numbers
 STACKS_BYTES = 8 << 20
 CHECKPOINT_BYTES = 256 << 10
+HISTORY_BYTES = 4 << 20  # 43,690 rows of 96 bytes: steps x devices
 
 
 class FlightRecorder:
@@ -51,7 +52,8 @@ class FlightRecorder:
         ring_offset = ff.HEADER_BYTES
         stacks_offset = ring_offset + n * stride
         cp_offset = stacks_offset + STACKS_BYTES
-        file_bytes = cp_offset + CHECKPOINT_BYTES
+        history_offset = cp_offset + CHECKPOINT_BYTES
+        file_bytes = history_offset + HISTORY_BYTES
         start_ns = time.time_ns()
         host = socket.gethostname()
         name = f"memalloc-{host}-{os.getpid()}-{start_ns}{ff.SUFFIX}"
@@ -62,7 +64,7 @@ class FlightRecorder:
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         ff.HEADER.pack_into(self.buf, 0, ff.MAGIC, ff.VERSION, ff.HEADER_BYTES, file_bytes, os.getpid(), start_ns,
                             rank, world, n, ff.RECORD_BYTES, ring_offset, records, stride, stacks_offset,
-                            STACKS_BYTES, cp_offset, CHECKPOINT_BYTES)
+                            STACKS_BYTES, cp_offset, CHECKPOINT_BYTES, history_offset, HISTORY_BYTES)
         self.buf[ff.HOST_AT:ff.HOST_AT + len(host.encode()[:ff.HOST_BYTES])] = host.encode()[:ff.HOST_BYTES]
         backend = allocator.backend_name.encode()[:ff.BACKEND_BYTES]
         self.buf[ff.BACKEND_AT:ff.BACKEND_AT + len(backend)] = backend
@@ -77,6 +79,8 @@ class FlightRecorder:
         self._tags_written = 0
         self._checkpoints = 0
         self._cp_offset = cp_offset
+        self._history_at = history_offset
+        self._history_rows = 0
         self._lock = threading.Lock()
         for d in range(n):
             allocator.record_to_file(self.map, ring_offset + d * stride, records, device=d)
@@ -87,9 +91,9 @@ class FlightRecorder:
         """New stacks and tags, the heartbeat and a checkpoint, for ``step``."""
         with self._lock:
             self._append_interned()
-            ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, ff.RUNNING, 0,
-                                   self._stacks_used)
             self._write_checkpoint(step)
+            ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, ff.RUNNING, 0,
+                                   self._stacks_used, self._history_rows)
 
     def _append(self, entry: dict) -> bool:
         data = json.dumps(entry, separators=(",", ":")).encode()
@@ -123,7 +127,16 @@ class FlightRecorder:
                             "peak_reserved": s["reserved_bytes"]["all"]["peak"],
                             "top": top_holders(d, 10, allocator=self.allocator),
                             "breakdown": self.allocator.breakdown(d)["last"]})
-        data = json.dumps({"step": step, "time_ns": time.time_ns(), "devices": devices}, default=str).encode()
+        now = time.time_ns()
+        for dev in devices:
+            # the step's row: its peak (the breakdown's last finished window) and the counters at its end
+            last = dev["breakdown"] or {"split": {}, "total": dev["allocated"]}
+            if (self._history_rows + 1) * ff.HISTORY_ROW.size <= HISTORY_BYTES:
+                ff.HISTORY_ROW.pack_into(self.buf, self._history_at + self._history_rows * ff.HISTORY_ROW.size,
+                                         step, now, dev["device"], 0, last["total"], dev["allocated"],
+                                         dev["reserved"], *(last["split"].get(c, 0) for c in ff.CATEGORIES))
+                self._history_rows += 1
+        data = json.dumps({"step": step, "time_ns": now, "devices": devices}, default=str).encode()
         half = CHECKPOINT_BYTES // 2
         if len(data) > half - ff.SLOT_HEAD.size:
             return
@@ -142,7 +155,7 @@ class FlightRecorder:
             if self.keep or not clean:
                 self._append_interned()
                 ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(),
-                                       ff.EXITED if clean else ff.RAISED, 0, self._stacks_used)
+                                       ff.EXITED if clean else ff.RAISED, 0, self._stacks_used, self._history_rows)
             for d in range(self.allocator.device_count):
                 self.allocator.set_recording(0, device=d)
             if clean and not self.keep:

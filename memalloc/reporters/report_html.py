@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from memalloc.core._format import fmt_bytes
 
-__all__ = ["render_html"]
+__all__ = ["chart", "render_html", "render_page"]
 
 _UNITS = (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40))
 # Chart geometry in SVG user units (the SVG scales to the page width):
@@ -118,6 +118,22 @@ def render_html(report: dict) -> str:
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><main>\n"
             + "\n".join(body) + "\n</main></body></html>\n")
+
+
+def render_page(title: str, sections: Sequence[str], css: str = "") -> str:
+    """A complete self-contained page in this module's style: ``sections``
+    are HTML fragments (already escaped), ``css`` extra rules."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_e(title)}</title><style>{_CSS}{css}</style></head>\n<body><main>\n"
+            + "\n".join(sections) + "\n</main></body></html>\n")
+
+
+def chart(chart_id: str, steps: Sequence[int], lines: Sequence[tuple[str, str, Sequence[float]]],
+          kind: str = "memory") -> str:
+    """A line chart of byte series over ``steps`` (inline SVG and legend):
+    ``lines`` as (css class, legend label, bytes at each step)."""
+    return _chart(chart_id, steps, lines, kind)
 
 
 # ------------------------------------------------------------ sections ----

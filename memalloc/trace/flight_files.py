@@ -27,6 +27,10 @@ Layout (version 1, little-endian; offsets in bytes)::
           sequence number (0 while written), a 4-byte length, then JSON
           (step, counters per device, top holders, breakdown); the valid
           slot with the higher number is the last checkpoint
+    ...   history: a HISTORY_ROW per step and device (the step's peak
+          allocated, allocated and reserved at its end, the peak's split by
+          category), appended until the region is full; the heartbeat's
+          ``history_rows`` says how many are complete
 
 A record is read as committed when its sequence number reads the same,
 non-zero, before and after the record (a torn one, written when the process
@@ -53,16 +57,20 @@ RECORD_BYTES = struct.calcsize(RECORD_FORMAT)  # 64
 SEQ_BYTES = 8
 # magic, version, header bytes, file bytes, pid, start (unix ns), rank, world size,
 # rings, record bytes, ring offset, ring capacity (records), ring stride (bytes),
-# stacks offset, stacks bytes, checkpoint offset, checkpoint bytes
-HEADER = struct.Struct("<8sIIQqqiiIIQQQQQQQ")
+# stacks offset, stacks bytes, checkpoint offset, checkpoint bytes, history offset, history bytes
+HEADER = struct.Struct("<8sIIQqqiiIIQQQQQQQQQ")
 HEARTBEAT_AT = 128
-# heartbeat unix ns, step, state, (pad), stacks bytes used
-HEARTBEAT = struct.Struct("<qqIIQ")
+# heartbeat unix ns, step, state, (pad), stacks bytes used, history rows written
+HEARTBEAT = struct.Struct("<qqIIQQ")
 HOST_AT, HOST_BYTES = 256, 64
 BACKEND_AT, BACKEND_BYTES = 320, 16
 META_AT = 336  # 4-byte length, then JSON, up to the header's end
 RUNNING, EXITED, RAISED = 0, 1, 2  # the writer's state: running (or ended otherwise), exited cleanly, exited on an uncaught exception
 SLOT_HEAD = struct.Struct("<QI")
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+# one row per step and device: step, unix ns, device, (pad), the step's peak allocated, allocated and
+# reserved at its end, then the split of the peak by CATEGORIES
+HISTORY_ROW = struct.Struct("<qqIIQQQ6Q")
 
 
 class FlightFileError(ValueError):
@@ -90,6 +98,7 @@ class FlightFile:
     stacks: dict[int, list[list]]  # stack id -> [[file, line, function], ...] innermost first
     tags: dict[int, str]
     checkpoint: Optional[dict]
+    history: list[dict]  # per step and device: step, time_ns, device, peak_allocated, allocated, reserved, split
 
 
 def read(path: PathLike) -> FlightFile:
@@ -113,7 +122,8 @@ def _parse(path: str, data) -> FlightFile:
     if data[:8] != MAGIC:
         raise FlightFileError(f"{path}: not a memalloc flight recorder file (no {MAGIC[:7].decode()} header)")
     (_, version, header_bytes, file_bytes, pid, start_ns, rank, world, n_rings, record_bytes, ring_offset,
-     capacity, stride, stacks_offset, stacks_bytes, cp_offset, cp_bytes) = HEADER.unpack_from(data, 0)
+     capacity, stride, stacks_offset, stacks_bytes, cp_offset, cp_bytes, history_offset,
+     history_bytes) = HEADER.unpack_from(data, 0)
     if version != VERSION:
         raise FlightFileError(f"{path}: flight recorder format version {version}; this memalloc reads version "
                               f"{VERSION} (read it with the memalloc that wrote it)")
@@ -122,7 +132,7 @@ def _parse(path: str, data) -> FlightFile:
     if record_bytes != RECORD_BYTES or header_bytes != HEADER_BYTES:
         raise FlightFileError(f"{path}: records of {record_bytes} bytes, header of {header_bytes}: not version "
                               f"{VERSION}'s layout")
-    hb_ns, step, state, _, stacks_used = HEARTBEAT.unpack_from(data, HEARTBEAT_AT)
+    hb_ns, step, state, _, stacks_used, history_rows = HEARTBEAT.unpack_from(data, HEARTBEAT_AT)
     host = data[HOST_AT:HOST_AT + HOST_BYTES].rstrip(b"\0").decode("utf-8", "replace")
     backend = data[BACKEND_AT:BACKEND_AT + BACKEND_BYTES].rstrip(b"\0").decode("utf-8", "replace")
     (meta_len,) = struct.unpack_from("<I", data, META_AT)
@@ -141,7 +151,8 @@ def _parse(path: str, data) -> FlightFile:
     return FlightFile(path=path, pid=pid, host=host, rank=rank, world_size=world, backend=backend,
                       start_ns=start_ns, meta=meta, state={EXITED: "exited", RAISED: "raised"}.get(state, "running"),
                       heartbeat_ns=hb_ns, step=step, rings=rings, sequences=sequences, torn=torn,
-                      stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes))
+                      stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes),
+                      history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)))
 
 
 def _ring(data, offset: int, capacity: int, tag_names: list[str]) -> tuple[list[Event], list[int], int]:
@@ -197,6 +208,15 @@ def _checkpoint(data: bytes, offset: int, nbytes: int) -> Optional[dict]:
     return best[1]
 
 
+def _history(data, offset: int, rows: int) -> list[dict]:
+    out = []
+    for i in range(rows):
+        step, t, device, _, peak, allocated, reserved, *split = HISTORY_ROW.unpack_from(data, offset + i * HISTORY_ROW.size)
+        out.append({"step": step, "time_ns": t, "device": device, "peak_allocated": peak, "allocated": allocated,
+                    "reserved": reserved, "split": dict(zip(CATEGORIES, split))})
+    return out
+
+
 def files_in(directory: PathLike) -> list[str]:
     """The flight recorder files in ``directory``, by name (FlightFileError
     when it is not a directory or holds none)."""
@@ -210,5 +230,5 @@ def files_in(directory: PathLike) -> list[str]:
     return found
 
 
-__all__ = ["EXITED", "RAISED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
+__all__ = ["CATEGORIES", "HISTORY_ROW", "EXITED", "RAISED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
            "MAGIC", "RECORD_BYTES", "RUNNING", "SEQ_BYTES", "SUFFIX", "VERSION", "files_in", "read"]

@@ -221,3 +221,60 @@ def test_top_once_shows_a_live_process_from_outside(tmp_path):
     p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once", str(child.pid)], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and f"no process {child.pid}" in p.stderr
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """torchrun --nproc_per_node 2 -m memalloc run on tests/recording_cases/two_ranks.py,
+    then ``python -m memalloc report DIR --html``: (text, page path, script, its lines)."""
+    tmp_path = tmp_path_factory.mktemp("job")
+    script = REPO / "tests" / "recording_cases" / "two_ranks.py"
+    src = script.read_text().splitlines()
+    lines = {m: next(i for i, l in enumerate(src, 1) if l.endswith(f"# {m}")) for m in ("HOLD-LINE", "LEAK-LINE")}
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.pop("MEMALLOC_CONF", None)
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "memalloc", "run", "--backend", "host", "--steps", "--config",
+                        "flight_recorder_keep:True", "--out", str(out), str(script)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    files = [ff.read(f) for f in ff.files_in(out / "flight")]
+    assert sorted((f.rank, f.world_size) for f in files) == [(0, 2), (1, 2)]
+    page = tmp_path / "job.html"
+    r = subprocess.run([sys.executable, "-m", "memalloc", "report", str(out / "flight"), "--html", str(page)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, page, script, lines
+
+
+def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
+    """Each rank writes its own file; report DIR names rank 1 as standing out
+    (1 MiB held more, at its line) and rank 0's leak (16 KiB per step, at its
+    line); the HTML page has a row and a series per rank."""
+    text, page, script, lines = job
+    assert "2 rank(s)" in text and "rank 0 (pid" in text and "rank 1 (pid" in text, text
+    stands = text.split("rank 1 stands out")[1].splitlines()
+    assert f"{script}:{lines['HOLD-LINE']} in <module>" in stands[1] and "+1.00 MiB" in stands[1], text
+    assert f"rank 0 leaks: {script}:{lines['LEAK-LINE']} in <module> grows by 16.00 KiB per step" in text, text
+    assert "rank 1 leaks" not in text, text
+    html_text = page.read_text()
+    assert 'polyline class="series rank-0"' in html_text and 'polyline class="series rank-1"' in html_text
+    assert '<tr data-rank="1"' in html_text and 'id="outliers"' in html_text
+
+
+def test_the_job_page_in_headless_chromium(job, tmp_path):
+    sys.path.insert(0, str(REPO))
+    from benchmarks import screenshot_report
+    browser = screenshot_report.find_browser()
+    if browser is None:
+        if os.environ.get("MEMALLOC_REQUIRE_BROWSER") == "1":
+            pytest.fail("no Chromium found; MEMALLOC_REQUIRE_BROWSER=1 (CI) needs one: apt-get install chromium")
+        pytest.skip("no Chromium found: install one (e.g. apt-get install chromium) to run the browser tests")
+    _text, page, _script, _lines = job
+    dumped = screenshot_report.run_headless(browser, str(page), "--dump-dom")
+    assert dumped.count('class="series rank-') == 2 and 'data-rank="1"' in dumped and "stands out" in dumped
+    png = tmp_path / "job.png"
+    screenshot_report.screenshot(browser, str(page), str(png), (1280, 1400))
+    assert screenshot_report.png_size(str(png)) == (1280, 1400)
+    assert screenshot_report.distinct_colours(str(png)) > 50  # a chart and text, not a blank page

@@ -39,6 +39,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         ("memalloc.trace.recording",),                                 # events of the ring, stacks
         ("memalloc.trace.snapshots", "memalloc.trace.trace_files", "memalloc.trace.sites",
          "memalloc.trace.flight_files"),                               # exports; the flight recorder's file
+        ("memalloc.trace.flight_report",),                             # a job's flight files merged
     ]),
     ("features", [
         ("memalloc.features", "memalloc.features.phases"),  # training landmarks
