@@ -8,6 +8,8 @@ call sites holding the most live memory at the end (the blocks the ring saw
 allocated and not freed, named from the file's own stacks; with the last
 checkpoint's figures when the ring has wrapped past older blocks), the
 breakdown at the last finished step, and the last N events with their lines.
+With ``--snapshot``: each file also as a memory_viz snapshot, written beside
+it as ``<file>.pickle`` (pytorch.org/memory_viz opens it).
 """
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ import argparse
 import collections
 import datetime
 import os
+import pickle
 import time
 from typing import Optional
 
 from memalloc.core._format import fmt_bytes
 from memalloc.core._usercode import is_internal
 from memalloc.trace.flight_files import FlightFile, FlightFileError, files_in, read
+from memalloc.trace.flight_report import snapshot_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", help="the flight_recorder directory")
     p.add_argument("--events", type=int, default=10, help="last events to list per device")
     p.add_argument("--top", type=int, default=5, help="call sites to list per device")
+    p.add_argument("--snapshot", action="store_true", help="also write <file>.pickle for memory_viz")
     p.set_defaults(func=main)
 
 
@@ -45,6 +50,10 @@ def main(args: argparse.Namespace) -> int:
             status = 1
             continue
         print(describe(f, events=args.events, top=args.top))
+        if args.snapshot:
+            with open(path + ".pickle", "wb") as out:
+                pickle.dump(snapshot_of(f), out)
+            print(f"memory_viz snapshot: {path}.pickle")
     return status
 
 

@@ -93,6 +93,7 @@ class FlightFile:
     heartbeat_ns: int  # unix ns of the last memalloc.step() (0: none yet)
     step: int  # memalloc.step() count at the last heartbeat
     rings: list[list[Event]]  # per device, the committed records, oldest first
+    raw: list[bytes]  # per device, those records as the 64-byte wire format (recording.RECORD_FORMAT)
     sequences: list[list[int]]  # per device, their sequence numbers (1-based positions)
     torn: list[int]  # per device, records whose sequence number was 0 or changed while read
     stacks: dict[int, list[list]]  # stack id -> [[file, line, function], ...] innermost first
@@ -142,21 +143,22 @@ def _parse(path: str, data) -> FlightFile:
     tag_names[0] = ""
     for i, name in tags.items():
         tag_names[i] = name
-    rings, sequences, torn = [], [], []
+    rings, raws, sequences, torn = [], [], [], []
     for r in range(n_rings):
-        events, seqs, bad = _ring(data, ring_offset + r * stride, capacity, tag_names)
-        rings.append(events)
+        raw, seqs, bad = _ring(data, ring_offset + r * stride, capacity)
+        rings.append(decode_records(raw, tag_names))
+        raws.append(raw)
         sequences.append(seqs)
         torn.append(bad)
     return FlightFile(path=path, pid=pid, host=host, rank=rank, world_size=world, backend=backend,
                       start_ns=start_ns, meta=meta, state={EXITED: "exited", RAISED: "raised"}.get(state, "running"),
-                      heartbeat_ns=hb_ns, step=step, rings=rings, sequences=sequences, torn=torn,
+                      heartbeat_ns=hb_ns, step=step, rings=rings, raw=raws, sequences=sequences, torn=torn,
                       stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes),
                       history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)))
 
 
-def _ring(data, offset: int, capacity: int, tag_names: list[str]) -> tuple[list[Event], list[int], int]:
-    """A ring's committed records in sequence order, their numbers, and how
+def _ring(data, offset: int, capacity: int) -> tuple[bytes, list[int], int]:
+    """A ring's committed records in sequence order (raw), their numbers, and how
     many slots hold a torn record (written in part when the writer died, or
     being written while a live writer is read). A slot's record counts when
     its number, read before and after the record, is the same, not 0, and
@@ -173,7 +175,7 @@ def _ring(data, offset: int, capacity: int, tag_names: list[str]) -> tuple[list[
             continue
         slots.append((seq, raw))
     slots.sort()
-    return decode_records(b"".join(raw for _, raw in slots), tag_names), [s for s, _ in slots], empty_written
+    return b"".join(raw for _, raw in slots), [s for s, _ in slots], empty_written
 
 
 def _interned(region: bytes) -> tuple[dict[int, list[list]], dict[int, str]]:

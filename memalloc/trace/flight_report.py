@@ -10,15 +10,19 @@ page with a per-rank memory-over-steps chart (:func:`to_html`).
 """
 from __future__ import annotations
 
+import bisect
 import collections
+import functools
 import html
 import statistics
-from typing import Optional
+
+from memalloc import _C
 
 from memalloc.core._format import fmt_bytes
 from memalloc.core._usercode import is_internal
 from memalloc.reporters.report_html import chart, render_page
 from memalloc.trace.flight_files import FlightFile
+from memalloc.trace.snapshots import _TORCH_KEEP
 
 STANDS_OUT = 1.10  # a rank whose peak is more than 10% above the median rank's
 MIN_LEAK_STEPS = 4  # a leak grows at every step end over at least this many steps
@@ -179,4 +183,57 @@ def to_html(m: dict) -> str:
     return render_page(f"memalloc job report: {len(m['ranks'])} ranks", sections, css)
 
 
-__all__ = ["STANDS_OUT", "leaks_of", "merge", "to_html", "to_text"]
+def snapshot_of(f: FlightFile) -> dict:
+    """A flight file as ``torch.cuda.memory._snapshot()``'s format (what
+    pytorch.org/memory_viz opens; sizes in bytes): every device's recorded
+    events as its trace, named from the file's stacks, and the segments the
+    ring saw made and not freed, with the blocks it saw allocated in them
+    (a segment made before the ring's oldest record is not known)."""
+    @functools.lru_cache(maxsize=None)
+    def frames_of(stack_id: int) -> list:
+        return [{"filename": fr[0], "line": int(fr[1]), "name": fr[2]} for fr in f.stacks.get(stack_id, [])]
+
+    tags = [""] * (max(f.tags, default=0) + 1)
+    for i, name in f.tags.items():
+        tags[i] = name
+    traces = [_C.trace_entries(raw, _TORCH_KEEP, tags, frames_of) for raw in f.raw]
+    segments = []
+    for d, ring in enumerate(f.rings):
+        segs: dict[int, dict] = {}
+        for e in ring:
+            if e.action in ("segment_alloc", "segment_map"):
+                segs.setdefault(e.addr, {"size": 0, "stream": e.stream, "blocks": {}})["size"] += e.size
+            elif e.action == "segment_free":
+                segs.pop(e.addr, None)
+            elif e.action in ("alloc", "free_requested"):
+                starts = sorted(segs)
+                i = bisect.bisect_right(starts, e.addr) - 1
+                if i < 0 or e.addr >= starts[i] + segs[starts[i]]["size"]:
+                    continue  # in a segment made before the ring's oldest record
+                blocks = segs[starts[i]]["blocks"]
+                if e.action == "alloc":
+                    blocks[e.addr] = (e.size, e.requested, e.stack_id)
+                else:
+                    blocks.pop(e.addr, None)
+        for addr, seg in sorted(segs.items()):
+            blocks, at = [], addr
+            for b_addr, (size, requested, stack_id) in sorted(seg["blocks"].items()):
+                if b_addr > at:
+                    blocks.append({"address": at, "size": b_addr - at, "requested_size": 0, "state": "inactive",
+                                   "frames": []})
+                blocks.append({"address": b_addr, "size": size, "requested_size": requested,
+                               "state": "active_allocated", "frames": frames_of(stack_id)})
+                at = b_addr + size
+            if at < addr + seg["size"]:
+                blocks.append({"address": at, "size": addr + seg["size"] - at, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+            live = [b for b in blocks if b["state"] == "active_allocated"]
+            segments.append({"device": d, "address": addr, "total_size": seg["size"], "stream": seg["stream"],
+                             "allocated_size": sum(b["size"] for b in live), "active_size": sum(b["size"] for b in live),
+                             "requested_size": sum(b["requested_size"] for b in live), "segment_type":
+                             "small" if seg["size"] <= (2 << 20) else "large", "segment_pool_id": (0, 0),
+                             "is_expandable": False, "frames": [], "blocks": blocks})
+    return {"segments": segments, "device_traces": traces}
+
+
+__all__ = ["STANDS_OUT", "leaks_of", "merge", "snapshot_of", "to_html", "to_text"]

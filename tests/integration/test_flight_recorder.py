@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from memalloc.cli.postmortem import live_sites
 from memalloc.trace import flight_files as ff
 from memalloc.trace.recording import RECORD_FORMAT
 from memtest_helpers import REPO
@@ -278,3 +279,26 @@ def test_the_job_page_in_headless_chromium(job, tmp_path):
     screenshot_report.screenshot(browser, str(page), str(png), (1280, 1400))
     assert screenshot_report.png_size(str(png)) == (1280, 1400)
     assert screenshot_report.distinct_colours(str(png)) > 50  # a chart and text, not a blank page
+
+
+def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(tmp_path):
+    import pickle
+
+    from torch.cuda import _memory_viz as mv
+    assert run_loop("kill", tmp_path).returncode == -9
+    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path), "--snapshot"],
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    (path,) = ff.files_in(tmp_path)
+    snap = pickle.loads(open(path + ".pickle", "rb").read())
+    f = ff.read(path)
+    (trace,) = snap["device_traces"]
+    assert [e["action"] for e in trace] == [e.action for e in f.rings[0]]
+    keeps = [e for e in trace if e["action"] == "alloc" and e["frames"]
+             and (e["frames"][0]["filename"], e["frames"][0]["line"]) == (str(LOOP), KEEP_LINE)]
+    assert len(keeps) == 21
+    live = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+    assert live == sum(b for _, b, _ in live_sites(f, 0))  # the blocks postmortem lists as live at the end
+    text = mv.segments(snap, format_flamegraph=lambda x: x)  # torch's own viewer code reads it
+    assert f"flight_loop.py:{KEEP_LINE}" in text
+    assert mv.trace(snap).startswith("Device 0")
