@@ -8,8 +8,9 @@ there as it happens (csrc/recorder/recorder.h: no allocation, lock or system
 call more than recording into memory). At each ``memalloc.step()`` this
 module appends the stacks and tags interned since the last step, updates the
 heartbeat (time and step) and writes a checkpoint (counters per device, the
-top call sites of live memory, the breakdown), so the file stays useful
-after the ring has wrapped. A clean exit removes the file, unless
+breakdown, and the top call sites of live memory, named again as often as
+2% of the run's time allows), so the file stays useful after the ring has
+wrapped. A clean exit removes the file, unless
 ``flight_recorder_keep:True`` (then it is marked exited); an uncaught
 exception leaves it marked raised; SIGKILL, a segfault or an abort leave
 it as it was, for ``python -m memalloc postmortem DIR``.
@@ -36,6 +37,12 @@ DEFAULT_RECORDS = 65_536  # per device: 4.5 MiB of ring with its sequence number
 STACKS_BYTES = 8 << 20
 CHECKPOINT_BYTES = 256 << 10
 HISTORY_BYTES = 4 << 20  # 43,690 rows of 96 bytes: steps x devices
+# The top call sites walk every live block (~2 ms per 1,000 on the host): a
+# checkpoint names them again once this many times their last cost has passed
+# (at most 2% of the run's time: every step for a small process, about once a
+# second with 10,000 live blocks); counters, the breakdown and the history row
+# are written at every step.
+TOP_COST_SHARE = 50
 
 
 class FlightRecorder:
@@ -81,6 +88,8 @@ class FlightRecorder:
         self._cp_offset = cp_offset
         self._history_at = history_offset
         self._history_rows = 0
+        self._top: dict[int, list] = {}
+        self._top_at = (-1, 0, 0)  # (step, monotonic ns, cost ns) of the last top call sites
         self._lock = threading.Lock()
         for d in range(n):
             allocator.record_to_file(self.map, ring_offset + d * stride, records, device=d)
@@ -118,6 +127,10 @@ class FlightRecorder:
             self._tags_written = tid
 
     def _write_checkpoint(self, step: int) -> None:
+        started = time.monotonic_ns()
+        if self._top_at[0] < 0 or started - self._top_at[1] >= TOP_COST_SHARE * self._top_at[2]:
+            self._top = {d: top_holders(d, 10, allocator=self.allocator) for d in range(self.allocator.device_count)}
+            self._top_at = (step, started, time.monotonic_ns() - started)
         devices = []
         for d in range(self.allocator.device_count):
             s = self.allocator.stats(d)
@@ -125,7 +138,7 @@ class FlightRecorder:
                             "reserved": s["reserved_bytes"]["all"]["current"],
                             "peak_allocated": s["allocated_bytes"]["all"]["peak"],
                             "peak_reserved": s["reserved_bytes"]["all"]["peak"],
-                            "top": top_holders(d, 10, allocator=self.allocator),
+                            "top": self._top[d], "top_step": self._top_at[0],
                             "breakdown": self.allocator.breakdown(d)["last"]})
         now = time.time_ns()
         for dev in devices:
@@ -153,6 +166,7 @@ class FlightRecorder:
         False) leaves it, marked so."""
         with self._lock:
             if self.keep or not clean:
+                # (the last step's checkpoint stays: by now the program's objects may be gone)
                 self._append_interned()
                 ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(),
                                        ff.EXITED if clean else ff.RAISED, 0, self._stacks_used, self._history_rows)
@@ -184,6 +198,7 @@ def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
         _C.set_stack_mode(2)  # the file names lines: stacks on (enable() keeps them on already)
     _recorder = FlightRecorder(a, os.fspath(directory), records, keep)
     iteration.add_step_listener(_on_step)
+    atexit.unregister(stop)  # once, however often the recorder was started
     atexit.register(stop)
     return _recorder
 
