@@ -55,6 +55,23 @@ def memory_ring(tmp_path_factory):
     return (d / "ring.bin").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def killed_dir(tmp_path_factory):
+    """The loop SIGKILLed after step 20, once for the module: its flight directory."""
+    d = tmp_path_factory.mktemp("killed")
+    p = run_loop("kill", d)
+    assert p.returncode == -9, p.stderr
+    return d
+
+
+@pytest.fixture
+def killed(killed_dir, tmp_path):
+    """A copy of the killed run's flight directory that a test may change."""
+    d = tmp_path / "killed"
+    shutil.copytree(killed_dir, d)
+    return d
+
+
 @pytest.mark.parametrize("mode, rc", [("kill", -9), ("segv", -11)])
 def test_a_killed_process_leaves_every_committed_record(tmp_path, memory_ring, mode, rc):
     p = run_loop(mode, tmp_path)
@@ -84,9 +101,8 @@ def test_a_wrapped_ring_keeps_the_newest_records(tmp_path, memory_ring):
     assert records_of(f)[-1][3] == 20  # the last step's
 
 
-def test_postmortem_names_the_line_holding_the_most_memory(tmp_path):
-    assert run_loop("kill", tmp_path).returncode == -9
-    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path), "--events", "3"],
+def test_postmortem_names_the_line_holding_the_most_memory(killed):
+    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(killed), "--events", "3"],
                        env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "no clean exit" in p.stdout and "last step: 21" in p.stdout
@@ -103,9 +119,8 @@ def test_a_clean_exit_removes_the_file_or_keeps_it_marked(tmp_path):
     assert f.state == "exited" and f.step == 30 and f.sequences[0] == list(range(1, len(f.rings[0]) + 1))
 
 
-def test_a_torn_record_is_skipped_and_counted(tmp_path):
-    assert run_loop("kill", tmp_path / "run").returncode == -9
-    src = ff.files_in(tmp_path / "run")[0]
+def test_a_torn_record_is_skipped_and_counted(killed, tmp_path):
+    src = ff.files_in(killed)[0]
     good = ff.read(src)
     n = len(good.rings[0])
     (_, _, _, _, _, _, _, _, _, _, ring_offset, capacity, *_rest) = ff.HEADER.unpack_from(open(src, "rb").read(), 0)
@@ -122,7 +137,7 @@ def test_a_torn_record_is_skipped_and_counted(tmp_path):
     assert bad.sequences[0] == [s for s in good.sequences[0] if s not in (4, n)]
 
 
-def test_bad_files_and_directories_are_named(tmp_path):
+def test_bad_files_and_directories_are_named(killed, tmp_path):
     with pytest.raises(ff.FlightFileError, match="no flight recorder files"):
         ff.files_in(tmp_path)
     with pytest.raises(ff.FlightFileError, match="not a directory"):
@@ -131,8 +146,7 @@ def test_bad_files_and_directories_are_named(tmp_path):
     other.write_bytes(b"x" * 8192)
     with pytest.raises(ff.FlightFileError, match=r"other\.flight: not a memalloc flight recorder file"):
         ff.read(other)
-    assert run_loop("kill", tmp_path / "run").returncode == -9
-    src = ff.files_in(tmp_path / "run")[0]
+    src = ff.files_in(killed)[0]
     data = bytearray(open(src, "rb").read())
     newer = tmp_path / "newer.flight"
     newer.write_bytes(bytes(data[:8]) + struct.pack("<I", ff.VERSION + 1) + bytes(data[12:]))
@@ -289,15 +303,14 @@ def test_the_job_page_in_headless_chromium(job, tmp_path):
     assert screenshot_report.distinct_colours(str(png)) > 50  # a chart and text, not a blank page
 
 
-def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(tmp_path):
+def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(killed):
     import pickle
 
     from torch.cuda import _memory_viz as mv
-    assert run_loop("kill", tmp_path).returncode == -9
-    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path), "--snapshot"],
+    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(killed), "--snapshot"],
                        env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    (path,) = ff.files_in(tmp_path)
+    (path,) = ff.files_in(killed)
     snap = pickle.loads(open(path + ".pickle", "rb").read())
     f = ff.read(path)
     (trace,) = snap["device_traces"]
