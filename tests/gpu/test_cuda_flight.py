@@ -8,7 +8,6 @@ ring costs, measured in one process against memalloc without recording
 1.02x and the 512 B pair within 1.05x."""
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess
@@ -17,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from test_cuda import record
+from test_cuda import gpu_worker, record
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,11 +57,7 @@ def test_a_killed_cuda_process_leaves_every_committed_record(tmp_path):
 
 
 def test_the_file_backed_ring_costs_within_budget():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_worker", "memalloc", "flight"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    record("flight_cost", "memalloc", r)
+    r = gpu_worker("memalloc", "flight", "flight_cost")
     # (r["fr_*_x_memory"]: the in-memory ring's cost on the same baseline, for comparison)
     assert r["fr_bf16_ms_x_file"] <= 1.02, r
     assert r["fr_pair_us_512_x_file"] <= 1.05, r

@@ -9,22 +9,15 @@ alternating over 11 rounds) against the budget: bf16 transformer step
 tests/integration/test_zero_setup.py."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from test_cuda import record, scenario
+from test_cuda import gpu_worker, scenario
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_oom_names_the_filling_line_with_enable_alone():
@@ -54,10 +47,6 @@ def test_leak_check_of_an_optimizer_loop_with_no_step_calls():
 
 
 def test_call_site_capture_costs_within_budget():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_worker", "memalloc", "call_sites"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    record("call_site_overhead", "memalloc", r)
+    r = gpu_worker("memalloc", "call_sites", "call_site_overhead")
     assert r["cs_bf16_ms_x_on"] <= 1.02, r
     assert r["cs_pair_us_512_x_on"] <= 1.10, r
