@@ -81,12 +81,8 @@ def test_a_killed_process_leaves_every_committed_record(tmp_path, memory_ring, m
     assert f.state == "running" and f.step == 21 and f.pid > 0 and f.torn == [0]
     n = len(f.rings[0])
     assert f.sequences[0] == list(range(1, n + 1))  # contiguous from the first, nothing torn or lost
-    truth = comparable(memory_ring)
-    mine = [(e.size, e.requested, e.stack_id, e.tag, e.step, e.action, e.device, e.pool) for e in f.rings[0]]
-    from memalloc.trace.recording import ACTIONS
-    assert [(s, r, st, t, step, ACTIONS[a], d, "small" if pool == 0 else "large")
-            for s, r, st, t, step, a, d, pool in truth] == [
-        (s, r, st, 0 if t == "" else t, step, a, d, pool) for s, r, st, t, step, a, d, pool in mine]
+    # the records the same loop's in-memory ring held at step 20, field for field (but times and addresses)
+    assert comparable(f.raw[0]) == comparable(memory_ring) and len(f.rings[0]) == n
     # the stacks interned before the end are in the file: every record's line reads back
     assert {e.stack_id for e in f.rings[0]} <= set(f.stacks)
 
