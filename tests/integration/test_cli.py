@@ -5,6 +5,7 @@ here: the host backend."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import textwrap
@@ -162,9 +163,11 @@ def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path, memallo
         raise ValueError("boom from the script")
         """
     ))
-    p = memalloc_cli("run", "--config", "host_capacity_mb:64", str(script))
+    p = memalloc_cli("run", "--config", "host_capacity_mb:64", "--out", str(tmp_path / "r"), str(script))
     assert p.returncode != 0
     assert f"TOTAL {64 << 20}" in p.stdout  # --config reached the allocator
+    # the flight recorder's file stays for postmortem (an exception is no clean end)
+    assert [n.endswith(".flight") for n in os.listdir(tmp_path / "r" / "flight")] == [True]
     assert "ValueError: boom from the script" in p.stderr
     summary = [l for l in p.stderr.splitlines() if l.startswith("memalloc (host, device 0)")]
     assert len(summary) == 1, p.stderr
