@@ -105,6 +105,9 @@ def callgrind_workloads(ops: int = CALLGRIND_OPS) -> Dict[str, List[str]]:
     # The same with the event ring on: the difference is the recording cost.
     w["random_recording"] = ["random", str(ops), "record"]
     w["pair_64KiB_recording"] = ["pair", str(64 << 10), str(ops), "record"]
+    # The same ring in a flight recorder file: the difference to _recording
+    # is what publishing each record with its sequence number costs.
+    w["pair_64KiB_flight"] = ["pair", str(64 << 10), str(ops), "flight"]
     return w
 
 

@@ -62,8 +62,11 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/errors.h"
 #include "allocator/registry.h"
+#include "recorder/flight_map.h"
 
 using namespace memalloc;
 
@@ -481,9 +484,19 @@ int mode_callgrind(int argc, char** argv) {
   o << "\"mode\": \"callgrind\", \"workload\": " << quote(workload) << ", \"config\": " << quote(kConfig);
   // A trailing "record" turns the event ring on (64 Ki records): the Ir
   // difference to the same workload without it is the recording cost.
-  const bool record = std::string(argv[argc - 1]) == "record";
-  if (record) {
-    dev.set_recording(size_t{1} << 16);
+  // A trailing "flight" puts the same ring in a flight recorder file (a
+  // MAP_SHARED mapping with a sequence number per record, recorder.h).
+  const std::string last = argv[argc - 1];
+  constexpr size_t kRing = size_t{1} << 16;
+  if (last == "record") {
+    dev.set_recording(kRing);
+    --argc;
+  } else if (last == "flight") {
+    const std::string path = "/tmp/memalloc-bench-" + std::to_string(::getpid()) + ".flight";
+    auto file = FlightMapping::create(path, kRing * (sizeof(TraceRecord) + sizeof(uint64_t)));
+    ::unlink(path.c_str());  // the mapping stays; nothing is left behind
+    auto* slots = reinterpret_cast<TraceRecord*>(file->data());
+    dev.set_recording_file(slots, reinterpret_cast<uint64_t*>(slots + kRing), kRing, file);
     --argc;
   }
   if (workload == "random" && argc == 4) {
