@@ -22,7 +22,6 @@ import time
 from typing import Optional
 
 from memalloc.core._format import fmt_bytes
-from memalloc.core._usercode import is_internal
 from memalloc.trace.flight_files import FlightFile, FlightFileError, files_in, read
 from memalloc.trace.flight_report import snapshot_of
 
@@ -83,8 +82,7 @@ def live_sites(f: FlightFile, device: int) -> list[tuple[tuple, int, int]]:
     sites: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
     for size, stack_id in live.values():
         frames = f.stacks.get(stack_id, [])
-        user = next((fr for fr in frames if not is_internal(fr[0])), frames[0] if frames else None)
-        key = tuple(user) if user else ("<no stack>", 0, "")
+        key = f.user_frame(stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
         sites[key][0] += size
         sites[key][1] += 1
     return sorted(((k, v[0], v[1]) for k, v in sites.items()), key=lambda s: -s[1])
@@ -118,8 +116,7 @@ def describe(f: FlightFile, events: int = 10, top: int = 5) -> str:
         if ring and events:
             lines.append(f"  last {min(events, len(ring))} events:")
             for e in ring[-events:]:
-                frames = f.stacks.get(e.stack_id, [])
-                user = next((fr for fr in frames if not is_internal(fr[0])), None)
+                user = f.user_frame(e.stack_id)
                 where = f"  {user[0]}:{user[1]} in {user[2]}" if user else ""
                 lines.append(f"    step {e.step:>5} {e.action:<15} {fmt_bytes(e.size):>10}{where}")
     return "\n".join(lines)

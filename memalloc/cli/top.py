@@ -116,6 +116,10 @@ def main(args: argparse.Namespace) -> int:
     if args.once:
         print(frame(files, args.top))
         return 0
+
+    def render() -> str:  # a machine-wide view finds the processes again at each refresh
+        return frame(sources(None) if args.target is None else files, args.top)
+
     try:
         try:
             from rich.live import Live
@@ -126,10 +130,9 @@ def main(args: argparse.Namespace) -> int:
             with Live(Text(frame(files, args.top)), refresh_per_second=4) as live:
                 while True:
                     time.sleep(args.interval)  # the refresh period of a display, not synchronisation
-                    live.update(Text(frame(sources(args.target) if args.target is None else files, args.top)))
+                    live.update(Text(render()))
         while True:
-            sys.stdout.write("\x1b[H\x1b[2J" + frame(sources(args.target) if args.target is None else files,
-                                                       args.top) + "\n")
+            sys.stdout.write("\x1b[H\x1b[2J" + render() + "\n")
             sys.stdout.flush()
             time.sleep(args.interval)  # the refresh period of a display, not synchronisation
     except KeyboardInterrupt:

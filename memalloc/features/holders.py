@@ -42,6 +42,7 @@ def attribute_holders(leaks: list[Leak], live: list,
         warnings.simplefilter("ignore")
         objects = gc.get_objects()
         optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        hooks = _hook_code(o for o in objects if isinstance(o, torch.nn.Module))
         objects = [o for o in objects if isinstance(o, torch.Tensor)]
     parts = _optimizer_parts(optimizers, groups_at_start or {})
     del optimizers
@@ -73,7 +74,7 @@ def attribute_holders(leaks: list[Leak], live: list,
                 described = _describe(extra, leak)
                 other.holder = described[1]
                 holders[id(other)] = described
-                _take_adding_line(other)
+                _take_adding_line(other, hooks)
                 leaks.append(other)
         found = _describe(found_all[0], leak) if found_all else None
         if found is not None:
@@ -99,7 +100,7 @@ def attribute_holders(leaks: list[Leak], live: list,
                 leak.holder, leak.graph, leak.graph_extra = None, False, False
                 del holders[id(leak)]
                 continue
-            _take_adding_line(leak)
+            _take_adding_line(leak, hooks)
     # Sites whose tensors no container holds: kept by the autograd graph of a held tensor.
     graph_holders = [l for l in leaks if l.holder is not None and l.graph]
     merged: list[Leak] = []
@@ -376,38 +377,36 @@ def _optimizer_parts(optimizers: list, groups_at_start: dict[int, int]) -> dict[
     return parts
 
 
-def _take_adding_line(leak: Leak) -> None:
+def _take_adding_line(leak: Leak, hooks: list[tuple[str, int, int]]) -> None:
     """The holder's adding line (``where_line``, popped from the holder dict)
-    becomes the leak's site and code."""
+    becomes the leak's site and code; ``in_hook`` when it lies in the code of
+    a registered module hook (``hooks``: _hook_code)."""
     where = leak.holder.pop("where_line", None)
     if where:
         leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
         leak.code = source_line(where[0], where[1])
-        if _in_module_hook(where[0], where[1]):
+        target = os.path.abspath(where[0])
+        if any(file == target and first <= where[1] <= last for file, first, last in hooks):
             leak.holder["in_hook"] = True
 
 
-def _in_module_hook(filename: str, line: int) -> bool:
-    """Whether ``filename:line`` is in the code of a hook registered on a
-    live nn.Module (forward, forward-pre, backward; also torch's global
-    module hooks): the line that adds to a holder runs on every call."""
+def _hook_code(modules) -> list[tuple[str, int, int]]:
+    """(absolute file, first line, last line) of every hook registered on
+    the live nn.Modules ``modules`` (forward, forward-pre, backward) and of
+    torch's global module hooks: a line there that adds to a holder runs on
+    every call."""
     from torch.nn.modules import module as module_mod
     hook_dicts = [getattr(module_mod, name) for name in dir(module_mod)
                   if name.startswith("_global_") and name.endswith("_hooks")]
-    with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
-        warnings.simplefilter("ignore")
-        for m in gc.get_objects():
-            if isinstance(m, torch.nn.Module):
-                hook_dicts += [d for name, d in vars(m).items() if name.endswith("_hooks") and isinstance(d, dict)]
-    target = os.path.abspath(filename)
+    for m in modules:
+        hook_dicts += [d for name, d in vars(m).items() if name.endswith("_hooks") and isinstance(d, dict)]
+    out = []
     for hooks in hook_dicts:
         for fn in list(hooks.values()) if isinstance(hooks, dict) else ():
             code = getattr(getattr(fn, "func", fn), "__code__", None)  # functools.partial, bound methods
-            if code is not None and os.path.abspath(code.co_filename) == target:
-                first, last = _code_lines(code)
-                if first <= line <= last:
-                    return True
-    return False
+            if code is not None:
+                out.append((os.path.abspath(code.co_filename), *_code_lines(code)))
+    return out
 
 
 def _absorb(into: Leak, other: Leak, figures: bool = True) -> None:

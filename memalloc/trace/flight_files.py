@@ -45,6 +45,7 @@ import os
 import struct
 from typing import Optional, Union
 
+from memalloc.core._usercode import is_internal
 from memalloc.trace.recording import RECORD_FORMAT, Event, decode_records
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -100,6 +101,11 @@ class FlightFile:
     tags: dict[int, str]
     checkpoint: Optional[dict]
     history: list[dict]  # per step and device: step, time_ns, device, peak_allocated, allocated, reserved, split
+
+    def user_frame(self, stack_id: int) -> Optional[tuple]:
+        """(file, line, function) of the innermost user-code frame of an
+        interned stack, from the file's own stacks; None when there is none."""
+        return next((tuple(fr) for fr in self.stacks.get(stack_id, []) if not is_internal(fr[0])), None)
 
 
 def read(path: PathLike) -> FlightFile:

@@ -19,7 +19,6 @@ import statistics
 from memalloc import _C
 
 from memalloc.core._format import fmt_bytes
-from memalloc.core._usercode import is_internal
 from memalloc.reporters.report_html import chart, render_page
 from memalloc.trace.flight_files import FlightFile
 from memalloc.trace.snapshots import _TORCH_KEEP
@@ -32,8 +31,10 @@ def merge(files: list[FlightFile]) -> dict:
     """The merged report of one job's files (sizes in bytes)."""
     ranks = []
     for f in sorted(files, key=lambda f: (f.rank, f.pid)):
-        steps = sorted({h["step"] for h in f.history})
-        per_step = {s: [h for h in f.history if h["step"] == s] for s in steps}
+        per_step: dict[int, list[dict]] = collections.defaultdict(list)  # a row per device
+        for h in f.history:
+            per_step[h["step"]].append(h)
+        steps = sorted(per_step)
         peaks = [max(h["peak_allocated"] for h in per_step[s]) for s in steps]
         ranks.append({
             "rank": f.rank, "pid": f.pid, "host": f.host, "state": f.state, "path": f.path, "steps": steps,
@@ -108,9 +109,7 @@ def leaks_of(f: FlightFile) -> list[dict]:
 
 
 def _site(f: FlightFile, stack_id: int) -> tuple:
-    frames = f.stacks.get(stack_id, [])
-    user = next((fr for fr in frames if not is_internal(fr[0])), None)
-    return tuple(user) if user else ("<no stack>", 0, "")
+    return f.user_frame(stack_id) or ("<no stack>", 0, "")
 
 
 def _where(site) -> str:
@@ -136,11 +135,9 @@ def to_text(m: dict) -> str:
     if m["ranks"]:
         lines.append("peak allocated per step:")
         lines.append("  step  " + "".join(f"{'rank ' + str(r['rank']):>14}" for r in m["ranks"]))
-        steps = sorted({s for r in m["ranks"] for s in r["steps"]})
-        for s in steps:
-            cells = []
-            for r in m["ranks"]:
-                cells.append(fmt_bytes(r["peak_allocated"][r["steps"].index(s)]) if s in r["steps"] else "-")
+        peak_at = [dict(zip(r["steps"], r["peak_allocated"])) for r in m["ranks"]]
+        for s in sorted({s for r in m["ranks"] for s in r["steps"]}):
+            cells = [fmt_bytes(at[s]) if s in at else "-" for at in peak_at]
             lines.append(f"  {s:>4}  " + "".join(f"{c:>14}" for c in cells))
     return "\n".join(lines)
 
@@ -154,9 +151,10 @@ def to_html(m: dict) -> str:
     ``polyline.series.rank-N`` per rank), ``id="outliers"`` and ``id="leaks"``."""
     e = html.escape
     steps = sorted({s for r in m["ranks"] for s in r["steps"]})
-    series = [(f"rank-{r['rank']}", f"rank {r['rank']}",
-               [r["peak_allocated"][r["steps"].index(s)] if s in r["steps"] else 0 for s in steps])
-              for r in m["ranks"]]
+    series = []
+    for r in m["ranks"]:
+        at = dict(zip(r["steps"], r["peak_allocated"]))
+        series.append((f"rank-{r['rank']}", f"rank {r['rank']}", [at.get(s, 0) for s in steps]))
     rows = "".join(f'<tr data-rank="{r["rank"]}" data-peak="{r["peak"]}"><td>{r["rank"]}</td><td>{r["pid"]}</td>'
                    f'<td>{e(r["host"])}</td><td>{e(r["state"])}</td><td>{e(fmt_bytes(r["peak"]))}</td></tr>'
                    for r in m["ranks"])
