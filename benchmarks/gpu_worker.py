@@ -9,7 +9,11 @@ training steps), ``resnet50`` (training steps), ``recording`` (native and
 memalloc only: the cost of recording, measured inside one process by
 switching recording off and on between rounds; see run_recording),
 ``call_sites`` (memalloc only: the cost of its default call-site capture,
-switched off and on the same way; see run_call_sites).
+switched off and on the same way; see run_call_sites), ``flight``
+(memalloc only: the flight recorder's file against the in-memory ring and no
+recording, the same way; see run_flight), ``bf16`` (the bf16 transformer
+step alone, 20 steps: the cross-process comparison with native, e.g. of
+``memalloc_flight``, tests/gpu/test_cuda_flight.py).
 
 Memory figures: peaks come from memalloc's own accounting under memalloc,
 from torch.cuda.max_memory_* for native, expandable and cudaMallocAsync, and
@@ -25,6 +29,7 @@ import json
 import math
 import os
 import random
+import resource
 import sys
 import time
 
@@ -33,9 +38,12 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               "native_history", "memalloc_tags", "memalloc_stacks",
               # memalloc's expandable segments (MEMALLOC_CONF=expandable_segments:True),
               # and without giving free pages back before growing (reuse_free_pages:False)
-              "memalloc_expandable", "memalloc_expandable_noreuse")
+              "memalloc_expandable", "memalloc_expandable_noreuse",
+              # what `python -m memalloc run` turns on: the flight recorder's file and a
+              # step boundary (a heartbeat and checkpoint) at every optimizer.step()
+              "memalloc_flight")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight")
+GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "bf16")
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -69,6 +77,13 @@ def setup(name: str):
         import memalloc
 
         memalloc.enable(backend="cuda")
+        if name == "memalloc_flight":
+            import tempfile
+
+            from memalloc.features import flight
+
+            flight.start(tempfile.mkdtemp(prefix="memalloc-flight-bench-"))
+            memalloc.auto_step()
         stacks = {"memalloc_tags": "tags", "memalloc_stacks": "python"}.get(name)
         if stacks:
             memalloc.record_memory_history(max_entries=1 << 20, stacks=stacks)
@@ -179,12 +194,15 @@ def transformer_steps():
     return {"fp32": make(None), "bf16": make(torch.bfloat16)}
 
 
-def run_transformer(name: str, peaks) -> dict:
-    """The transformer steps (transformer_steps), fp32 then bf16."""
+def run_transformer(name: str, peaks, labels=("fp32", "bf16"), steps: int = 10) -> dict:
+    """The transformer steps (transformer_steps): median ms of ``steps``
+    steps after 3 warm-up steps, for each of ``labels``."""
     out = {}
     for label, step in transformer_steps().items():
+        if label not in labels:
+            continue
         reset_peaks(name)
-        out[f"transformer_{label}_ms"] = timed_steps(step, warmup=3, steps=10)
+        out[f"transformer_{label}_ms"] = timed_steps(step, warmup=3, steps=steps)
         out[f"transformer_{label}_device_used"] = device_used()
         p = peaks()
         if p is not None:
@@ -229,28 +247,64 @@ def set_call_sites(mode: str) -> None:
     _C.set_stack_mode(0 if mode == "off" else 2)
 
 
-def set_flight(mode: str) -> None:
-    """memalloc's recording "off", "memory" (the in-memory ring, 65,536
-    records per device) or "file" (the flight recorder: the same ring in a
-    MAP_SHARED file, memalloc/features/flight.py)."""
+def run_flight(rounds: int = 121) -> dict:
+    """What the flight recorder costs under memalloc, in one process, modes
+    switched every few steps: "off" (no recording, the baseline), "memory"
+    (the in-memory ring, 65,536 records per device) and "file" (the flight
+    recorder as ``python -m memalloc run`` turns it on: the same ring in its
+    MAP_SHARED file, memalloc/features/flight.py, and a step boundary, so a
+    heartbeat and checkpoint, at every optimizer.step()). One recorder is
+    started once and attached and detached (FlightRecorder.attach/detach),
+    so switching costs microseconds and the modes can alternate finely:
+    the machine's speed drifts by +-30% over seconds (seen on the H200), so
+    rounds of seconds each, as run_modes takes, cannot resolve 5%.
+
+    Each of ``rounds`` rounds runs every mode (order rotated): 3 bf16
+    transformer steps after one warm-up step (their median, ms), and the
+    512 B torch.empty+del pair, 3 x 2,000 pairs after 200 warm-up ones, both
+    in wall time and in the thread's CPU time (time.thread_time: what the
+    allocator's own code costs, page faults included, without the time the
+    machine gave to others). Ratios per round against the same round's "off";
+    figures are medians over rounds (keys fr_*: fr_bf16_ms_x_file,
+    fr_pair_us_512_x_file, fr_pair_cpu_us_512_x_file, ...), with
+    fr_pair_minflt_per_1000_* the page faults per 1,000 pairs."""
     import tempfile
 
     import memalloc
     from memalloc.features import flight
 
+    bf16 = transformer_steps()["bf16"]
+    rec = flight.start(tempfile.mkdtemp(prefix="memalloc-flight-bench-"))
+    rec.detach()
+
+    def set_mode(mode: str) -> None:
+        rec.detach()
+        memalloc.record_memory_history(enabled=False)
+        memalloc.auto_step(mode == "file")
+        if mode == "memory":
+            memalloc.record_memory_history(max_entries=flight.DEFAULT_RECORDS, stacks="python")
+        elif mode == "file":
+            rec.attach()
+
+    modes = ("off", "memory", "file")
+    metrics = ("bf16_ms", "pair_us_512", "pair_cpu_us_512", "pair_minflt_per_1000")
+    times = {m: {mode: [] for mode in modes} for m in metrics}
+    for mode in rotated(modes, rounds):
+        set_mode(mode)
+        times["bf16_ms"][mode].append(timed_steps(bf16, warmup=1, steps=3))
+        pair_us(512, 200)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        wall, cpu = [], []
+        for _ in range(3):
+            c0 = time.thread_time()
+            wall.append(pair_us(512, 2_000))
+            cpu.append((time.thread_time() - c0) / 2_000 * 1e6)
+        times["pair_us_512"][mode].append(sorted(wall)[1])
+        times["pair_cpu_us_512"][mode].append(sorted(cpu)[1])
+        times["pair_minflt_per_1000"][mode].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 6)
+    set_mode("off")
     flight.stop()
-    memalloc.record_memory_history(enabled=False)
-    if mode == "memory":
-        memalloc.record_memory_history(max_entries=flight.DEFAULT_RECORDS, stacks="python")
-    elif mode == "file":
-        flight.start(tempfile.mkdtemp(prefix="memalloc-flight-bench-"))
-
-
-def run_flight(rounds: int = 11) -> dict:
-    """What the file-backed ring costs under memalloc, in one process: no
-    recording (the baseline), the in-memory ring, the flight recorder
-    (run_modes; keys fr_*, e.g. fr_pair_us_512_x_file, fr_pair_us_512_x_memory)."""
-    return run_modes(set_flight, ("off", "memory", "file"), "fr", rounds)
+    return summarize_rounds(times, "fr", rounds, {"fr_rounds": rounds}, ratio_free=("pair_minflt_per_1000",))
 
 
 def run_recording(name: str, rounds: int = 11) -> dict:
@@ -286,26 +340,39 @@ def run_modes(set_mode, modes, prefix: str, rounds: int) -> dict:
     bf16 = transformer_steps()["bf16"]
     times: dict[str, dict[str, list[float]]] = {"bf16_ms": {m: [] for m in modes}, "pair_us_512": {m: [] for m in modes},
                                                 "pair_us_512_deep": {m: [] for m in modes}}
-    ratios: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes[1:]} for k in times}
+    for mode in rotated(modes, rounds):
+        set_mode(mode)
+        times["bf16_ms"][mode].append(timed_steps(bf16, warmup=2, steps=8))
+        pair_us(512, 500)
+        times["pair_us_512"][mode].append(sorted(pair_us(512, 5_000) for _ in range(3))[1])
+        times["pair_us_512_deep"][mode].append(nested(DEEP, lambda: sorted(pair_us(512, 5_000) for _ in range(3))[1]))
+    set_mode(modes[0])
+    return summarize_rounds(times, prefix, rounds, {f"{'recording' if prefix == 'rec' else prefix}_rounds": rounds})
+
+
+def rotated(modes, rounds: int):
+    """Every mode once per round, ``rounds`` rounds, the order rotated each
+    round (so that no mode always runs first or after the same one)."""
     for r in range(rounds):
         k = r % len(modes)
-        for mode in modes[k:] + modes[:k]:
-            set_mode(mode)
-            times["bf16_ms"][mode].append(timed_steps(bf16, warmup=2, steps=8))
-            pair_us(512, 500)
-            times["pair_us_512"][mode].append(sorted(pair_us(512, 5_000) for _ in range(3))[1])
-            times["pair_us_512_deep"][mode].append(nested(DEEP, lambda: sorted(pair_us(512, 5_000) for _ in range(3))[1]))
-        for metric, per_mode in times.items():
-            for mode in modes[1:]:
-                ratios[metric][mode].append(per_mode[mode][-1] / per_mode[modes[0]][-1])
-    set_mode(modes[0])
+        yield from modes[k:] + modes[:k]
+
+
+def summarize_rounds(times: dict, prefix: str, rounds: int, out: dict, ratio_free=()) -> dict:
+    """``times[metric][mode]``: one figure per round, the first mode the
+    baseline. Adds the medians over rounds of the figures
+    (<prefix>_<metric>_<mode>) and of each round's ratio to the same round's
+    baseline (<prefix>_<metric>_x_<mode>, all of them in ..._all) to ``out``;
+    metrics in ``ratio_free`` get no ratios."""
     med = lambda v: sorted(v)[len(v) // 2]
-    out = {f"{'recording' if prefix == 'rec' else prefix}_rounds": rounds}
     for metric, per_mode in times.items():
-        for mode, v in per_mode.items():
+        base = next(iter(per_mode.values()))
+        for i, (mode, v) in enumerate(per_mode.items()):
             out[f"{prefix}_{metric}_{mode}"] = med(v)
-        for mode, v in ratios[metric].items():
-            out[f"{prefix}_{metric}_x_{mode}"] = med(v)
+            if i and metric not in ratio_free:
+                ratios = [x / y for x, y in zip(v, base)]
+                out[f"{prefix}_{metric}_x_{mode}"] = med(ratios)
+                out[f"{prefix}_{metric}_x_{mode}_all"] = [round(x, 4) for x in ratios]
     return out
 
 
@@ -336,6 +403,10 @@ def run_resnet50(name: str, peaks) -> dict:
 
 def main(argv) -> int:
     name, group = argv
+    cpus = os.environ.get("MEMALLOC_BENCH_CPUS")  # e.g. "2-5": every process of a comparison on the same cores
+    if cpus:
+        lo, _, hi = cpus.partition("-")
+        os.sched_setaffinity(0, range(int(lo), int(hi or lo) + 1))
     if name not in ALLOCATORS or group not in GROUPS:
         raise SystemExit(f"usage: gpu_worker {{{','.join(ALLOCATORS)}}} {{{','.join(GROUPS)}}}")
     peaks = setup(name)
@@ -348,6 +419,8 @@ def main(argv) -> int:
         result.update(run_pair(name))
     elif group == "transformer":
         result.update(run_transformer(name, peaks))
+    elif group == "bf16":
+        result.update(run_transformer(name, peaks, labels=("bf16",), steps=20))
     elif group == "recording":
         if name not in RECORDING_MODES:
             raise SystemExit(f"the recording group runs under {' and '.join(RECORDING_MODES)} only")

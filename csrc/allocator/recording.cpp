@@ -3,31 +3,22 @@
 // Invariants: trace_locked runs under the device lock, after accounting, for
 // every Event while recording is on; it allocates nothing and cannot throw.
 // observe_locked hands the same Event to the boundary's observer (if any),
-// swallowing whatever it throws.
-#include <chrono>
-
+// swallowing whatever it throws. Times come from common/clock.h, calibrated
+// before a ring is turned on (set_recording, set_recording_file), never on
+// the malloc path.
 #include "allocator/device_allocator.h"
+#include "common/clock.h"
 #include "common/errors.h"
 
 namespace memalloc {
 
 void DeviceAllocator::trace_locked(const Event& e) noexcept {
-  TraceRecord r{};
-  r.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now().time_since_epoch())
-                  .count();
-  r.addr = e.addr;
-  r.size = e.size;
-  r.requested = e.requested;
-  r.stream = e.stream;
-  r.stack_id = e.prov.stack_id;
-  r.tag_id = e.prov.tag_id;
-  r.thread = ctx_.thread;
-  r.step = ctx_.step;
-  r.action = static_cast<uint8_t>(e.action);
-  r.device = static_cast<uint8_t>(device_);
-  r.pool = static_cast<uint8_t>(e.pool);
-  ring_.push(r);
+  const uint32_t thread = ctx_.thread, step = ctx_.step;
+  const uint8_t device = static_cast<uint8_t>(device_);
+  ring_.push_with([&](TraceRecord& r) {
+    r = TraceRecord{clock::now_ns(), e.addr, e.size, e.requested, e.stream, e.prov.stack_id, e.prov.tag_id,
+                    thread, step, static_cast<uint8_t>(e.action), device, static_cast<uint8_t>(e.pool), {}};
+  });
 }
 
 void DeviceAllocator::observe_locked(const Event& e) noexcept {
@@ -47,6 +38,7 @@ void DeviceAllocator::set_recording(size_t capacity) {
   MEMALLOC_EXPECTS(capacity <= kMaxTraceRecords,
                    "recording capacity " + std::to_string(capacity) + " records is too large: at most " +
                        std::to_string(kMaxTraceRecords) + " (64 bytes each) per device");
+  if (capacity > 0) clock::calibrate();
   std::lock_guard<std::mutex> lock(mu_);
   ring_.reset(capacity);
 }
@@ -56,6 +48,7 @@ void DeviceAllocator::set_recording_file(TraceRecord* slots, uint64_t* seqs, siz
   MEMALLOC_EXPECTS(capacity > 0 && capacity <= kMaxTraceRecords,
                    "flight recorder capacity " + std::to_string(capacity) + " records: use 1 to " +
                        std::to_string(kMaxTraceRecords) + " per device");
+  clock::calibrate();
   std::lock_guard<std::mutex> lock(mu_);
   ring_.attach(slots, seqs, capacity, std::move(keep));
 }

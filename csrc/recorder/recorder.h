@@ -14,12 +14,12 @@
 //   uint8  action     memalloc::Action
 //   uint8  device
 //   uint8  pool       0 small, 1 large
-//   uint8  pad[5]
+//   uint8  pad[5]     zero
 //
 // Invariants (per ring):
 //   size() == min(total(), capacity());  dropped() == total() - size()
 //   the records in order are the last size() pushed, oldest first
-//   push() never allocates and never throws; capacity changes only in
+//   push_with() never allocates and never throws; capacity changes only in
 //   reset() and attach() (slow path, under the device lock like every
 //   other call).
 //   Attached to a flight file (attach(): the slots and their sequence
@@ -29,7 +29,7 @@
 //   time it was pushed, plus 1), stored after the record with release
 //   ordering: a reader (memalloc/trace/flight_files.py) takes a record whose
 //   number reads the same before and after it and is not 0, and knows a
-//   torn one. push() stays free of allocation, locks and system calls.
+//   torn one. push_with() stays free of allocation, locks and system calls.
 #pragma once
 
 #include <cstdint>
@@ -73,14 +73,18 @@ class TraceRing {
   }
   bool enabled() const { return cap_ != 0; }
   bool attached() const { return seqs_ != nullptr; }
-  void push(const TraceRecord& r) noexcept {
+  // Records one record, which `fill(TraceRecord&)` writes into its slot in
+  // place (every field: the slot holds an older record), so that it is not
+  // copied on the way.
+  template <class Fill>
+  void push_with(Fill&& fill) noexcept {
     if (seqs_) {
       __atomic_store_n(&seqs_[head_], 0, __ATOMIC_RELAXED);  // being written
       __atomic_thread_fence(__ATOMIC_RELEASE);
-      slots_[head_] = r;
+      fill(slots_[head_]);
       __atomic_store_n(&seqs_[head_], total_ + 1, __ATOMIC_RELEASE);  // published
     } else {
-      slots_[head_] = r;
+      fill(slots_[head_]);
     }
     head_ = head_ + 1 == cap_ ? 0 : head_ + 1;
     ++total_;

@@ -96,7 +96,7 @@ def _process(f: FlightFile, top: int, now_ns: int) -> list[str]:
         if any(split.values()):
             out.append("    by category: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in split.items() if v))
         if dev.get("top_step") not in (None, cp["step"]):
-            out.append(f"    call sites as of step {dev['top_step']} (named again as 2% of the run's time allows):")
+            out.append(f"    call sites as of step {dev['top_step']} (named again as 0.5% of the run's time allows):")
         for h in dev.get("top", [])[:top]:
             where = f"{h['filename']}:{h['line']} in {h['function']}" if h.get("filename") else (h.get("tag") or "?")
             out.append(f"    {fmt_bytes(h['bytes']):>10} in {h['tensors']} tensors  {where}")

@@ -9,7 +9,7 @@ call more than recording into memory). At each ``memalloc.step()`` this
 module appends the stacks and tags interned since the last step, updates the
 heartbeat (time and step) and writes a checkpoint (counters per device, the
 breakdown, and the top call sites of live memory, named again as often as
-2% of the run's time allows), so the file stays useful after the ring has
+0.5% of the run's time allows), so the file stays useful after the ring has
 wrapped. A clean exit removes the file, unless
 ``flight_recorder_keep:True`` (then it is marked exited); an uncaught
 exception leaves it marked raised; SIGKILL, a segfault or an abort leave
@@ -37,12 +37,13 @@ DEFAULT_RECORDS = 65_536  # per device: 4.5 MiB of ring with its sequence number
 STACKS_BYTES = 8 << 20
 CHECKPOINT_BYTES = 256 << 10
 HISTORY_BYTES = 4 << 20  # 43,690 rows of 96 bytes: steps x devices
-# The top call sites walk every live block (~2 ms per 1,000 on the host): a
+# The top call sites walk every live block (~0.5 ms per 1,000 on the host): a
 # checkpoint names them again once this many times their last cost has passed
-# (at most 2% of the run's time: every step for a small process, about once a
-# second with 10,000 live blocks); counters, the breakdown and the history row
-# are written at every step.
-TOP_COST_SHARE = 50
+# (at most 0.5% of the run's time: every step for a small process, every few
+# steps for a model of hundreds of tensors with 30 ms steps); counters, the
+# breakdown and the history row are written at every step (~0.05 ms with 600
+# live blocks).
+TOP_COST_SHARE = 200
 
 
 class FlightRecorder:
@@ -91,9 +92,22 @@ class FlightRecorder:
         self._top: dict[int, list] = {}
         self._top_at = (-1, 0, 0)  # (step, monotonic ns, cost ns) of the last top call sites
         self._lock = threading.Lock()
-        for d in range(n):
-            allocator.record_to_file(self.map, ring_offset + d * stride, records, device=d)
+        self._ring_at = (ring_offset, stride)
+        self.attach()
         self.heartbeat(0)
+
+    def attach(self) -> None:
+        """Points every device's event ring into the file (the constructor
+        does; after :meth:`detach`, the rings start again from empty)."""
+        ring_offset, stride = self._ring_at
+        for d in range(self.allocator.device_count):
+            self.allocator.record_to_file(self.map, ring_offset + d * stride, self.records, device=d)
+
+    def detach(self) -> None:
+        """Stops recording into the file (the rings go off; the file stays
+        as it is, for :meth:`attach` or :meth:`close`)."""
+        for d in range(self.allocator.device_count):
+            self.allocator.set_recording(0, device=d)
 
     # ---- at each step (under the GIL, not on the malloc path) ----------------
     def heartbeat(self, step: int) -> None:
@@ -170,8 +184,7 @@ class FlightRecorder:
                 self._append_interned()
                 ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(),
                                        ff.EXITED if clean else ff.RAISED, 0, self._stacks_used, self._history_rows)
-            for d in range(self.allocator.device_count):
-                self.allocator.set_recording(0, device=d)
+            self.detach()
             if clean and not self.keep:
                 try:
                     os.unlink(self.path)

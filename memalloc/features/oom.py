@@ -90,13 +90,18 @@ def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: Optional[_C
     a = _state.allocator_or_installed(allocator)
     d = device_index(device, a.backend_name)
     tags = _C.tag_names()
-    groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
+    by_stack: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
     for _addr, size, _req, stack_id, tag_id, _step in live_blocks(d, a):
+        g = by_stack[stack_id, tag_id]  # (blocks share few stacks: each is named once below)
+        g[0] += size
+        g[1] += 1
+    groups: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for (stack_id, tag_id), (nbytes, count) in by_stack.items():
         site = site_of(stack_id)
         tag = tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>"
         g = groups[site + ("",) if site else (None, None, None, tag)]
-        g[0] += size
-        g[1] += 1
+        g[0] += nbytes
+        g[1] += count
     out = []
     for (filename, line, function, tag), (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]:
         out.append({"bytes": nbytes, "tensors": count, "filename": filename, "line": line, "function": function,

@@ -33,11 +33,13 @@ def record(name: str, mode: str, result: dict) -> None:
             f.write(json.dumps({"scenario": name, "mode": mode, "result": result}, default=str) + "\n")
 
 
-def gpu_worker(allocator: str, group: str, name: str) -> dict:
+def gpu_worker(allocator: str, group: str, name: str, env: dict | None = None) -> dict:
     """benchmarks/gpu_worker.py's result for one group under ``allocator``,
-    run in a fresh process, recorded as scenario ``name`` (record())."""
+    run in a fresh process (environment ``env``, default this one's),
+    recorded as scenario ``name`` (record())."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_worker", allocator, group],
-                          cwd=os.path.dirname(os.path.dirname(HERE)), capture_output=True, text=True, timeout=600)
+                          cwd=os.path.dirname(os.path.dirname(HERE)), capture_output=True, text=True, timeout=600,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     record(name, allocator, r)

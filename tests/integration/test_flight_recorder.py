@@ -11,7 +11,6 @@ exited); bad files and directories get errors naming them.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -19,20 +18,13 @@ import sys
 
 import pytest
 
-from memalloc.cli.postmortem import live_sites
 from memalloc.trace import flight_files as ff
 from memalloc.trace.recording import RECORD_FORMAT
 from memtest_helpers import REPO
 
-LOOP = REPO / "tests" / "recording_cases" / "flight_loop.py"
-KEEP_LINE = next(i for i, l in enumerate(LOOP.read_text().splitlines(), 1) if l.rstrip().endswith("# KEEP-LINE"))
-
-
-def run_loop(mode: str, directory, records: int = 4096) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("MEMALLOC_CONF", None)
-    return subprocess.run([sys.executable, str(LOOP), mode, str(directory), str(records)], env=env,
-                          capture_output=True, text=True, timeout=120)
+sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
+from flight_checks import (check_job, check_postmortem, check_snapshot, check_top, env,  # noqa: E402
+                           memalloc_cli, run_job, run_loop)
 
 
 def comparable(raw: bytes) -> list[tuple]:
@@ -98,13 +90,7 @@ def test_a_wrapped_ring_keeps_the_newest_records(tmp_path, memory_ring):
 
 
 def test_postmortem_names_the_line_holding_the_most_memory(killed):
-    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(killed), "--events", "3"],
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert "no clean exit" in p.stdout and "last step: 21" in p.stdout
-    first_site = p.stdout.split("live memory at the end by line")[1].splitlines()[1]
-    # 21 kept tensors of 16 KiB: the keeping line holds the most
-    assert f"{LOOP}:{KEEP_LINE} in <module>" in first_site and "336.00 KiB in 21 blocks" in first_site, p.stdout
+    check_postmortem(killed)
 
 
 def test_a_clean_exit_removes_the_file_or_keeps_it_marked(tmp_path):
@@ -152,8 +138,7 @@ def test_bad_files_and_directories_are_named(killed, tmp_path):
     cut.write_bytes(bytes(data[:len(data) // 2]))
     with pytest.raises(ff.FlightFileError, match="truncated"):
         ff.read(cut)
-    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path / "empty")],
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
+    p = memalloc_cli("postmortem", str(tmp_path / "empty"))
     assert p.returncode != 0 and "not a directory" in p.stderr
 
 
@@ -173,12 +158,9 @@ def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_w
                       "    memalloc.step()\n"
                       "if os.environ.get('FAIL'):\n"
                       "    raise RuntimeError('the loss is NaN')\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("MEMALLOC_CONF", None)
-
     def run(out, **extra):
         return subprocess.run([sys.executable, "-m", "memalloc", "run", "--backend", "host", "--steps", "--out",
-                               str(out), str(script)], env={**env, **extra}, capture_output=True, text=True,
+                               str(out), str(script)], env={**env(), **extra}, capture_output=True, text=True,
                               timeout=120)
     ok = run(tmp_path / "ok")
     assert ok.returncode == 0, ok.stderr
@@ -188,98 +170,27 @@ def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_w
     f = ff.read(ff.files_in(tmp_path / "failed" / "flight")[0])
     assert f.state == "raised" and f.step == 5
     assert any(e.action == "alloc" and e.size == 16384 for e in f.rings[0])
-    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(tmp_path / "failed" / "flight")],
-                       env=env, capture_output=True, text=True, timeout=60)
+    p = memalloc_cli("postmortem", str(tmp_path / "failed" / "flight"))
     assert "exited on an uncaught exception at step 5" in p.stdout, p.stdout
     assert f"{script}:4 in <module>" in p.stdout.split("live memory at the end by line")[1], p.stdout
 
 
-LIVE = """
-import sys, torch, memalloc
-memalloc.enable(backend="host", config="host_capacity_mb:64,flight_recorder:{d}")
-memalloc.host.use_for_cpu_tensors()
-kept = []
-w = torch.randn(384, 384)
-for step in range(7):
-    kept.append(torch.ones(8192))  # HOLDER
-    for _ in range(8):
-        w = torch.tanh(w @ w)  # a step's work: the call sites are named again within 2% of it
-    memalloc.step()
-print("ready", flush=True)
-sys.stdin.readline()  # stays alive until the test has looked
-"""
-
-
 def test_top_once_shows_a_live_process_from_outside(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("MEMALLOC_CONF", None)
-    child = subprocess.Popen([sys.executable, "-c", LIVE.format(d=tmp_path)], env=env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()
-        for target in (str(child.pid), str(tmp_path)):
-            p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once", target], env=env,
-                               capture_output=True, text=True, timeout=60)
-            assert p.returncode == 0, p.stderr
-            assert f"pid {child.pid} (rank 0/1, host) step 7" in p.stdout, p.stdout
-            # 7 kept tensors of 32 KiB, at the line that makes them
-            holder = next(i for i, l in enumerate(LIVE.splitlines(), 1) if l.endswith("# HOLDER"))
-            assert "allocated 800.00 KiB" in p.stdout, p.stdout  # the kept tensors and w (576 KiB)
-            # the call sites are those of the last step, or of the step the view names when they are
-            # named again less often (2% of the run's time): one more 32 KiB tensor per step
-            stale = re.search(r"call sites as of step (\d+)", p.stdout)
-            n = int(stale.group(1)) if stale else 7
-            assert f"{32 * n:.2f} KiB in {n} tensors  <string>:{holder} in <module>" in p.stdout, p.stdout
-        p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once"], env=env, capture_output=True,
-                           text=True, timeout=60)
-        assert f"pid {child.pid} " in p.stdout  # found among every process of the machine
-    finally:
-        child.stdin.write("\n")
-        child.stdin.close()
-        assert child.wait(timeout=60) == 0
-    p = subprocess.run([sys.executable, "-m", "memalloc", "top", "--once", str(child.pid)], env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and f"no process {child.pid}" in p.stderr
+    check_top(tmp_path, "host")
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """torchrun --nproc_per_node 2 -m memalloc run on tests/recording_cases/two_ranks.py,
-    then ``python -m memalloc report DIR --html``: (text, page path, script, its lines)."""
-    tmp_path = tmp_path_factory.mktemp("job")
-    script = REPO / "tests" / "recording_cases" / "two_ranks.py"
-    src = script.read_text().splitlines()
-    lines = {m: next(i for i, l in enumerate(src, 1) if l.endswith(f"# {m}")) for m in ("HOLD-LINE", "LEAK-LINE")}
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.pop("MEMALLOC_CONF", None)
-    out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "memalloc", "run", "--backend", "host", "--steps", "--config",
-                        "flight_recorder_keep:True", "--out", str(out), str(script)],
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    files = [ff.read(f) for f in ff.files_in(out / "flight")]
-    assert sorted((f.rank, f.world_size) for f in files) == [(0, 2), (1, 2)]
-    page = tmp_path / "job.html"
-    r = subprocess.run([sys.executable, "-m", "memalloc", "report", str(out / "flight"), "--html", str(page)],
-                       env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout, page, script, lines
+    then ``python -m memalloc report DIR --html`` (flight_checks.run_job)."""
+    return run_job(tmp_path_factory.mktemp("job") / "out", "host")
 
 
 def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
     """Each rank writes its own file; report DIR names rank 1 as standing out
     (1 MiB held more, at its line) and rank 0's leak (16 KiB per step, at its
     line); the HTML page has a row and a series per rank."""
-    text, page, script, lines = job
-    assert "2 rank(s)" in text and "rank 0 (pid" in text and "rank 1 (pid" in text, text
-    stands = text.split("rank 1 stands out")[1].splitlines()
-    assert f"{script}:{lines['HOLD-LINE']} in <module>" in stands[1] and "+1.00 MiB" in stands[1], text
-    assert f"rank 0 leaks: {script}:{lines['LEAK-LINE']} in <module> grows by 16.00 KiB per step" in text, text
-    assert "rank 1 leaks" not in text, text
-    html_text = page.read_text()
-    assert 'polyline class="series rank-0"' in html_text and 'polyline class="series rank-1"' in html_text
-    assert '<tr data-rank="1"' in html_text and 'id="outliers"' in html_text
+    check_job(*job)
 
 
 def test_the_job_page_in_headless_chromium(job, tmp_path):
@@ -300,22 +211,4 @@ def test_the_job_page_in_headless_chromium(job, tmp_path):
 
 
 def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(killed):
-    import pickle
-
-    from torch.cuda import _memory_viz as mv
-    p = subprocess.run([sys.executable, "-m", "memalloc", "postmortem", str(killed), "--snapshot"],
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    (path,) = ff.files_in(killed)
-    snap = pickle.loads(open(path + ".pickle", "rb").read())
-    f = ff.read(path)
-    (trace,) = snap["device_traces"]
-    assert [e["action"] for e in trace] == [e.action for e in f.rings[0]]
-    keeps = [e for e in trace if e["action"] == "alloc" and e["frames"]
-             and (e["frames"][0]["filename"], e["frames"][0]["line"]) == (str(LOOP), KEEP_LINE)]
-    assert len(keeps) == 21
-    live = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
-    assert live == sum(b for _, b, _ in live_sites(f, 0))  # the blocks postmortem lists as live at the end
-    text = mv.segments(snap, format_flamegraph=lambda x: x)  # torch's own viewer code reads it
-    assert f"flight_loop.py:{KEEP_LINE}" in text
-    assert mv.trace(snap).startswith("Device 0")
+    check_snapshot(killed)

@@ -4,7 +4,8 @@
 // engine workers (malloc_on_native_thread); and, on the host backend (the
 // simulated device), injected allocate/release faults (inject_allocate_faults,
 // inject_release_faults, set_fault_rates, faults_injected) and the count of
-// segments the device holds (live_segments), and a simulated graph capture
+// segments the device holds (live_segments), the event ring's clock
+// (clock_ns, common/clock.h), and a simulated graph capture
 // (capture_begin/work/wait/end, capture_reuse.h); and the backend's virtual
 // memory (vm_*: reserve, map, unmap, free), the bottom layer of expandable
 // segments before the pool uses it. Invariants as bindings.cpp.
@@ -17,6 +18,7 @@
 #include "allocator/registry.h"
 #include "backend/backend.h"
 #include "boundary/python/pystacks.h"
+#include "common/clock.h"
 
 #include <exception>
 #include <thread>
@@ -28,6 +30,12 @@ namespace memalloc {
 void bind_testing(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "test hooks (not API)");
   using namespace pyargs;
+  t.def("clock_ns", [] {
+    // The event ring's clock (common/clock.h), calibrated: (steady_clock ns,
+    // whether it came from the time-stamp counter).
+    clock::calibrate();
+    return std::make_pair(clock::now_ns(), clock::uses_counter());
+  });
   t.def("malloc_on_native_thread",
         [](AllocatorArg a, SizeArg size, Device device) {
           // Test hook: allocate from a thread that never ran Python, as
