@@ -111,7 +111,9 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   if (b->owner != nullptr) b->owner->live_blocks -= 1;
   record_locked(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
+    completing_at_once_ = true;
     free_block_locked(b);
+    completing_at_once_ = false;
   } else if (pools_.any_route()) {
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {

@@ -417,6 +417,10 @@ class DeviceAllocator {
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number
   TraceRing ring_;
+  // A free whose block completes at once stamps both of its records with
+  // one clock reading (recording.cpp): set around that free_block_locked.
+  bool completing_at_once_ = false;
+  int64_t last_record_ns_ = 0;  // the time of the last record pushed
   EventObserver observer_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
   double fraction_ = -1.0;  // < 0: no limit set

@@ -3,7 +3,8 @@
 // Invariants: trace_locked runs under the device lock, after accounting, for
 // every Event while recording is on; it allocates nothing and cannot throw.
 // observe_locked hands the same Event to the boundary's observer (if any),
-// swallowing whatever it throws. Times come from common/clock.h, calibrated
+// swallowing whatever it throws. Times come from common/clock.h (a free that
+// completes at once stamps both of its records with one reading), calibrated
 // before a ring is turned on (set_recording, set_recording_file), never on
 // the malloc path.
 #include "allocator/device_allocator.h"
@@ -15,8 +16,10 @@ namespace memalloc {
 void DeviceAllocator::trace_locked(const Event& e) noexcept {
   const uint32_t thread = ctx_.thread, step = ctx_.step;
   const uint8_t device = static_cast<uint8_t>(device_);
+  const int64_t t = completing_at_once_ && e.action == Action::kFreeCompleted ? last_record_ns_ : clock::now_ns();
+  last_record_ns_ = t;
   ring_.push_with([&](TraceRecord& r) {
-    r = TraceRecord{clock::now_ns(), e.addr, e.size, e.requested, e.stream, e.prov.stack_id, e.prov.tag_id,
+    r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, e.prov.stack_id, e.prov.tag_id,
                     thread, step, static_cast<uint8_t>(e.action), device, static_cast<uint8_t>(e.pool), {}};
   });
 }
