@@ -271,6 +271,7 @@ add(A, 'memalloc._C._testing.set_fault_rates(a, float("nan"), 0.0)', "NaN rate",
 add(A, 'memalloc._C._testing.set_fault_rates(a, 0.0, 0.0, 0, 99)', "device 99", "InvalidArgumentError",
     "device 99 does not exist")
 add(A, 'memalloc._C._testing.set_fault_rates(a, 0.0, 0.0, -1)', "negative seed", "ValueError", "seed -1")
+add(A, 'memalloc._C._testing.clock_ns(1)', "an argument", "TypeError", "takes no arguments")
 add(A, 'memalloc._C._testing.faults_injected(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'memalloc._C._testing.live_segments(a, -1)', "device -1", "InvalidArgumentError", "device -1 does not exist")
 add(A, 'memalloc._C._testing.live_segments(a.stats)', "not an allocator", "TypeError", "allocator must be")

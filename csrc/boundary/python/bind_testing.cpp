@@ -30,11 +30,15 @@ namespace memalloc {
 void bind_testing(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "test hooks (not API)");
   using namespace pyargs;
-  t.def("clock_ns", [] {
+  t.def("clock_ns", [](const py::args& args) {
+    if (!args.empty())
+      throw py::type_error("clock_ns() takes no arguments, not " + std::to_string(args.size()) +
+                           ": it reads the event ring's clock");
     // The event ring's clock (common/clock.h), calibrated: (steady_clock ns,
-    // whether it came from the time-stamp counter).
+    // whether it came from the time-stamp counter, steady_clock ns at the
+    // calibration: the drift bound counts from there).
     clock::calibrate();
-    return std::make_pair(clock::now_ns(), clock::uses_counter());
+    return py::make_tuple(clock::now_ns(), clock::uses_counter(), clock::scale().ns0);
   });
   t.def("malloc_on_native_thread",
         [](AllocatorArg a, SizeArg size, Device device) {
