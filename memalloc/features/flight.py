@@ -76,7 +76,7 @@ class FlightRecorder:
         self.buf[ff.HOST_AT:ff.HOST_AT + len(host.encode()[:ff.HOST_BYTES])] = host.encode()[:ff.HOST_BYTES]
         backend = allocator.backend_name.encode()[:ff.BACKEND_BYTES]
         self.buf[ff.BACKEND_AT:ff.BACKEND_AT + len(backend)] = backend
-        meta = json.dumps({"config": _state.installed_config() if _state.installed_allocator() is allocator else "",
+        meta = json.dumps({"config": _state.installed_config() if _C.installed() is allocator else "",
                            "argv": list(sys.argv), "local_rank": os.environ.get("LOCAL_RANK")}).encode()
         meta = meta[:ff.HEADER_BYTES - ff.META_AT - 4]
         struct.pack_into("<I", self.buf, ff.META_AT, len(meta))
@@ -98,14 +98,23 @@ class FlightRecorder:
 
     def attach(self) -> None:
         """Points every device's event ring into the file (the constructor
-        does; after :meth:`detach`, the rings start again from empty)."""
-        ring_offset, stride = self._ring_at
+        does; after :meth:`detach`, the rings start again from empty). While
+        attached, the file owns the rings: memalloc.record_memory_history
+        borrows them and gives them back (recording.set_ring_owner)."""
         for d in range(self.allocator.device_count):
-            self.allocator.record_to_file(self.map, ring_offset + d * stride, self.records, device=d)
+            self._attach_device(d)
+        recording.set_ring_owner(self.allocator, self._attach_device)
+
+    def _attach_device(self, device: int) -> None:
+        ring_offset, stride = self._ring_at
+        self.allocator.record_to_file(self.map, ring_offset + device * stride, self.records, device=device)
+        if _C.stack_mode() == 0:
+            _C.set_stack_mode(2)  # the file names lines (call_sites:False leaves them off otherwise)
 
     def detach(self) -> None:
         """Stops recording into the file (the rings go off; the file stays
         as it is, for :meth:`attach` or :meth:`close`)."""
+        recording.set_ring_owner(self.allocator, None)
         for d in range(self.allocator.device_count):
             self.allocator.set_recording(0, device=d)
 
@@ -207,8 +216,6 @@ def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
     if _recorder is not None:
         raise RuntimeError(f"the flight recorder is already writing {_recorder.path}: one per process")
     a = _state.allocator_or_installed(allocator)
-    if _C.stack_mode() == 0:
-        _C.set_stack_mode(2)  # the file names lines: stacks on (enable() keeps them on already)
     _recorder = FlightRecorder(a, os.fspath(directory), records, keep)
     iteration.add_step_listener(_on_step)
     atexit.unregister(stop)  # once, however often the recorder was started

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from memalloc import _C
 from memalloc.core import _state
@@ -91,11 +91,29 @@ class Event:
 # Holding the allocator keeps its Python object, hence its id, the same while
 # it records (memalloc._C.installed() returns that object while it lives).
 _recording: dict[int, tuple[_C.Allocator, set[int]]] = {}
+# A recorder that owns an allocator's rings for longer (the flight recorder's
+# file, memalloc/features/flight.py), by id: record_memory_history may lend
+# a ring to the in-memory history, and gives it back on stopping.
+_ring_owners: dict[int, tuple[_C.Allocator, Callable[[int], None]]] = {}
+
+
+def set_ring_owner(allocator: _C.Allocator, take_back: Optional[Callable[[int], None]]) -> None:
+    """While ``take_back`` is set, stopping the in-memory history of a device
+    of ``allocator`` calls ``take_back(device)`` instead of leaving the ring
+    off (None: no owner)."""
+    if take_back is None:
+        _ring_owners.pop(id(allocator), None)
+    else:
+        _ring_owners[id(allocator)] = (allocator, take_back)
 
 
 def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python",
                           device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> None:
     """Starts (or with ``enabled=False`` stops) recording allocator events.
+
+    While the flight recorder runs (``flight_recorder:DIR``), starting this
+    history moves the devices' rings from its file into memory for a while,
+    and stopping gives them back to the file (whose ring starts again).
 
     Args:
         enabled: record or not. Stopping frees the rings.
@@ -137,6 +155,10 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
         _C.set_stack_mode(_state.base_stack_mode())
     if enabled and stacks != "none":
         tags.install_backward_context()
+    owner = _ring_owners.get(id(a))
+    if not enabled and owner is not None:  # (after the stack mode: the owner keeps what it needs)
+        for d in devices:
+            owner[1](d)
 
 
 # ---- reading events -------------------------------------------------------------

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from memalloc.trace import flight_files as ff
-from memalloc.trace.recording import RECORD_FORMAT
+from memalloc.trace.recording import ACTIONS, RECORD_FORMAT
 from memtest_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
@@ -212,3 +212,34 @@ def test_the_job_page_in_headless_chromium(job, tmp_path):
 
 def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(killed):
     check_snapshot(killed)
+
+
+def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_allocator, tmp_path):
+    """memalloc.record_memory_history while the flight recorder runs: the
+    rings move into memory (those events are the in-memory history's), and
+    stopping it gives them back to the file, whose ring starts again, with
+    stacks still on."""
+    from memalloc import _C
+    from memalloc.features.flight import FlightRecorder
+    from memalloc.trace import recording
+
+    a = host_allocator
+    r = FlightRecorder(a, str(tmp_path), 64, keep=False)
+    try:
+        a.free(a.malloc(4096))  # into the file
+        recording.record_memory_history(max_entries=16, allocator=a)
+        a.free(a.malloc(8192))  # into memory
+        raw, _dropped = recording.raw_records(0, allocator=a)
+        in_memory = [(ACTIONS[rec[9]], rec[3]) for rec in struct.iter_unpack(RECORD_FORMAT, raw)]
+        recording.record_memory_history(enabled=False, allocator=a)
+        a.free(a.malloc(12288))  # into the file again
+        f = ff.read(r.path)
+        assert ("alloc", 8192) in in_memory and ("alloc", 4096) not in in_memory
+        assert [(e.action, e.requested) for e in f.rings[0] if e.action == "alloc"] == [("alloc", 12288)]
+        assert f.sequences[0] == list(range(1, len(f.rings[0]) + 1))  # the file's ring started again
+        assert _C.stack_mode() != 0
+    finally:
+        r.close(clean=True)
+    assert not os.path.exists(r.path)
+    a.free(a.malloc(4096))
+    assert recording.raw_records(0, allocator=a)[0] == b""  # closed: the rings are off
