@@ -22,7 +22,7 @@ import time
 from typing import Optional
 
 from memalloc.core._format import fmt_bytes
-from memalloc.trace.flight_files import FlightFile, FlightFileError, files_in, read
+from memalloc.trace.flight_files import FlightFile, FlightFileError, files_in, live_at_end, read
 from memalloc.trace.flight_report import snapshot_of
 
 
@@ -73,17 +73,11 @@ def how_it_ended(f: FlightFile, now_ns: Optional[int] = None) -> str:
 def live_sites(f: FlightFile, device: int) -> list[tuple[tuple, int, int]]:
     """((file, line, function), bytes, blocks) of the blocks the ring saw
     allocated and not freed, by innermost user frame, most bytes first."""
-    live: dict[int, tuple[int, int]] = {}
-    for e in f.rings[device]:
-        if e.action == "alloc":
-            live[e.addr] = (e.size, e.stack_id)
-        elif e.action == "free_requested" and e.addr in live:
-            del live[e.addr]
     sites: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for size, stack_id in live.values():
-        frames = f.stacks.get(stack_id, [])
-        key = f.user_frame(stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
-        sites[key][0] += size
+    for e in live_at_end(f.rings[device]).values():
+        frames = f.stacks.get(e.stack_id, [])
+        key = f.user_frame(e.stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
+        sites[key][0] += e.size
         sites[key][1] += 1
     return sorted(((k, v[0], v[1]) for k, v in sites.items()), key=lambda s: -s[1])
 

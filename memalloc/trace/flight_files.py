@@ -108,6 +108,28 @@ class FlightFile:
         return next((tuple(fr) for fr in self.stacks.get(stack_id, []) if not is_internal(fr[0])), None)
 
 
+def replay(live: dict[int, Event], e: Event) -> Optional[Event]:
+    """Replays one event of a ring onto ``live`` (address -> the alloc event
+    of every block the ring saw allocated and not yet freed): an alloc adds
+    its block, a free_requested removes it. Returns the alloc event of the
+    block it ended, else None. The one replay of a ring's blocks, for the
+    postmortem's live sites, the job report's leaks and the snapshot."""
+    if e.action == "alloc":
+        live[e.addr] = e
+    elif e.action == "free_requested":
+        return live.pop(e.addr, None)
+    return None
+
+
+def live_at_end(ring: list[Event]) -> dict[int, Event]:
+    """The blocks a ring saw allocated and not freed by its last record
+    (address -> their alloc events); blocks older than the ring are unknown."""
+    live: dict[int, Event] = {}
+    for e in ring:
+        replay(live, e)
+    return live
+
+
 def read(path: PathLike) -> FlightFile:
     """Reads one flight recorder file (FlightFileError naming the file and
     the problem when it is not one, is of another format version, or is
@@ -239,4 +261,5 @@ def files_in(directory: PathLike) -> list[str]:
 
 
 __all__ = ["CATEGORIES", "HISTORY_ROW", "EXITED", "RAISED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
-           "MAGIC", "RECORD_BYTES", "RUNNING", "SEQ_BYTES", "SUFFIX", "VERSION", "files_in", "read"]
+           "MAGIC", "RECORD_BYTES", "RUNNING", "SEQ_BYTES", "SUFFIX", "VERSION", "files_in", "live_at_end", "read",
+           "replay"]

@@ -20,7 +20,8 @@ from memalloc import _C
 
 from memalloc.core._format import fmt_bytes
 from memalloc.reporters.report_html import chart, render_page
-from memalloc.trace.flight_files import FlightFile
+from memalloc.trace.flight_files import FlightFile, live_at_end, replay
+from memalloc.trace.recording import Event
 from memalloc.trace.snapshots import _TORCH_KEEP
 
 STANDS_OUT = 1.10  # a rank whose peak is more than 10% above the median rank's
@@ -77,7 +78,7 @@ def leaks_of(f: FlightFile) -> list[dict]:
     [{"device", "site", "bytes_per_step", "steps"}], largest first."""
     out = []
     for d, ring in enumerate(f.rings):
-        live: dict[int, tuple[int, tuple]] = {}
+        live: dict[int, Event] = {}
         by_site: dict[tuple, int] = collections.defaultdict(int)
         at_step_end: dict[tuple, list[tuple[int, int]]] = collections.defaultdict(list)
         step = ring[0].step if ring else 0
@@ -88,13 +89,11 @@ def leaks_of(f: FlightFile) -> list[dict]:
                 if e is None:
                     break
                 step = e.step
+            ended = replay(live, e)
             if e.action == "alloc":
-                site = _site(f, e.stack_id)
-                live[e.addr] = (e.size, site)
-                by_site[site] += e.size
-            elif e.action == "free_requested" and e.addr in live:
-                size, site = live.pop(e.addr)
-                by_site[site] -= size
+                by_site[_site(f, e.stack_id)] += e.size
+            elif ended is not None:
+                by_site[_site(f, ended.stack_id)] -= ended.size
         for site, series in at_step_end.items():
             # steps that ended with a boundary (the last one is unfinished: the
             # process ended in it, freeing what it freed at exit)
@@ -203,16 +202,11 @@ def snapshot_of(f: FlightFile) -> dict:
                 segs.setdefault(e.addr, {"size": 0, "stream": e.stream, "blocks": {}})["size"] += e.size
             elif e.action == "segment_free":
                 segs.pop(e.addr, None)
-            elif e.action in ("alloc", "free_requested"):
-                starts = sorted(segs)
-                i = bisect.bisect_right(starts, e.addr) - 1
-                if i < 0 or e.addr >= starts[i] + segs[starts[i]]["size"]:
-                    continue  # in a segment made before the ring's oldest record
-                blocks = segs[starts[i]]["blocks"]
-                if e.action == "alloc":
-                    blocks[e.addr] = (e.size, e.requested, e.stack_id)
-                else:
-                    blocks.pop(e.addr, None)
+        starts = sorted(segs)
+        for e in live_at_end(ring).values():  # each live block into the segment that holds it
+            i = bisect.bisect_right(starts, e.addr) - 1
+            if i >= 0 and e.addr < starts[i] + segs[starts[i]]["size"]:  # (else in a segment older than the ring)
+                segs[starts[i]]["blocks"][e.addr] = (e.size, e.requested, e.stack_id)
         for addr, seg in sorted(segs.items()):
             blocks, at = [], addr
             for b_addr, (size, requested, stack_id) in sorted(seg["blocks"].items()):
