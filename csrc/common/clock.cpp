@@ -10,7 +10,6 @@ namespace memalloc {
 namespace clock {
 namespace {
 
-Scale g_scale;
 std::once_flag g_once;
 
 #if defined(__x86_64__)
@@ -61,8 +60,6 @@ void measure() {
 }
 
 }  // namespace
-
-const Scale& scale() noexcept { return g_scale; }
 
 void calibrate() noexcept {
   try {

@@ -44,7 +44,11 @@ struct Scale {
   uint64_t mult = 0;    // ns per tick, fixed point with 32 fraction bits
   bool on = false;      // false: now_ns() calls steady_clock
 };
-const Scale& scale() noexcept;
+// The scale, written once by calibrate() before any ring is on (read-only
+// afterwards; every reader's ring was turned on after calibrate() returned,
+// under the device lock its pushes take).
+inline Scale g_scale;
+inline const Scale& scale() noexcept { return g_scale; }
 
 // Measures the scale (once per process; later calls return at once).
 void calibrate() noexcept;
