@@ -141,6 +141,7 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
     a = _state.allocator_or_installed(allocator)
     devices = range(a.device_count) if device is None else [device_index(device, a.backend_name)]
     _, on = _recording.setdefault(id(a), (a, set()))
+    lent = {d for d in devices if d in on}  # the rings this call stops (an owner's, lent)
     try:
         for d in devices:
             a.set_recording(max_entries if enabled else 0, d)
@@ -157,7 +158,7 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
         tags.install_backward_context()
     owner = _ring_owners.get(id(a))
     if not enabled and owner is not None:  # (after the stack mode: the owner keeps what it needs)
-        for d in devices:
+        for d in sorted(lent):
             owner[1](d)
 
 

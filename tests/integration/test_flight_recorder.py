@@ -227,6 +227,8 @@ def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_alloca
     r = FlightRecorder(a, str(tmp_path), 64, keep=False)
     try:
         a.free(a.malloc(4096))  # into the file
+        recording.record_memory_history(enabled=False, allocator=a)  # stops nothing: the file keeps its ring
+        assert [(e.action, e.requested) for e in ff.read(r.path).rings[0] if e.action == "alloc"] == [("alloc", 4096)]
         recording.record_memory_history(max_entries=16, allocator=a)
         a.free(a.malloc(8192))  # into memory
         raw, _dropped = recording.raw_records(0, allocator=a)
