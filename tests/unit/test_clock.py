@@ -34,7 +34,6 @@ def test_clock_follows_the_monotonic_clock_within_the_stated_drift():
     _, counter, calibrated_at = _C._testing.clock_ns()
     start = calibrated_at if counter else time.monotonic_ns()
     deadline = time.monotonic_ns() + 300_000_000
-    worst = 0.0
     while time.monotonic_ns() < deadline:
         before = time.monotonic_ns()
         ours, _, _ = _C._testing.clock_ns()
@@ -42,9 +41,7 @@ def test_clock_follows_the_monotonic_clock_within_the_stated_drift():
         # our reading lies between the two monotonic ones, up to the drift since the calibration (and 2 us)
         slack = MAX_DRIFT * max(0, after - start) + 2_000
         assert before - slack <= ours <= after + slack, (before, ours, after)
-        worst = max(worst, before - ours, ours - after)
         time.sleep(0.01)
-    assert worst < 1e6  # under a millisecond over 0.3 s
 
 
 def test_clock_never_runs_backwards_on_any_thread():
