@@ -11,7 +11,7 @@ switching recording off and on between rounds; see run_recording),
 ``call_sites`` (memalloc only: the cost of its default call-site capture,
 switched off and on the same way; see run_call_sites), ``flight``
 (memalloc only: the flight recorder's file against the in-memory ring and no
-recording, the same way; see run_flight), ``bf16`` (the bf16 transformer
+recording, modes alternating every few steps in one process; see run_flight), ``bf16`` (the bf16 transformer
 step alone, 20 steps: the cross-process comparison with native, e.g. of
 ``memalloc_flight``, tests/gpu/test_cuda_flight.py).
 

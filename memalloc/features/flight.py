@@ -124,8 +124,11 @@ class FlightRecorder:
         with self._lock:
             self._append_interned()
             self._write_checkpoint(step)
-            ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, ff.RUNNING, 0,
-                                   self._stacks_used, self._history_rows)
+            self._write_heartbeat(step, ff.RUNNING)
+
+    def _write_heartbeat(self, step: int, state: int) -> None:
+        ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, state, 0,
+                               self._stacks_used, self._history_rows)
 
     def _append(self, entry: dict) -> bool:
         data = json.dumps(entry, separators=(",", ":")).encode()
@@ -191,8 +194,7 @@ class FlightRecorder:
             if self.keep or not clean:
                 # (the last step's checkpoint stays: by now the program's objects may be gone)
                 self._append_interned()
-                ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), _C.step(),
-                                       ff.EXITED if clean else ff.RAISED, 0, self._stacks_used, self._history_rows)
+                self._write_heartbeat(_C.step(), ff.EXITED if clean else ff.RAISED)
             self.detach()
             if clean and not self.keep:
                 try:

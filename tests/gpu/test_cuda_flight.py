@@ -33,15 +33,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOOP = os.path.join(REPO, "tests", "recording_cases", "flight_loop.py")
-
-
 def run_loop(mode: str, directory) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=REPO)
-    env.pop("MEMALLOC_CONF", None)
-    return subprocess.run([sys.executable, LOOP, mode, str(directory), "4096", "cuda"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return flight_checks.run_loop(mode, directory, 4096, "cuda", timeout=300)
 
 
 def test_a_killed_cuda_process_leaves_every_committed_record(tmp_path):
