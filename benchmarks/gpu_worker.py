@@ -43,7 +43,7 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # step boundary (a heartbeat and checkpoint) at every optimizer.step()
               "memalloc_flight")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "bf16")
+GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16")
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -247,7 +247,7 @@ def set_call_sites(mode: str) -> None:
     _C.set_stack_mode(0 if mode == "off" else 2)
 
 
-def run_flight(rounds: int = 121) -> dict:
+def run_flight(rounds: int = 121, bf16_steps: bool = True) -> dict:
     """What the flight recorder costs under memalloc, in one process, modes
     switched every few steps: "off" (no recording, the baseline), "memory"
     (the in-memory ring, 65,536 records per device) and "file" (the flight
@@ -267,13 +267,16 @@ def run_flight(rounds: int = 121) -> dict:
     machine gave to others). Ratios per round against the same round's "off";
     figures are medians over rounds (keys fr_*: fr_bf16_ms_x_file,
     fr_pair_us_512_x_file, fr_pair_cpu_us_512_x_file, ...), with
-    fr_pair_minflt_per_1000_* the page faults per 1,000 pairs."""
+    fr_pair_minflt_per_1000_* the page faults per 1,000 pairs.
+    ``bf16_steps=False`` (the flight_pair group: 363 rounds of pairs only,
+    about 40 s a process) leaves the transformer out, for A/B runs of the
+    pair's cost in many processes (benchmarks/device_ab.sh)."""
     import tempfile
 
     import memalloc
     from memalloc.features import flight
 
-    bf16 = transformer_steps()["bf16"]
+    bf16 = transformer_steps()["bf16"] if bf16_steps else None
     rec = flight.start(tempfile.mkdtemp(prefix="memalloc-flight-bench-"))
     rec.detach()
 
@@ -287,11 +290,12 @@ def run_flight(rounds: int = 121) -> dict:
             rec.attach()
 
     modes = ("off", "memory", "file")
-    metrics = ("bf16_ms", "pair_us_512", "pair_cpu_us_512", "pair_minflt_per_1000")
+    metrics = ("bf16_ms",) * bf16_steps + ("pair_us_512", "pair_cpu_us_512", "pair_minflt_per_1000")
     times = {m: {mode: [] for mode in modes} for m in metrics}
     for mode in rotated(modes, rounds):
         set_mode(mode)
-        times["bf16_ms"][mode].append(timed_steps(bf16, warmup=1, steps=3))
+        if bf16_steps:
+            times["bf16_ms"][mode].append(timed_steps(bf16, warmup=1, steps=3))
         pair_us(512, 200)
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         wall, cpu = [], []
@@ -433,6 +437,10 @@ def main(argv) -> int:
         if name != "memalloc":
             raise SystemExit("the flight group runs under memalloc only")
         result.update(run_flight())
+    elif group == "flight_pair":
+        if name != "memalloc":
+            raise SystemExit("the flight_pair group runs under memalloc only")
+        result.update(run_flight(rounds=363, bf16_steps=False))
     else:
         result.update(run_resnet50(name, peaks))
     print(json.dumps(result))
