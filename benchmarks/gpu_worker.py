@@ -43,7 +43,9 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # step boundary (a heartbeat and checkpoint) at every optimizer.step()
               "memalloc_flight")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16")
+GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16",
+          # a lockstep worker (benchmarks/lockstep.py): one bf16 transformer step per "step" line
+          "bf16_lockstep")
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -437,6 +439,10 @@ def main(argv) -> int:
         if name != "memalloc":
             raise SystemExit("the flight group runs under memalloc only")
         result.update(run_flight())
+    elif group == "bf16_lockstep":
+        from benchmarks.lockstep import serve
+
+        result["steps"] = serve(transformer_steps()["bf16"], warmup=3, sync=torch.cuda.synchronize)
     elif group == "flight_pair":
         if name != "memalloc":
             raise SystemExit("the flight_pair group runs under memalloc only")

@@ -1,0 +1,68 @@
+"""benchmarks/lockstep.py without a GPU: two real worker processes whose
+step is CPU work of a known size (python -m benchmarks.lockstep --work N),
+driven in lockstep. The ratio the driver reports must follow the work each
+worker was given; a worker that dies or breaks the protocol is an error that
+names it."""
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import pytest
+
+from benchmarks import lockstep
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def worker(*args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.lockstep", *args]
+
+
+def run(workers: dict, steps: int) -> dict:
+    return lockstep.lockstep(workers, steps=steps, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_the_ratio_follows_the_work_each_worker_does():
+    r = run({"one": worker("--work", "10"), "three": worker("--work", "30")}, steps=15)
+    assert 2.3 < r["ratio"] < 3.9, r["ratios"]  # three times the work per step
+    assert len(r["ratios"]) == 15 and len(r["ms"]["one"]) == len(r["ms"]["three"]) == 15
+    assert r["results"]["one"]["steps"] == r["results"]["three"]["steps"] == 15
+    assert r["results"]["one"]["pid"] != r["results"]["three"]["pid"]  # two live processes
+    assert r["median_ms"]["three"] > r["median_ms"]["one"]
+
+
+def test_equal_work_gives_a_ratio_near_one():
+    r = run({"a": worker("--work", "10"), "b": worker("--work", "10")}, steps=15)
+    assert 0.75 < r["ratio"] < 1.33, r["ratios"]
+
+
+def test_a_worker_that_dies_is_named():
+    dies = [sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.readline(); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match=r"worker broken ended early \(exit 3\)"):
+        run({"fine": worker("--work", "1"), "broken": dies}, steps=3)
+
+
+def test_a_worker_that_does_not_say_ready_is_named():
+    chatty = [sys.executable, "-c", "print('hello', flush=True)"]
+    with pytest.raises(RuntimeError, match="worker chatty said 'hello' before 'ready'"):
+        run({"fine": worker("--work", "1"), "chatty": chatty}, steps=3)
+
+
+def test_bad_arguments_say_what_is_wrong():
+    with pytest.raises(ValueError, match="exactly two workers, got 1"):
+        lockstep.lockstep({"a": worker("--work", "1")}, steps=3)
+    with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
+        lockstep.lockstep({"a": worker("--work", "1"), "b": worker("--work", "1")}, steps=0)
+
+
+def test_serve_times_one_step_per_command_and_stops():
+    calls = []
+    out = io.StringIO()
+    n = lockstep.serve(lambda: calls.append(1), warmup=2, out=out, inp=io.StringIO("step\nstep\nstop\nstep\n"))
+    lines = out.getvalue().split()
+    assert n == 2 and len(calls) == 4  # 2 warm-up + 2 timed; nothing after stop
+    assert lines[0] == "ready" and all(float(x) >= 0 for x in lines[1:]) and len(lines) == 3
+    with pytest.raises(SystemExit, match="unknown command 'go'"):
+        lockstep.serve(lambda: None, warmup=0, out=io.StringIO(), inp=io.StringIO("go\n"))
