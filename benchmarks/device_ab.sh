@@ -9,7 +9,7 @@
 # go to $OUT/ab.json.
 #
 #   OUT=dir bash benchmarks/device_ab.sh PATCH ROUNDS COMMAND...
-#   e.g. bash benchmarks/device_ab.sh benchmarks/ab/flight-grouped-layout.patch 3 \
+#   e.g. bash benchmarks/device_ab.sh benchmarks/ab/no-prefetch.patch 2 \
 #            python3 -m benchmarks.gpu_worker memalloc flight
 set -euo pipefail
 if [ $# -lt 3 ]; then
