@@ -44,6 +44,7 @@ from memalloc.features.leaks import LeakTracker, leak_check
 from memalloc.core.iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
 from memalloc.features.tracker import StepTracker
 from memalloc.features.breakdown import MemoryBreakdown, memory_breakdown
+from memalloc.features.planner import BatchPlan, PlannerError, largest_batch
 from memalloc.features.stats import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -77,11 +78,13 @@ del _name, _module
 
 __all__ = [
     "Allocator",
+    "BatchPlan",
     "DriverError",
     "InvalidArgumentError",
     "InvalidPointerError",
     "MemallocError",
     "MemoryBreakdown",
+    "PlannerError",
     "StepTracker",
     "config_keys",
     "config_text",
@@ -102,6 +105,7 @@ __all__ = [
     "host",
     "installed_allocator",
     "is_enabled",
+    "largest_batch",
     "list_gpu_processes",
     "max_memory_allocated",
     "max_memory_reserved",

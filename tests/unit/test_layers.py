@@ -47,7 +47,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         ("memalloc.features.stats", "memalloc.features.holders"),      # queries; holder search
         ("memalloc.features.leaks", "memalloc.features.oom", "memalloc.features.tracker",
          "memalloc.features.replay", "memalloc.features.advisor"),
-        ("memalloc.features.flight",),                                 # the flight recorder (checkpoints: top holders)
+        ("memalloc.features.flight", "memalloc.features.planner"),     # the flight recorder; the batch planner (replays)
     ]),
     ("integration", [
         ("memalloc.integration", "memalloc.integration.host", "memalloc.integration._torch_patch"),  # torch tensors; torch.cuda patch

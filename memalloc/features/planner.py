@@ -1,0 +1,494 @@
+"""The batch planner: the largest batch that fits a memory budget, predicted
+from a few steps at small batch sizes instead of found by trial and error.
+
+:func:`largest_batch` takes the function a user would hand to accelerate's
+``find_executable_batch_size``: ``step(batch)`` runs one training step at
+that batch size. For each probe batch (small, default 2, 4 and 8) it runs one
+warm-up step (optimizer state, workspaces and caches come into being), then
+records ``steps`` more with the allocator's event ring on, and notes the
+blocks live when recording began (parameters, gradients, optimizer state,
+whatever the model holds between steps). Every allocation is named by
+where it came from: its Python call stack and tag, and its place among the
+allocations of that call stack (the k-th from that line), so the same
+allocation is found again in the next probe's recording. Its requested size
+at the probes says how it grows: the same at every probe (parameters,
+optimizer state, workspaces) or more with each (activations, temporaries),
+extrapolated linearly in the batch from the two largest probes in which
+it appears, and never below its size there.
+
+A candidate batch is judged by replaying the largest probe's allocation
+pattern, every size scaled to that batch, on the host backend under the
+allocator's own policy (memalloc/features/replay.py) with a simulated device
+of the budget's size: the blocks live at the start, then the recorded steps
+in their order. It fits when no allocation of the replay runs out of memory
+(the replay, like the allocator, frees its cache and retries first), so
+fragmentation is in the prediction rather than a guessed margin. The search
+doubles the batch from the largest probe while it fits, then bisects.
+
+What it assumes, and what breaks it:
+- The step's allocations are the same in number and order at every batch
+  size, only their sizes changing (a step whose loop runs once per sample
+  breaks this; allocations found in one probe only keep their size).
+- Variable shapes: the planner sees the shapes the step function runs. Give
+  it the worst case (the longest sequence); a step function that runs the
+  shapes the job will see, longest included, puts their mix's fragmentation
+  in the prediction too.
+- The budget is memory the allocator may reserve (bytes): by default the
+  device's free memory plus what the allocator holds now (its cache can be
+  reused), under the memory fraction when one is set. Memory outside the
+  allocator (the CUDA context, other processes) is not in it.
+- Steady state: the first step at a new size, which creates the optimizer
+  state after the backward pass has freed the activations, peaks lower than
+  the steps after it for the usual optimizers.
+- Frees of a block still in use on another stream (``record_stream``) are
+  taken as done at once.
+
+The probes' peaks also give the split of the question "where does the memory
+go": ``fixed_bytes`` (the part of the peak that does not grow with the batch)
+and ``per_sample_bytes`` (what each sample adds), and from them ``limit``,
+the batch a perfect allocator would fit: (budget - fixed) / per sample.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+from memalloc import _C
+from memalloc.core import _state
+from memalloc.core._device import DeviceLike, existing_device_index
+from memalloc.core._format import fmt_bytes
+from memalloc.features.replay import replay_ops
+from memalloc.trace import recording
+from memalloc.trace.sites import live_blocks
+
+MiB = 1 << 20
+DEFAULT_PROBES = (2, 4, 8)
+RING = 1 << 20  # records per device while a probe records (64 MiB); more than a step of any model we ran
+# The allocator's policy keys that shape what a replay reserves; the rest
+# (backend, capacity, recording, call sites) are the replay's own business.
+POLICY_KEYS = ("expandable_segments", "garbage_collection_threshold", "max_split_size_mb", "reuse_free_pages",
+               "roundup_power2_divisions")
+
+
+class PlannerError(ValueError):
+    """The planner cannot answer: a probe did not fit, the recording lost
+    events, or the arguments are wrong. The message says which and what to do."""
+
+
+# ---- one probe ------------------------------------------------------------------
+Key = tuple  # (origin "live" | "alloc", call stack hash, tag path, k-th of those)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeRecord:
+    """What one probe batch did, as the planner needs it (sizes in bytes):
+    the blocks live when recording began (``live``: (key, requested
+    bytes) in address order), and the recorded steps' allocation ops in
+    order (``ops``: ("alloc", key, requested bytes) or ("free", key)), with
+    the peaks the recording itself gives (allocated: block sizes; reserved:
+    the allocator's reserved bytes when recording began plus its segments
+    since)."""
+
+    batch: int
+    live: tuple[tuple[Key, int], ...]
+    ops: tuple[tuple, ...]
+    peak_allocated: int
+    peak_reserved: int
+
+    def to_json(self) -> dict:
+        return {"batch": self.batch, "live": [[list(k), n] for k, n in self.live],
+                "ops": [[op[0], list(op[1]), *op[2:]] for op in self.ops],
+                "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved}
+
+    @staticmethod
+    def from_json(d: dict) -> "ProbeRecord":
+        try:
+            return ProbeRecord(int(d["batch"]), tuple((tuple(k), int(n)) for k, n in d["live"]),
+                               tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
+                               int(d["peak_allocated"]), int(d["peak_reserved"]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise PlannerError(f"not a probe record of memalloc's batch planner ({e!r}): "
+                               "write it with ProbeRecord.to_json") from None
+
+
+class _Sites:
+    """A process-independent name for an allocation's origin: a short hash
+    of its call stack's frames (stack ids are this process's own) and its
+    tag path, looked up once per stack."""
+
+    def __init__(self) -> None:
+        self.names = _C.tag_names()
+        self.cache: dict[int, str] = {}
+
+    def stack(self, stack_id: int) -> str:
+        if stack_id not in self.cache:
+            text = "|".join(f"{f.filename}:{f.line}" for f in recording.stack(stack_id)) if stack_id else ""
+            self.cache[stack_id] = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        return self.cache[stack_id]
+
+    def tag(self, tag_id: int) -> str:
+        return self.names[tag_id] if 0 <= tag_id < len(self.names) else ""
+
+
+def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.Event],
+                 reserved_at_start: int) -> ProbeRecord:
+    """A ProbeRecord from the blocks live when recording began (live_blocks
+    tuples: addr, size, requested, stack_id, tag_id, step) and the events
+    recorded after (one device's, in order). A key is (origin, call stack,
+    tag path, k): the k-th block of that origin from that stack and tag
+    (live blocks counted by size, allocations in event order)."""
+    sites = _Sites()
+    counts: dict[tuple, int] = {}
+
+    def key(origin: str, stack_id: int, tag: str) -> Key:
+        site = (origin, sites.stack(stack_id), tag)
+        k = counts.get(site, 0)
+        counts[site] = k + 1
+        return (*site, k)
+
+    # Live blocks are numbered within their site by size, then address: their
+    # addresses move between probes (gradients set to None are made anew each
+    # step), their sizes keep their order as the batch grows.
+    live = sorted(live)
+    numbered = sorted(range(len(live)), key=lambda i: (sites.stack(live[i][3]), sites.tag(live[i][4]),
+                                                       live[i][2], live[i][0]))
+    live_keys: list = [None] * len(live)
+    for i in numbered:
+        live_keys[i] = key("live", live[i][3], sites.tag(live[i][4]))
+    by_addr = {b[0]: (k, b[1]) for b, k in zip(live, live_keys)}
+    allocated = sum(b[1] for b in live)
+    peak_allocated, reserved = allocated, reserved_at_start
+    peak_reserved = reserved
+    ops: list[tuple] = []
+    for e in events:
+        if e.action == "alloc":
+            k = key("alloc", e.stack_id, e.tag)
+            by_addr[e.addr] = (k, e.size)
+            ops.append(("alloc", k, e.requested))
+            allocated += e.size
+            peak_allocated = max(peak_allocated, allocated)
+        elif e.action == "free_requested" and e.addr in by_addr:
+            k, size = by_addr.pop(e.addr)
+            ops.append(("free", k))
+            allocated -= size
+        elif e.action in ("segment_alloc", "segment_map"):
+            reserved += e.size
+            peak_reserved = max(peak_reserved, reserved)
+        elif e.action in ("segment_free", "segment_unmap"):
+            reserved -= e.size
+    return ProbeRecord(batch, tuple((k, b[2]) for b, k in zip(live, live_keys)), tuple(ops),
+                       peak_allocated, peak_reserved)
+
+
+def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int) -> ProbeRecord:
+    """``1 + steps`` calls of ``step(batch)``, recorded from the first: the
+    first probe's first step is the model's first (the optimizer state comes
+    into being in it, between the batch's tensors, as in a fresh run)."""
+    gc.collect()
+    live = live_blocks(device, allocator)
+    reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
+    recording.record_memory_history(max_entries=RING, stacks="python", device=device, allocator=allocator)
+    try:
+        try:
+            for _ in range(1 + steps):
+                step(batch)
+        except torch.OutOfMemoryError as e:
+            raise PlannerError(f"the probe at batch {batch} ran out of memory already "
+                               f"({str(e).splitlines()[0]}): give smaller probes (probes=(1, 2, 4)) "
+                               "or a smaller model") from None
+        gc.collect()
+        lost = recording.dropped(device, allocator=allocator)
+        events = recording.events(device, allocator=allocator)
+    finally:
+        recording.record_memory_history(enabled=False, device=device, allocator=allocator)
+    if lost:
+        raise PlannerError(f"the probe at batch {batch} recorded more than {RING} events per device and lost "
+                           f"{lost}: record fewer steps (steps=1) or give smaller probes")
+    return probe_record(batch, live, events, reserved)
+
+
+# ---- the prediction -------------------------------------------------------------
+def _sizes_by_key(record: ProbeRecord) -> dict[Key, int]:
+    out = {k: n for k, n in record.live}
+    for op in record.ops:
+        if op[0] == "alloc":
+            out[op[1]] = op[2]
+    return out
+
+
+RESYNC = 1024  # ops either side an alignment looks past to find the two sequences in step again
+CONFIRM = 4    # ops that must agree after a resync point
+
+
+def _growth_fits(small: int, large: int, ratio: float) -> bool:
+    """Whether an allocation of ``small`` bytes at one batch can be the one
+    of ``large`` bytes at a batch ``ratio`` times larger: the same size, or
+    grown at most in proportion (bytes = fixed + per sample x batch, with a
+    little room for rounding)."""
+    return small == large or small < large <= small * ratio * 1.25 + 4096
+
+
+def _align(small: ProbeRecord, large: ProbeRecord) -> dict[Key, Key]:
+    """The allocations of ``small`` matched to those of ``large`` (a larger
+    batch): {small's key: large's key}. Blocks live at the start match by
+    key (their numbering is by size within a site); allocations by order,
+    same site and tag and a plausible growth, looking up to RESYNC ops past
+    an allocation that one probe makes and the other does not (a kernel that
+    takes a workspace at some batch sizes only), and taking a resync point
+    only when the CONFIRM ops after it agree too."""
+    ratio = large.batch / small.batch
+    out = {k: k for k, _ in small.live if k in dict(large.live)}
+    a = [op for op in small.ops if op[0] == "alloc"]
+    b = [op for op in large.ops if op[0] == "alloc"]
+
+    def same(i: int, j: int) -> bool:
+        return i < len(a) and j < len(b) and a[i][1][:3] == b[j][1][:3] and _growth_fits(a[i][2], b[j][2], ratio)
+
+    def agree(i: int, j: int) -> bool:
+        return all(same(i + d, j + d) for d in range(CONFIRM) if i + d < len(a) and j + d < len(b))
+
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if same(i, j):
+            out[a[i][1]] = b[j][1]
+            i += 1
+            j += 1
+            continue
+        for d in range(1, RESYNC + 1):
+            if same(i, j + d) and agree(i, j + d):
+                j += d  # large makes d allocations small does not
+                break
+            if same(i + d, j) and agree(i + d, j):
+                i += d  # small makes d allocations large does not
+                break
+        else:
+            i += 1
+            j += 1  # no resync point near: these two differ, go on
+    return out
+
+
+class _Scaler:
+    """Each allocation of the base probe (the smallest: its recording starts
+    where the model's training starts), its requested size at a batch size,
+    from its sizes in the probes it was matched in (_align)."""
+
+    def __init__(self, base: ProbeRecord, others: Sequence[ProbeRecord]):
+        own = _sizes_by_key(base)
+        self.points: dict[Key, list[tuple[int, int]]] = {k: [(base.batch, n)] for k, n in own.items()}
+        for r in sorted(others, key=lambda r: r.batch):
+            sizes = _sizes_by_key(r)
+            for k_base, k_other in _align(base, r).items():
+                self.points[k_base].append((r.batch, sizes[k_other]))
+        self.matched = sum(len(self.points[k]) > 1 for k in own) / max(1, len(own))
+
+    def size(self, key: Key, batch: int) -> int:
+        pts = self.points[key]
+        if len(pts) == 1:
+            return pts[0][1]
+        (b1, s1), (b2, s2) = pts[-2], pts[-1]
+        slope = (s2 - s1) / (b2 - b1)
+        return max(s1, s2, int(math.ceil(s2 + slope * (batch - b2))))
+
+    def growing(self, key: Key) -> bool:
+        pts = self.points[key]
+        return len(pts) > 1 and pts[-1][1] > pts[0][1]
+
+
+def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> list[tuple]:
+    """A probe's pattern with every size at ``batch``, as replay ops."""
+    index: dict[Key, int] = {}  # live key -> the replay's key (the k-th alloc op makes key k)
+    ops: list[tuple] = []
+    for k, _ in record.live:
+        index[k] = len(ops)
+        ops.append(("alloc", scaler.size(k, batch)))
+    allocs = len(ops)
+    for op in record.ops:
+        if op[0] == "alloc":
+            index[op[1]] = allocs
+            allocs += 1
+            ops.append(("alloc", scaler.size(op[1], batch)))
+        elif op[1] in index:
+            ops.append(("free", index.pop(op[1])))
+    return ops
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """What the replay of one batch size gave (bytes)."""
+
+    batch: int
+    fits: bool
+    peak_allocated: int
+    peak_reserved: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """The planner's answer (sizes in bytes).
+
+    ``batch``: the largest batch predicted to fit ``budget`` (the largest
+    probe at least; the search stops at ``max_batch``); ``peak_reserved`` /
+    ``peak_allocated``: the replay's peaks at that batch; ``fixed_bytes`` /
+    ``per_sample_bytes``: the probes' peak allocated split into the part
+    that does not grow with the batch and what each sample adds; ``limit``:
+    (budget - fixed) // per sample, the batch a perfect allocator would fit;
+    ``probes``: (batch, peak allocated, peak reserved) as measured;
+    ``growing_share``: the share of the largest probe's allocations whose
+    size grows with the batch; ``matched_share``: the share found again in
+    another probe; ``predictions``: every batch the search tried."""
+
+    batch: int
+    budget: int
+    peak_allocated: int
+    peak_reserved: int
+    fixed_bytes: int
+    per_sample_bytes: int
+    limit: Optional[int]
+    probes: tuple[tuple[int, int, int], ...]
+    growing_share: float
+    matched_share: float
+    predictions: tuple[Prediction, ...]
+    capped: bool = False  # the search reached max_batch
+
+    def __str__(self) -> str:
+        limit = "no limit (nothing grows with the batch)" if self.limit is None else f"{self.limit}"
+        return (f"largest batch that fits {fmt_bytes(self.budget)}: {self.batch}"
+                f"{' (the most asked for: max_batch)' if self.capped else ''}; predicted peak reserved "
+                f"{fmt_bytes(self.peak_reserved)}, allocated {fmt_bytes(self.peak_allocated)}\n"
+                f"  the peak: {fmt_bytes(self.fixed_bytes)} that does not grow with the batch, "
+                f"{fmt_bytes(self.per_sample_bytes)} per sample; a perfect allocator would fit {limit}\n"
+                f"  probes (batch: peak allocated / reserved): "
+                + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def policy_config(allocator: _C.Allocator) -> str:
+    """The allocator's policy keys as config text for a replay."""
+    items = [item.split(":", 1) for item in allocator.config.split(",") if ":" in item]
+    return ",".join(f"{k}:{v}" for k, v in items if k in POLICY_KEYS)
+
+
+def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_batch: int = 1 << 16) -> BatchPlan:
+    """The largest batch predicted to fit ``budget`` bytes from the probes'
+    records (ascending batch sizes, at least two), replayed under the
+    policy ``config`` (:func:`policy_config` of the allocator)."""
+    records = sorted(records, key=lambda r: r.batch)
+    if len(records) < 2 or len({r.batch for r in records}) != len(records):
+        raise PlannerError(f"the planner needs probes at two or more different batch sizes, got "
+                           f"{[r.batch for r in records]}")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MiB:
+        raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, not {budget!r}")
+    base, largest = records[0], records[-1]
+    scaler = _Scaler(base, records[1:])
+    tried: dict[int, Prediction] = {}
+
+    def judge(batch: int) -> Prediction:
+        if batch not in tried:
+            r = replay_ops(_ops_at(base, scaler, batch), config, host_capacity_mb=budget // MiB,
+                           name=f"batch {batch}").devices[0]
+            tried[batch] = Prediction(batch, r.ooms == 0, r.peak_allocated, r.peak_reserved)
+        return tried[batch]
+
+    lo = largest.batch
+    if not judge(lo).fits:
+        raise PlannerError(f"the largest probe, batch {lo}, does not fit {fmt_bytes(budget)} in the replay "
+                           "already: give smaller probes or a larger budget")
+    hi = None
+    while hi is None:
+        nxt = min(max_batch, lo * 2)
+        if nxt <= lo:
+            break
+        if judge(nxt).fits:
+            lo = nxt
+        else:
+            hi = nxt
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if judge(mid).fits else (lo, mid)
+    (b1, a1), (b2, a2) = [(r.batch, r.peak_allocated) for r in records[-2:]]
+    per_sample = max(0, (a2 - a1) // (b2 - b1))
+    fixed = max(0, a2 - per_sample * b2)
+    keys = _sizes_by_key(base)
+    best = judge(lo)
+    return BatchPlan(
+        batch=lo, budget=budget, peak_allocated=best.peak_allocated, peak_reserved=best.peak_reserved,
+        fixed_bytes=fixed, per_sample_bytes=per_sample,
+        limit=(budget - fixed) // per_sample if per_sample else None,
+        probes=tuple((r.batch, r.peak_allocated, r.peak_reserved) for r in records),
+        growing_share=sum(scaler.growing(k) for k in keys) / max(1, len(keys)), matched_share=scaler.matched,
+        predictions=tuple(sorted(tried.values(), key=lambda p: p.batch)), capped=hi is None and lo == max_batch)
+
+
+def default_budget(allocator: _C.Allocator, device: int) -> int:
+    """Bytes the allocator may reserve on ``device``: the device's free
+    memory plus what the allocator reserves now, under its memory fraction."""
+    free, total = allocator.mem_get_info(device)
+    reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
+    budget = free + reserved
+    fraction = allocator.memory_fraction(device)
+    if fraction and fraction < 1:
+        budget = min(budget, int(fraction * total))
+    return budget
+
+
+def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
+                  probes: Sequence[int] = DEFAULT_PROBES, steps: int = 2, max_batch: int = 1 << 16,
+                  device: DeviceLike = None, allocator: Optional[_C.Allocator] = None) -> BatchPlan:
+    """The largest batch size at which ``step(batch)`` is predicted to fit
+    ``budget`` bytes of this allocator's memory, from a few steps at the
+    ``probes`` batch sizes (see the module's docstring for how).
+
+    Args:
+        step: runs one training step at the batch size it is given (what
+            accelerate's ``find_executable_batch_size`` takes). Called
+            ``1 + steps`` times per probe; its return value is dropped.
+        budget: bytes the allocator may reserve (default: the device's free
+            memory plus what the allocator reserves now, under the memory
+            fraction when one is set).
+        probes: small batch sizes to run, at least two different ones (ints >= 1).
+        steps: recorded steps per probe (after one warm-up step).
+        max_batch: the largest batch the search considers.
+        device: the device (default: the current one).
+        allocator: the allocator to plan for (default: the installed one).
+
+    Returns a :class:`BatchPlan`; ``print(plan)`` explains it. Raises
+    PlannerError (a ValueError) when a probe runs out of memory or the
+    arguments are wrong."""
+    if not callable(step):
+        raise PlannerError(f"step must be a function of the batch size, not {type(step).__name__}")
+    bad = [p for p in probes if isinstance(p, bool) or not isinstance(p, int) or p < 1]
+    if bad or len(set(probes)) < 2:
+        raise PlannerError(f"probes must be two or more different batch sizes (ints >= 1), not {tuple(probes)!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PlannerError(f"steps must be an int >= 1 (recorded steps per probe), not {steps!r}")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < max(probes):
+        raise PlannerError(f"max_batch must be an int >= the largest probe ({max(probes)}), not {max_batch!r}")
+    a = _state.allocator_or_installed(allocator)
+    d = existing_device_index(device, a)
+    if budget is None:
+        budget = default_budget(a, d)
+    records = [run_probe(step, b, a, d, steps) for b in sorted(set(probes))]
+    return plan(records, budget, policy_config(a), max_batch=max_batch)
+
+
+def save_records(records: Sequence[ProbeRecord], path: str) -> None:
+    """Writes probe records as JSON (for ``memalloc run --fit``'s probes)."""
+    with open(path, "w") as f:
+        json.dump([r.to_json() for r in records], f)
+
+
+def load_records(path: str) -> list[ProbeRecord]:
+    """Reads what :func:`save_records` wrote."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, list):
+        raise PlannerError(f"{path}: not a list of probe records")
+    return [ProbeRecord.from_json(d) for d in data]

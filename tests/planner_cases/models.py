@@ -1,0 +1,66 @@
+"""Training steps of three kinds of model for the batch planner's tests, on
+CPU tensors (which tests route to a host-backend allocator with
+memalloc.host.cpu_tensors_from): a pre-norm transformer encoder, a small
+CNN with batch norm, and a transformers GPT-2 built from a config. Each
+``make_*()`` builds a fresh model and optimizer and returns ``step(batch)``,
+one AdamW step at that batch size (inputs made inside the step)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+Step = Callable[[int], None]
+
+
+def make_transformer() -> Step:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True, norm_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(b: int) -> None:
+        loss = model(torch.randn(b, 64, 128)).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def make_cnn() -> Step:
+    torch.manual_seed(0)
+
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                             nn.MaxPool2d(2))
+    model = nn.Sequential(block(3, 16), block(16, 32), block(32, 64), nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(b: int) -> None:
+        loss = nn.functional.cross_entropy(model(torch.randn(b, 3, 32, 32)), torch.randint(0, 10, (b,)))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def make_gpt2() -> Step:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    model = GPT2LMHeadModel(config)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(b: int) -> None:
+        ids = torch.randint(0, 1000, (b, 64))
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+MODELS = {"transformer": make_transformer, "cnn": make_cnn, "gpt2": make_gpt2}
