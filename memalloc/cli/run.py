@@ -49,6 +49,7 @@ from memalloc.core._format import fmt_bytes
 from memalloc.features.breakdown import describe_split, memory_breakdown
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
+from . import fit
 from ._common import check_or_exit, enable_or_exit
 
 
@@ -65,9 +66,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="do not keep the event rings in a file that outlives the process (DIR/flight)")
     p.add_argument("--out", default="memalloc-report",
                    help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports")
+    p.add_argument("--fit", metavar="BUDGET", default=None,
+                   help="find the largest batch that fits BUDGET (bytes, 7GiB, 512MiB or 'free') before running: "
+                        "the script's batch size argument is written {batch} (memalloc/cli/fit.py)")
+    p.add_argument("--fit-probes", default="2,4,8", help="the small batch sizes --fit runs (default 2,4,8)")
+    p.add_argument("--fit-steps", type=int, default=2, help="recorded optimizer steps per probe, after one (--fit)")
+    p.add_argument("--fit-max", type=int, default=1 << 16, help="the largest batch --fit considers")
+    p.add_argument("--fit-only", action="store_true", help="print the plan and stop (--fit)")
+    p.add_argument("--fit-probe-out", default=None, help=argparse.SUPPRESS)  # a probe's child process
+    p.add_argument("--fit-probe-batch", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=main)
+
+
+def _fit_first(args: argparse.Namespace) -> list:
+    """--fit's probes, each a child ``memalloc run`` of the script (before
+    this process touches the device)."""
+    fit.check_placeholder(args.script_args)
+    if args.fit_steps < 1 or args.fit_max < 1:
+        raise SystemExit("memalloc: --fit-steps and --fit-max must be >= 1")
+    probes = fit.parse_probes(args.fit_probes)
+    if args.fit_max < max(probes):
+        raise SystemExit(f"memalloc: --fit-max {args.fit_max} is below the largest probe ({max(probes)})")
+    config = ["--config", args.config] if args.config else []
+
+    def argv_for(batch: int, out: str, folder: str) -> list[str]:
+        return [sys.executable, "-m", "memalloc", "run", "--backend", args.backend, *config, "--no-flight-recorder",
+                "--out", folder, "--fit-probe-out", out, "--fit-probe-batch", str(batch),
+                "--fit-steps", str(args.fit_steps), args.script, *fit.with_batch(args.script_args, batch)]
+
+    return fit.run_probes(argv_for, probes)
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -84,7 +113,23 @@ def main(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
+    probing = args.fit_probe_out is not None
+    budget = fit.parse_budget(args.fit) if args.fit is not None and not probing else None
+    records = _fit_first(args) if args.fit is not None and not probing else None
     backend = enable_or_exit(args.backend, args.config)
+    if probing:
+        if backend == "host":
+            host.use_for_cpu_tensors()  # a CPU script's tensors on the simulated device, as --fit plans them
+        fit.start_probe(args.fit_probe_batch, args.fit_steps, args.fit_probe_out)
+    if records is not None:
+        plan = fit.plan_of(records, budget, args.fit_max)
+        print(f"memalloc: {plan}", file=sys.stderr, flush=True)
+        if args.fit_only:
+            return 0
+        args.script_args = fit.with_batch(args.script_args, plan.batch)
+        print(f"memalloc: running {args.script} {' '.join(args.script_args)}", file=sys.stderr, flush=True)
+        if backend == "host":
+            host.use_for_cpu_tensors()
     oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
     flight_dir = None
     if not args.no_flight_recorder and flight.current() is None:
@@ -104,6 +149,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         script_globals = runpy.run_path(args.script, run_name="__main__")
         clean = True
+        if probing:
+            fit.probe_ended_early(args.fit_steps)
+            return 2
     except SystemExit as e:
         clean = e.code in (0, None)  # sys.exit(0) is a clean end, SIGTERM (above) is not
         raise

@@ -46,7 +46,10 @@ What it assumes, and what breaks it:
 The probes' peaks also give the split of the question "where does the memory
 go": ``fixed_bytes`` (the part of the peak that does not grow with the batch)
 and ``per_sample_bytes`` (what each sample adds), and from them ``limit``,
-the batch a perfect allocator would fit: (budget - fixed) / per sample.
+the batch a perfect allocator would fit: (budget - fixed) / per sample. At
+small batches a block is often a little larger than asked (the remainder of
+a cached block too small to split off), so per sample comes out a little
+high and the limit a little low: the planned batch can pass it.
 """
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ from memalloc.trace.sites import live_blocks
 
 MiB = 1 << 20
 DEFAULT_PROBES = (2, 4, 8)
-RING = 1 << 20  # records per device while a probe records (64 MiB); more than a step of any model we ran
+RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
 # (backend, capacity, recording, call sites) are the replay's own business.
 POLICY_KEYS = ("expandable_segments", "garbage_collection_threshold", "max_split_size_mb", "reuse_free_pages",
@@ -186,14 +189,20 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
                        peak_allocated, peak_reserved)
 
 
-def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int) -> ProbeRecord:
+def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int,
+              ring: int = RING) -> ProbeRecord:
     """``1 + steps`` calls of ``step(batch)``, recorded from the first: the
     first probe's first step is the model's first (the optimizer state comes
-    into being in it, between the batch's tensors, as in a fresh run)."""
-    gc.collect()
+    into being in it, between the batch's tensors, as in a fresh run). A
+    ring of ``ring`` records that overflows is taken again, 8 times larger
+    (up to the most a ring holds), with the steps run again."""
+    if recording.history_on(device, allocator):
+        raise PlannerError(f"device {device} is recording (memalloc.record_memory_history): the planner needs "
+                           "the event ring for its probes; stop the history first "
+                           "(memalloc.record_memory_history(enabled=False))")
     live = live_blocks(device, allocator)
     reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
-    recording.record_memory_history(max_entries=RING, stacks="python", device=device, allocator=allocator)
+    recording.record_memory_history(max_entries=ring, stacks="python", device=device, allocator=allocator)
     try:
         try:
             for _ in range(1 + steps):
@@ -202,13 +211,14 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
             raise PlannerError(f"the probe at batch {batch} ran out of memory already "
                                f"({str(e).splitlines()[0]}): give smaller probes (probes=(1, 2, 4)) "
                                "or a smaller model") from None
-        gc.collect()
         lost = recording.dropped(device, allocator=allocator)
-        events = recording.events(device, allocator=allocator)
+        events = recording.events(device, allocator=allocator) if not lost else []
     finally:
         recording.record_memory_history(enabled=False, device=device, allocator=allocator)
     if lost:
-        raise PlannerError(f"the probe at batch {batch} recorded more than {RING} events per device and lost "
+        if ring < _C.max_trace_records():
+            return run_probe(step, batch, allocator, device, steps, min(ring * 8, _C.max_trace_records()))
+        raise PlannerError(f"the probe at batch {batch} recorded more than {ring} events per device and lost "
                            f"{lost}: record fewer steps (steps=1) or give smaller probes")
     return probe_record(batch, live, events, reserved)
 
@@ -475,6 +485,7 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
     d = existing_device_index(device, a)
     if budget is None:
         budget = default_budget(a, d)
+    gc.collect()  # once: tensors held by garbage cycles are not the model's
     records = [run_probe(step, b, a, d, steps) for b in sorted(set(probes))]
     return plan(records, budget, policy_config(a), max_batch=max_batch)
 

@@ -107,6 +107,13 @@ def set_ring_owner(allocator: _C.Allocator, take_back: Optional[Callable[[int], 
         _ring_owners[id(allocator)] = (allocator, take_back)
 
 
+def history_on(device: int, allocator: _C.Allocator) -> bool:
+    """Whether :func:`record_memory_history` has ``device`` of ``allocator``
+    recording now (the in-memory history; a flight recorder's file is not it)."""
+    entry = _recording.get(id(allocator))
+    return entry is not None and device in entry[1]
+
+
 def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python",
                           device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> None:
     """Starts (or with ``enabled=False`` stops) recording allocator events.

@@ -56,7 +56,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("", [("memalloc", "memalloc.pytest_plugin")]),                    # the public API
     ("examples", [("memalloc.examples", "memalloc.examples.leaky_training")]),
     ("cli", [
-        ("memalloc.cli", "memalloc.cli._common"),
+        ("memalloc.cli", "memalloc.cli._common", "memalloc.cli.fit"),
         ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run",
          "memalloc.cli.postmortem", "memalloc.cli.top"),
     ]),

@@ -1,0 +1,134 @@
+"""``python -m memalloc run --fit BUDGET script.py ... {batch} ...``: the
+batch planner (memalloc/features/planner.py) for a script that reads its
+batch size from an argument.
+
+The script's arguments name the batch size with ``{batch}`` (for example
+``--batch-size {batch}``). For each probe batch (``--fit-probes``, default
+2,4,8) the script runs in a fresh process under memalloc with the event ring
+on from the start, its ``{batch}`` replaced by the probe, until its
+``1 + --fit-steps`` th ``optimizer.step()`` (or ``memalloc.step()``); the
+child writes what it recorded (planner.ProbeRecord) and ends there. The
+planner then predicts the largest batch that fits BUDGET, prints it, and
+runs the script with ``{batch}`` replaced by it (``--fit-only``: print and
+stop).
+
+BUDGET: bytes the allocator may reserve: an int of bytes, or a number with
+a unit (``7GiB``, ``7.5G``, ``512MiB``, ``500MB``), or ``free`` (the
+device's free memory when the plan is made).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Optional, Sequence
+
+from memalloc.core import _state, iteration
+from memalloc.features import planner
+from memalloc.trace import recording
+from memalloc.trace.sites import live_blocks
+
+PLACEHOLDER = "{batch}"
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20, "mib": 1 << 20, "mb": 10 ** 6,
+         "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
+PROBE_RING = 1 << 20  # records (64 MiB): the probe child records from the start, model creation included
+
+
+def parse_budget(text: str) -> Optional[int]:
+    """BUDGET as bytes; None for ``free``. SystemExit naming the forms."""
+    if text.strip().lower() == "free":
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m and UNITS.get(m.group(2).lower())
+    if not m or unit is None:
+        raise SystemExit(f"memalloc: --fit {text!r}: give bytes (an int), a number with a unit "
+                         "(7GiB, 7.5G, 512MiB, 500MB) or 'free'")
+    return int(float(m.group(1)) * unit)
+
+
+def parse_probes(text: str) -> tuple[int, ...]:
+    try:
+        probes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        probes = ()
+    if len(set(probes)) < 2 or min(probes) < 1:
+        raise SystemExit(f"memalloc: --fit-probes {text!r}: give two or more different batch sizes, "
+                         "comma-separated (2,4,8)")
+    return probes
+
+
+def with_batch(script_args: Sequence[str], batch: int) -> list[str]:
+    return [a.replace(PLACEHOLDER, str(batch)) for a in script_args]
+
+
+def check_placeholder(script_args: Sequence[str]) -> None:
+    if not any(PLACEHOLDER in a for a in script_args):
+        raise SystemExit(f"memalloc: --fit needs the script's batch size argument written as {PLACEHOLDER} "
+                         f"(for example: run --fit 7GiB train.py --batch-size {PLACEHOLDER})")
+
+
+# ---- the child: one probe ---------------------------------------------------------
+def start_probe(batch: int, steps: int, out: str) -> None:
+    """In the probe's process, after enable(): the ring on from now, and at
+    the (1 + steps)-th boundary the record written to ``out`` and the
+    process ended (exit 0)."""
+    a = _state.installed_allocator()
+    device = 0
+    live = live_blocks(device, a)
+    reserved = a.stats(device)["reserved_bytes"]["all"]["current"]
+    recording.record_memory_history(max_entries=PROBE_RING, stacks="python", device=device, allocator=a)
+    iteration.auto_step()
+    seen = [0]
+
+    def at_boundary(step: int) -> None:
+        seen[0] += 1
+        if seen[0] < 1 + steps:
+            return
+        lost = recording.dropped(device, allocator=a)
+        if lost:
+            print(f"memalloc: the probe at batch {batch} lost {lost} events (more than {PROBE_RING} recorded): "
+                  "give --fit-steps 1 or smaller --fit-probes", file=sys.stderr)
+            os._exit(3)
+        record = planner.probe_record(batch, live, recording.events(device, allocator=a), reserved)
+        planner.save_records([record], out)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the probe has what it came for: the script stops here
+
+    iteration.add_step_listener(at_boundary)
+
+
+def probe_ended_early(steps: int) -> None:
+    """The script returned before the probe's last step."""
+    print(f"memalloc: the script ended before optimizer.step() number {1 + steps}: a probe runs 1 + "
+          f"--fit-steps ({steps}) steps; give the script more steps or --fit-steps {max(1, steps - 1)}",
+          file=sys.stderr)
+
+
+# ---- the parent: probes, plan, run ------------------------------------------------
+def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[int]) -> list[planner.ProbeRecord]:
+    """One child process per probe (``argv_for(batch, record path, report folder)``)."""
+    records = []
+    with tempfile.TemporaryDirectory(prefix="memalloc-fit-") as tmp:
+        for b in sorted(set(probes)):
+            out = os.path.join(tmp, f"probe-{b}.json")
+            print(f"memalloc: probing batch {b} ...", file=sys.stderr, flush=True)
+            p = subprocess.run(argv_for(b, out, tmp), capture_output=True, text=True)
+            if p.returncode != 0 or not os.path.exists(out):
+                tail = "\n".join((p.stderr or "").strip().splitlines()[-15:])
+                raise SystemExit(f"memalloc: the probe at batch {b} failed (exit {p.returncode}):\n{tail}")
+            records.extend(planner.load_records(out))
+    return records
+
+
+def plan_of(records: Sequence[planner.ProbeRecord], budget: Optional[int], max_batch: int) -> planner.BatchPlan:
+    """The plan under the installed allocator's policy (budget None: its default_budget)."""
+    a = _state.installed_allocator()
+    if budget is None:
+        budget = planner.default_budget(a, 0)
+    try:
+        return planner.plan(records, budget, planner.policy_config(a), max_batch=max_batch)
+    except planner.PlannerError as e:
+        raise SystemExit(f"memalloc: {e}") from None
