@@ -481,6 +481,8 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
         raise PlannerError(f"steps must be an int >= 1 (recorded steps per probe), not {steps!r}")
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < max(probes):
         raise PlannerError(f"max_batch must be an int >= the largest probe ({max(probes)}), not {max_batch!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < MiB):
+        raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, not {budget!r}")
     a = _state.allocator_or_installed(allocator)
     d = existing_device_index(device, a)
     if budget is None:

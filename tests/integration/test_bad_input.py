@@ -354,6 +354,20 @@ add(A, 'memalloc._C.CpuRoute(None)', "None allocator", "TypeError", "allocator m
 A = "host.empty"
 add(A, 'host.empty(10, allocator="x")', "allocator that is not an Allocator", "TypeError", "allocator must be")
 
+A = "largest_batch"
+add(A, "memalloc.largest_batch(3, allocator=a)", "a step that is not a function", "PlannerError",
+    "step must be a function of the batch size, not int")
+add(A, "memalloc.largest_batch(lambda b: None, allocator=a, probes=(4,))", "one probe batch size", "PlannerError",
+    "probes must be two or more different batch sizes")
+add(A, "memalloc.largest_batch(lambda b: None, allocator=a, probes=(0, 2))", "a probe of 0", "PlannerError",
+    "probes must be two or more different batch sizes (ints >= 1)")
+add(A, "memalloc.largest_batch(lambda b: None, allocator=a, steps=0)", "no recorded steps", "PlannerError",
+    "steps must be an int >= 1")
+add(A, "memalloc.largest_batch(lambda b: None, budget=1000, allocator=a)", "a budget under 1 MiB", "PlannerError",
+    "budget must be an int of bytes, at least 1 MiB")
+add(A, "memalloc.largest_batch(lambda b: None, allocator=a, device=5)", "device 5", "InvalidArgumentError",
+    "device 5 does not exist")
+
 # =============================================================================
 # before: memalloc not enabled. Names: scratch = an empty scratch folder.
 # =============================================================================
@@ -456,6 +470,14 @@ add(A, "python -m memalloc run", "no script", "SystemExit", "the following argum
 add(A, "python -m memalloc bogus", "unknown command", "SystemExit", "invalid choice: 'bogus'", env="cli")
 add(A, "python -m memalloc run /nonexistent/script.py", "missing script", "SystemExit", "/nonexistent/script.py",
     env="fresh:run_missing_script")
+add(A, "python -m memalloc run --fit 7GiB script.py --batch-size 3", "--fit without {batch} in the script's arguments",
+    "SystemExit", "--fit needs the script's batch size argument written as {batch}", env="cli")
+add(A, "python -m memalloc run --fit 7parsecs script.py {batch}", "--fit budget in an unknown unit", "SystemExit",
+    "give bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'", env="cli")
+add(A, "python -m memalloc run --fit 1GiB --fit-probes 4 script.py {batch}", "one probe batch size", "SystemExit",
+    "give two or more different batch sizes", env="cli")
+add(A, "python -m memalloc run --fit 1GiB --fit-max 4 script.py {batch}", "--fit-max below the probes", "SystemExit",
+    "--fit-max 4 is below the largest probe (8)", env="cli")
 
 # =============================================================================
 # enabled: memalloc.enable(backend="host", config=HOST_CONFIG) in a fresh
@@ -1093,7 +1115,8 @@ if pytest is not None:
         # Names that take no input a caller could get wrong, or are types.
         no_input = {"Allocator", "DriverError", "InvalidArgumentError", "InvalidPointerError", "MemallocError",
                     "config_keys", "cuda_usable", "enabled_backend", "host", "is_enabled", "patch_torch",
-                    "torch_is_patched", "unpatch_torch", "LeakReport", "LeakError", "MemoryBreakdown"}
+                    "torch_is_patched", "unpatch_torch", "LeakReport", "LeakError", "MemoryBreakdown",
+                    "BatchPlan", "PlannerError"}
         missing = [n for n in memalloc.__all__ if n not in no_input and f"memalloc.{n}(" not in calls]
         assert not missing, f"public functions without a bad-input case: {missing}"
         methods = [m for m in dir(memalloc.Allocator) if not m.startswith("_")
