@@ -1,0 +1,234 @@
+"""The batch planner against the search it replaces (issue 25): for a model
+and a memory budget, the largest batch found by trial with real OOMs (each
+trial a fresh process under memalloc: build the model, train ``--steps``
+steps at the batch; doubling, then bisection) and the batch
+``memalloc.largest_batch`` predicts (one fresh process: build the model,
+plan), with the wall time of each, process starts included.
+
+    python -m benchmarks.plan_vs_search --model fit --budget-mb 7168 --out X.json
+    python -m benchmarks.plan_vs_search --backend host --model gpt2 --budget-mb 128   (CPU, tiny)
+
+Models (``tiny`` on the host backend, where the CPU runs them):
+  fit     the fit benchmark's transformer (benchmarks/fit_more.py: 6 layers,
+          512 wide, bf16 autocast, AdamW, long-tailed lengths 64..4096; the
+          trial trains its lengths, the planner's step runs the longest, as
+          the planner's docs ask for variable shapes)
+  resnet  torchvision ResNet-50, 224x224, SGD with momentum, fp32 (CUDA only;
+          on the host a 3-block CNN with batch norm)
+  gpt2    transformers GPT-2 from a config (12 layers, 768 wide, 512 tokens,
+          bf16 autocast, AdamW; tiny: 2 layers, 64 wide, 64 tokens)
+The budget (MiB) is the memory fraction on CUDA (budget / the device's
+total) and the simulated device's capacity on the host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("fit", "resnet", "gpt2")
+MiB = 1 << 20
+
+
+# ---- in a worker process ----------------------------------------------------------
+def setup(backend: str, budget_mb: int) -> str:
+    """memalloc enabled under the budget; returns the torch device name."""
+    sys.path.insert(0, REPO)
+    import memalloc
+    import torch
+
+    if backend == "host":
+        memalloc.enable(backend="host", config=f"host_capacity_mb:{budget_mb}")
+        memalloc.host.use_for_cpu_tensors()
+        return "cpu"
+    memalloc.enable(backend="cuda")
+    torch.cuda.set_per_process_memory_fraction(budget_mb * MiB / torch.cuda.mem_get_info()[1])
+    return "cuda"
+
+
+def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
+    """step(batch, i): training step i (None: the worst case) at ``batch``."""
+    import torch
+    from torch import nn
+
+    tiny = device == "cpu"
+    torch.manual_seed(0)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if not tiny else torch.enable_grad
+    if model == "fit":
+        from benchmarks.fit_more import lengths
+
+        width, vocab, classes, layers = (64, 512, 16, 2) if tiny else (512, 8192, 16, 6)
+        lens = lengths(30, max_len=256 if tiny else 4096)
+        layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        net = nn.ModuleDict({"embed": nn.Embedding(vocab, width),
+                             "body": nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+                             "head": nn.Linear(width, classes)}).to(device)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+        def step(b: int, i: Optional[int]) -> None:
+            n = max(lens) if i is None else lens[i % len(lens)]
+            tokens = torch.randint(0, vocab, (b, n), device=device)
+            labels = torch.randint(0, classes, (b,), device=device)
+            with autocast():
+                h = net["body"](net["embed"](tokens))
+                loss = nn.functional.cross_entropy(net["head"](h.mean(dim=1)).float(), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+    if model == "resnet":
+        if tiny:
+            sys.path.insert(0, os.path.join(REPO, "tests", "planner_cases"))
+            from models import make_cnn
+
+            cnn = make_cnn()
+            return lambda b, i: cnn(b)
+        import torchvision
+
+        net = torchvision.models.resnet50().to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+        def step(b: int, i: Optional[int]) -> None:
+            x = torch.randn(b, 3, 224, 224, device=device)
+            y = torch.randint(0, 1000, (b,), device=device)
+            loss = nn.functional.cross_entropy(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+    if model == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = (GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128) if tiny
+                  else GPT2Config(n_positions=512))
+        seq = 64 if tiny else 512
+        net = GPT2LMHeadModel(config).to(device)
+        net.train()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+        def step(b: int, i: Optional[int]) -> None:
+            ids = torch.randint(0, config.vocab_size, (b, seq), device=device)
+            with autocast():
+                loss = net(input_ids=ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+    raise SystemExit(f"unknown model {model!r}: one of {', '.join(MODELS)}")
+
+
+def worker_trial(model: str, batch: int, steps: int, backend: str, budget_mb: int) -> dict:
+    import torch
+
+    step = make_model(model, setup(backend, budget_mb))
+    try:
+        for i in range(steps):
+            step(batch, i)
+        if backend == "cuda":
+            torch.cuda.synchronize()
+        return {"batch": batch, "ok": True}
+    except torch.OutOfMemoryError as e:
+        return {"batch": batch, "ok": False, "error": str(e).splitlines()[0][:300]}
+
+
+def worker_plan(model: str, backend: str, budget_mb: int) -> dict:
+    import memalloc
+
+    step = make_model(model, setup(backend, budget_mb))
+    t0 = time.perf_counter()
+    p = memalloc.largest_batch(lambda b: step(b, None))
+    return {"batch": p.batch, "plan_s_in_process": time.perf_counter() - t0, "budget": p.budget,
+            "peak_reserved": p.peak_reserved, "peak_allocated": p.peak_allocated, "fixed_bytes": p.fixed_bytes,
+            "per_sample_bytes": p.per_sample_bytes, "limit": p.limit, "probes": p.probes,
+            "matched_share": p.matched_share, "growing_share": p.growing_share, "text": str(p)}
+
+
+# ---- the driver -----------------------------------------------------------------
+def run_worker(args: list[str], timeout: int = 600) -> dict:
+    p = subprocess.run([sys.executable, "-m", "benchmarks.plan_vs_search", "--worker", *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=timeout,
+                       env={k: v for k, v in os.environ.items() if k not in ("MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")})
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"plan_vs_search worker {args} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
+    trials = []
+
+    def fits(b: int) -> bool:
+        r = run_worker(["trial", model, str(b), "--steps", str(steps), "--backend", backend,
+                        "--budget-mb", str(budget_mb)])
+        trials.append(r)
+        return r["ok"]
+
+    lo, hi = 0, None
+    if fits(start):  # double until one fails
+        lo = start
+        while hi is None:
+            b = lo * 2
+            lo, hi = (b, None) if fits(b) else (lo, b)
+    else:  # halve until one fits
+        hi = start
+        while hi > 1:
+            b = hi // 2
+            if fits(b):
+                lo = b
+                break
+            hi = b
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return {"largest_batch": lo, "trials": len(trials), "tried": [(t["batch"], t["ok"]) for t in trials]}
+
+
+def compare(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
+    t0 = time.perf_counter()
+    found = search(model, backend, budget_mb, steps, start)
+    search_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    planned = run_worker(["plan", model, "--backend", backend, "--budget-mb", str(budget_mb)])
+    plan_s = time.perf_counter() - t0
+    truth = found["largest_batch"]
+    return {"model": model, "backend": backend, "budget_mb": budget_mb, "steps_per_trial": steps,
+            "search": found, "search_s": search_s, "plan": planned, "plan_s": plan_s,
+            "planned_over_found": planned["batch"] / truth if truth else None,
+            "plan_time_share": plan_s / search_s}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--model", choices=MODELS, default="fit")
+    p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
+    p.add_argument("--budget-mb", type=int, default=7168)
+    p.add_argument("--steps", type=int, default=None, help="steps per trial (default: 30 for fit, 10 otherwise)")
+    p.add_argument("--start", type=int, default=16, help="the search's first batch")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.worker:
+        kind, model, *rest = args.worker
+        if kind == "trial":
+            r = worker_trial(model, int(rest[0]), args.steps or 10, args.backend, args.budget_mb)
+        else:
+            r = worker_plan(model, args.backend, args.budget_mb)
+        print(json.dumps(r))
+        return 0
+    steps = args.steps or (30 if args.model == "fit" else 10)
+    r = compare(args.model, args.backend, args.budget_mb, steps, args.start)
+    r["command"] = "python -m benchmarks.plan_vs_search " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(json.dumps({k: v for k, v in r.items() if k != "plan"} | {"planned": r["plan"]["batch"]}, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

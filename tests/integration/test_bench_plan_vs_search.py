@@ -1,0 +1,19 @@
+"""benchmarks/plan_vs_search.py on the host backend (the harness the GPU
+test, tests/gpu/test_cuda_planner.py, runs on the device): the fit
+benchmark's transformer, tiny, on a simulated device of 96 MiB; the search's
+trials and the planner each in fresh processes."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import plan_vs_search
+
+
+@pytest.mark.slow
+def test_the_planner_matches_the_search_on_the_fit_transformer_in_a_third_of_its_time():
+    r = plan_vs_search.compare("fit", "host", 96, steps=3, start=8)
+    found, planned = r["search"]["largest_batch"], r["plan"]["batch"]
+    assert found >= 8 and r["search"]["trials"] >= 4, r["search"]
+    assert abs(planned - found) <= 0.05 * found, (planned, found, r["plan"]["text"])
+    assert r["plan_time_share"] <= 1 / 3, r
+    assert r["plan"]["budget"] == 96 << 20 and r["plan"]["matched_share"] > 0.9
