@@ -63,11 +63,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 
 from memalloc import _C
-from memalloc.core import _state
+from memalloc.core import _hooks, _state
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._format import fmt_bytes
 from memalloc.features.replay import replay_ops
-from memalloc.trace import recording
+from memalloc.trace import recording, tags
 from memalloc.trace.sites import live_blocks
 
 MiB = 1 << 20
@@ -488,7 +488,12 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
     if budget is None:
         budget = default_budget(a, d)
     gc.collect()  # once: tensors held by garbage cycles are not the model's
-    records = [run_probe(step, b, a, d, steps) for b in sorted(set(probes))]
+    hooked = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
+    try:
+        records = [run_probe(step, b, a, d, steps) for b in sorted(set(probes))]
+    finally:
+        if not hooked:  # the probes' recording subscribed it: torch.autograd.backward goes back as it was
+            _hooks.unsubscribe(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     return plan(records, budget, policy_config(a), max_batch=max_batch)
 
 

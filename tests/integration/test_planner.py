@@ -30,6 +30,20 @@ from models import MODELS  # noqa: E402
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def backward_hook_as_before():
+    """Tests that record by hand (record_memory_history, run_probe) leave its
+    backward hook subscribed, as record_memory_history does by design; the
+    next test module must find torch.autograd.backward as it was."""
+    from memalloc.core import _hooks
+    from memalloc.trace import tags
+
+    hooked = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
+    yield
+    if not hooked:
+        _hooks.unsubscribe(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
+
+
 # ---- against a real search with OOMs ---------------------------------------------
 def trial_fits(a: memalloc.Allocator, make, batch: int, steps: int = 3) -> bool:
     """A fresh model trains ``steps`` steps at ``batch`` on ``a``'s device without running out of memory."""
@@ -70,6 +84,16 @@ def plan_for(a: memalloc.Allocator, make) -> planner.BatchPlan:
         gc.collect()
     a.empty_cache(0)
     return p
+
+
+def test_the_planner_leaves_torch_as_it_found_it():
+    """Its probes record with Python stacks, which wraps torch.autograd.backward
+    (memalloc.trace.tags): the wrapper goes when the plan is made."""
+    original = torch.autograd.backward
+    a = memalloc.Allocator("host", "host_capacity_mb:64")
+    plan_for(a, MODELS["cnn"])
+    assert torch.autograd.backward is original
+    assert memalloc._C.stack_mode() == 0 and not memalloc.recording.history_on(0, a)
 
 
 def check_against_search(model: str, capacity_mb: int) -> None:
