@@ -3,11 +3,13 @@ from a few steps at small batch sizes instead of found by trial and error.
 
 :func:`largest_batch` takes the function a user would hand to accelerate's
 ``find_executable_batch_size``: ``step(batch)`` runs one training step at
-that batch size. For each probe batch (small, default 2, 4 and 8) it runs one
-warm-up step (optimizer state, workspaces and caches come into being), then
-records ``steps`` more with the allocator's event ring on, and notes the
-blocks live when recording began (parameters, gradients, optimizer state,
-whatever the model holds between steps). Every allocation is named by
+that batch size. For each probe batch (small, default 2, 4 and 8) it runs
+``1 + steps`` steps with the allocator's event ring on and notes the blocks
+live when recording began (parameters, and after the first probe the
+optimizer state and whatever the model holds between steps). The first
+probe's first step is usually the model's first, in which the optimizer
+state, workspaces and caches come into being, as in a fresh run at the
+planned batch. Every allocation is named by
 where it came from: its Python call stack and tag, and its place among the
 allocations of that call stack (the k-th from that line), so the same
 allocation is found again in the next probe's recording. Its requested size
@@ -16,8 +18,9 @@ optimizer state, workspaces) or more with each (activations, temporaries),
 extrapolated linearly in the batch from the two largest probes in which
 it appears, and never below its size there.
 
-A candidate batch is judged by replaying the largest probe's allocation
-pattern, every size scaled to that batch, on the host backend under the
+A candidate batch is judged by replaying the smallest probe's allocation
+pattern (its recording starts where the model's training does), every
+size scaled to that batch, on the host backend under the
 allocator's own policy (memalloc/features/replay.py) with a simulated device
 of the budget's size: the blocks live at the start, then the recorded steps
 in their order. It fits when no allocation of the replay runs out of memory
@@ -247,13 +250,15 @@ def _growth_fits(small: int, large: int, ratio: float) -> bool:
 def _align(small: ProbeRecord, large: ProbeRecord) -> dict[Key, Key]:
     """The allocations of ``small`` matched to those of ``large`` (a larger
     batch): {small's key: large's key}. Blocks live at the start match by
-    key (their numbering is by size within a site); allocations by order,
+    key (their numbering is by size within a site) where the sizes allow it;
+    allocations by order,
     same site and tag and a plausible growth, looking up to RESYNC ops past
     an allocation that one probe makes and the other does not (a kernel that
     takes a workspace at some batch sizes only), and taking a resync point
     only when the CONFIRM ops after it agree too."""
     ratio = large.batch / small.batch
-    out = {k: k for k, _ in small.live if k in dict(large.live)}
+    large_live = dict(large.live)
+    out = {k: k for k, n in small.live if k in large_live and _growth_fits(n, large_live[k], ratio)}
     a = [op for op in small.ops if op[0] == "alloc"]
     b = [op for op in large.ops if op[0] == "alloc"]
 
@@ -347,10 +352,11 @@ class BatchPlan:
     ``peak_allocated``: the replay's peaks at that batch; ``fixed_bytes`` /
     ``per_sample_bytes``: the probes' peak allocated split into the part
     that does not grow with the batch and what each sample adds; ``limit``:
-    (budget - fixed) // per sample, the batch a perfect allocator would fit;
-    ``probes``: (batch, peak allocated, peak reserved) as measured;
-    ``growing_share``: the share of the largest probe's allocations whose
-    size grows with the batch; ``matched_share``: the share found again in
+    (budget - fixed) // per sample, the batch a perfect allocator would fit
+    (about: see the module's docstring); ``probes``: (batch, peak
+    allocated, peak reserved) as measured; ``growing_share``: the share of
+    the smallest probe's allocations (the pattern replayed) whose size grows
+    with the batch; ``matched_share``: the share of them found again in
     another probe; ``predictions``: every batch the search tried."""
 
     batch: int

@@ -73,6 +73,7 @@ def test_the_planned_batch_trains_and_five_percent_more_does_not(cli, script, tm
     assert not trains(cli, script, int(batch * 1.05) + 1, tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_fit_only_prints_the_plan_and_stops(cli, script, tmp_path):
     p = cli("run", *HOST, "--fit", "free", "--fit-only", "--fit-probes", "2,4", "--fit-steps", "1",
             "--out", str(tmp_path / "r"), str(script), "--batch-size", "{batch}")
