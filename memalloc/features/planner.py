@@ -285,7 +285,43 @@ def _align(small: ProbeRecord, large: ProbeRecord) -> dict[Key, Key]:
         else:
             i += 1
             j += 1  # no resync point near: these two differ, go on
+    _match_nearby(a, b, out, same)
     return out
+
+
+NEARBY = 64  # positions a second pass looks either side for an allocation that came out of order
+
+
+def _match_nearby(a: list, b: list, out: dict, same: Callable[[int, int], bool]) -> None:
+    """A second pass over what the first left unmatched: allocations that
+    threads made in a different order (CPU kernels allocate on their worker
+    threads), each matched to the nearest unmatched one of the same site
+    and plausible growth within NEARBY positions of where the matched
+    neighbours put it."""
+    matched_b = set(out.values())
+    where = {}  # small's index -> large's index, for the matched
+    index_b = {op[1]: j for j, op in enumerate(b)}
+    for i, op in enumerate(a):
+        if op[1] in out:
+            where[i] = index_b[out[op[1]]]
+    free_b: dict[tuple, list[int]] = {}
+    for j, op in enumerate(b):
+        if op[1] not in matched_b:
+            free_b.setdefault(op[1][:3], []).append(j)
+    offset = 0
+    for i, op in enumerate(a):
+        if i in where:
+            offset = where[i] - i
+            continue
+        candidates = free_b.get(op[1][:3])
+        if not candidates:
+            continue
+        expected = i + offset
+        near = [j for j in candidates if abs(j - expected) <= NEARBY and same(i, j)]
+        if near:
+            j = min(near, key=lambda j: abs(j - expected))
+            candidates.remove(j)
+            out[op[1]] = b[j][1]
 
 
 class _Scaler:
