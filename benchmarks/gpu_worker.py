@@ -44,8 +44,11 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               "memalloc_flight")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
 GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16",
-          # a lockstep worker (benchmarks/lockstep.py): one bf16 transformer step per "step" line
-          "bf16_lockstep")
+          # lockstep workers (benchmarks/lockstep.py): one step per "step" line of the bf16
+          # transformer, ResNet-50 and a transformers GPT-2
+          "bf16_lockstep", "resnet50_lockstep", "gpt2_lockstep")
+LOCKSTEP_STEPS = {"bf16_lockstep": lambda: transformer_steps()["bf16"], "resnet50_lockstep": lambda: resnet50_step(),
+                  "gpt2_lockstep": lambda: gpt2_step()}
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -382,8 +385,8 @@ def summarize_rounds(times: dict, prefix: str, rounds: int, out: dict, ratio_fre
     return out
 
 
-def run_resnet50(name: str, peaks) -> dict:
-    """torchvision ResNet-50, batch 64 at 224x224, SGD with momentum, fp32."""
+def resnet50_step():
+    """One step of torchvision ResNet-50, batch 64 at 224x224, SGD with momentum, fp32."""
     import torch
     import torchvision
 
@@ -398,7 +401,34 @@ def run_resnet50(name: str, peaks) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    return step
 
+
+def gpt2_step():
+    """One step of a transformers GPT-2 built from its default config (12
+    layers, 768 wide, 124M parameters), batch 8 x 512 tokens, bf16 autocast,
+    AdamW."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_positions=512)).cuda()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 50257, (8, 512), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def run_resnet50(name: str, peaks) -> dict:
+    """torchvision ResNet-50, batch 64 at 224x224, SGD with momentum, fp32."""
+    step = resnet50_step()
     reset_peaks(name)
     out = {"resnet50_ms": timed_steps(step, warmup=3, steps=10), "resnet50_device_used": device_used()}
     p = peaks()
@@ -439,10 +469,10 @@ def main(argv) -> int:
         if name != "memalloc":
             raise SystemExit("the flight group runs under memalloc only")
         result.update(run_flight())
-    elif group == "bf16_lockstep":
+    elif group in LOCKSTEP_STEPS:
         from benchmarks.lockstep import serve
 
-        result["steps"] = serve(transformer_steps()["bf16"], warmup=3, sync=torch.cuda.synchronize)
+        result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize)
     elif group == "flight_pair":
         if name != "memalloc":
             raise SystemExit("the flight_pair group runs under memalloc only")

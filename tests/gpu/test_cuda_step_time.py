@@ -1,0 +1,46 @@
+"""Step time of memalloc's default against native on the device (pytest -m
+gpu; skipped without a GPU): the bf16 transformer, ResNet-50 and a
+transformers GPT-2 from its config (benchmarks/gpu_worker.py's
+*_lockstep workers), each compared in lockstep (benchmarks/lockstep.py: a
+native and a memalloc process alive at once, taking turns one synchronised
+step at a time) in STEP_TIME_PAIRS pairs of fresh processes, so every ratio
+comes from that many processes per mode. Issue 25's target: memalloc's
+default within 1.02x of native on each (the median over every pair of
+steps). MEMALLOC_STEP_TIME_ALLOCATOR measures another memalloc mode
+instead (memalloc_expandable), recorded with its own name."""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import pytest
+import torch
+
+from test_cuda import record
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from benchmarks.lockstep import lockstep  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+STEP_TIME_PAIRS = int(os.environ.get("MEMALLOC_STEP_TIME_PAIRS", "8"))
+STEP_PAIRS = 25
+ALLOCATOR = os.environ.get("MEMALLOC_STEP_TIME_ALLOCATOR", "memalloc")
+
+
+@pytest.mark.parametrize("group", ["bf16_lockstep", "resnet50_lockstep", "gpt2_lockstep"])
+def test_step_time_within_2pct_of_native(group):
+    env = dict(os.environ, MEMALLOC_BENCH_CPUS="2-5")
+    worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, group]
+    runs = [lockstep({"native": worker("native"), ALLOCATOR: worker(ALLOCATOR)}, steps=STEP_PAIRS, env=env, cwd=REPO)
+            for _ in range(STEP_TIME_PAIRS)]
+    ratio = statistics.median(x for r in runs for x in r["ratios"])
+    record("step_time_lockstep", f"{ALLOCATOR}/{group}", {
+        "median_ratio": ratio, "per_process_pair": [r["ratio"] for r in runs],
+        "median_ms": [r["median_ms"] for r in runs], "process_pairs": STEP_TIME_PAIRS, "step_pairs": STEP_PAIRS})
+    assert ratio <= 1.02, (ratio, [r["ratio"] for r in runs])
