@@ -45,6 +45,9 @@ What it assumes, and what breaks it:
   the steps after it for the usual optimizers.
 - Frees of a block still in use on another stream (``record_stream``) are
   taken as done at once.
+- Tensors that only garbage cycles hold count as the memory they are (the
+  planner does not run ``gc.collect()``, which takes a second in a large
+  process): a ``gc.collect()`` before planning gives them back first.
 
 The probes' peaks also give the split of the question "where does the memory
 go": ``fixed_bytes`` (the part of the peak that does not grow with the batch)
@@ -56,8 +59,8 @@ high and the limit a little low: the planned batch can pass it.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import gc
 import hashlib
 import json
 import math
@@ -237,6 +240,8 @@ def _sizes_by_key(record: ProbeRecord) -> dict[Key, int]:
 
 RESYNC = 1024  # ops either side an alignment looks past to find the two sequences in step again
 CONFIRM = 4    # ops that must agree after a resync point
+LOCAL = 8      # ops either side a swap of neighbours is looked for first
+NEARBY = 64    # positions a second pass looks either side for an allocation that came out of order
 
 
 def _growth_fits(small: int, large: int, ratio: float) -> bool:
@@ -251,29 +256,48 @@ def _align(small: ProbeRecord, large: ProbeRecord) -> dict[Key, Key]:
     """The allocations of ``small`` matched to those of ``large`` (a larger
     batch): {small's key: large's key}. Blocks live at the start match by
     key (their numbering is by size within a site) where the sizes allow it;
-    allocations by order,
-    same site and tag and a plausible growth, looking up to RESYNC ops past
-    an allocation that one probe makes and the other does not (a kernel that
-    takes a workspace at some batch sizes only), and taking a resync point
-    only when the CONFIRM ops after it agree too."""
+    allocations by order, same site and tag and a plausible growth. Where
+    the two part, a swap of near neighbours is looked for first (CPU kernels
+    allocate on worker threads, whose order varies from run to run), then a
+    resync point up to RESYNC ops on (an allocation that one probe makes and
+    the other does not: a kernel that takes a workspace at some batch sizes
+    only), taken only when the CONFIRM ops after it agree too; a second pass
+    (_match_nearby) matches what is left near where it belongs."""
     ratio = large.batch / small.batch
     large_live = dict(large.live)
     out = {k: k for k, n in small.live if k in large_live and _growth_fits(n, large_live[k], ratio)}
     a = [op for op in small.ops if op[0] == "alloc"]
     b = [op for op in large.ops if op[0] == "alloc"]
+    ids: dict[tuple, int] = {}
+    site_a = [ids.setdefault(op[1][:3], len(ids)) for op in a]
+    site_b = [ids.setdefault(op[1][:3], len(ids)) for op in b]
+    size_a = [op[2] for op in a]
+    size_b = [op[2] for op in b]
+    na, nb = len(a), len(b)
 
     def same(i: int, j: int) -> bool:
-        return i < len(a) and j < len(b) and a[i][1][:3] == b[j][1][:3] and _growth_fits(a[i][2], b[j][2], ratio)
+        return i < na and j < nb and site_a[i] == site_b[j] and _growth_fits(size_a[i], size_b[j], ratio)
 
     def agree(i: int, j: int) -> bool:
-        return all(same(i + d, j + d) for d in range(CONFIRM) if i + d < len(a) and j + d < len(b))
+        return all(same(i + d, j + d) for d in range(CONFIRM) if i + d < na and j + d < nb)
 
+    used_b: set[int] = set()
     i = j = 0
-    while i < len(a) and j < len(b):
+    while i < na and j < nb:
+        if j in used_b:
+            j += 1
+            continue
         if same(i, j):
             out[a[i][1]] = b[j][1]
+            used_b.add(j)
             i += 1
             j += 1
+            continue
+        local = next((d for d in range(1, LOCAL + 1) if j + d < nb and j + d not in used_b and same(i, j + d)), None)
+        if local is not None:  # a[i] comes a little later in b: match it there, keep b[j] for what follows
+            out[a[i][1]] = b[j + local][1]
+            used_b.add(j + local)
+            i += 1
             continue
         for d in range(1, RESYNC + 1):
             if same(i, j + d) and agree(i, j + d):
@@ -289,15 +313,11 @@ def _align(small: ProbeRecord, large: ProbeRecord) -> dict[Key, Key]:
     return out
 
 
-NEARBY = 64  # positions a second pass looks either side for an allocation that came out of order
-
-
 def _match_nearby(a: list, b: list, out: dict, same: Callable[[int, int], bool]) -> None:
     """A second pass over what the first left unmatched: allocations that
-    threads made in a different order (CPU kernels allocate on their worker
-    threads), each matched to the nearest unmatched one of the same site
-    and plausible growth within NEARBY positions of where the matched
-    neighbours put it."""
+    threads made in a different order, each matched to the nearest
+    unmatched one of the same site and plausible growth within NEARBY
+    positions of where the matched neighbours put it."""
     matched_b = set(out.values())
     where = {}  # small's index -> large's index, for the matched
     index_b = {op[1]: j for j, op in enumerate(b)}
@@ -317,7 +337,8 @@ def _match_nearby(a: list, b: list, out: dict, same: Callable[[int, int], bool])
         if not candidates:
             continue
         expected = i + offset
-        near = [j for j in candidates if abs(j - expected) <= NEARBY and same(i, j)]
+        lo, hi = bisect.bisect_left(candidates, expected - NEARBY), bisect.bisect_right(candidates, expected + NEARBY)
+        near = [j for j in candidates[lo:hi] if same(i, j)]
         if near:
             j = min(near, key=lambda j: abs(j - expected))
             candidates.remove(j)
@@ -529,7 +550,6 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
     d = existing_device_index(device, a)
     if budget is None:
         budget = default_budget(a, d)
-    gc.collect()  # once: tensors held by garbage cycles are not the model's
     hooked = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     try:
         records = [run_probe(step, b, a, d, steps) for b in sorted(set(probes))]

@@ -5,8 +5,9 @@ Against the truth it replaces: a binary search with real OOMs on the
 simulated device, where each trial builds a fresh model and trains 3 steps
 at the batch (tests/planner_cases/models.py: a transformer encoder, a CNN
 with batch norm, a transformers GPT-2 from a config). The planner must name
-a batch within 5% of the search's, in at most a third of its time (issue
-25's targets). And on synthetic probes, whose largest fitting batch the test
+a batch within 5% of the search's, training at most a third of the samples
+the search trains and, in the slow tier, in at most a third of its wall time
+(issue 25's targets). And on synthetic probes, whose largest fitting batch the test
 finds by replaying the exact pattern of every batch size itself."""
 from __future__ import annotations
 
@@ -76,14 +77,18 @@ def real_search(a: memalloc.Allocator, make, start: int = 8) -> int:
     return lo
 
 
-def plan_for(a: memalloc.Allocator, make) -> planner.BatchPlan:
+def plan_for(a: memalloc.Allocator, make) -> tuple[planner.BatchPlan, float]:
+    """The plan for a fresh model on ``a``, and the seconds it took (the
+    model's construction included, as in a search's trial)."""
     with host.cpu_tensors_from(a):
+        t0 = time.perf_counter()
         step = make()
         p = memalloc.largest_batch(step, allocator=a)
+        seconds = time.perf_counter() - t0
         del step
         gc.collect()
     a.empty_cache(0)
-    return p
+    return p, seconds
 
 
 def test_the_planner_leaves_torch_as_it_found_it():
@@ -91,35 +96,54 @@ def test_the_planner_leaves_torch_as_it_found_it():
     (memalloc.trace.tags): the wrapper goes when the plan is made."""
     original = torch.autograd.backward
     a = memalloc.Allocator("host", "host_capacity_mb:64")
-    plan_for(a, MODELS["cnn"])
+    plan_for(a, MODELS["cnn"])[0]
     assert torch.autograd.backward is original
     assert memalloc._C.stack_mode() == 0 and not memalloc.recording.history_on(0, a)
 
 
-def check_against_search(model: str, capacity_mb: int) -> None:
+def counting(make, counter: list):
+    """``make`` whose steps add their batch sizes to ``counter`` (samples trained)."""
+    def made():
+        step = make()
+
+        def counted(b: int) -> None:
+            counter.append(b)
+            step(b)
+        return counted
+    return made
+
+
+def check_against_search(model: str, capacity_mb: int, timed: bool) -> None:
+    """The plan within 5% of the search's batch; in at most a third of the
+    search's samples trained and, when ``timed``, of its wall time (timed in
+    the slow tier only, where the search takes 10-35 s: a search of a few
+    seconds on two cores shared with the suite's other worker does not time
+    reliably)."""
     a = memalloc.Allocator("host", f"host_capacity_mb:{capacity_mb}")
+    searched: list = []
     t0 = time.perf_counter()
-    truth = real_search(a, MODELS[model])
+    truth = real_search(a, counting(MODELS[model], searched))
     search_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    p = plan_for(a, MODELS[model])
-    plan_s = time.perf_counter() - t0
+    planned: list = []
+    p, plan_s = plan_for(a, counting(MODELS[model], planned))
     assert truth >= 16, truth  # the search had something to find
     assert abs(p.batch - truth) <= 0.05 * truth, (p.batch, truth, str(p))
-    assert plan_s <= search_s / 3, (plan_s, search_s)
+    assert sum(planned) <= sum(searched) / 3, (sum(planned), sum(searched))
+    if timed:
+        assert plan_s <= search_s / 3, (plan_s, search_s)
     assert p.budget == capacity_mb * MiB  # the default: free memory plus the (empty) cache
     assert p.peak_reserved <= p.budget and p.matched_share > 0.9 and 0 < p.growing_share < 1
     assert trial_fits(a, MODELS[model], p.batch) == (p.batch <= truth)
 
 
 def test_planner_finds_what_the_search_finds_on_a_cnn():
-    check_against_search("cnn", 32)
+    check_against_search("cnn", 32, timed=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,capacity_mb", [("transformer", 256), ("cnn", 128), ("gpt2", 128), ("gpt2", 300)])
 def test_planner_finds_what_the_search_finds(model, capacity_mb):
-    check_against_search(model, capacity_mb)
+    check_against_search(model, capacity_mb, timed=True)
 
 
 # ---- synthetic probes, checked against the exact pattern -------------------------

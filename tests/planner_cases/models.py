@@ -14,6 +14,13 @@ from torch import nn
 Step = Callable[[int], None]
 
 
+def optimize(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """The end of every step here: gradients set to None, backward, step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def make_transformer() -> Step:
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True, norm_first=True)
@@ -21,10 +28,7 @@ def make_transformer() -> Step:
     opt = torch.optim.AdamW(model.parameters())
 
     def step(b: int) -> None:
-        loss = model(torch.randn(b, 64, 128)).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimize(opt, model(torch.randn(b, 64, 128)).square().mean())
     return step
 
 
@@ -38,10 +42,7 @@ def make_cnn() -> Step:
     opt = torch.optim.AdamW(model.parameters())
 
     def step(b: int) -> None:
-        loss = nn.functional.cross_entropy(model(torch.randn(b, 3, 32, 32)), torch.randint(0, 10, (b,)))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimize(opt, nn.functional.cross_entropy(model(torch.randn(b, 3, 32, 32)), torch.randint(0, 10, (b,))))
     return step
 
 
@@ -56,10 +57,7 @@ def make_gpt2() -> Step:
 
     def step(b: int) -> None:
         ids = torch.randint(0, 1000, (b, 64))
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimize(opt, model(input_ids=ids, labels=ids).loss)
     return step
 
 
