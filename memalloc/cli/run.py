@@ -24,6 +24,11 @@ matplotlib is installed.
 An out-of-memory error in the script writes its report (memalloc/features/oom.py) to
 DIR as well, with or without these flags.
 
+With ``--fit BUDGET`` (the script's batch size argument written
+``{batch}``): the batch planner first (memalloc/cli/fit.py: one probe
+process per small batch, then the plan printed), then the script at the
+planned batch; ``--fit-only`` stops after the plan.
+
 The flight recorder is on (memalloc/features/flight.py): the event rings go
 into a file in DIR/flight that a SIGKILL, segfault or abort leaves behind,
 for ``python -m memalloc postmortem DIR/flight``; so does an exception out
