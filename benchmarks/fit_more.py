@@ -61,6 +61,37 @@ def lengths(steps: int, seed: int = 0, max_len: int = MAX_LEN) -> list[int]:
     return [max(MIN_LEN, min(max_len, int(MIN_LEN * 2 ** rng.expovariate(0.6)))) // 8 * 8 for _ in range(steps)]
 
 
+# ---- the model ------------------------------------------------------------------------
+VOCAB, CLASSES = 8192, 16
+
+
+def model_step(device: str = "cuda", width: int = 512, layers: int = 6, vocab: int = VOCAB, classes: int = CLASSES,
+               bf16: bool = True):
+    """The workload's model (seed 0) and its optimizer; returns
+    ``train(tokens, labels)``, one AdamW step on a batch (bf16 autocast on
+    CUDA when ``bf16``). benchmarks/plan_vs_search.py builds it too."""
+    import contextlib
+
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+    model = nn.ModuleDict({"embed": nn.Embedding(vocab, width),
+                           "body": nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+                           "head": nn.Linear(width, classes)}).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train(tokens, labels) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            h = model["body"](model["embed"](tokens))
+            loss = nn.functional.cross_entropy(model["head"](h.mean(dim=1)).float(), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return train
+
+
 # ---- one trial (a fresh process) ---------------------------------------------------
 def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN) -> dict:
     """Trains `steps` steps at `batch` under `fraction` (0 = no limit)."""
@@ -70,17 +101,10 @@ def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX
 
         memalloc.enable(backend="cuda")
     import torch
-    from torch import nn
 
     if fraction > 0:
         torch.cuda.set_per_process_memory_fraction(fraction)
-    torch.manual_seed(0)
-    width, vocab, classes = 512, 8192, 16
-    layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
-    model = nn.ModuleDict({"embed": nn.Embedding(vocab, width),
-                           "body": nn.TransformerEncoder(layer, 6, enable_nested_tensor=False),
-                           "head": nn.Linear(width, classes)}).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    train = model_step()
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = {"mode": mode, "batch": batch, "steps": steps, "fraction": fraction, "ok": True, "steps_done": 0}
     times = []
@@ -88,14 +112,9 @@ def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX
         for i, n in enumerate(lengths(steps, max_len=max_len)):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            tokens = torch.randint(0, vocab, (batch, n), device="cuda", generator=gen)
-            labels = torch.randint(0, classes, (batch,), device="cuda", generator=gen)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                h = model["body"](model["embed"](tokens))
-                loss = nn.functional.cross_entropy(model["head"](h.mean(dim=1)).float(), labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            tokens = torch.randint(0, VOCAB, (batch, n), device="cuda", generator=gen)
+            labels = torch.randint(0, CLASSES, (batch,), device="cuda", generator=gen)
+            train(tokens, labels)
             torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1e3)
             out["steps_done"] = i + 1

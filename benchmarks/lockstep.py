@@ -145,6 +145,20 @@ def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Optional[Map
             "steps": steps, "order": "alternating (a b, b a, ...)"}
 
 
+def pooled(workers: Mapping[str, Sequence[str]], process_pairs: int, steps: int,
+           env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> dict:
+    """:func:`lockstep` in ``process_pairs`` pairs of fresh workers, ``steps``
+    pairs of steps each. Returns ``median_ratio`` (over every pair of steps
+    of them all), ``per_process_pair`` (each pair's own median),
+    ``median_ms`` (each pair's per worker), ``process_pairs``,
+    ``step_pairs`` (in all) and ``runs`` (every lockstep result)."""
+    runs = [lockstep(workers, steps, env=env, cwd=cwd) for _ in range(process_pairs)]
+    ratios = [x for r in runs for x in r["ratios"]]
+    return {"median_ratio": statistics.median(ratios), "per_process_pair": [r["ratio"] for r in runs],
+            "median_ms": [r["median_ms"] for r in runs], "process_pairs": process_pairs,
+            "step_pairs": len(ratios), "runs": runs}
+
+
 def _cpu_work(units: int) -> None:
     x = 0
     for i in range(units * 10_000):

@@ -60,26 +60,16 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
     torch.manual_seed(0)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if not tiny else torch.enable_grad
     if model == "fit":
-        from benchmarks.fit_more import lengths
+        from benchmarks.fit_more import CLASSES, VOCAB, lengths, model_step
 
-        width, vocab, classes, layers = (64, 512, 16, 2) if tiny else (512, 8192, 16, 6)
+        vocab = 512 if tiny else VOCAB
         lens = lengths(30, max_len=256 if tiny else 4096)
-        layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
-        net = nn.ModuleDict({"embed": nn.Embedding(vocab, width),
-                             "body": nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
-                             "head": nn.Linear(width, classes)}).to(device)
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        train = (model_step(device, width=64, layers=2, vocab=vocab, bf16=False) if tiny
+                 else model_step(device))
 
         def step(b: int, i: Optional[int]) -> None:
             n = max(lens) if i is None else lens[i % len(lens)]
-            tokens = torch.randint(0, vocab, (b, n), device=device)
-            labels = torch.randint(0, classes, (b,), device=device)
-            with autocast():
-                h = net["body"](net["embed"](tokens))
-                loss = nn.functional.cross_entropy(net["head"](h.mean(dim=1)).float(), labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train(torch.randint(0, vocab, (b, n), device=device), torch.randint(0, CLASSES, (b,), device=device))
         return step
     if model == "resnet":
         if tiny:
@@ -159,15 +149,10 @@ def run_worker(args: list[str], timeout: int = 600) -> dict:
     return json.loads(lines[-1])
 
 
-def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
-    trials = []
-
-    def fits(b: int) -> bool:
-        r = run_worker(["trial", model, str(b), "--steps", str(steps), "--backend", backend,
-                        "--budget-mb", str(budget_mb)])
-        trials.append(r)
-        return r["ok"]
-
+def largest_that_fits(fits: Callable[[int], bool], start: int) -> int:
+    """The largest batch for which ``fits(batch)`` holds (0 if none does):
+    doubling from ``start`` while it fits, halving while it does not, then
+    bisection between the last that fit and the first that did not."""
     lo, hi = 0, None
     if fits(start):  # double until one fails
         lo = start
@@ -185,6 +170,19 @@ def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> 
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
+    trials = []
+
+    def fits(b: int) -> bool:
+        r = run_worker(["trial", model, str(b), "--steps", str(steps), "--backend", backend,
+                        "--budget-mb", str(budget_mb)])
+        trials.append(r)
+        return r["ok"]
+
+    lo = largest_that_fits(fits, start)
     return {"largest_batch": lo, "trials": len(trials), "tried": [(t["batch"], t["ok"]) for t in trials]}
 
 

@@ -27,8 +27,6 @@ from typing import Callable, Optional, Sequence
 
 from memalloc.core import _state, iteration
 from memalloc.features import planner
-from memalloc.trace import recording
-from memalloc.trace.sites import live_blocks
 
 PLACEHOLDER = "{batch}"
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20, "mib": 1 << 20, "mb": 10 ** 6,
@@ -74,11 +72,7 @@ def start_probe(batch: int, steps: int, out: str) -> None:
     """In the probe's process, after enable(): the ring on from now, and at
     the (1 + steps)-th boundary the record written to ``out`` and the
     process ended (exit 0)."""
-    a = _state.installed_allocator()
-    device = 0
-    live = live_blocks(device, a)
-    reserved = a.stats(device)["reserved_bytes"]["all"]["current"]
-    recording.record_memory_history(max_entries=PROBE_RING, stacks="python", device=device, allocator=a)
+    rec = planner.ProbeRecording(_state.installed_allocator(), 0, PROBE_RING)
     iteration.auto_step()
     seen = [0]
 
@@ -86,12 +80,11 @@ def start_probe(batch: int, steps: int, out: str) -> None:
         seen[0] += 1
         if seen[0] < 1 + steps:
             return
-        lost = recording.dropped(device, allocator=a)
-        if lost:
+        record, lost = rec.finish(batch)
+        if record is None:
             print(f"memalloc: the probe at batch {batch} lost {lost} events (more than {PROBE_RING} recorded): "
                   "give --fit-steps 1 or smaller --fit-probes", file=sys.stderr)
             os._exit(3)
-        record = planner.probe_record(batch, live, recording.events(device, allocator=a), reserved)
         planner.save_records([record], out)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -85,21 +85,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def _check_fit(args: argparse.Namespace) -> None:
-    """--fit's arguments, before anything runs (SystemExit naming what to give)."""
+def _check_fit(args: argparse.Namespace) -> tuple[Optional[int], tuple[int, ...]]:
+    """--fit's arguments, before anything runs: (the budget in bytes, None
+    for 'free'; the probe batch sizes). SystemExit naming what to give."""
     fit.check_placeholder(args.script_args)
-    fit.parse_budget(args.fit)
+    budget = fit.parse_budget(args.fit)
     if args.fit_steps < 1 or args.fit_max < 1:
         raise SystemExit("memalloc: --fit-steps and --fit-max must be >= 1")
     probes = fit.parse_probes(args.fit_probes)
     if args.fit_max < max(probes):
         raise SystemExit(f"memalloc: --fit-max {args.fit_max} is below the largest probe ({max(probes)})")
+    return budget, probes
 
 
-def _fit_first(args: argparse.Namespace) -> list:
+def _fit_first(args: argparse.Namespace, probes: tuple[int, ...]) -> list:
     """--fit's probes, each a child ``memalloc run`` of the script (before
     this process touches the device)."""
-    probes = fit.parse_probes(args.fit_probes)
     config = ["--config", args.config] if args.config else []
 
     def argv_for(batch: int, out: str, folder: str) -> list[str]:
@@ -116,8 +117,9 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_or_exit(args.backend, args.config)
-    if args.fit is not None and args.fit_probe_out is None:
-        _check_fit(args)
+    probing = args.fit_probe_out is not None
+    planning = args.fit is not None and not probing
+    budget, probes = _check_fit(args) if planning else (None, ())
     if not os.path.isfile(args.script):
         raise SystemExit(f"memalloc: no such script: {args.script}")
     if args.warmup_steps < 0:
@@ -126,9 +128,7 @@ def main(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
-    probing = args.fit_probe_out is not None
-    budget = fit.parse_budget(args.fit) if args.fit is not None and not probing else None
-    records = _fit_first(args) if args.fit is not None and not probing else None
+    records = _fit_first(args, probes) if planning else None
     backend = enable_or_exit(args.backend, args.config)
     if probing:
         if backend == "host":

@@ -195,6 +195,37 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
                        peak_allocated, peak_reserved)
 
 
+class ProbeRecording:
+    """The event ring of one device on for one probe, from now: the blocks
+    live and the bytes reserved at the start are noted, the ring (``ring``
+    records, Python stacks) is started; :meth:`finish` reads it back and
+    turns it off. Used in-process by :func:`run_probe` and in a probe's own
+    process by ``memalloc run --fit`` (memalloc/cli/fit.py)."""
+
+    def __init__(self, allocator: _C.Allocator, device: int, ring: int) -> None:
+        if recording.history_on(device, allocator):
+            raise PlannerError(f"device {device} is recording (memalloc.record_memory_history): the planner needs "
+                               "the event ring for its probes; stop the history first "
+                               "(memalloc.record_memory_history(enabled=False))")
+        self.allocator, self.device, self.ring = allocator, device, ring
+        self.live = live_blocks(device, allocator)
+        self.reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
+        recording.record_memory_history(max_entries=ring, stacks="python", device=device, allocator=allocator)
+
+    def stop(self) -> None:
+        recording.record_memory_history(enabled=False, device=self.device, allocator=self.allocator)
+
+    def finish(self, batch: int) -> tuple[Optional[ProbeRecord], int]:
+        """(the record, 0), or (None, events lost) when the ring overflowed;
+        the ring is off afterwards either way."""
+        try:
+            lost = recording.dropped(self.device, allocator=self.allocator)
+            events = recording.events(self.device, allocator=self.allocator) if not lost else []
+        finally:
+            self.stop()
+        return (None, lost) if lost else (probe_record(batch, self.live, events, self.reserved), 0)
+
+
 def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int,
               ring: int = RING) -> ProbeRecord:
     """``1 + steps`` calls of ``step(batch)``, recorded from the first: the
@@ -202,31 +233,25 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
     into being in it, between the batch's tensors, as in a fresh run). A
     ring of ``ring`` records that overflows is taken again, 8 times larger
     (up to the most a ring holds), with the steps run again."""
-    if recording.history_on(device, allocator):
-        raise PlannerError(f"device {device} is recording (memalloc.record_memory_history): the planner needs "
-                           "the event ring for its probes; stop the history first "
-                           "(memalloc.record_memory_history(enabled=False))")
-    live = live_blocks(device, allocator)
-    reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
-    recording.record_memory_history(max_entries=ring, stacks="python", device=device, allocator=allocator)
+    rec = ProbeRecording(allocator, device, ring)
     try:
-        try:
-            for _ in range(1 + steps):
-                step(batch)
-        except torch.OutOfMemoryError as e:
-            raise PlannerError(f"the probe at batch {batch} ran out of memory already "
-                               f"({str(e).splitlines()[0]}): give smaller probes (probes=(1, 2, 4)) "
-                               "or a smaller model") from None
-        lost = recording.dropped(device, allocator=allocator)
-        events = recording.events(device, allocator=allocator) if not lost else []
-    finally:
-        recording.record_memory_history(enabled=False, device=device, allocator=allocator)
-    if lost:
-        if ring < _C.max_trace_records():
-            return run_probe(step, batch, allocator, device, steps, min(ring * 8, _C.max_trace_records()))
-        raise PlannerError(f"the probe at batch {batch} recorded more than {ring} events per device and lost "
-                           f"{lost}: record fewer steps (steps=1) or give smaller probes")
-    return probe_record(batch, live, events, reserved)
+        for _ in range(1 + steps):
+            step(batch)
+    except torch.OutOfMemoryError as e:
+        rec.stop()
+        raise PlannerError(f"the probe at batch {batch} ran out of memory already "
+                           f"({str(e).splitlines()[0]}): give smaller probes (probes=(1, 2, 4)) "
+                           "or a smaller model") from None
+    except BaseException:
+        rec.stop()
+        raise
+    record, lost = rec.finish(batch)
+    if record is not None:
+        return record
+    if ring < _C.max_trace_records():
+        return run_probe(step, batch, allocator, device, steps, min(ring * 8, _C.max_trace_records()))
+    raise PlannerError(f"the probe at batch {batch} recorded more than {ring} events per device and lost "
+                       f"{lost}: record fewer steps (steps=1) or give smaller probes")
 
 
 # ---- the prediction -------------------------------------------------------------
@@ -352,6 +377,7 @@ class _Scaler:
 
     def __init__(self, base: ProbeRecord, others: Sequence[ProbeRecord]):
         own = _sizes_by_key(base)
+        self.keys = list(own)  # the base probe's allocations, the ones replayed
         self.points: dict[Key, list[tuple[int, int]]] = {k: [(base.batch, n)] for k, n in own.items()}
         for r in sorted(others, key=lambda r: r.batch):
             sizes = _sizes_by_key(r)
@@ -489,14 +515,14 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
     (b1, a1), (b2, a2) = [(r.batch, r.peak_allocated) for r in records[-2:]]
     per_sample = max(0, (a2 - a1) // (b2 - b1))
     fixed = max(0, a2 - per_sample * b2)
-    keys = _sizes_by_key(base)
     best = judge(lo)
     return BatchPlan(
         batch=lo, budget=budget, peak_allocated=best.peak_allocated, peak_reserved=best.peak_reserved,
         fixed_bytes=fixed, per_sample_bytes=per_sample,
         limit=(budget - fixed) // per_sample if per_sample else None,
         probes=tuple((r.batch, r.peak_allocated, r.peak_reserved) for r in records),
-        growing_share=sum(scaler.growing(k) for k in keys) / max(1, len(keys)), matched_share=scaler.matched,
+        growing_share=sum(scaler.growing(k) for k in scaler.keys) / max(1, len(scaler.keys)),
+        matched_share=scaler.matched,
         predictions=tuple(sorted(tried.values(), key=lambda p: p.batch)), capped=hi is None and lo == max_batch)
 
 

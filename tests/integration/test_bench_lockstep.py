@@ -66,3 +66,12 @@ def test_serve_times_one_step_per_command_and_stops():
     assert lines[0] == "ready" and all(float(x) >= 0 for x in lines[1:]) and len(lines) == 3
     with pytest.raises(SystemExit, match="unknown command 'go'"):
         lockstep.serve(lambda: None, warmup=0, out=io.StringIO(), inp=io.StringIO("go\n"))
+
+
+def test_pooled_runs_fresh_pairs_and_takes_the_median_of_every_step_pair():
+    r = lockstep.pooled({"one": worker("--work", "10"), "three": worker("--work", "30")}, process_pairs=2, steps=15,
+                        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r["process_pairs"] == 2 and r["step_pairs"] == 30 and len(r["runs"]) == 2
+    pids = {run["results"]["one"]["pid"] for run in r["runs"]}
+    assert len(pids) == 2  # a fresh pair of processes each time
+    assert 2.3 < r["median_ratio"] < 3.9 and all(2 < x < 4.5 for x in r["per_process_pair"])

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import memalloc
+from benchmarks import plan_vs_search
 from memalloc import host
 from memalloc.features import planner
 from memalloc.features.replay import replay_ops
@@ -64,17 +65,9 @@ def trial_fits(a: memalloc.Allocator, make, batch: int, steps: int = 3) -> bool:
 
 
 def real_search(a: memalloc.Allocator, make, start: int = 8) -> int:
-    """The largest batch that trains (doubling from ``start``, then bisection)."""
-    lo, hi, b = 0, None, start
-    while hi is None:
-        if trial_fits(a, make, b):
-            lo, b = b, b * 2
-        else:
-            hi = b
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if trial_fits(a, make, mid) else (lo, mid)
-    return lo
+    """The largest batch that trains (benchmarks/plan_vs_search.py's search:
+    doubling from ``start``, then bisection), each trial a real one."""
+    return plan_vs_search.largest_that_fits(lambda b: trial_fits(a, make, b), start)
 
 
 def plan_for(a: memalloc.Allocator, make) -> tuple[planner.BatchPlan, float]:
