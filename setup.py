@@ -56,7 +56,10 @@ CUDA_PART = os.path.join("csrc", "boundary", "torch", "cuda")
 SOURCES = [s for s in sources("csrc/**/*.cpp") if not s.startswith(CUDA_PART + os.sep)]
 INCLUDES = [os.path.join(HERE, "csrc")]
 LIBRARIES = ["dl"]
-MACROS = []
+# The torch built against: CUDA IPC handles are written in its own version
+# of the wire format (csrc/boundary/torch/ipc_wire.h).
+_TORCH_MAJOR, _TORCH_MINOR = (int(x) for x in torch.__version__.split(".")[:2])
+MACROS = [("MEMALLOC_TORCH_MAJOR", str(_TORCH_MAJOR)), ("MEMALLOC_TORCH_MINOR", str(_TORCH_MINOR))]
 WITH_TORCH_CUDA = torch.version.cuda is not None and os.environ.get("MEMALLOC_NO_CUDA") != "1"
 if WITH_TORCH_CUDA:
     cuda_includes = cuda_include_dirs()

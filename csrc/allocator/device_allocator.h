@@ -196,9 +196,11 @@ class DeviceAllocator {
   // native's cacheInfo counts them too).
   size_t largest_free_block();
   // The segment holding the live block at ptr: {base, bytes} (in an
-  // expandable segment: its mapped run, and *expandable = true); false when
-  // no live block of this device starts at ptr.
-  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr);
+  // expandable segment: its mapped run, and *expandable = true), and the
+  // block's own size in *block_bytes when asked; false when no live block
+  // of this device starts at ptr.
+  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr,
+                  size_t* block_bytes = nullptr);
   // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction();

@@ -87,13 +87,15 @@ size_t DeviceAllocator::largest_free_block() {
   return largest;
 }
 
-bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable) {
+bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable,
+                                 size_t* block_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   auto live = live_.find(addr);
   if (live == live_.end()) return false;
   const Block* b = live->second;
   if (expandable != nullptr) *expandable = b->vm != nullptr;
+  if (block_bytes != nullptr) *block_bytes = b->size;
   if (b->vm != nullptr) {  // its mapped run
     const Block* first = b;
     while (first->prev != nullptr && first->prev->mapped) first = first->prev;

@@ -1,5 +1,5 @@
 // backend.cpp — what a Backend does by default (backend.h): no
-// inter-process handles, no virtual memory and no graph capture. The backends that have them
+// inter-process handles (of segments or of pages), no virtual memory and no graph capture. The backends that have them
 // override these.
 #include "backend/backend.h"
 #include "common/errors.h"
@@ -17,6 +17,16 @@ void* Backend::ipc_open(int device, const std::string&) {
 }
 
 void Backend::ipc_close(int, void*) noexcept {}
+
+std::vector<int> Backend::vm_share(int device, void*, size_t) {
+  ipc_handle(device, nullptr);  // throws: no inter-process handles
+  return {};
+}
+void* Backend::vm_open_shared(int device, const SharedPages&) {
+  ipc_handle(device, nullptr);
+  return nullptr;
+}
+void Backend::vm_close_shared(int, void*) noexcept {}
 
 namespace {
 [[noreturn]] void no_vm(const Backend& b) {

@@ -16,7 +16,9 @@
 //   * allocate() and vm_map() may run while a stream of the device is being
 //     captured into a CUDA graph (a pool growing): the CUDA backend then
 //     allocates in the relaxed capture mode, which a capture tolerates.
-//   * Inter-process handles (CUDA IPC) name whole segments; the host
+//   * Inter-process handles (CUDA IPC) name whole segments (ipc_handle)
+//     or the pages of a reservation (vm_share: one POSIX descriptor per
+//     page, exported once, closed when the page is unmapped); the host
 //     backend has none and throws DriverError.
 //   * Virtual memory (expandable segments, vm_arena.h):
 //     vm_reserve() takes address space only; vm_map() backs whole pages
@@ -51,6 +53,16 @@ using EventHandle = void*;
 // A node of a CUDA graph under capture (CUgraphNode), opaque.
 using GraphNode = const void*;
 
+// Pages of another process's reservation as it shares them (CUDA IPC of an
+// expandable segment): its pid and the descriptor numbers in it (POSIX), or
+// fabric handles (64 bytes each), one per page of page_bytes.
+struct SharedPages {
+  int pid = 0;
+  size_t page_bytes = 0;
+  std::vector<int> fds;
+  std::vector<std::string> fabric;
+};
+
 struct MemInfo {
   size_t free = 0;   // bytes the device could still hand out
   size_t total = 0;  // bytes of device memory in all
@@ -81,6 +93,15 @@ class Backend {
   virtual void* ipc_open(int device, const std::string& handle);
   // Unmaps what ipc_open returned.
   virtual void ipc_close(int device, void* ptr) noexcept;
+  // POSIX descriptors, in this process, of the mapped pages of
+  // [addr, addr + bytes) (page-aligned, inside one reservation).
+  virtual std::vector<int> vm_share(int device, void* addr, size_t bytes);
+  // Maps another process's pages, in order, into a new address range of
+  // this one; returns its start.
+  virtual void* vm_open_shared(int device, const SharedPages& pages);
+  // Unmaps and releases what vm_open_shared returned, once the device's
+  // queued work is done.
+  virtual void vm_close_shared(int device, void* base) noexcept;
 
   // ---- virtual memory (see the invariants above) ----------------------------
   // Granularity of vm_map / vm_unmap, bytes.

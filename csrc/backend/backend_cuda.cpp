@@ -29,7 +29,25 @@
 //     compiles a check of each against cuda.h; tests/gpu/test_cuda_vm.py
 //     runs them on a GPU. vm_map, like allocate, runs in the relaxed
 //     stream-capture mode.
+//   * Pages are created exportable as POSIX descriptors (CUDA IPC of
+//     expandable segments), as native torch creates its pages, unless
+//     TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 (torch's switch) or the driver
+//     refuses the handle type (then pages are plain from then on and
+//     vm_share says why). vm_share exports a page once and keeps the
+//     descriptor (exported_) until vm_unmap releases the page.
+//     vm_open_shared takes its own copy of the sender's descriptors
+//     (pidfd_getfd), imports and maps them in a reservation of its own
+//     (imported_), and closes its copies; vm_close_shared waits for the
+//     context's work, unmaps, releases and frees the range.
 #include <dlfcn.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <unordered_map>
 
 #include <algorithm>
 #include <mutex>
@@ -76,6 +94,10 @@ struct DriverApi {
   CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
   CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  // Sharing pages between processes (optional apart from the rest).
+  CUresult (*cuMemExportToShareableHandle)(void*, CUmemGenericAllocationHandle, int, unsigned long long);
+  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle*, void*, int);
+  CUresult (*cuCtxSynchronize)();
   // Graph topology (capture_reuse.h): the edge-data entry points of CUDA
   // 12.3+ where the driver has them (edge data not asked for), else the
   // older ones; nullptr when neither exists.
@@ -136,6 +158,11 @@ const DriverApi* driver(std::string* why) {
                 load(lib, "cuMemSetAccess", api.cuMemSetAccess))) {
       api.cuMemCreate = nullptr;  // virtual memory unavailable; the rest works
     }
+    if (ok && !(load(lib, "cuMemExportToShareableHandle", api.cuMemExportToShareableHandle) &&
+                load(lib, "cuMemImportFromShareableHandle", api.cuMemImportFromShareableHandle) &&
+                load(lib, "cuCtxSynchronize", api.cuCtxSynchronize))) {
+      api.cuMemExportToShareableHandle = nullptr;  // pages cannot be shared; the rest works
+    }
     if (!load(lib, "cuStreamGetCaptureInfo_v3", api.cuStreamGetCaptureInfo_v3))
       load(lib, "cuStreamGetCaptureInfo_v2", api.cuStreamGetCaptureInfo_v2);
     if (!load(lib, "cuGraphNodeGetDependencies_v2", api.cuGraphNodeGetDependencies_v2))
@@ -160,6 +187,14 @@ class CudaBackend final : public Backend {
     int n = 0;
     check(api_->cuDeviceGetCount(&n), "cuDeviceGetCount");
     contexts_.assign(n, nullptr);
+    const char* ipc = std::getenv("TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC");
+    if (api_->cuMemExportToShareableHandle == nullptr) {
+      not_shared_ = "this CUDA driver has no cuMemExportToShareableHandle";
+    } else if (ipc != nullptr && (std::strcmp(ipc, "0") == 0 || std::strcmp(ipc, "False") == 0 ||
+                                  std::strcmp(ipc, "false") == 0)) {
+      not_shared_ = "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=" + std::string(ipc) +
+                    " turned exportable pages off; unset it (or set it to 1) before the process starts";
+    }
   }
   const char* name() const override { return "cuda"; }
   int device_count() const override { return static_cast<int>(contexts_.size()); }
@@ -317,7 +352,7 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> g(vm_mu_);
     const auto pages = vm_.run(device, addr, bytes, page);
     pages.expect(false, "vm_map: a page of the range is already mapped");
-    const CUmemAllocationProp prop = page_prop(device);
+    CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
     CaptureModeRelaxed relaxed(this);  // a pool may grow during a capture
     size_t done = 0;  // pages created and mapped so far; undone on failure
@@ -330,7 +365,7 @@ class CudaBackend final : public Backend {
     };
     for (; done < pages.n; ++done) {
       CUmemGenericAllocationHandle h = 0;
-      CUresult res = api_->cuMemCreate(&h, page, &prop, 0);
+      CUresult res = create_page(&h, page, prop);
       if (res == kErrorOutOfMemory) {
         undo();
         return false;
@@ -362,8 +397,135 @@ class CudaBackend final : public Backend {
     pages.expect(true, "vm_unmap: a page of the range is not mapped");
     check(api_->cuMemUnmap(reinterpret_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap");
     for (size_t k = 0; k < pages.n; ++k) {
+      forget_export(pages[k]);
       api_->cuMemRelease(pages[k]);
       pages[k] = 0;
+    }
+  }
+
+  // ---- sharing pages between processes (CUDA IPC of expandable segments) ----
+  std::vector<int> vm_share(int device, void* addr, size_t bytes) override {
+    require_vm();
+    const size_t page = vm_page_size(device);
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    if (!not_shared_.empty())
+      throw DriverError("cannot share this CUDA tensor with another process: it lives in an expandable segment "
+                        "whose pages were not created exportable (" + not_shared_ +
+                        "). Or share from a process with MEMALLOC_CONF=expandable_segments:False");
+    const auto pages = vm_.run(device, addr, bytes, page);
+    pages.expect(true, "vm_share: a page of the range is not mapped");
+    std::vector<int> fds(pages.n, -1);
+    for (size_t k = 0; k < pages.n; ++k) {
+      auto it = exported_.find(pages[k]);
+      if (it == exported_.end()) {
+        int fd = -1;
+        check(api_->cuMemExportToShareableHandle(&fd, pages[k], kMemHandleTypePosixFd, 0),
+              "cuMemExportToShareableHandle");
+        it = exported_.emplace(pages[k], fd).first;
+      }
+      fds[k] = it->second;
+    }
+    return fds;
+  }
+
+  void* vm_open_shared(int device, const SharedPages& shared) override {
+    require_vm();
+    if (api_->cuMemImportFromShareableHandle == nullptr)
+      throw DriverError("this CUDA driver has no cuMemImportFromShareableHandle: CUDA tensors of expandable "
+                        "segments cannot be received here");
+    const size_t n = shared.fds.empty() ? shared.fabric.size() : shared.fds.size();
+    const size_t page = shared.page_bytes;
+    MEMALLOC_EXPECTS(n > 0 && page > 0, "vm_open_shared: no pages");
+    ScopedContext ctx(this, device);
+    std::vector<CUmemGenericAllocationHandle> handles;
+    handles.reserve(n);
+    auto release_all = [&] {
+      for (CUmemGenericAllocationHandle h : handles) api_->cuMemRelease(h);
+    };
+    if (!shared.fds.empty()) {
+      const int pidfd = static_cast<int>(syscall(kSysPidfdOpen, shared.pid, 0));
+      if (pidfd < 0) throw DriverError(pidfd_error("pidfd_open", errno, shared.pid));
+      for (int fd : shared.fds) {
+        const int mine = static_cast<int>(syscall(kSysPidfdGetfd, pidfd, fd, 0));
+        if (mine < 0) {
+          const int e = errno;
+          close(pidfd);
+          release_all();
+          throw DriverError(pidfd_error("pidfd_getfd", e, shared.pid));
+        }
+        CUmemGenericAllocationHandle h = 0;
+        const CUresult r = api_->cuMemImportFromShareableHandle(
+            &h, reinterpret_cast<void*>(static_cast<std::uintptr_t>(mine)), kMemHandleTypePosixFd);
+        close(mine);  // the imported handle keeps the page
+        if (r != kSuccess) {
+          close(pidfd);
+          release_all();
+          check(r, "cuMemImportFromShareableHandle");
+        }
+        handles.push_back(h);
+      }
+      close(pidfd);
+    } else {
+      for (const std::string& fabric : shared.fabric) {
+        CUmemGenericAllocationHandle h = 0;
+        const CUresult r = api_->cuMemImportFromShareableHandle(&h, const_cast<char*>(fabric.data()),
+                                                                kMemHandleTypeFabric);
+        if (r != kSuccess) {
+          release_all();
+          check(r, "cuMemImportFromShareableHandle (fabric handle)");
+        }
+        handles.push_back(h);
+      }
+    }
+    const size_t bytes = n * page;
+    CUdeviceptr base = 0;
+    CUresult r = api_->cuMemAddressReserve(&base, bytes, 0, 0, 0);
+    if (r != kSuccess) {
+      release_all();
+      check(r, "cuMemAddressReserve");
+    }
+    size_t mapped = 0;
+    auto undo = [&] {
+      for (size_t k = 0; k < mapped; ++k) api_->cuMemUnmap(base + k * page, page);
+      api_->cuMemAddressFree(base, bytes);
+      release_all();
+    };
+    for (; mapped < n; ++mapped) {
+      r = api_->cuMemMap(base + mapped * page, page, 0, handles[mapped], 0);
+      if (r != kSuccess) {
+        undo();
+        check(r, "cuMemMap");
+      }
+    }
+    CUmemAccessDesc access{{kMemLocationTypeDevice, device}, kMemAccessProtReadWrite};
+    r = api_->cuMemSetAccess(base, bytes, &access, 1);
+    if (r != kSuccess) {
+      undo();
+      check(r, "cuMemSetAccess");
+    }
+    std::lock_guard<std::mutex> g(vm_mu_);
+    imported_[{device, base}] = Imported{bytes, std::move(handles)};
+    return reinterpret_cast<void*>(base);
+  }
+
+  void vm_close_shared(int device, void* ptr) noexcept override {
+    try {
+      Imported im;
+      {
+        std::lock_guard<std::mutex> g(vm_mu_);
+        auto it = imported_.find({device, reinterpret_cast<CUdeviceptr>(ptr)});
+        if (it == imported_.end()) return;
+        im = std::move(it->second);
+        imported_.erase(it);
+      }
+      ScopedContext ctx(this, device);
+      api_->cuCtxSynchronize();  // work queued on the pages may still run
+      const auto base = reinterpret_cast<CUdeviceptr>(ptr);
+      api_->cuMemUnmap(base, im.bytes);
+      for (CUmemGenericAllocationHandle h : im.handles) api_->cuMemRelease(h);
+      api_->cuMemAddressFree(base, im.bytes);
+    } catch (...) {
     }
   }
 
@@ -438,6 +600,49 @@ class CudaBackend final : public Backend {
     return contexts_[device];
   }
 
+  // cuMemCreate of one page, exportable while pages may be shared; a
+  // refusal of the handle type (not of the memory) makes pages plain from
+  // then on, as native falls back. Called under vm_mu_.
+  CUresult create_page(CUmemGenericAllocationHandle* h, size_t page, CUmemAllocationProp prop) {
+    if (not_shared_.empty()) {
+      prop.requestedHandleTypes = kMemHandleTypePosixFd;
+      const CUresult r = api_->cuMemCreate(h, page, &prop, 0);
+      if (r == kSuccess || r == kErrorOutOfMemory) return r;
+      const char* msg = nullptr;
+      api_->cuGetErrorString(r, &msg);
+      not_shared_ = "the driver refused exportable pages: CUDA error " + std::to_string(r) + " (" +
+                    (msg ? msg : "unknown") + ")";
+      prop.requestedHandleTypes = 0;
+    }
+    return api_->cuMemCreate(h, page, &prop, 0);
+  }
+
+  // Closes the descriptor vm_share exported for page h, if any. Under vm_mu_.
+  void forget_export(CUmemGenericAllocationHandle h) {
+    auto it = exported_.find(h);
+    if (it == exported_.end()) return;
+    close(it->second);
+    exported_.erase(it);
+  }
+
+  // The message for a failed pidfd_open / pidfd_getfd of the sender `pid`.
+  static std::string pidfd_error(const char* call, int err, int pid) {
+    std::string m = std::string("cannot map the CUDA tensor another process (pid ") + std::to_string(pid) +
+                    ") shared from an expandable segment: " + call + " failed: " + std::strerror(err) + ". ";
+    if (err == ENOSYS)
+      return m + "This kernel lacks pidfd_getfd (Linux 5.6 or newer is needed), as native torch needs it too. "
+                 "Send from a process with MEMALLOC_CONF=expandable_segments:False "
+                 "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False natively)";
+    if (err == EPERM)
+      return m + "Taking the sender's page descriptors needs ptrace access to it (as native torch's "
+                 "receiver): the same user with kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE. Allow it, or "
+                 "send from a process with MEMALLOC_CONF=expandable_segments:False";
+    if (err == ESRCH)
+      return m + "The sender is gone, or runs in another pid namespace (a container): keep it alive until the "
+                 "tensor is received, or share within one namespace";
+    return m + "Send from a process with MEMALLOC_CONF=expandable_segments:False";
+  }
+
   static CUmemAllocationProp page_prop(int device) {
     CUmemAllocationProp prop{};
     prop.type = kMemAllocationTypePinned;
@@ -471,6 +676,18 @@ class CudaBackend final : public Backend {
   std::mutex vm_mu_;  // guards vm_ and vm_pages_
   VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
   std::vector<size_t> vm_pages_;  // page size per device, 0 = not read yet
+  // Sharing (guarded by vm_mu_): why pages are not exportable ("" = they
+  // are), the descriptor exported for each shared page, and the ranges
+  // mapped from other processes' pages.
+  std::string not_shared_;
+  std::unordered_map<CUmemGenericAllocationHandle, int> exported_;
+  struct Imported {
+    size_t bytes = 0;
+    std::vector<CUmemGenericAllocationHandle> handles;
+  };
+  std::map<std::pair<int, CUdeviceptr>, Imported> imported_;
+  static constexpr long kSysPidfdOpen = 434;   // SYS_pidfd_open, the same on x86-64 and aarch64
+  static constexpr long kSysPidfdGetfd = 438;  // SYS_pidfd_getfd
 };
 
 }  // namespace

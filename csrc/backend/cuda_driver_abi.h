@@ -37,6 +37,8 @@ constexpr int kMemLocationTypeDevice = 1;        // CU_MEM_LOCATION_TYPE_DEVICE
 constexpr int kMemAllocationTypePinned = 1;      // CU_MEM_ALLOCATION_TYPE_PINNED
 constexpr int kMemAccessProtReadWrite = 3;       // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 constexpr int kMemAllocGranularityRecommended = 1;  // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+constexpr int kMemHandleTypePosixFd = 0x1;       // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+constexpr int kMemHandleTypeFabric = 0x8;        // CU_MEM_HANDLE_TYPE_FABRIC
 struct CUmemLocation {
   int type;
   int id;

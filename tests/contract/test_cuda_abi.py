@@ -39,6 +39,8 @@ static_assert(a::kMemLocationTypeDevice == CU_MEM_LOCATION_TYPE_DEVICE, "kMemLoc
 static_assert(a::kMemAllocationTypePinned == CU_MEM_ALLOCATION_TYPE_PINNED, "kMemAllocationTypePinned");
 static_assert(a::kMemAccessProtReadWrite == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "kMemAccessProtReadWrite");
 static_assert(a::kMemAllocGranularityRecommended == CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, "granularity");
+static_assert(a::kMemHandleTypePosixFd == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, "kMemHandleTypePosixFd");
+static_assert(a::kMemHandleTypeFabric == CU_MEM_HANDLE_TYPE_FABRIC, "kMemHandleTypeFabric");
 static_assert(sizeof(a::CUmemLocation) == sizeof(::CUmemLocation), "CUmemLocation");
 SAME_LAYOUT(CUmemLocation, type);
 SAME_LAYOUT(CUmemLocation, id);

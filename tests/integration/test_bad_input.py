@@ -288,6 +288,18 @@ add(A, 'memalloc._C._testing.capture_begin(a, -1)', "negative stream", "ValueErr
 add(A, 'memalloc._C._testing.capture_wait(a, 1, 2, 99)', "device 99", "InvalidArgumentError",
     "device 99 does not exist")
 
+A = "_C._testing CUDA IPC handle bytes"
+add(A, 'memalloc._C._testing.ipc_decode(bytes([3]) + b"e" + bytes(10))', "a short 'e' handle", "InvalidArgumentError",
+    "has a 32-byte header")
+add(A, 'memalloc._C._testing.ipc_encode_cuda_malloc(2, b"x")', "a 1-byte cudaIpcMemHandle", "InvalidArgumentError",
+    "a cudaIpcMemHandle has 64 bytes")
+add(A, 'memalloc._C._testing.ipc_encode_expandable(4, 1, 2 << 20, [3])', "version 4", "InvalidArgumentError",
+    "version 2 or 3")
+add(A, 'memalloc._C._testing.ipc_encode_expandable(3, 1, 2 << 20, [])', "no pages", "InvalidArgumentError",
+    "at least one page")
+add(A, 'memalloc._C._testing.ipc_version_for_torch("2", 13)', "a str major", "TypeError",
+    "two non-negative ints, e.g. (2, 13), not '2'")
+
 A = "_C._testing virtual memory"
 add(A, 'memalloc._C._testing.vm_page_size(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
 add(A, 'memalloc._C._testing.vm_page_size(None)', "None allocator", "TypeError", "allocator must be")

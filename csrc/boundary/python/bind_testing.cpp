@@ -8,7 +8,8 @@
 // (clock_ns, common/clock.h), and a simulated graph capture
 // (capture_begin/work/wait/end, capture_reuse.h); and the backend's virtual
 // memory (vm_*: reserve, map, unmap, free), the bottom layer of expandable
-// segments before the pool uses it. Invariants as bindings.cpp.
+// segments before the pool uses it; and torch's CUDA IPC handle bytes
+// (ipc_*: boundary/torch/ipc_wire.h). Invariants as bindings.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,6 +18,7 @@
 #include "boundary/python/pyargs.h"
 #include "allocator/registry.h"
 #include "backend/backend.h"
+#include "boundary/torch/ipc_wire.h"
 #include "boundary/python/pystacks.h"
 #include "common/clock.h"
 
@@ -133,6 +135,40 @@ void bind_testing(py::module_& m) {
   t.def("live_segments",
         [](AllocatorArg a, Device device) { return host_backend(a).live_segments(device); },
         py::arg("allocator"), py::arg("device") = 0, NoGil());
+  // torch's ShareableHandle bytes (ipc_wire.h), as getIpcDevPtr reads them.
+  t.def("ipc_decode", [](const py::bytes& handle) {
+          const ipc_wire::Decoded d = ipc_wire::decode(std::string(handle));
+          py::dict out;
+          out["version"] = d.version;
+          out["type"] = std::string(1, d.type);
+          if (d.type == ipc_wire::kCudaMalloc) {
+            out["cuda_ipc"] = py::bytes(d.cuda_ipc);
+            return out;
+          }
+          out["pid"] = d.pid;
+          out["page_bytes"] = d.page_bytes;
+          out["handle"] = d.handle == ipc_wire::PageHandle::kPosixFd ? "posix_fd" : "fabric";
+          out["fds"] = d.fds;
+          py::list fabric;
+          for (const std::string& f : d.fabric) fabric.append(py::bytes(f));
+          out["fabric"] = fabric;
+          return out;
+        }, py::arg("handle"), "The fields of a CUDA IPC handle's bytes (InvalidArgumentError when unreadable).");
+  t.def("ipc_encode_cuda_malloc", [](int version, const py::bytes& raw) {
+          return py::bytes(ipc_wire::encode_cuda_malloc(version, std::string(raw)));
+        }, py::arg("version"), py::arg("cuda_ipc"));
+  t.def("ipc_encode_expandable", [](int version, int pid, size_t page_bytes, const std::vector<int>& fds) {
+          return py::bytes(ipc_wire::encode_expandable(version, pid, page_bytes, fds));
+        }, py::arg("version"), py::arg("pid"), py::arg("page_bytes"), py::arg("fds"));
+  t.def("ipc_version_for_torch", [](const py::object& major, const py::object& minor) {
+          for (const py::object* v : {&major, &minor})
+            if (!py::isinstance<py::int_>(*v) || py::isinstance<py::bool_>(*v) || v->cast<long long>() < 0)
+              throw py::type_error("ipc_version_for_torch(major, minor) takes torch's version as two "
+                                   "non-negative ints, e.g. (2, 13), not " + std::string(py::repr(*v)));
+          return ipc_wire::version_for_torch(major.cast<int>(), minor.cast<int>());
+        }, py::arg("major"), py::arg("minor"));
+  t.attr("ipc_version_built") =
+      ipc_wire::version_for_torch(MEMALLOC_TORCH_MAJOR, MEMALLOC_TORCH_MINOR);  // the version memalloc sends
 }
 
 }  // namespace memalloc

@@ -8,6 +8,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +17,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "boundary/torch/ipc_wire.h"
 #include "boundary/torch/oom_report.h"
 #include "boundary/torch/pluggable.h"
 #include "boundary/python/pystacks.h"
@@ -284,39 +287,65 @@ class TorchCudaAllocator final : public Pluggable {
   }
 
   // ---- IPC ---------------------------------------------------------------------
+  // A plain segment goes as its cudaIpcMemHandle (the legacy bare form, which
+  // every native receiver reads); a block of an expandable segment as the
+  // pages it spans, one POSIX descriptor each, in the installed torch's
+  // version of native's 'e' form (ipc_wire.h), so native receivers map it
+  // as they map their own.
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
     for (int d = 0; d < core_->device_count(); ++d) {
       std::uintptr_t base = 0;
-      size_t bytes = 0;
+      size_t bytes = 0, block = 0;
       bool expandable = false;
-      if (!core_->device(d).segment_of(ptr, &base, &bytes, &expandable)) continue;
-      TORCH_CHECK(!expandable,
-                  "memalloc: cannot share this CUDA tensor with another process: it lives in an expandable "
-                  "segment (MEMALLOC_CONF=expandable_segments:True), and CUDA IPC handles need plain device "
-                  "allocations. Run the sending process without expandable_segments, or keep the tensors you "
-                  "share in a torch.cuda.MemPool (its segments are plain).");
+      if (!core_->device(d).segment_of(ptr, &base, &bytes, &expandable, &block)) continue;
       cca::ShareableHandle h;
-      h.offset = static_cast<ptrdiff_t>(reinterpret_cast<std::uintptr_t>(ptr) - base);
-      guard([&] { h.handle = core_->backend().ipc_handle(d, reinterpret_cast<void*>(base)); });
+      const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+      if (!expandable) {
+        h.offset = static_cast<ptrdiff_t>(addr - base);
+        guard([&] { h.handle = core_->backend().ipc_handle(d, reinterpret_cast<void*>(base)); });
+        return h;
+      }
+      guard([&] {
+        const size_t page = core_->backend().vm_page_size(d);
+        const std::uintptr_t lo = addr / page * page, hi = (addr + block + page - 1) / page * page;
+        const std::vector<int> fds = core_->backend().vm_share(d, reinterpret_cast<void*>(lo), hi - lo);
+        h.offset = static_cast<ptrdiff_t>(addr - lo);
+        h.handle = ipc_wire::encode_expandable(ipc_wire::version_for_torch(MEMALLOC_TORCH_MAJOR, MEMALLOC_TORCH_MINOR),
+                                               static_cast<int>(getpid()), page, fds);
+      });
       return h;
     }
     TORCH_CHECK(false, "memalloc: shareIpcHandle of a pointer that is not a live memalloc allocation");
   }
-  // Opens a handle once per process: later calls share the mapping until
-  // the last user drops it.
+  // Opens a handle once per process (keyed by its bytes, as native): later
+  // calls share the mapping until the last user drops it. Reads every form
+  // native torch 2.11 to 2.14 sends (ipc_wire.h) and memalloc's own.
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    const std::string raw = raw_ipc_handle(handle);
+    ipc_wire::Decoded h;
+    guard([&] { h = ipc_wire::decode(handle); });
     const c10::DeviceIndex device = c10::cuda::current_device();
     std::lock_guard<std::mutex> lock(ipc_mu_);
-    auto it = ipc_open_.find(raw);
+    auto it = ipc_open_.find(handle);
     if (it != ipc_open_.end()) {
       if (auto alive = it->second.lock()) return alive;
     }
-    void* p = nullptr;
-    guard([&] { p = core_->backend().ipc_open(device, raw); });
     std::shared_ptr<CachingAllocator> core = core_;
-    std::shared_ptr<void> mapped(p, [core, device](void* q) { core->backend().ipc_close(device, q); });
-    ipc_open_[raw] = mapped;
+    std::shared_ptr<void> mapped;
+    guard([&] {
+      if (h.type == ipc_wire::kCudaMalloc) {
+        void* p = core_->backend().ipc_open(device, h.cuda_ipc);
+        mapped = std::shared_ptr<void>(p, [core, device](void* q) { core->backend().ipc_close(device, q); });
+        return;
+      }
+      SharedPages pages;
+      pages.pid = h.pid;
+      pages.page_bytes = h.page_bytes;
+      pages.fds = std::move(h.fds);
+      pages.fabric = std::move(h.fabric);
+      void* p = core_->backend().vm_open_shared(device, pages);
+      mapped = std::shared_ptr<void>(p, [core, device](void* q) { core->backend().vm_close_shared(device, q); });
+    });
+    ipc_open_[handle] = mapped;
     return mapped;
   }
 
@@ -406,20 +435,6 @@ class TorchCudaAllocator final : public Pluggable {
     } catch (...) {
       rethrow_for_torch("memalloc");
     }
-  }
-
-  // memalloc sends the legacy form, a bare 64-byte cudaIpcMemHandle_t,
-  // which native receivers accept; it accepts that and native's versioned
-  // form of a cudaMalloc segment: [version 2]['c'][64-byte handle].
-  static std::string raw_ipc_handle(const std::string& handle) {
-    constexpr size_t kRaw = 64;
-    if (handle.size() == kRaw) return handle;
-    TORCH_CHECK(handle.size() == kRaw + 2 && handle[0] == 2 && handle[1] == 'c',
-                "memalloc: cannot open this CUDA IPC handle (", handle.size(),
-                " bytes): only handles of cudaMalloc segments are supported; the sending process may use "
-                "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which memalloc "
-                "cannot map");
-    return handle.substr(2);
   }
 
   void* uncached_malloc(size_t size, c10::DeviceIndex device) {
