@@ -20,8 +20,10 @@ that the ideal batch, the **limit** (budget − fixed) / per sample, is about
 fit: peak allocated bytes equal to the budget.
 
 Allocators: ``native``, ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
-expandable_segments:True), ``cudaMallocAsync``, ``memalloc`` (default
-config), ``memalloc_expandable`` (MEMALLOC_CONF=expandable_segments:True),
+expandable_segments:True), ``cudaMallocAsync``, ``memalloc`` (its default
+config: expandable segments), ``memalloc_plain`` (MEMALLOC_CONF=
+expandable_segments:False, native's policy), ``memalloc_expandable``
+(MEMALLOC_CONF=expandable_segments:True, the default said explicitly),
 ``memalloc_expandable_noreuse`` (the same with reuse_free_pages:False).
 Each allocator's largest batch is found by bisection between a batch that
 fits and one that does not, starting near 0.85 x the limit; ``--parallel``
@@ -42,11 +44,12 @@ from concurrent.futures import ThreadPoolExecutor
 from .gpu_suite import machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ("native", "expandable", "cudaMallocAsync", "memalloc", "memalloc_expandable",
+MODES = ("native", "expandable", "cudaMallocAsync", "memalloc", "memalloc_plain", "memalloc_expandable",
          "memalloc_expandable_noreuse")
 ENV = {
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+    "memalloc_plain": {"MEMALLOC_CONF": "expandable_segments:False"},
     "memalloc_expandable": {"MEMALLOC_CONF": "expandable_segments:True"},
     "memalloc_expandable_noreuse": {"MEMALLOC_CONF": "expandable_segments:True,reuse_free_pages:False"},
 }
@@ -93,8 +96,13 @@ def model_step(device: str = "cuda", width: int = 512, layers: int = 6, vocab: i
 
 
 # ---- one trial (a fresh process) ---------------------------------------------------
-def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN) -> dict:
-    """Trains `steps` steps at `batch` under `fraction` (0 = no limit)."""
+def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN,
+          history: str | None = None) -> dict:
+    """Trains `steps` steps at `batch` under `fraction` (0 = no limit). With
+    `history`, torch's allocator history is on (no stacks) and its snapshot
+    is written there at the end, OOM or not (torch's format under both
+    allocators: a native and a memalloc run can be compared event by event,
+    benchmarks/fit_diff.py)."""
     if mode.startswith("memalloc"):
         sys.path.insert(0, REPO)
         import memalloc
@@ -104,6 +112,8 @@ def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX
 
     if fraction > 0:
         torch.cuda.set_per_process_memory_fraction(fraction)
+    if history:
+        torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=2_000_000)
     train = model_step()
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = {"mode": mode, "batch": batch, "steps": steps, "fraction": fraction, "ok": True, "steps_done": 0}
@@ -120,6 +130,8 @@ def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX
             out["steps_done"] = i + 1
     except torch.OutOfMemoryError as e:
         out.update(ok=False, error=str(e).splitlines()[0][:300])
+    if history:
+        torch.cuda.memory._dump_snapshot(history)
     out["peak_allocated"] = torch.cuda.max_memory_allocated()
     out["peak_reserved"] = torch.cuda.max_memory_reserved()
     out["total_bytes"] = torch.cuda.mem_get_info()[1]
@@ -195,9 +207,11 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--parallel", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--history", default=None, help="worker: torch's allocator snapshot, with its trace, here")
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(trial(args.worker[0], int(args.worker[1]), args.steps, args.fraction or 0.0, args.max_len)))
+        print(json.dumps(trial(args.worker[0], int(args.worker[1]), args.steps, args.fraction or 0.0, args.max_len,
+                               args.history)))
         return 0
 
     t_start = time.time()

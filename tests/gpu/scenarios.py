@@ -21,14 +21,15 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def setup(mode: str) -> None:
-    """native: torch's allocator. memalloc: memalloc.enable() (memalloc's
-    subclass of torch's CUDAPluggableAllocator). memalloc_c_entry: the route
+def setup(mode: str, config: str = "") -> None:
+    """native: torch's allocator. memalloc: memalloc.enable(config=config)
+    (memalloc's subclass of torch's CUDAPluggableAllocator; its default
+    config has expandable segments). memalloc_c_entry: the route
     for users who load the library by hand: torch's own
     CUDAPluggableAllocator over memalloc's C entry points (memalloc_alloc /
     memalloc_free), with torch's per-allocation map and mutex in front."""
     if mode == "memalloc":
-        assert memalloc.enable(backend="cuda") == "cuda"
+        assert memalloc.enable(backend="cuda", config=config) == "cuda"
     elif mode == "memalloc_c_entry":
         from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
 
@@ -476,8 +477,9 @@ def fraction(mode: str) -> dict:
 
 
 def accounting(mode: str) -> dict:
-    """memalloc's counters for tensors of known sizes (rounding rules)."""
-    setup(mode)
+    """memalloc's counters for tensors of known sizes (native's rounding
+    rules: plain segments, as native's default)."""
+    setup(mode, "expandable_segments:False")
     sizes = [1, 511, 512, 513, 100_000, MiB, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 3]
     ts = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
     out = {"sizes": sizes, "allocated": memalloc.memory_allocated(0),

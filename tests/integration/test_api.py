@@ -40,7 +40,7 @@ def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config(run
         a = memalloc.installed_allocator()
         R["installed_backend"] = a.backend_name
         R["installed_config"] = a.config
-        R["expected_config"] = memalloc.config_text()
+        R["expected_config"] = memalloc._C.parse_config("expandable_segments:True," + memalloc.config_text())
         R["again"] = memalloc.enable()
         R["again_host"] = memalloc.enable(backend="host")
         R["again_mapping"] = memalloc.enable(config={})
@@ -111,10 +111,41 @@ def test_enable_rejects_cuda_and_unknown_backends_without_enabling(run_child):
     assert r["enabled"] is True
 
 
+DEFAULT_PROBE = """
+    memalloc.enable(backend="host")
+    R["config"] = memalloc.installed_allocator().config
+    t = host.empty((3, 1 << 20), torch.uint8)   # 3 MiB: a large-pool request
+    R["reserved"] = memalloc.memory_reserved()
+    R["expandable"] = [s["is_expandable"] for s in memalloc.snapshot()["segments"]]
+    """
+
+
+@pytest.mark.parametrize("how", ["default", "MEMALLOC_CONF", "config", "PYTORCH_CUDA_ALLOC_CONF"])
+def test_enable_defaults_to_expandable_segments_and_each_user_layer_turns_them_off(how, fresh_python):
+    # memalloc's default (core/_config.PRODUCT_DEFAULTS) sits under every
+    # layer of the user's config: the plain policy is one key away in each.
+    code, env = DEFAULT_PROBE, fresh_python.env()
+    if how == "MEMALLOC_CONF":
+        env = fresh_python.env("expandable_segments:False")
+    elif how == "PYTORCH_CUDA_ALLOC_CONF":
+        env = fresh_python.env(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
+    elif how == "config":
+        code = code.replace('backend="host"', 'backend="host", config="expandable_segments:False"')
+    _, r = fresh_python.code(PRELUDE, code, env=env)[:2]
+    if how == "default":
+        assert "expandable_segments:True" in r["config"]
+        assert r["expandable"] == [True]
+        assert r["reserved"] == 4 << 20  # the 2 MiB pages the 3 MiB request spans
+    else:
+        assert "expandable_segments" not in r["config"]
+        assert r["expandable"] == [False]
+        assert r["reserved"] == 20 << 20  # native's 20 MiB segment for a 1-10 MiB request
+
+
 def test_memory_functions_track_host_tensors_exactly(run_child):
     _, r = run_child(
         """
-        memalloc.enable()
+        memalloc.enable(config="expandable_segments:False")  # whole segments, as the reserved figures below
         R["start"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
         t1 = host.empty(1000, torch.float32)            # 4000 B
         R["t1"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]

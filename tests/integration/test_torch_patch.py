@@ -130,7 +130,7 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
     _, r = run_child(
         """
         before = fns()
-        R["enable"] = memalloc.enable(backend="host", config="host_capacity_mb:64")
+        R["enable"] = memalloc.enable(backend="host", config="host_capacity_mb:64,expandable_segments:False")
         a = memalloc.installed_allocator()
         R["patched"] = memalloc.torch_is_patched()
         R["replaced"] = same_as(before)
@@ -252,7 +252,7 @@ def test_unpatch_restores_torch_and_memalloc_summary_still_works(run_child):
     _, r = run_child(
         """
         before = fns()
-        memalloc.enable(backend="host", config="max_split_size_mb:40,host_capacity_mb:128")
+        memalloc.enable(backend="host", config="max_split_size_mb:40,host_capacity_mb:128,expandable_segments:False")
         R["patched"] = [memalloc.torch_is_patched(), same_as(before)]
         t = host.empty(45 * MiB, torch.uint8)   # 46 MiB segment >= 40 MiB: oversize block and segment
         R["torch_alloc_patched"] = torch.cuda.memory_allocated()

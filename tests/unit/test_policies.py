@@ -241,7 +241,7 @@ def test_on_oom_releases_the_cache_then_retries_or_raises():
 def test_every_n_steps_empties_the_cache_on_every_nth_step(run_child):
     r = run_child(
         """
-        memalloc.enable(backend="host")
+        memalloc.enable(backend="host", config="expandable_segments:False")  # plain segments: whole ones cached
         R["policy"] = memalloc.empty_cache_policy()
         R["footer"] = footer()
         keep = host.empty(1000, torch.float32)           # 4096 B in a 2 MiB segment

@@ -231,7 +231,7 @@ R["type_before_enable"] = err(lambda: memalloc.StepTracker(1.5))
 early = memalloc.StepTracker()
 R["start_before_enable"] = err(early.start)
 R["device_before_enable"] = early.device
-memalloc.enable(backend="host", config="host_capacity_mb:64")
+memalloc.enable(backend="host", config="host_capacity_mb:64,expandable_segments:False")
 base = memalloc.steps()
 early.start()
 x = host.empty(5 * MiB, dtype=torch.uint8); del x

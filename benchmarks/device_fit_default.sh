@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Issue 25's GPU steps (expandable segments as the default, the planner), any
+# of them in one device call, in the order given:
+#   bash benchmarks/device_fit_default.sh build ipc fitdiag fit planner steptime conformance
+#   build        build the extension unless a carried one imports
+#   ipc          CUDA IPC both ways, native and memalloc, plain and expandable
+#                (tests/gpu/test_cuda_ipc.py), the expandable and compat IPC tests
+#   fitdiag      the fit workload at batch FITDIAG_BATCH (38) natively and under
+#                memalloc's plain mode, FITDIAG_STEPS (18) steps, torch's history
+#                on: $OUT/fitdiag-*.pickle.gz for benchmarks/fit_diff.py
+#   fit          the fit benchmark in every mode, memalloc's default included
+#   planner      tests/gpu/test_cuda_planner.py (PLANNER_K narrows it: -k text)
+#   steptime     tests/gpu/test_cuda_step_time.py (STEP_TIME_K narrows it)
+#   conformance  torch's test_cuda.py allocator selection under memalloc's default
+#                (no allocator variable set), the native runs are the committed ones
+# Results under $OUT: gpu_scenarios.jsonl (every GPU test's recorded figures),
+# fit-more.json, conformance.json, logs.tgz (the logs, fitdiag's snapshots).
+# At most 8 files come back from a device call: every step writes under
+# $WORK, and the end copies the figures (gpu_scenarios.jsonl, fit-more.json,
+# conformance.json) to $OUT and the rest as $OUT/logs.tgz.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+FINAL=${OUT:-/tmp/memalloc-out}
+OUT=/tmp/memalloc-work
+rm -rf "$OUT"
+mkdir -p "$OUT" "$FINAL"
+trap 'for f in gpu_scenarios.jsonl fit-more.json conformance.json; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tgz" -C "$OUT" .' EXIT
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD
+export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
+rc=0
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+for what in "$@"; do
+  start=$(date +%s)
+  echo "== $what"
+  case "$what" in
+    build)
+      if python3 -c "import memalloc._C as c; assert c.has_torch_cuda" 2>/dev/null; then
+        echo "carried build imports"
+      else
+        python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+        grep -i "warning" "$OUT/build.log" | grep -v -i setuptools | head -20
+      fi ;;
+    ipc)
+      python3 -m pytest -q -rfs tests/unit/test_ipc_wire.py 2>&1 | tail -3
+      python3 -m pytest -m gpu -v -rfs tests/gpu/test_cuda_ipc.py tests/gpu/test_cuda_expandable.py \
+        "tests/gpu/test_compat.py::test_ipc" 2>&1 | tee "$OUT/ipc.log" | grep -E "PASS|FAIL|ERROR|Error|assert|passed|failed" | head -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    fitdiag)
+      b=${FITDIAG_BATCH:-38}; n=${FITDIAG_STEPS:-18}; f=${FITDIAG_FRACTION:-0.1107}
+      env -u PYTORCH_CUDA_ALLOC_CONF -u MEMALLOC_CONF python3 -m benchmarks.fit_more --worker native "$b" \
+        --steps "$n" --fraction "$f" --history /tmp/fitdiag-native.pickle > "$OUT/fitdiag-native.json" 2> "$OUT/fitdiag-native.err" &
+      env -u PYTORCH_CUDA_ALLOC_CONF MEMALLOC_CONF=expandable_segments:False python3 -m benchmarks.fit_more \
+        --worker memalloc "$b" --steps "$n" --fraction "$f" --history /tmp/fitdiag-memalloc.pickle \
+        > "$OUT/fitdiag-memalloc.json" 2> "$OUT/fitdiag-memalloc.err" &
+      wait
+      tail -c 600 "$OUT"/fitdiag-*.json
+      for m in native memalloc; do gzip -c /tmp/fitdiag-$m.pickle > "$OUT/fitdiag-$m.pickle.gz"; done
+      ls -la "$OUT"/fitdiag-* ;;
+    fit)
+      python3 -m benchmarks.fit_more --out "$OUT/fit-more.json" --parallel 6 \
+        --modes native,expandable,cudaMallocAsync,memalloc,memalloc_plain 2>&1 | tee "$OUT/fit.log" | tail -12 ;;
+    planner)
+      python3 -m pytest -m gpu -v -rfs tests/gpu/test_cuda_planner.py ${PLANNER_K:+-k "$PLANNER_K"} 2>&1 \
+        | tee "$OUT/planner.log" | tail -15
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    steptime)
+      python3 -m pytest -m gpu -v -rfs tests/gpu/test_cuda_step_time.py ${STEP_TIME_K:+-k "$STEP_TIME_K"} 2>&1 \
+        | tee "$OUT/steptime.log" | tail -15
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    conformance)
+      rm -rf /tmp/conformance
+      python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-400}" \
+        --timeout "${CONFORMANCE_TIMEOUT:-120}" --lanes "${CONFORMANCE_LANES:-cuda:memalloc:default}" \
+        ${CONFORMANCE_ONLY:+--only "$CONFORMANCE_ONLY"} 2>&1 | tail -20
+      cp /tmp/conformance/conformance.json "$OUT/" ;;
+    *) echo "unknown step $what"; exit 2 ;;
+  esac
+  echo "-- $what took $(( $(date +%s) - start )) s"
+done
+exit $rc
