@@ -152,3 +152,26 @@ def host_allocator():
     yield a
     gc.collect()
     a.validate()
+
+
+@pytest.fixture(autouse=True)
+def _torch_hooks_left_as_found(request):
+    """A hook memalloc installs into torch must never outlive what installed
+    it: every test leaves torch.autograd.backward and the optimizer's global
+    hooks as it found them (a test that leaks one fails here, named, instead
+    of breaking a later test that counts them, as tests/unit/test_hooks.py does)."""
+    import torch
+    from torch.optim import optimizer as torch_optimizer
+
+    def state():
+        return (torch.autograd.backward, len(torch_optimizer._global_optimizer_pre_hooks),
+                len(torch_optimizer._global_optimizer_post_hooks))
+
+    before = state()
+    yield
+    after = state()
+    if after != before:
+        pytest.fail(f"{request.node.nodeid} left torch's hooks changed: backward "
+                    f"{'wrapped' if hasattr(after[0], '__wrapped__') else 'unwrapped'} (was "
+                    f"{'wrapped' if hasattr(before[0], '__wrapped__') else 'unwrapped'}), optimizer pre/post hooks "
+                    f"{before[1]}/{before[2]} -> {after[1]}/{after[2]}")

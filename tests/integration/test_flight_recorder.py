@@ -220,10 +220,15 @@ def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_alloca
     stopping it gives them back to the file, whose ring starts again, with
     stacks still on."""
     from memalloc import _C
+    from memalloc.core import _hooks
     from memalloc.features.flight import FlightRecorder
-    from memalloc.trace import recording
+    from memalloc.trace import recording, tags
 
     a = host_allocator
+    # record_memory_history subscribes the backward context for its stacks
+    # (memalloc.trace.tags); this process is the test's, so it is taken back
+    # afterwards (tests/conftest.py checks torch is left as found)
+    subscribed = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     r = FlightRecorder(a, str(tmp_path), 64, keep=False)
     try:
         a.free(a.malloc(4096))  # into the file
@@ -242,6 +247,8 @@ def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_alloca
         assert _C.stack_mode() != 0
     finally:
         r.close(clean=True)
+        if not subscribed:
+            _hooks.unsubscribe(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     assert not os.path.exists(r.path)
     a.free(a.malloc(4096))
     assert recording.raw_records(0, allocator=a)[0] == b""  # closed: the rings are off
