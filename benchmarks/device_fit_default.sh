@@ -11,6 +11,10 @@
 #   fit          the fit benchmark in every mode, memalloc's default included
 #   planner      tests/gpu/test_cuda_planner.py (PLANNER_K narrows it: -k text)
 #   steptime     tests/gpu/test_cuda_step_time.py (STEP_TIME_K narrows it)
+#   stepab       memalloc's default against memalloc_plain in lockstep on STEPAB_GROUP
+#                (bf16_lockstep), STEPAB_PAIRS (8) process pairs: expandable's own cost
+#   fitreplay    FITREPLAY_SNAPSHOTS (carried torch snapshots) replayed with real
+#                allocations natively and under memalloc_plain (benchmarks/fit_replay_gpu.py)
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
 #                (no allocator variable set), the native runs are the committed ones
 # Results under $OUT: gpu_scenarios.jsonl (every GPU test's recorded figures),
@@ -21,8 +25,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 FINAL=${OUT:-/tmp/memalloc-out}
-OUT=/tmp/memalloc-work
-rm -rf "$OUT"
+OUT=/tmp/memalloc-work  # kept across invocations in one call
 mkdir -p "$OUT" "$FINAL"
 trap 'for f in gpu_scenarios.jsonl fit-more.json conformance.json; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tgz" -C "$OUT" .' EXIT
 cd "$(dirname "$0")/.."
@@ -68,6 +71,30 @@ for what in "$@"; do
       python3 -m pytest -m gpu -v -rfs tests/gpu/test_cuda_step_time.py ${STEP_TIME_K:+-k "$STEP_TIME_K"} 2>&1 \
         | tee "$OUT/steptime.log" | tail -15
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    stepab)
+      python3 - <<'PY' 2>&1 | tee "$OUT/stepab.log" | tail -5
+import os, sys
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "tests", "gpu"))
+from benchmarks.lockstep import pooled
+from test_cuda import record
+group = os.environ.get("STEPAB_GROUP", "bf16_lockstep")
+worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, group]
+r = pooled({"memalloc_plain": worker("memalloc_plain"), "memalloc": worker("memalloc")},
+           int(os.environ.get("STEPAB_PAIRS", "8")), 25, env=dict(os.environ, MEMALLOC_BENCH_CPUS="2-5"))
+record("step_time_lockstep", f"memalloc_vs_memalloc_plain/{group}", {k: v for k, v in r.items() if k != "runs"})
+print("memalloc (expandable) / memalloc_plain:", r["median_ratio"], r["per_process_pair"])
+PY
+      ;;
+    fitreplay)
+      for snap in ${FITREPLAY_SNAPSHOTS:-.devdata/fitdiag-native.pickle.gz .devdata/fitdiag-memalloc.pickle.gz}; do
+        for m in native memalloc_plain; do
+          env -u PYTORCH_CUDA_ALLOC_CONF -u MEMALLOC_CONF python3 -m benchmarks.fit_replay_gpu "$snap" "$m" \
+            --fraction "${FITDIAG_FRACTION:-0.1107}" > "$OUT/fitreplay-$(basename "$snap" .pickle.gz)-$m.json" &
+        done
+      done
+      wait
+      for f in "$OUT"/fitreplay-*.json; do echo "$(basename "$f"): $(cat "$f")"; done
+      cat "$OUT"/fitreplay-*.json | python3 -c "import sys,json; [print(json.dumps({'scenario':'fit_replay','mode':d['snapshot']+'/'+d['mode'],'result':d})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
     conformance)
       rm -rf /tmp/conformance
       python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-400}" \
@@ -77,5 +104,6 @@ for what in "$@"; do
     *) echo "unknown step $what"; exit 2 ;;
   esac
   echo "-- $what took $(( $(date +%s) - start )) s"
+  [ -f "$OUT/gpu_scenarios.jsonl" ] && cp "$OUT/gpu_scenarios.jsonl" "$FINAL/"
 done
 exit $rc

@@ -36,10 +36,9 @@ import time
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # recording on: torch's own history (Python stacks) and memalloc's modes
               "native_history", "memalloc_tags", "memalloc_stacks",
-              # memalloc's default is expandable segments; memalloc_plain is native's
-              # policy (MEMALLOC_CONF=expandable_segments:False); memalloc_expandable says
-              # the default explicitly, _noreuse without giving free pages back before
-              # growing (reuse_free_pages:False)
+              # memalloc's expandable segments (MEMALLOC_CONF=expandable_segments:True),
+              # without giving free pages back before growing (reuse_free_pages:False),
+              # and plain segments whatever the default (expandable_segments:False)
               "memalloc_expandable", "memalloc_expandable_noreuse", "memalloc_plain",
               # what `python -m memalloc run` turns on: the flight recorder's file and a
               # step boundary (a heartbeat and checkpoint) at every optimizer.step()

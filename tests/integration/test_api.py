@@ -40,7 +40,7 @@ def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config(run
         a = memalloc.installed_allocator()
         R["installed_backend"] = a.backend_name
         R["installed_config"] = a.config
-        R["expected_config"] = memalloc._C.parse_config("expandable_segments:True," + memalloc.config_text())
+        R["expected_config"] = memalloc.config_text()
         R["again"] = memalloc.enable()
         R["again_host"] = memalloc.enable(backend="host")
         R["again_mapping"] = memalloc.enable(config={})
@@ -111,8 +111,8 @@ def test_enable_rejects_cuda_and_unknown_backends_without_enabling(run_child):
     assert r["enabled"] is True
 
 
-DEFAULT_PROBE = """
-    memalloc.enable(backend="host")
+LAYER_PROBE = """
+    memalloc.enable(backend="host"%s)
     R["config"] = memalloc.installed_allocator().config
     t = host.empty((3, 1 << 20), torch.uint8)   # 3 MiB: a large-pool request
     R["reserved"] = memalloc.memory_reserved()
@@ -120,19 +120,25 @@ DEFAULT_PROBE = """
     """
 
 
-@pytest.mark.parametrize("how", ["default", "MEMALLOC_CONF", "config", "PYTORCH_CUDA_ALLOC_CONF"])
-def test_enable_defaults_to_expandable_segments_and_each_user_layer_turns_them_off(how, fresh_python):
-    # memalloc's default (core/_config.PRODUCT_DEFAULTS) sits under every
-    # layer of the user's config: the plain policy is one key away in each.
-    code, env = DEFAULT_PROBE, fresh_python.env()
-    if how == "MEMALLOC_CONF":
-        env = fresh_python.env("expandable_segments:False")
-    elif how == "PYTORCH_CUDA_ALLOC_CONF":
-        env = fresh_python.env(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
-    elif how == "config":
-        code = code.replace('backend="host"', 'backend="host", config="expandable_segments:False"')
+@pytest.mark.parametrize("layers", [
+    {},                                                               # native's default: plain segments
+    {"MEMALLOC_CONF": "expandable_segments:True"},
+    {"config": "expandable_segments:True"},
+    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    # a later layer turns off what an earlier one turned on: the layers are
+    # parsed at once, so a False (the engine's default, which canonical text
+    # leaves out) still wins over torch's variable (it did not before)
+    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "MEMALLOC_CONF": "expandable_segments:False"},
+    {"MEMALLOC_CONF": "expandable_segments:True", "config": "expandable_segments:False"},
+], ids=["none", "MEMALLOC_CONF", "config", "torch", "torch_then_MEMALLOC_CONF", "MEMALLOC_CONF_then_config"])
+def test_each_config_layer_sets_expandable_segments_and_the_later_one_wins(layers, fresh_python):
+    env = fresh_python.env(layers.get("MEMALLOC_CONF"),
+                           **({"PYTORCH_CUDA_ALLOC_CONF": layers["PYTORCH_CUDA_ALLOC_CONF"]}
+                              if "PYTORCH_CUDA_ALLOC_CONF" in layers else {}))
+    code = LAYER_PROBE % (f", config={layers['config']!r}" if "config" in layers else "")
     _, r = fresh_python.code(PRELUDE, code, env=env)[:2]
-    if how == "default":
+    last = ([v for k, v in layers.items()] or ["expandable_segments:False"])[-1]
+    if last.endswith("True"):
         assert "expandable_segments:True" in r["config"]
         assert r["expandable"] == [True]
         assert r["reserved"] == 4 << 20  # the 2 MiB pages the 3 MiB request spans

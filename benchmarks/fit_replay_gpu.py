@@ -1,0 +1,65 @@
+"""One recorded request stream, replayed with real allocations on the GPU
+under one allocator: does the policy, given exactly the same requests, fit
+the budget? (benchmarks/fit_diff.py says where two runs' streams part;
+this removes the stream from the comparison.)
+
+    python -m benchmarks.fit_replay_gpu SNAPSHOT.pickle[.gz] MODE --fraction F
+
+SNAPSHOT is one of torch's allocator snapshots with its trace (fit_more
+``--history``); its ``alloc`` / ``free_requested`` events, in order, become
+``torch.empty(size, uint8)`` and the drop of that tensor. MODE is ``native``
+or a memalloc config (``memalloc`` = its default, ``memalloc_plain`` =
+``expandable_segments:False``). Prints one JSON object: the requests
+replayed, the first out-of-memory (request index and size) or none, and the
+peaks (bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {"memalloc": "", "memalloc_plain": "expandable_segments:False"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("snapshot")
+    p.add_argument("mode", choices=("native", *CONFIGS))
+    p.add_argument("--fraction", type=float, required=True)
+    args = p.parse_args(argv)
+    sys.path.insert(0, REPO)
+    from benchmarks.fit_diff import load, timeline
+
+    requests = timeline(load(args.snapshot)).requests
+    if args.mode != "native":
+        import memalloc
+
+        memalloc.enable(backend="cuda", config=CONFIGS[args.mode])
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(args.fraction)
+    live: dict = {}
+    n_alloc = 0
+    out: dict = {"snapshot": os.path.basename(args.snapshot), "mode": args.mode, "requests": len(requests), "oom": None}
+    for i, (kind, v) in enumerate(requests):
+        if kind == "alloc":
+            try:
+                live[n_alloc] = torch.empty(v, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError as e:
+                out["oom"] = {"request": i, "size": v, "message": str(e).splitlines()[0][:240]}
+                break
+            n_alloc += 1
+        elif v is not None:
+            live.pop(v, None)
+    out["replayed"] = i + 1 if requests else 0
+    out["peak_allocated"] = torch.cuda.max_memory_allocated()
+    out["peak_reserved"] = torch.cuda.max_memory_reserved()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
