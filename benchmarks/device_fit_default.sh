@@ -11,8 +11,9 @@
 #   fit          the fit benchmark in every mode, memalloc's default included
 #   planner      tests/gpu/test_cuda_planner.py (PLANNER_K narrows it: -k text)
 #   steptime     tests/gpu/test_cuda_step_time.py (STEP_TIME_K narrows it)
-#   stepab       memalloc's default against memalloc_plain in lockstep on STEPAB_GROUP
-#                (bf16_lockstep), STEPAB_PAIRS (8) process pairs: expandable's own cost
+#   stepab       two allocators in lockstep on STEPAB_GROUP (bf16_lockstep), STEPAB_PAIRS (8)
+#                process pairs, for each "A:B" of STEPAB (default memalloc_plain:memalloc_expandable,
+#                expandable's own cost; e.g. native:expandable, memalloc_expandable:memalloc_expandable_noipc)
 #   fitreplay    FITREPLAY_SNAPSHOTS (carried torch snapshots) replayed with real
 #                allocations natively and under memalloc_plain (benchmarks/fit_replay_gpu.py)
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
@@ -79,10 +80,12 @@ from benchmarks.lockstep import pooled
 from test_cuda import record
 group = os.environ.get("STEPAB_GROUP", "bf16_lockstep")
 worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, group]
-r = pooled({"memalloc_plain": worker("memalloc_plain"), "memalloc": worker("memalloc")},
-           int(os.environ.get("STEPAB_PAIRS", "8")), 25, env=dict(os.environ, MEMALLOC_BENCH_CPUS="2-5"))
-record("step_time_lockstep", f"memalloc_vs_memalloc_plain/{group}", {k: v for k, v in r.items() if k != "runs"})
-print("memalloc (expandable) / memalloc_plain:", r["median_ratio"], r["per_process_pair"])
+for pair in os.environ.get("STEPAB", "memalloc_plain:memalloc_expandable").split(","):
+    a, b = pair.split(":")
+    r = pooled({a: worker(a), b: worker(b)}, int(os.environ.get("STEPAB_PAIRS", "8")), 25,
+               env=dict(os.environ, MEMALLOC_BENCH_CPUS="2-5"))
+    record("step_time_lockstep", f"{b}_vs_{a}/{group}", {k: v for k, v in r.items() if k != "runs"})
+    print(f"{b} / {a} on {group}:", r["median_ratio"], r["per_process_pair"], flush=True)
 PY
       ;;
     fitreplay)

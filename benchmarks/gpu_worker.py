@@ -40,6 +40,9 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # without giving free pages back before growing (reuse_free_pages:False),
               # and plain segments whatever the default (expandable_segments:False)
               "memalloc_expandable", "memalloc_expandable_noreuse", "memalloc_plain",
+              # expandable segments whose pages are not created exportable (no CUDA IPC of
+              # them: torch's TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0), to weigh that choice
+              "memalloc_expandable_noipc",
               # what `python -m memalloc run` turns on: the flight recorder's file and a
               # step boundary (a heartbeat and checkpoint) at every optimizer.step()
               "memalloc_flight")
@@ -75,8 +78,10 @@ def setup(name: str):
         return lambda: None
     if name == "native_history":
         torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
-    if name == "memalloc_expandable":
+    if name in ("memalloc_expandable", "memalloc_expandable_noipc"):
         os.environ["MEMALLOC_CONF"] = "expandable_segments:True"
+        if name == "memalloc_expandable_noipc":
+            os.environ["TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"] = "0"
     elif name == "memalloc_expandable_noreuse":
         os.environ["MEMALLOC_CONF"] = "expandable_segments:True,reuse_free_pages:False"
     elif name == "memalloc_plain":

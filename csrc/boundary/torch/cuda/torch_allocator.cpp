@@ -317,15 +317,18 @@ class TorchCudaAllocator final : public Pluggable {
     }
     TORCH_CHECK(false, "memalloc: shareIpcHandle of a pointer that is not a live memalloc allocation");
   }
-  // Opens a handle once per process (keyed by its bytes, as native): later
-  // calls share the mapping until the last user drops it. Reads every form
-  // native torch 2.11 to 2.14 sends (ipc_wire.h) and memalloc's own.
+  // Opens a handle once per process (keyed by its bytes, as native; a
+  // cudaMalloc segment by its cudaIpcMemHandle, whichever form it came in,
+  // since CUDA maps one handle once per process): later calls share the
+  // mapping until the last user drops it. Reads every form native torch
+  // 2.11 to 2.14 sends (ipc_wire.h) and memalloc's own.
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     ipc_wire::Decoded h;
     guard([&] { h = ipc_wire::decode(handle); });
+    const std::string key = h.type == ipc_wire::kCudaMalloc ? h.cuda_ipc : handle;
     const c10::DeviceIndex device = c10::cuda::current_device();
     std::lock_guard<std::mutex> lock(ipc_mu_);
-    auto it = ipc_open_.find(handle);
+    auto it = ipc_open_.find(key);
     if (it != ipc_open_.end()) {
       if (auto alive = it->second.lock()) return alive;
     }
@@ -345,7 +348,7 @@ class TorchCudaAllocator final : public Pluggable {
       void* p = core_->backend().vm_open_shared(device, pages);
       mapped = std::shared_ptr<void>(p, [core, device](void* q) { core->backend().vm_close_shared(device, q); });
     });
-    ipc_open_[handle] = mapped;
+    ipc_open_[key] = mapped;
     return mapped;
   }
 
