@@ -21,7 +21,7 @@ import pickle
 import time
 from typing import Optional
 
-from memalloc.core._format import fmt_bytes
+from memalloc.core._format import describe_split, fmt_bytes
 from memalloc.trace.flight_files import FlightFile, FlightFileError, files_in, live_at_end, read
 from memalloc.trace.flight_report import snapshot_of
 
@@ -75,8 +75,7 @@ def live_sites(f: FlightFile, device: int) -> list[tuple[tuple, int, int]]:
     allocated and not freed, by innermost user frame, most bytes first."""
     sites: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
     for e in live_at_end(f.rings[device]).values():
-        frames = f.stacks.get(e.stack_id, [])
-        key = f.user_frame(e.stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
+        key = f.site(e.stack_id)
         sites[key][0] += e.size
         sites[key][1] += 1
     return sorted(((k, v[0], v[1]) for k, v in sites.items()), key=lambda s: -s[1])
@@ -100,8 +99,7 @@ def describe(f: FlightFile, events: int = 10, top: int = 5) -> str:
                          f"{fmt_bytes(dev['reserved'])} reserved, peak {fmt_bytes(dev['peak_allocated'])}")
             split = (dev.get("breakdown") or {}).get("split")
             if split:
-                lines.append("  breakdown at the last finished step: " +
-                             ", ".join(f"{k} {fmt_bytes(v)}" for k, v in split.items() if v))
+                lines.append("  breakdown at the last finished step: " + describe_split(split))
         sites = live_sites(f, d)
         if sites:
             lines.append("  live memory at the end by line (blocks the ring saw allocated and not freed):")

@@ -50,8 +50,8 @@ from memalloc.core import _state, iteration
 from memalloc.features import advisor, flight, oom, stats
 from memalloc.integration import host
 from memalloc.core._config import config_value
-from memalloc.core._format import fmt_bytes
-from memalloc.features.breakdown import describe_split, memory_breakdown
+from memalloc.core._format import describe_split, fmt_bytes
+from memalloc.features.breakdown import memory_breakdown
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
 from . import fit

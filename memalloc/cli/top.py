@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Optional
 
-from memalloc.core._format import fmt_bytes
+from memalloc.core._format import describe_split, fmt_bytes
 from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read
 
 
@@ -94,7 +94,7 @@ def _process(f: FlightFile, top: int, now_ns: int) -> list[str]:
                    f"peak {fmt_bytes(dev['peak_allocated'])} (at step {cp['step']})")
         split = (dev.get("breakdown") or {}).get("split") or {}
         if any(split.values()):
-            out.append("    by category: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in split.items() if v))
+            out.append("    by category: " + describe_split(split))
         if dev.get("top_step") not in (None, cp["step"]):
             out.append(f"    call sites as of step {dev['top_step']} (named again as 0.5% of the run's time allows):")
         for h in dev.get("top", [])[:top]:

@@ -110,15 +110,6 @@ class MemoryBreakdown:
         return self.to_text()
 
 
-def describe_split(split: dict[str, int]) -> str:
-    """``split`` (bytes by category) on one line, largest first, zeros left
-    out: "activations 5.20 GiB (81%), optimizer_state 651.18 MiB (10%), ..."
-    ("" when every category is 0)."""
-    whole = sum(split.values())
-    return ", ".join(f"{c} {fmt_bytes(v)} ({100 * v / whole:.0f}%)"
-                     for c, v in sorted(split.items(), key=lambda kv: -kv[1]) if v)
-
-
 def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else ""
 

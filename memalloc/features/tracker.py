@@ -60,9 +60,9 @@ from typing import Any, NamedTuple, Optional, Union
 from memalloc import _C
 from memalloc.core import _state, iteration
 from memalloc.features import stats
-from memalloc.features.breakdown import CATEGORIES, describe_split
+from memalloc.features.breakdown import CATEGORIES
 from memalloc.core._device import DeviceLike, existing_device_index
-from memalloc.core._format import fmt_bytes
+from memalloc.core._format import describe_split, fmt_bytes
 
 PathLike = Union[str, "os.PathLike[str]"]
 

@@ -107,6 +107,14 @@ class FlightFile:
         interned stack, from the file's own stacks; None when there is none."""
         return next((tuple(fr) for fr in self.stacks.get(stack_id, []) if not is_internal(fr[0])), None)
 
+    def site(self, stack_id: int) -> tuple:
+        """The line an event is counted at, the one rule of the postmortem
+        and the job report: the innermost user-code frame, else the
+        innermost frame of the stack (all of it library code), else
+        ("<no stack>", 0, "") for an event recorded without one."""
+        frames = self.stacks.get(stack_id, [])
+        return self.user_frame(stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
+
 
 def replay(live: dict[int, Event], e: Event) -> Optional[Event]:
     """Replays one event of a ring onto ``live`` (address -> the alloc event

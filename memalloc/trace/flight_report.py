@@ -91,9 +91,9 @@ def leaks_of(f: FlightFile) -> list[dict]:
                 step = e.step
             ended = replay(live, e)
             if e.action == "alloc":
-                by_site[_site(f, e.stack_id)] += e.size
+                by_site[f.site(e.stack_id)] += e.size
             elif ended is not None:
-                by_site[_site(f, ended.stack_id)] -= ended.size
+                by_site[f.site(ended.stack_id)] -= ended.size
         for site, series in at_step_end.items():
             # steps that ended with a boundary (the last one is unfinished: the
             # process ended in it, freeing what it freed at exit)
@@ -107,8 +107,6 @@ def leaks_of(f: FlightFile) -> list[dict]:
     return sorted(out, key=lambda l: -l["bytes_per_step"])
 
 
-def _site(f: FlightFile, stack_id: int) -> tuple:
-    return f.user_frame(stack_id) or ("<no stack>", 0, "")
 
 
 def _where(site) -> str:

@@ -56,7 +56,26 @@ def check_postmortem(killed_dir) -> str:
     assert "no clean exit" in p.stdout and "last step: 21" in p.stdout, p.stdout
     first_site = p.stdout.split("live memory at the end by line")[1].splitlines()[1]
     assert f"{LOOP}:{KEEP_LINE} in <module>" in first_site and "336.00 KiB in 21 blocks" in first_site, p.stdout
+    check_split_line(p.stdout, "  breakdown at the last finished step: ", killed_dir)
     return p.stdout
+
+
+SPLIT_ENTRY = re.compile(r"(\w+) ([\d.]+ [KMGT]?i?B) \((\d+)%\)")
+
+
+def check_split_line(text: str, prefix: str, directory) -> None:
+    """The breakdown line (postmortem, top): every category the file's last
+    checkpoint holds bytes in, as memalloc.core._format.fmt_bytes writes them,
+    largest first, with shares that add up to 100% (to rounding)."""
+    from memalloc.core._format import fmt_bytes
+
+    (line,) = [l for l in text.splitlines() if l.startswith(prefix)]
+    entries = SPLIT_ENTRY.findall(line[len(prefix):])
+    (path,) = ff.files_in(directory)
+    (dev,) = ff.read(path).checkpoint["devices"]
+    split = {c: b for c, b in dev["breakdown"]["split"].items() if b}
+    assert [(c, t) for c, t, _ in entries] == [(c, fmt_bytes(b)) for c, b in sorted(split.items(), key=lambda kv: -kv[1])]
+    assert abs(sum(int(pct) for _, _, pct in entries) - 100) <= len(entries), line
 
 
 def check_snapshot(killed_dir) -> None:
@@ -130,6 +149,7 @@ def check_top(directory, backend: str = "host") -> None:
             stale = re.search(r"call sites as of step (\d+)", p.stdout)
             n = int(stale.group(1)) if stale else 7
             assert f"{32 * n:.2f} KiB in {n} tensors  <string>:{holder} in <module>" in p.stdout, p.stdout
+            check_split_line(p.stdout, "    by category: ", directory)
         p = memalloc_cli("top", "--once")
         assert f"pid {child.pid} " in p.stdout  # found among every process of the machine
     finally:
