@@ -107,8 +107,6 @@ def leaks_of(f: FlightFile) -> list[dict]:
     return sorted(out, key=lambda l: -l["bytes_per_step"])
 
 
-
-
 def _where(site) -> str:
     file, line, func = site
     return f"{file}:{line} in {func}" if file else "?"
