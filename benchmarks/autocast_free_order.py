@@ -2,7 +2,8 @@
 small pre-norm transformer, two AdamW steps under CPU bf16 autocast, its
 tensors on a host-backend allocator (no memalloc.enable(), no hooks), the
 allocator's events recorded; each process prints its requests in order
-(``["a", size]`` an allocation, ``["f", k]`` the free of the k-th one).
+(``["alloc", size]``, ``["free", k]`` the free of the k-th allocation:
+benchmarks/fit_diff.py's requests).
 
     python -m benchmarks.autocast_free_order --runs 4 [--perturb 0,0,5000,20011]
 
@@ -23,6 +24,8 @@ import json
 import os
 import subprocess
 import sys
+
+from .fit_diff import timeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,17 +56,9 @@ def worker(perturb: int) -> list:
             opt.step()
         events = recording.events(0, allocator=a)
         recording.record_memory_history(enabled=False, allocator=a)
-    live: dict = {}
-    seq: list = []
-    allocs = 0
-    for e in events:
-        if e.action == "alloc":
-            live[e.addr] = allocs
-            allocs += 1
-            seq.append(["a", e.size])
-        elif e.action == "free_requested":
-            seq.append(["f", live.pop(e.addr, None)])
-    return seq
+    # as benchmarks/fit_diff.py reads torch's snapshots: the same requests
+    trace = [{"action": e.action, "addr": e.addr, "size": e.size} for e in events]
+    return [list(r) for r in timeline({"device_traces": [trace]}).requests]
 
 
 def main(argv=None) -> int:

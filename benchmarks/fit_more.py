@@ -42,17 +42,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .gpu_suite import machine
+from .gpu_worker import ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("native", "expandable", "cudaMallocAsync", "memalloc", "memalloc_plain", "memalloc_expandable",
          "memalloc_expandable_noreuse")
-ENV = {
-    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
-    "memalloc_plain": {"MEMALLOC_CONF": "expandable_segments:False"},
-    "memalloc_expandable": {"MEMALLOC_CONF": "expandable_segments:True"},
-    "memalloc_expandable_noreuse": {"MEMALLOC_CONF": "expandable_segments:True,reuse_free_pages:False"},
-}
 MIN_LEN, MAX_LEN = 64, 4096
 LOG_PATH = os.environ.get("FIT_MORE_LOG")  # every trial's JSON, appended as it ends
 

@@ -7,9 +7,9 @@ this removes the stream from the comparison.)
 
 SNAPSHOT is one of torch's allocator snapshots with its trace (fit_more
 ``--history``); its ``alloc`` / ``free_requested`` events, in order, become
-``torch.empty(size, uint8)`` and the drop of that tensor. MODE is ``native``
-or a memalloc config (``memalloc`` = its default, ``memalloc_plain`` =
-``expandable_segments:False``). Prints one JSON object: the requests
+``torch.empty(size, uint8)`` and the drop of that tensor. MODE is one of
+benchmarks/fit_more.py's (``native``, ``memalloc_plain``, ``expandable``, ...:
+the environment benchmarks/gpu_worker.ENV gives it). Prints one JSON object: the requests
 replayed, the first out-of-memory (request index and size) or none, and the
 peaks (bytes).
 """
@@ -20,24 +20,26 @@ import json
 import os
 import sys
 
+from .fit_diff import load, timeline
+from .fit_more import MODES
+from .gpu_worker import ENV
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"memalloc": "", "memalloc_plain": "expandable_segments:False"}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("snapshot")
-    p.add_argument("mode", choices=("native", *CONFIGS))
+    p.add_argument("mode", choices=MODES)
     p.add_argument("--fraction", type=float, required=True)
     args = p.parse_args(argv)
-    sys.path.insert(0, REPO)
-    from benchmarks.fit_diff import load, timeline
-
     requests = timeline(load(args.snapshot)).requests
-    if args.mode != "native":
+    os.environ.update(ENV.get(args.mode, {}))
+    if args.mode.startswith("memalloc"):
+        sys.path.insert(0, REPO)
         import memalloc
 
-        memalloc.enable(backend="cuda", config=CONFIGS[args.mode])
+        memalloc.enable(backend="cuda")
     import torch
 
     torch.cuda.set_per_process_memory_fraction(args.fraction)

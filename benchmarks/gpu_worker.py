@@ -60,13 +60,23 @@ PAIR_SIZES = (512, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 GiB = 1 << 30
 
 
+# The environment each allocator mode sets before CUDA starts (the modes not
+# named here set none); benchmarks/fit_more.py and fit_replay_gpu.py use it too.
+ENV = {
+    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+    "memalloc_plain": {"MEMALLOC_CONF": "expandable_segments:False"},
+    "memalloc_expandable": {"MEMALLOC_CONF": "expandable_segments:True"},
+    "memalloc_expandable_noipc": {"MEMALLOC_CONF": "expandable_segments:True",
+                                  "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC": "0"},
+    "memalloc_expandable_noreuse": {"MEMALLOC_CONF": "expandable_segments:True,reuse_free_pages:False"},
+}
+
+
 def setup(name: str):
     """Installs allocator `name` before CUDA is initialised; returns a
     function giving (peak_allocated, peak_reserved) or None."""
-    if name == "expandable":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    elif name == "cudaMallocAsync":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    os.environ.update(ENV.get(name, {}))
     import torch
 
     if name == "rmm":
@@ -78,14 +88,6 @@ def setup(name: str):
         return lambda: None
     if name == "native_history":
         torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
-    if name in ("memalloc_expandable", "memalloc_expandable_noipc"):
-        os.environ["MEMALLOC_CONF"] = "expandable_segments:True"
-        if name == "memalloc_expandable_noipc":
-            os.environ["TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"] = "0"
-    elif name == "memalloc_expandable_noreuse":
-        os.environ["MEMALLOC_CONF"] = "expandable_segments:True,reuse_free_pages:False"
-    elif name == "memalloc_plain":
-        os.environ["MEMALLOC_CONF"] = "expandable_segments:False"
     if name.startswith("memalloc"):
         import memalloc
 

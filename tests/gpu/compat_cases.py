@@ -131,6 +131,37 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def sending_errors(q) -> list:
+    """The errors of ``q``'s feeder thread, collected: Queue.put pickles in
+    that thread, and a failure there (exporting an IPC handle, say) would
+    otherwise only be printed, never raised."""
+    errors: list = []
+    q._on_queue_feeder_error = lambda e, obj: errors.append(error_text(e))
+    return errors
+
+
+def result_of(result_q, child, feeder_errors: list, timeout_s: float = 60):
+    """The child's answer on ``result_q``; RuntimeError when sending to it
+    failed (``feeder_errors``, from :func:`sending_errors`) or it exited
+    without one, TimeoutError after ``timeout_s`` seconds."""
+    import queue
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return result_q.get(timeout=1.0)
+        except queue.Empty:
+            if feeder_errors:
+                raise RuntimeError(f"sending the CUDA tensor failed: {feeder_errors[0]}") from None
+            if not child.is_alive():
+                try:
+                    return result_q.get(timeout=1.0)  # put just before it exited
+                except queue.Empty:
+                    raise RuntimeError(f"the child exited (code {child.exitcode}) without a result") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no result from the child within {timeout_s:.0f} s") from None
+
+
 # ---- 1. cudnn.benchmark -----------------------------------------------------
 def cudnn_benchmark(mode: str, out: dict) -> None:
     """torchvision ResNet-50 training (batch 32, 224x224, SGD) with
@@ -406,8 +437,6 @@ def ipc(mode: str, out: dict) -> None:
 
 
 def _ipc_round(out: dict, child_memalloc: bool) -> None:
-    import queue
-
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -415,30 +444,12 @@ def _ipc_round(out: dict, child_memalloc: bool) -> None:
     torch.cuda.synchronize()
     out["sent_sum"] = checksum(x)
     tensor_q, result_q = ctx.Queue(), ctx.Queue()
-    # Queue.put pickles in a feeder thread; a failure there (e.g. exporting
-    # the IPC handle) would otherwise only be printed, never raised.
-    feeder_errors: list = []
-    tensor_q._on_queue_feeder_error = lambda e, obj: feeder_errors.append(error_text(e))
+    feeder_errors = sending_errors(tensor_q)
     child = ctx.Process(target=_ipc_child, args=(tensor_q, result_q, child_memalloc))
     child.start()
     try:
         tensor_q.put(x)
-        deadline = time.monotonic() + 60
-        res = None
-        while res is None:
-            try:
-                res = result_q.get(timeout=1.0)
-            except queue.Empty:
-                if feeder_errors:
-                    raise RuntimeError(f"sending the CUDA tensor failed: {feeder_errors[0]}") from None
-                if not child.is_alive():
-                    try:
-                        res = result_q.get(timeout=1.0)
-                    except queue.Empty:
-                        raise RuntimeError(f"the child exited (code {child.exitcode}) without a result") from None
-                elif time.monotonic() > deadline:
-                    raise TimeoutError("no result from the child within 60 s") from None
-        out["child"] = res
+        out["child"] = result_of(result_q, child, feeder_errors)
         torch.cuda.synchronize()
         out["parent_sum_after"] = checksum(x)
         out["parent_sees_change"] = torch.equal(x, torch.arange(IPC_N, dtype=torch.float32, device="cuda") + 1)

@@ -89,10 +89,9 @@ def child_main(tensor_q, back_q, done_q, mode: str, config: str) -> None:
 def parent_main(parent: str, config: str, child: str) -> dict:
     out: dict = {"parent": parent, "config": config, "child": child, "ok": False}
     configure(parent, config)
-    import queue
-
     import torch
     import torch.multiprocessing as mp
+    from compat_cases import result_of, sending_errors  # imports torch: after configure()
 
     torch.zeros(1, device="cuda")
     out["handle_form"] = handle_form(BIG)
@@ -104,22 +103,12 @@ def parent_main(parent: str, config: str, child: str) -> dict:
     out["small_same_segment"] = abs(small_a.data_ptr() - small_b.data_ptr()) < (2 << 20)
     ctx = mp.get_context("spawn")
     tensor_q, back_q, done_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    feeder_errors: list = []
-    tensor_q._on_queue_feeder_error = lambda e, obj: feeder_errors.append(f"{type(e).__name__}: {e}")
+    feeder_errors = sending_errors(tensor_q)
     proc = ctx.Process(target=child_main, args=(tensor_q, back_q, done_q, child, config))
     proc.start()
     try:
         tensor_q.put((small_a, small_b, big))
-        got = None
-        while got is None:
-            try:
-                got = back_q.get(timeout=2.0)
-            except queue.Empty:
-                if feeder_errors:
-                    raise RuntimeError(f"sending the CUDA tensors failed: {feeder_errors[0]}") from None
-                if not proc.is_alive():
-                    raise RuntimeError(f"the child exited (code {proc.exitcode}) without a result") from None
-        res, theirs = got
+        res, theirs = result_of(back_q, proc, feeder_errors, timeout_s=120)
         out["child_result"] = res
         torch.cuda.synchronize()
         out["parent_sees_child_writes"] = [

@@ -26,9 +26,9 @@ def run_worker(perturb: int) -> list:
 def test_runs_make_the_same_requests_and_part_only_at_a_free():
     a, b = run_worker(0), run_worker(5000)
     assert len(a) == len(b) > 1000
-    assert [x for x in a if x[0] == "a"] == [x for x in b if x[0] == "a"]  # allocations: same sizes, same order
-    frees = lambda s: Counter(x[1] for x in s if x[0] == "f")  # noqa: E731
+    assert [x for x in a if x[0] == "alloc"] == [x for x in b if x[0] == "alloc"]  # same sizes, same order
+    frees = lambda s: Counter(x[1] for x in s if x[0] == "free")  # noqa: E731
     assert frees(a) == frees(b) and max(frees(a).values()) == 1
     d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if d is not None:
-        assert a[d][0] == b[d][0] == "f"
+        assert a[d][0] == b[d][0] == "free"

@@ -53,7 +53,6 @@ struct Decoded {
   PageHandle handle = PageHandle::kPosixFd;
   std::vector<int> fds;              // kPosixFd: the sender's descriptor numbers
   std::vector<std::string> fabric;   // kFabric: 64 bytes each
-  size_t pages() const { return handle == PageHandle::kPosixFd ? fds.size() : fabric.size(); }
 };
 
 // The handle version the installed torch writes and its receivers accept:
