@@ -95,7 +95,9 @@ def _process(f: FlightFile, top: int, now_ns: int) -> list[str]:
         split = (dev.get("breakdown") or {}).get("split") or {}
         if any(split.values()):
             out.append("    by category: " + describe_split(split))
-        if dev.get("top_step") not in (None, cp["step"]):
+        if dev.get("top_step") == -1:
+            out.append("    call sites: named at the first step")
+        elif dev.get("top_step") not in (None, cp["step"]):
             out.append(f"    call sites as of step {dev['top_step']} (named again as 0.5% of the run's time allows):")
         for h in dev.get("top", [])[:top]:
             where = f"{h['filename']}:{h['line']} in {h['function']}" if h.get("filename") else (h.get("tag") or "?")

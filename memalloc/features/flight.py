@@ -42,7 +42,8 @@ HISTORY_BYTES = 4 << 20  # 43,690 rows of 96 bytes: steps x devices
 # (at most 0.5% of the run's time: every step for a small process, every few
 # steps for a model of hundreds of tensors with 30 ms steps); counters, the
 # breakdown and the history row are written at every step (~0.05 ms with 600
-# live blocks).
+# live blocks). The start's checkpoint (before the program has allocated)
+# names none, so the first step's always does, whatever the walk costs.
 TOP_COST_SHARE = 200
 
 
@@ -89,12 +90,12 @@ class FlightRecorder:
         self._cp_offset = cp_offset
         self._history_at = history_offset
         self._history_rows = 0
-        self._top: dict[int, list] = {}
-        self._top_at = (-1, 0, 0)  # (step, monotonic ns, cost ns) of the last top call sites
+        self._top: dict[int, list] = {d: [] for d in range(self.allocator.device_count)}
+        self._top_at = (-1, 0, 0)  # (step, monotonic ns, cost ns) of the last top call sites; step -1: none yet
         self._lock = threading.Lock()
         self._ring_at = (ring_offset, stride)
         self.attach()
-        self.heartbeat(0)
+        self.heartbeat(0, name_lines=False)
 
     def attach(self) -> None:
         """Points every device's event ring into the file (the constructor
@@ -119,11 +120,12 @@ class FlightRecorder:
             self.allocator.set_recording(0, device=d)
 
     # ---- at each step (under the GIL, not on the malloc path) ----------------
-    def heartbeat(self, step: int) -> None:
-        """New stacks and tags, the heartbeat and a checkpoint, for ``step``."""
+    def heartbeat(self, step: int, name_lines: bool = True) -> None:
+        """New stacks and tags, the heartbeat and a checkpoint, for ``step``
+        (``name_lines`` False: the checkpoint keeps the top call sites it has)."""
         with self._lock:
             self._append_interned()
-            self._write_checkpoint(step)
+            self._write_checkpoint(step, name_lines)
             self._write_heartbeat(step, ff.RUNNING)
 
     def _write_heartbeat(self, step: int, state: int) -> None:
@@ -152,9 +154,9 @@ class FlightRecorder:
                 break
             self._tags_written = tid
 
-    def _write_checkpoint(self, step: int) -> None:
+    def _write_checkpoint(self, step: int, name_lines: bool = True) -> None:
         started = time.monotonic_ns()
-        if self._top_at[0] < 0 or started - self._top_at[1] >= TOP_COST_SHARE * self._top_at[2]:
+        if name_lines and (self._top_at[0] < 0 or started - self._top_at[1] >= TOP_COST_SHARE * self._top_at[2]):
             self._top = {d: top_holders(d, 10, allocator=self.allocator) for d in range(self.allocator.device_count)}
             self._top_at = (step, started, time.monotonic_ns() - started)
         devices = []

@@ -252,3 +252,36 @@ def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_alloca
     assert not os.path.exists(r.path)
     a.free(a.malloc(4096))
     assert recording.raw_records(0, allocator=a)[0] == b""  # closed: the rings are off
+
+
+def test_the_first_step_names_the_lines_whatever_the_walk_costs(host_allocator, tmp_path, monkeypatch):
+    """The start's checkpoint names no lines (nothing is allocated yet); the
+    first step's does even when the budget for the walk would allow none
+    (TOP_COST_SHARE raised so far that no later step's may): a short job's
+    report names its lines however slow the machine (a CI run once lost
+    them when the start's walk was slow); later steps keep them under the
+    budget, marked with the step they are of."""
+    import inspect
+
+    from memalloc.features import flight
+
+    monkeypatch.setattr(flight, "TOP_COST_SHARE", 10 ** 15)
+    a = host_allocator
+    r = flight.FlightRecorder(a, str(tmp_path), 64, keep=False)
+    try:
+        start = ff.read(r.path).checkpoint["devices"][0]
+        assert start["top"] == [] and start["top_step"] == -1
+        held = a.malloc(1 << 20); line = inspect.currentframe().f_lineno  # noqa: E702
+        r.heartbeat(1)
+        dev = ff.read(r.path).checkpoint["devices"][0]
+        assert dev["top_step"] == 1
+        assert [(h["filename"], h["line"], h["bytes"]) for h in dev["top"]] == [(__file__, line, 1 << 20)]
+        more = a.malloc(2 << 20)
+        r.heartbeat(2)
+        cp = ff.read(r.path).checkpoint
+        assert cp["step"] == 2 and cp["devices"][0]["top_step"] == 1 and cp["devices"][0]["top"] == dev["top"]
+        assert cp["devices"][0]["allocated"] == a.stats(0)["allocated_bytes"]["all"]["current"]
+        a.free(more)
+        a.free(held)
+    finally:
+        r.close(clean=True)
