@@ -16,6 +16,9 @@
 #                expandable's own cost; e.g. native:expandable, memalloc_expandable:memalloc_expandable_noipc)
 #   fitreplay    FITREPLAY_SNAPSHOTS (carried torch snapshots) replayed with real
 #                allocations natively and under memalloc_plain (benchmarks/fit_replay_gpu.py)
+#   pagemoves    a transformers GPT-2 trace recorded on the GPU (benchmarks/record_traces.py,
+#                $OUT/traces/gpt2.mtrace.gz, in logs.tgz) replayed step by step under
+#                expandable segments (benchmarks/page_moves.py): do its steps move pages?
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
 #                (no allocator variable set), the native runs are the committed ones
 # Results under $OUT: gpu_scenarios.jsonl (every GPU test's recorded figures),
@@ -98,6 +101,12 @@ PY
       wait
       for f in "$OUT"/fitreplay-*.json; do echo "$(basename "$f"): $(cat "$f")"; done
       cat "$OUT"/fitreplay-*.json | python3 -c "import sys,json; [print(json.dumps({'scenario':'fit_replay','mode':d['snapshot']+'/'+d['mode'],'result':d})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
+    pagemoves)
+      python3 -m benchmarks.record_traces --out "$OUT/traces" --workloads gpt2 2>&1 | tail -3
+      python3 -m benchmarks.page_moves "$OUT/traces/gpt2.mtrace.gz" --config expandable_segments:True \
+        --config expandable_segments:True,reuse_free_pages:False 2>&1 | tee "$OUT/pagemoves.log"
+      python3 -m benchmarks.page_moves "$OUT/traces/gpt2.mtrace.gz" --json --config expandable_segments:True \
+        | python3 -c "import sys,json; [print(json.dumps({'scenario':'page_moves','mode':d['config'],'result':d['steps']})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
     conformance)
       rm -rf /tmp/conformance
       python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-400}" \

@@ -15,8 +15,12 @@ Workloads on CUDA: ``transformer`` (12 layers, 768 wide, bf16 autocast,
 batch 16x512, AdamW; benchmarks/gpu_worker.py), ``resnet50`` (torchvision,
 batch 64 at 224x224, SGD with momentum), ``varlen`` (6 layers, 512 wide,
 bf16, batch 16, sequence lengths drawn long-tailed between 64 and 2048 per
-step, seed 0). On the host backend (CPU tensors from memalloc): ``tiny``, a
-small MLP with varying batch sizes, to test the plumbing without a GPU.
+step, seed 0), ``gpt2`` (a transformers GPT-2 from its default config, batch
+8x512, bf16 autocast, AdamW, 10 steps; gpu_worker.gpt2_step). On the host
+backend (CPU tensors from memalloc): ``tiny``, a small MLP with varying
+batch sizes, to test the plumbing without a GPU, and ``gpt2_cpu``: the same
+GPT-2 with 2 layers on the CPU (bf16 autocast), 12 steps, the loop whose
+every step moved pages under expandable segments' 5% ceiling (issue 25).
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RING = 4_000_000  # records per device (64 B each): every event of the run
-WORKLOADS = {"cuda": ("transformer", "resnet50", "varlen"), "host": ("tiny",)}
+WORKLOADS = {"cuda": ("transformer", "resnet50", "varlen", "gpt2"), "host": ("tiny", "gpt2_cpu")}
+# the host backend's simulated device for each host workload (MiB; default: the config's)
+HOST_CAPACITY_MB = {"gpt2_cpu": 16384}
 
 
 def _varlen_lengths(steps: int, seed: int = 0) -> list[int]:
@@ -78,6 +84,21 @@ def _steps(name: str, device: str):
             loss.backward()
             opt.step()
         return varlen_step, len(lengths)
+    if name in ("gpt2", "gpt2_cpu"):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(GPT2Config(n_positions=512, **({"n_layer": 2} if name == "gpt2_cpu" else {})))
+        model.to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, 50257, (8, 512), device=device)
+
+        def gpt2_step(i):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return gpt2_step, 12 if name == "gpt2_cpu" else 10
     if name == "tiny":
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -95,7 +116,8 @@ def _steps(name: str, device: str):
 
 def record_one(name: str, backend: str, out_dir: str) -> dict:
     """Runs one workload in this process and writes its trace."""
-    os.environ["MEMALLOC_CONF"] = f"call_sites:False,record_history:{RING},record_stacks:none"
+    capacity = f",host_capacity_mb:{HOST_CAPACITY_MB[name]}" if backend == "host" and name in HOST_CAPACITY_MB else ""
+    os.environ["MEMALLOC_CONF"] = f"call_sites:False,record_history:{RING},record_stacks:none{capacity}"
     import memalloc
 
     memalloc.enable(backend=backend)

@@ -83,7 +83,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   const DeviceStats& s = accounting_.stats();
   const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
   const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
-  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes);
+  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, alloc_seq_);
   if (config_.reuse_free_pages && !pools_.any_route() && over > 0) {
     // Keep reserved bytes under the ceiling: give back free pages for the
     // part of this mapping above it (below it, pages are mapped without a

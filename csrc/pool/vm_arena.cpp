@@ -81,11 +81,30 @@ VmSegment* VmArena::find_room(Stream stream, PoolKind pool, size_t rounded, VmRo
   return seg;
 }
 
-size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes) {
+size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at) {
   allocated_hwm_ = std::max(allocated_hwm_, allocated + rounded);
-  const size_t ceiling = allocated_hwm_ + allocated_hwm_ / kReuseSlackDivisor;
-  if (room_bytes == 0 || reserved + room_bytes <= ceiling) return 0;
-  return std::min(room_bytes, reserved + room_bytes - ceiling);
+  const auto over = [&] {
+    const size_t ceiling = allocated_hwm_ + allocated_hwm_ / slack_divisor_;
+    return room_bytes == 0 || reserved + room_bytes <= ceiling ? size_t{0}
+                                                               : std::min(room_bytes, reserved + room_bytes - ceiling);
+  };
+  if (over() == 0) return 0;
+  auto same = std::find_if(triggers_.begin(), triggers_.end(),
+                           [&](const Trigger& t) {
+                             return t.rounded == rounded && t.allocated == allocated && t.hwm == allocated_hwm_;
+                           });
+  if (same == triggers_.end()) {
+    triggers_[next_trigger_] = Trigger{rounded, allocated, allocated_hwm_, at, 0};
+    next_trigger_ = (next_trigger_ + 1) % kTriggerMemory;
+    return over();
+  }
+  const uint64_t gap = at - same->at;
+  const bool loop = same->gap == gap;
+  *same = Trigger{rounded, allocated, allocated_hwm_, at, loop ? 0 : gap};
+  // a loop's third time: twice the slack (as a loop would come back to
+  // it, it is found again only if that is not yet enough)
+  if (loop && slack_divisor_ > 1) slack_divisor_ /= 2;
+  return over();
 }
 
 std::vector<VmArena::Run> VmArena::free_runs(std::initializer_list<const FreeList*> lists, Stream stream,

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -101,9 +102,19 @@ struct VmUnmapped {
 class VmArena {
  public:
   // reuse_free_pages: free pages are given back before growing only above
-  // hwm + hwm / kReuseSlackDivisor reserved bytes (hwm: the most bytes
-  // allocated at once that growth has served).
+  // a ceiling of hwm + hwm / kReuseSlackDivisor reserved bytes (hwm: the
+  // most bytes allocated at once that growth has served), or loop_floor()
+  // when higher. A loop: a request of one rounded size that goes over the
+  // ceiling at one high-water mark three times, the third as many
+  // allocations after the second as the second came after the first (one
+  // training step's worth), would give pages back at every step (a stream
+  // synchronisation and the driver's unmap and map calls each time); its
+  // third time maps without giving any back and raises loop_floor() to the
+  // reserved bytes that leaves, so the loop's layout stays mapped (at most
+  // what reuse_free_pages:False keeps). kTriggerMemory such requests are
+  // remembered (the oldest forgotten first).
   static constexpr size_t kReuseSlackDivisor = 20;
+  static constexpr size_t kTriggerMemory = 16;
 
   VmArena(Backend& backend, int device, std::pmr::memory_resource* mr) : backend_(backend), device_(device), mr_(mr) {}
   ~VmArena();  // unmaps every mapped run and ends every reservation
@@ -123,6 +134,7 @@ class VmArena {
   // when it has no virtual memory).
   size_t page();
   size_t allocated_hwm() const { return allocated_hwm_; }
+  size_t slack_divisor() const { return slack_divisor_; }
 
   // A reservation of capacity() bytes (rounded up to whole pages) for
   // (stream, pool), oldest last, spanned by one unmapped block from
@@ -144,8 +156,10 @@ class VmArena {
 
   // The reuse-free-pages rule: records allocated + rounded in the
   // high-water mark, then returns how many of the room_bytes about to be
-  // mapped would take reserved bytes above the ceiling (0: none).
-  size_t over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes);
+  // mapped would take reserved bytes above the ceiling (0: none; 0 also
+  // for a loop's third time, which raises loop_floor()). `at`: the
+  // allocator's count of allocations so far (the request's position).
+  size_t over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at);
 
   // Maps room (room.bytes > 0) of seg: carves [lo, lo + bytes) out of its
   // hole with split(b, offset) -> upper part, and returns that block, now
@@ -205,6 +219,20 @@ class VmArena {
   size_t page_ = 0;             // the backend's page size, read once
   bool unavailable_ = false;    // the backend has no virtual memory: plain segments
   size_t allocated_hwm_ = 0;    // not reset by reset_peak_stats
+  size_t slack_divisor_ = kReuseSlackDivisor;  // halved by each loop found
+  // The last requests that went over the ceiling (a ring at next_trigger_;
+  // rounded 0: an empty entry): the high-water mark they went over at, the
+  // allocation count at their last time and its distance from the time
+  // before (0: once only).
+  struct Trigger {
+    size_t rounded = 0;
+    size_t allocated = 0;
+    size_t hwm = 0;
+    uint64_t at = 0;
+    uint64_t gap = 0;
+  };
+  std::array<Trigger, kTriggerMemory> triggers_{};
+  size_t next_trigger_ = 0;
 };
 
 template <class Capacity, class MakeBlock>

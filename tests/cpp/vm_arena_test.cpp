@@ -261,14 +261,39 @@ void the_reuse_ceiling_follows_the_high_water_mark() {
   Fixture<> f;
   const size_t d = VmArena::kReuseSlackDivisor;
   // 20 MiB allocated at most: ceiling 21 MiB (20 + 20 / d).
-  EXPECT(f.arena.over_ceiling(0, 0, 20 * MiB, 20 * MiB) == 0 && f.arena.allocated_hwm() == 20 * MiB);
+  EXPECT(f.arena.over_ceiling(0, 0, 20 * MiB, 20 * MiB, 0) == 0 && f.arena.allocated_hwm() == 20 * MiB);
   const size_t ceiling = 20 * MiB + 20 * MiB / d;
-  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 4 * MiB) == 24 * MiB - ceiling);
+  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 4 * MiB, 1) == 24 * MiB - ceiling);
   EXPECT(f.arena.allocated_hwm() == 20 * MiB);  // 0 + 4 MiB is below it: unchanged
-  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 0) == 0);  // no pages to map
-  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB) == 2 * MiB);  // all of it above: capped at the room
+  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 0, 2) == 0);  // no pages to map
+  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB, 3) == 2 * MiB);  // all of it above: capped at the room
   // A larger peak raises the ceiling: 40 + 2 MiB allocated.
-  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB) == 0 && f.arena.allocated_hwm() == 42 * MiB);
+  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB, 4) == 0 && f.arena.allocated_hwm() == 42 * MiB);
+  EXPECT(f.arena.slack_divisor() == d);  // no request went over twice
+}
+
+// A loop that would give pages back at every step: the same request (size,
+// allocated bytes, high-water mark) over the ceiling three times, evenly
+// spaced, doubles the slack on its third time; uneven spacing, or another
+// allocated figure (a layer of a backward, say), does not.
+void a_loop_giving_pages_back_every_step_doubles_the_slack() {
+  Fixture<> f;
+  const size_t d = VmArena::kReuseSlackDivisor;
+  const size_t hwm = 100 * MiB, allocated = 60 * MiB, reserved = 104 * MiB, rounded = 40 * MiB;
+  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0) == 0 && f.arena.allocated_hwm() == hwm);
+  // 104 + 8 MiB of room over a ceiling of 105 MiB: 7 MiB over, at allocations 1000 and 2000
+  const size_t over = reserved + 8 * MiB - (hwm + hwm / d);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1000) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000) == over);
+  // other requests in between change nothing: another allocated figure, another size
+  EXPECT(f.arena.over_ceiling(allocated - 2 * MiB, reserved, rounded, 8 * MiB, 2500) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600) == over);
+  // uneven: 1500 after, not 1000; then 1500 again: a loop, the slack doubles
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3500) == over && f.arena.slack_divisor() == d);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 5000) == reserved + 8 * MiB - (hwm + hwm / (d / 2)));
+  EXPECT(f.arena.slack_divisor() == d / 2);
+  // under the wider ceiling (110 MiB) 6 MiB of room maps without giving any back
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 6 * MiB, 6000) == 0);
 }
 
 void rooms_are_searched_per_stream_and_pool() {
@@ -394,6 +419,7 @@ int main() {
   unmapping_splits_and_coalesces();
   free_pages_go_largest_run_first_after_a_synchronisation();
   the_reuse_ceiling_follows_the_high_water_mark();
+  a_loop_giving_pages_back_every_step_doubles_the_slack();
   rooms_are_searched_per_stream_and_pool();
   the_device_refuses_a_map();
   reservations_with_nothing_mapped_end();

@@ -34,6 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import record_traces  # noqa: E402  (the GPU traces' recorder)
+from benchmarks.page_moves import per_step  # noqa: E402
 from benchmarks.gpu_worker import random_plan  # noqa: E402  (the GPU benchmark's plan, stdlib only)
 
 BASELINE = REPO / "benchmarks" / "baselines" / "replay.json"
@@ -406,7 +407,7 @@ def test_a_gz_trace_reads_back_the_same_and_a_damaged_one_is_named(tmp_path):
 def test_record_traces_on_the_host_replays_to_the_runs_own_peaks(tmp_path):
     """benchmarks/record_traces.py (the GPU traces' recorder) on the host
     backend: a training loop's trace replays to the peaks the run had."""
-    assert record_traces.main(["--out", str(tmp_path), "--backend", "host"]) == 0
+    assert record_traces.main(["--out", str(tmp_path), "--backend", "host", "--workloads", "tiny"]) == 0
     (r,) = json.loads((tmp_path / "record_traces.json").read_text())["results"]
     assert r["workload"] == "tiny" and r["dropped"] == 0 and r["events"] > 100
     assert (r["replay_peak_allocated"], r["replay_peak_reserved"]) == (r["peak_allocated"], r["peak_reserved"])
@@ -454,3 +455,26 @@ def test_expandable_segments_run_the_gpu_workloads_on_smaller_devices():
 def test_smallest_capacity_refuses_bad_arguments(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         replay.smallest_capacity_mb("random:100", "", **kwargs)
+
+
+def test_a_loop_that_moved_pages_every_step_stops_moving_them():
+    """transformers' GPT-2 on the CPU (benchmarks/traces/gpt2_cpu.mtrace.gz,
+    benchmarks/record_traces.py): under expandable segments' 5% ceiling its
+    loss's 786 MiB request gave pages back and mapped new ones at every step
+    (a stream synchronisation and driver calls per step on a GPU). The loop
+    rule (csrc/pool/vm_arena.h) finds it (benchmarks/page_moves.py replays it step by step) and doubles the slack: no page
+    moves after the first steps, at most 1.10 reserved per allocated byte,
+    less than without reuse (reuse_free_pages:False, native's expandable
+    segments) and than plain segments."""
+    trace = REPO / "benchmarks" / "traces" / "gpt2_cpu.mtrace.gz"
+    rows = per_step(trace, "expandable_segments:True")
+    assert len(rows) == 12
+    assert sum(r["maps"] + r["unmaps"] for r in rows[1:4]) > 0  # it did move pages after step 0
+    assert [(r["maps"], r["unmaps"]) for r in rows[5:]] == [(0, 0)] * 7
+    last = rows[-1]
+    assert last["peak_reserved"] <= 1.10 * last["peak_allocated"]
+    no_reuse = per_step(trace, "expandable_segments:True,reuse_free_pages:False")[-1]
+    plain = per_step(trace, "")[-1]
+    ratio = lambda r: r["peak_reserved"] / r["peak_allocated"]  # noqa: E731
+    assert last["peak_allocated"] == no_reuse["peak_allocated"]  # (plain segments round blocks otherwise)
+    assert ratio(last) < ratio(no_reuse) < ratio(plain)

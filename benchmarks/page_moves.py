@@ -1,0 +1,68 @@
+"""Pages moved per step: a trace (benchmarks/traces/, record_traces.py)
+replayed on the host backend one step at a time (its events' step numbers),
+with the pages each step mapped and unmapped (num_device_alloc/free: runs of
+an expandable segment; segments for plain ones) and the peaks so far.
+
+    python -m benchmarks.page_moves TRACE [--config TEXT ...]
+
+A loop that maps and unmaps pages at every step pays, on a GPU, a stream
+synchronisation and the driver's unmap and map calls each step: the
+expandable-segment step-time question of issue 25.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from memalloc.features import replay
+from memalloc.trace.trace_files import load_trace
+
+
+def per_step(trace_path: str | os.PathLike, config: str = "", device: int = 0) -> list[dict]:
+    """[{"step", "maps", "unmaps", "peak_allocated", "peak_reserved", "reserved"}] per step of
+    one device of the trace (bytes)."""
+    events = load_trace(trace_path).events[device]
+    ops = replay._trace_ops(events)
+    bound = replay.capacity_bound(op[2] for op in ops if op[0] == replay._ALLOC)
+    a, _capacity = replay._allocator(config, None, bound, 1)
+    player = replay._Replayer(a, 0, {op[3] for op in ops if op[0] == replay._ALLOC}, os.fspath(trace_path), False)
+    by_step: dict[int, list] = {}
+    for op in ops:
+        by_step.setdefault(events[op[4]].step, []).append(op)
+    rows, before = [], (0, 0)
+    for step in sorted(by_step):
+        player.run(by_step[step], False)
+        s = a.stats(0)
+        now = (s["num_device_alloc"], s["num_device_free"])
+        rows.append({"step": step, "maps": now[0] - before[0], "unmaps": now[1] - before[1],
+                     "peak_allocated": s["allocated_bytes"]["all"]["peak"],
+                     "peak_reserved": s["reserved_bytes"]["all"]["peak"],
+                     "reserved": s["reserved_bytes"]["all"]["current"]})
+        before = now
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace")
+    p.add_argument("--config", action="append", default=None,
+                   help="allocator config text; repeat for several (default: expandable_segments:True)")
+    p.add_argument("--json", action="store_true", help="one JSON line per config instead of the table")
+    args = p.parse_args(argv)
+    for config in args.config or ["expandable_segments:True"]:
+        rows = per_step(args.trace, config)
+        if args.json:
+            print(json.dumps({"trace": args.trace, "config": config, "steps": rows}))
+            continue
+        print(f"== {args.trace} under {config or '(default)'}")
+        for r in rows:
+            print(f"step {r['step']:>3}: {r['maps']:>4} mapped {r['unmaps']:>4} unmapped  reserved "
+                  f"{r['reserved'] / 2**20:9.1f} MiB  peak reserved / allocated "
+                  f"{r['peak_reserved'] / max(1, r['peak_allocated']):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
