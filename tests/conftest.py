@@ -95,14 +95,14 @@ class FreshPython:
         return subprocess.Popen([sys.executable, *args], cwd=cwd or REPO, env=self.env(conf),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def code(self, prelude: str, code: str, conf: Optional[str] = None, env: Optional[dict] = None
-             ) -> tuple[subprocess.CompletedProcess, dict, str]:
+    def code(self, prelude: str, code: str, conf: Optional[str] = None, env: Optional[dict] = None,
+             timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict, str]:
         """``CHILD_PRELUDE + prelude + code``; the child ends by printing
         ``RESULT <json of R>``. Asserts that it exited 0 and printed that line
-        once. ``env`` replaces the environment, as in :meth:`run`. Returns
+        once, within ``timeout`` seconds. ``env`` replaces the environment, as in :meth:`run`. Returns
         (process, that dict, the source run)."""
         src = CHILD_PRELUDE + textwrap.dedent(prelude) + textwrap.dedent(code) + '\nprint("RESULT", json.dumps(R))\n'
-        p = self.run(["-c", src], conf=conf, env=env, timeout=120)
+        p = self.run(["-c", src], conf=conf, env=env, timeout=timeout)
         assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
         lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         assert len(lines) == 1, p.stdout

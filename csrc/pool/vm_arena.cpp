@@ -99,6 +99,7 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
     return over();
   }
   const uint64_t gap = at - same->at;
+  if (gap == 0) return over();  // a retry of the same request (after an out-of-memory release)
   const bool loop = same->gap == gap;
   *same = Trigger{rounded, allocated, allocated_hwm_, at, loop ? 0 : gap};
   // a loop's third time: twice the slack (as a loop would come back to

@@ -285,6 +285,11 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   const size_t over = reserved + 8 * MiB - (hwm + hwm / d);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1000) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000) == over);  // a retry: not a third time
+  // a request's first time and its retry (no spacing yet) are not a loop either
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100) == over);
+  EXPECT(f.arena.slack_divisor() == d);
   // other requests in between change nothing: another allocated figure, another size
   EXPECT(f.arena.over_ceiling(allocated - 2 * MiB, reserved, rounded, 8 * MiB, 2500) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600) == over);

@@ -1,0 +1,70 @@
+"""Expandable segments on a real training loop, live: a transformers GPT-2
+(2 layers, batch 8x512, bf16 autocast, AdamW) trains on the host backend
+under ``memalloc.enable(config="expandable_segments:True")``. Its loss asks
+for 786 MiB every step, which under the 5% reuse ceiling alone made every
+step give pages back and map new ones (a stream synchronisation per step on
+a GPU). The live allocator's page moves per step must be those of the
+replay of its own trace (benchmarks/page_moves.py: the policy is the same
+code, deterministic), and stop after the first steps (the loop rule,
+csrc/pool/vm_arena.h). Slow tier: about a minute on two cores.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from memtest_helpers import REPO
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.page_moves import per_step  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                                 and os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") != "1",
+                                 reason="transformers not installed")]
+
+STEPS = 10
+LOOP = """
+import memalloc, torch
+memalloc.enable(backend="host", config="expandable_segments:True,host_capacity_mb:16384,"
+                "record_history:1000000,record_stacks:none,call_sites:False")
+memalloc.host.use_for_cpu_tensors()
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_positions=512, n_layer=2)).train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, 50257, (8, 512))
+R = {"steps": []}
+before = (0, 0)
+for i in range(%d):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    memalloc.step()
+    s = memalloc.memory_stats()
+    now = (s["num_device_alloc"], s["num_device_free"])
+    R["steps"].append({"maps": now[0] - before[0], "unmaps": now[1] - before[1],
+                       "peak_allocated": s["allocated_bytes.all.peak"], "peak_reserved": s["reserved_bytes.all.peak"]})
+    before = now
+R["trace"] = memalloc.save_trace(TRACE)
+""" % STEPS
+
+
+def test_gpt2_stops_moving_pages_and_the_replay_agrees(fresh_python, tmp_path):
+    trace = tmp_path / "gpt2.mtrace.gz"
+    _p, r, _src = fresh_python.code(f"TRACE = {str(trace)!r}\n", LOOP, timeout=600)
+    live = r["steps"]
+    assert len(live) == STEPS
+    assert any(s["maps"] + s["unmaps"] for s in live[1:]), live  # it moved pages after the first step ...
+    assert [(s["maps"], s["unmaps"]) for s in live[5:]] == [(0, 0)] * (STEPS - 5), live  # ... and stopped
+    assert live[-1]["peak_reserved"] <= 1.10 * live[-1]["peak_allocated"]
+    replayed = per_step(trace, "expandable_segments:True")
+    assert [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in replayed] == \
+        [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in live]
