@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RING = 4_000_000  # records per device (64 B each): every event of the run
 WORKLOADS = {"cuda": ("transformer", "resnet50", "varlen", "gpt2"), "host": ("tiny", "gpt2_cpu")}
 # the host backend's simulated device for each host workload (MiB; default: the config's)
-HOST_CAPACITY_MB = {"gpt2_cpu": 16384}
+HOST_CAPACITY_MB = {"gpt2_cpu": 16384, "gpt2": 32768}
 
 
 def _varlen_lengths(steps: int, seed: int = 0) -> list[int]:

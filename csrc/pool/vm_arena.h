@@ -102,17 +102,18 @@ struct VmUnmapped {
 class VmArena {
  public:
   // reuse_free_pages: free pages are given back before growing only above
-  // a ceiling of hwm + hwm / kReuseSlackDivisor reserved bytes (hwm: the
-  // most bytes allocated at once that growth has served), or loop_floor()
-  // when higher. A loop: a request of one rounded size that goes over the
-  // ceiling at one high-water mark three times, the third as many
-  // allocations after the second as the second came after the first (one
-  // training step's worth), would give pages back at every step (a stream
-  // synchronisation and the driver's unmap and map calls each time); its
-  // third time maps without giving any back and raises loop_floor() to the
-  // reserved bytes that leaves, so the loop's layout stays mapped (at most
-  // what reuse_free_pages:False keeps). kTriggerMemory such requests are
-  // remembered (the oldest forgotten first).
+  // a ceiling of hwm + hwm / slack_divisor() reserved bytes (hwm: the most
+  // bytes allocated at once that growth has served); the divisor starts at
+  // kReuseSlackDivisor (5%). A loop: one request (rounded size, bytes
+  // allocated, high-water mark) over the ceiling three times, the third as
+  // many allocations after the second as the second came after the first
+  // (a training step's worth), would give pages back at every step (a
+  // stream synchronisation and the driver's unmap and map calls each
+  // time); its third time halves the divisor (twice the slack: 10%, then
+  // 20%... while loops are still found), so that the loop's pages stay
+  // mapped. kTriggerMemory such requests are remembered, the oldest
+  // forgotten first; a retry of the same request (the same allocation
+  // count) is not another time.
   static constexpr size_t kReuseSlackDivisor = 20;
   static constexpr size_t kTriggerMemory = 16;
 
@@ -156,9 +157,9 @@ class VmArena {
 
   // The reuse-free-pages rule: records allocated + rounded in the
   // high-water mark, then returns how many of the room_bytes about to be
-  // mapped would take reserved bytes above the ceiling (0: none; 0 also
-  // for a loop's third time, which raises loop_floor()). `at`: the
-  // allocator's count of allocations so far (the request's position).
+  // mapped would take reserved bytes above the ceiling (0: none), after
+  // the loop rule above. `at`: the allocator's count of allocations so far
+  // (the request's position).
   size_t over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at);
 
   // Maps room (room.bytes > 0) of seg: carves [lo, lo + bytes) out of its
