@@ -19,7 +19,8 @@ import pytest
 from memtest_helpers import REPO
 
 SCRIPT = REPO / "tests" / "libraries" / "dist_cases.py"
-MODES = ("native", "memalloc", "memalloc_expandable")
+sys.path.insert(0, str(SCRIPT.parent))
+from dist_cases import MODES, check_memalloc_held_the_memory, check_same_as_native  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +39,9 @@ def jobs(fresh_python, tmp_path_factory) -> dict:
 @pytest.mark.parametrize("case", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("mode", MODES[1:])
 def test_same_losses_and_parameters_as_native(jobs, mode, case):
-    for rank in range(2):
-        got, want = jobs[mode][rank][case], jobs["native"][rank][case]
-        assert "error" not in got, got.get("error")
-        assert "error" not in want, want.get("error")
-        assert (got["losses"], got["param_sum"]) == (want["losses"], want["param_sum"])
-    # the ranks trained on their own data and ended with the same parameters
-    ranks = jobs["native"]
-    assert ranks[0][case]["losses"] != ranks[1][case]["losses"]
-    assert ranks[0][case]["param_sum"] == ranks[1][case]["param_sum"]
+    check_same_as_native(jobs, mode, case)  # the same CPU kernels: bit for bit
 
 
 @pytest.mark.parametrize("mode", MODES[1:])
 def test_memalloc_held_the_memory_of_every_rank(jobs, mode):
-    for rank, r in enumerate(jobs[mode]):
-        assert (r["rank"], r["world_size"]) == (rank, 2)
-        m = r["memalloc"]
-        assert m["allocations"] > 100 and m["peak_allocated"] > 0, m
-        assert m["hook_failures"] == {} and m["validate"] == "passed", m
-        assert m["expandable"] == (mode == "memalloc_expandable"), m
+    check_memalloc_held_the_memory(jobs, mode)

@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 from memalloc.cli.postmortem import live_sites
 from memalloc.trace import flight_files as ff
@@ -160,14 +161,15 @@ def check_top(directory, backend: str = "host") -> None:
     assert p.returncode != 0 and f"no process {child.pid}" in p.stderr
 
 
-def run_job(out: Path, backend: str = "host", timeout: int = 300):
+def run_job(out: Path, backend: str = "host", timeout: int = 300, device: Optional[str] = None):
     """torchrun --nproc_per_node 2 -m memalloc run on two_ranks.py (its
-    tensors on the CPU for the host backend, on the one GPU for cuda), then
-    ``python -m memalloc report DIR --html``: (text, page path, script, its
-    marked lines)."""
+    tensors on the CPU for the host backend, on the one GPU for cuda, or
+    ``device`` as two_ranks.py takes it: cuda_per_rank), then ``python -m
+    memalloc report DIR --html``: (text, page path, script, its marked
+    lines)."""
     src = TWO_RANKS.read_text().splitlines()
     lines = {m: next(i for i, l in enumerate(src, 1) if l.endswith(f"# {m}")) for m in ("HOLD-LINE", "LEAK-LINE")}
-    device = "cpu" if backend == "host" else "cuda"
+    device = device or ("cpu" if backend == "host" else "cuda")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "-m", "memalloc", "run", "--backend", backend, "--steps", "--config",
                         "flight_recorder_keep:True", "--out", str(out), str(TWO_RANKS), device],
