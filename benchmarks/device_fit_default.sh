@@ -20,7 +20,12 @@
 #                $OUT/traces/gpt2.mtrace.gz, in logs.tgz) replayed step by step under
 #                expandable segments (benchmarks/page_moves.py): do its steps move pages?
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
-#                (no allocator variable set), the native runs are the committed ones
+#                (no allocator variable set), the native runs are the committed ones;
+#                CONFORMANCE_LANES=cuda:memalloc:memalloc_expandable+trees:memalloc:memalloc_expandable
+#                runs them under expandable segments set in MEMALLOC_CONF only (as a
+#                default would be: torch's tests see no PYTORCH_CUDA_ALLOC_CONF), to merge
+#                (conformance --merge) with the committed native default runs; needs the
+#                git-ignored upstream/ carried (carry: ["upstream"])
 # Results under $OUT: gpu_scenarios.jsonl (every GPU test's recorded figures),
 # fit-more.json, conformance.json, logs.tgz (the logs, fitdiag's snapshots).
 # At most 8 files come back from a device call: every step writes under

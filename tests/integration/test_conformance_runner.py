@@ -85,3 +85,24 @@ def test_only_and_merge_keep_the_latest_outcome_per_test(tmp_path, full):
     src = merged["sources"]["cuda/default/native"]
     assert {t.split("::")[-1]: i for t, i in src.items()}["test_memory_fails"] == 1
     assert {t.split("::")[-1]: i for t, i in src.items()}["test_pool"] == 0
+
+
+def test_memalloc_expandable_hides_the_setting_from_torchs_tests_and_compares_with_native_default(tmp_path):
+    """The memalloc_expandable config sets MEMALLOC_CONF in memalloc mode
+    only (torch's tests read PYTORCH_CUDA_ALLOC_CONF, which stays unset in
+    both modes), and its memalloc outcomes are compared with the default
+    config's native ones."""
+    up, log = tmp_path / "up", tmp_path / "x.jsonl"
+    env = {m: conformance._env(up, "cuda", m, "memalloc_expandable", log, tmp_path / "x.skip")
+           for m in ("native", "memalloc")}
+    assert env["memalloc"]["MEMALLOC_CONF"] == "expandable_segments:True"
+    assert "MEMALLOC_CONF" not in env["native"]
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env["native"] and "PYTORCH_CUDA_ALLOC_CONF" not in env["memalloc"]
+    expandable = conformance._env(up, "cuda", "memalloc", "expandable", log, tmp_path / "x.skip")
+    assert expandable["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"  # the other config: torch's variable
+    passed, failed = {"outcome": "passed", "message": ""}, {"outcome": "failed", "message": "E  boom"}
+    tables = {"cuda": {"default": {"native": {"a": passed, "b": passed, "c": failed}},
+                       "memalloc_expandable": {"memalloc": {"a": passed, "b": failed, "c": passed}}}}
+    s = conformance.summarise(tables)["cuda/memalloc_expandable"]
+    assert (s["passed_natively"], s["passed_natively_and_under_memalloc"]) == (2, 1)
+    assert list(s["regressions"]) == ["b"] and s["passed_only_under_memalloc"] == ["c"]
