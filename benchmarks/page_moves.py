@@ -15,19 +15,24 @@ import argparse
 import json
 import os
 import sys
+from typing import Sequence
 
 from memalloc.features import replay
+from memalloc.trace.recording import Event
 from memalloc.trace.trace_files import load_trace
 
 
-def per_step(trace_path: str | os.PathLike, config: str = "", device: int = 0) -> list[dict]:
+def per_step(trace: str | os.PathLike | Sequence[Event], config: str = "", device: int = 0) -> list[dict]:
     """[{"step", "maps", "unmaps", "peak_allocated", "peak_reserved", "reserved"}] per step of
-    one device of the trace (bytes)."""
-    events = load_trace(trace_path).events[device]
+    one device of a trace (a file, or one device's events; bytes)."""
+    if isinstance(trace, (str, os.PathLike)):
+        events, source = load_trace(trace).events[device], os.fspath(trace)
+    else:
+        events, source = list(trace), "events"
     ops = replay._trace_ops(events)
     bound = replay.capacity_bound(op[2] for op in ops if op[0] == replay._ALLOC)
     a, _capacity = replay._allocator(config, None, bound, 1)
-    player = replay._Replayer(a, 0, {op[3] for op in ops if op[0] == replay._ALLOC}, os.fspath(trace_path), False)
+    player = replay._Replayer(a, 0, {op[3] for op in ops if op[0] == replay._ALLOC}, source, False)
     by_step: dict[int, list] = {}
     for op in ops:
         by_step.setdefault(events[op[4]].step, []).append(op)

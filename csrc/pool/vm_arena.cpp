@@ -89,10 +89,14 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
                                                                : std::min(room_bytes, reserved + room_bytes - ceiling);
   };
   if (over() == 0) return 0;
-  auto same = std::find_if(triggers_.begin(), triggers_.end(),
-                           [&](const Trigger& t) {
-                             return t.rounded == rounded && t.allocated == allocated && t.hwm == allocated_hwm_;
-                           });
+  // the same request: its size exactly, bytes allocated and the high-water
+  // mark within a page (a loop that keeps a small tensor every step is
+  // still the same loop)
+  const size_t pg = page();
+  const auto near = [pg](size_t a, size_t b) { return (a > b ? a - b : b - a) <= pg; };
+  auto same = std::find_if(triggers_.begin(), triggers_.end(), [&](const Trigger& t) {
+    return t.rounded == rounded && near(t.allocated, allocated) && near(t.hwm, allocated_hwm_);
+  });
   if (same == triggers_.end()) {
     triggers_[next_trigger_] = Trigger{rounded, allocated, allocated_hwm_, at, 0};
     next_trigger_ = (next_trigger_ + 1) % kTriggerMemory;

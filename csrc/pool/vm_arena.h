@@ -104,8 +104,9 @@ class VmArena {
   // reuse_free_pages: free pages are given back before growing only above
   // a ceiling of hwm + hwm / slack_divisor() reserved bytes (hwm: the most
   // bytes allocated at once that growth has served); the divisor starts at
-  // kReuseSlackDivisor (5%). A loop: one request (rounded size, bytes
-  // allocated, high-water mark) over the ceiling three times, the third as
+  // kReuseSlackDivisor (5%). A loop: one request (its rounded size, and
+  // bytes allocated and high-water mark within a page of its last time)
+  // over the ceiling three times, the third as
   // many allocations after the second as the second came after the first
   // (a training step's worth), would give pages back at every step (a
   // stream synchronisation and the driver's unmap and map calls each

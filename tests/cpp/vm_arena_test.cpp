@@ -291,7 +291,7 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100) == over);
   EXPECT(f.arena.slack_divisor() == d);
   // other requests in between change nothing: another allocated figure, another size
-  EXPECT(f.arena.over_ceiling(allocated - 2 * MiB, reserved, rounded, 8 * MiB, 2500) == over);
+  EXPECT(f.arena.over_ceiling(allocated - 8 * MiB, reserved, rounded, 8 * MiB, 2500) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600) == over);
   // uneven: 1500 after, not 1000; then 1500 again: a loop, the slack doubles
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3500) == over && f.arena.slack_divisor() == d);
@@ -299,6 +299,21 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   EXPECT(f.arena.slack_divisor() == d / 2);
   // under the wider ceiling (110 MiB) 6 MiB of room maps without giving any back
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 6 * MiB, 6000) == 0);
+}
+
+// A loop that keeps a small tensor every step (512 B more allocated, and a
+// high-water mark 512 B higher, each time) is still found.
+void a_loop_keeping_a_little_more_each_step_is_still_a_loop() {
+  Fixture<> f;
+  const size_t d = VmArena::kReuseSlackDivisor;
+  const size_t hwm = 100 * MiB, allocated = 60 * MiB, rounded = 40 * MiB;
+  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0) == 0);
+  for (size_t k = 1; k <= 3; ++k) {
+    const size_t more = k * 512;  // allocated + rounded = hwm + more: the mark follows
+    EXPECT(f.arena.over_ceiling(allocated + more, 104 * MiB, rounded, 8 * MiB, 1000 * k) > 0);
+    EXPECT(f.arena.allocated_hwm() == hwm + more);
+  }
+  EXPECT(f.arena.slack_divisor() == d / 2);
 }
 
 void rooms_are_searched_per_stream_and_pool() {
@@ -425,6 +440,7 @@ int main() {
   free_pages_go_largest_run_first_after_a_synchronisation();
   the_reuse_ceiling_follows_the_high_water_mark();
   a_loop_giving_pages_back_every_step_doubles_the_slack();
+  a_loop_keeping_a_little_more_each_step_is_still_a_loop();
   rooms_are_searched_per_stream_and_pool();
   the_device_refuses_a_map();
   reservations_with_nothing_mapped_end();
