@@ -462,8 +462,9 @@ def test_a_loop_that_moved_pages_every_step_stops_moving_them():
     benchmarks/record_traces.py): under expandable segments' 5% ceiling its
     loss's 786 MiB request gave pages back and mapped new ones at every step
     (a stream synchronisation and driver calls per step on a GPU). The loop
-    rule (csrc/pool/vm_arena.h) finds it (benchmarks/page_moves.py replays it step by step) and doubles the slack: no page
-    moves after the first steps, at most 1.10 reserved per allocated byte,
+    rule (csrc/pool/vm_arena.h) finds it (benchmarks/page_moves.py replays
+    it step by step) and doubles the slack: no page moves after the first
+    steps, at most 1.10 reserved per allocated byte,
     less than without reuse (reuse_free_pages:False, native's expandable
     segments) and than plain segments."""
     trace = REPO / "benchmarks" / "traces" / "gpt2_cpu.mtrace.gz"
