@@ -106,9 +106,9 @@ class VmArena {
   // bytes allocated at once that growth has served); the divisor starts at
   // kReuseSlackDivisor (5%). A loop: one request (its rounded size, and
   // bytes allocated and high-water mark within a page of its last time)
-  // over the ceiling three times, the third as
-  // many allocations after the second as the second came after the first
-  // (a training step's worth), would give pages back at every step (a
+  // over the ceiling three times, the third as many allocations after the
+  // second as the second came after the first (a training step's worth),
+  // would give pages back at every step (a
   // stream synchronisation and the driver's unmap and map calls each
   // time); its third time halves the divisor (twice the slack: 10%, then
   // 20%... while loops are still found), so that the loop's pages stay
@@ -223,9 +223,9 @@ class VmArena {
   size_t allocated_hwm_ = 0;    // not reset by reset_peak_stats
   size_t slack_divisor_ = kReuseSlackDivisor;  // halved by each loop found
   // The last requests that went over the ceiling (a ring at next_trigger_;
-  // rounded 0: an empty entry): the high-water mark they went over at, the
-  // allocation count at their last time and its distance from the time
-  // before (0: once only).
+  // rounded 0: an empty entry): the bytes allocated and high-water mark
+  // they went over at, the allocation count at their last time and its
+  // distance from the time before (0: once only).
   struct Trigger {
     size_t rounded = 0;
     size_t allocated = 0;
