@@ -33,13 +33,8 @@
 # conformance.json) to $OUT and the rest as $OUT/logs.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-FINAL=${OUT:-/tmp/memalloc-out}
-OUT=/tmp/memalloc-work  # kept across invocations in one call
-mkdir -p "$OUT" "$FINAL"
-trap 'for f in gpu_scenarios.jsonl fit-more.json conformance.json; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tgz" -C "$OUT" .' EXIT
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD
-export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
+DEVICE_FIGURES="gpu_scenarios.jsonl fit-more.json conformance.json"
+source "$(dirname "$0")/device_out.sh"
 rc=0
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
 for what in "$@"; do

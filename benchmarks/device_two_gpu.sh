@@ -12,13 +12,8 @@
 # NVLink multicast stays off (KINDS.md: shared machines).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-FINAL=${OUT:-/tmp/memalloc-out}
-OUT=/tmp/memalloc-work
-mkdir -p "$OUT" "$FINAL"
-trap '[ -f "$OUT/gpu_scenarios.jsonl" ] && cp "$OUT/gpu_scenarios.jsonl" "$FINAL/"; tar czf "$FINAL/logs.tgz" -C "$OUT" .' EXIT
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD
-export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
+DEVICE_FIGURES="gpu_scenarios.jsonl"
+source "$(dirname "$0")/device_out.sh"
 rc=0
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0))"
 echo "== build"

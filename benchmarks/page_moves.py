@@ -30,9 +30,7 @@ def per_step(trace: str | os.PathLike | Sequence[Event], config: str = "", devic
     else:
         events, source = list(trace), "events"
     ops = replay._trace_ops(events)
-    bound = replay.capacity_bound(op[2] for op in ops if op[0] == replay._ALLOC)
-    a, _capacity = replay._allocator(config, None, bound, 1)
-    player = replay._Replayer(a, 0, {op[3] for op in ops if op[0] == replay._ALLOC}, source, False)
+    a, _capacity, (player,) = replay._replayers([ops], config, None, source, synthetic=False)
     by_step: dict[int, list] = {}
     for op in ops:
         by_step.setdefault(events[op[4]].step, []).append(op)

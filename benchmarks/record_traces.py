@@ -85,20 +85,11 @@ def _steps(name: str, device: str):
             opt.step()
         return varlen_step, len(lengths)
     if name in ("gpt2", "gpt2_cpu"):
-        from transformers import GPT2Config, GPT2LMHeadModel
+        sys.path.insert(0, REPO)
+        from benchmarks.gpu_worker import gpt2_step
 
-        model = GPT2LMHeadModel(GPT2Config(n_positions=512, **({"n_layer": 2} if name == "gpt2_cpu" else {})))
-        model.to(device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(0, 50257, (8, 512), device=device)
-
-        def gpt2_step(i):
-            with torch.autocast(device, dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return gpt2_step, 12 if name == "gpt2_cpu" else 10
+        step = gpt2_step(device, n_layer=2 if name == "gpt2_cpu" else 12)
+        return (lambda i: step()), 12 if name == "gpt2_cpu" else 10
     if name == "tiny":
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -322,17 +322,25 @@ def _allocator(config: str, host_capacity_mb: Optional[int], bound: int, devices
     return a, a.mem_get_info(0)[1]
 
 
+def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: Optional[int], source: str,
+               synthetic: bool) -> tuple[_C.Allocator, int, list[_Replayer]]:
+    """A fresh host allocator sized for each device's op codes, its capacity
+    (bytes) and a replayer per device (for _replay, and for replays that run
+    the ops a part at a time: benchmarks/page_moves.py, step by step)."""
+    bound = max(capacity_bound(op[2] for op in ops if op[0] == _ALLOC) for ops in device_ops)
+    a, capacity = _allocator(config, host_capacity_mb, bound, len(device_ops))
+    streams = {op[3] for ops in device_ops for op in ops if op[0] == _ALLOC}
+    return a, capacity, [_Replayer(a, device, streams, source, synthetic) for device in range(len(device_ops))]
+
+
 def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: Optional[int],
             source: str, skip_unknown_frees: bool,
             recorded: Optional[Sequence[tuple[Optional[int], Optional[int]]]]) -> ReplayResult:
     """Replays each device's op codes (recorded: each device's recorded
     peaks; None for synthetic ops)."""
-    bound = max(capacity_bound(op[2] for op in ops if op[0] == _ALLOC) for ops in device_ops)
-    a, capacity = _allocator(config, host_capacity_mb, bound, len(device_ops))
-    streams = {op[3] for ops in device_ops for op in ops if op[0] == _ALLOC}
+    _, capacity, replayers = _replayers(device_ops, config, host_capacity_mb, source, synthetic=recorded is None)
     devices = []
-    for device, ops in enumerate(device_ops):
-        replayer = _Replayer(a, device, streams, source, synthetic=recorded is None)
+    for device, (ops, replayer) in enumerate(zip(device_ops, replayers)):
         replayer.run(ops, skip_unknown_frees)
         devices.append(replayer.result(recorded[device] if recorded else (None, None)))
     return ReplayResult(source, config, capacity, tuple(devices))

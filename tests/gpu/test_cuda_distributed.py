@@ -11,9 +11,7 @@ its line, rank 0's leak is named. Issue 26; device script:
 benchmarks/device_two_gpu.sh."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -32,7 +30,8 @@ pytestmark = [
 
 SCRIPT = os.path.join(REPO, "tests", "libraries", "dist_cases.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
-from dist_cases import MODES, check_memalloc_held_the_memory, check_same_as_native  # noqa: E402
+from dist_cases import MODES, check_memalloc_held_the_memory, check_same_as_native, run_jobs  # noqa: E402
+
 STEPS = 30
 
 
@@ -40,14 +39,7 @@ STEPS = 30
 def jobs(tmp_path_factory) -> dict:
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     env.pop("MEMALLOC_CONF", None)
-    out = {}
-    for mode in MODES:
-        d = tmp_path_factory.mktemp(mode)
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            SCRIPT, mode, str(d), "cuda", str(STEPS)], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=600)
-        assert p.returncode == 0, f"{mode}: rc {p.returncode}\n{p.stderr[-3000:]}"
-        out[mode] = [json.loads((d / f"rank{r}.json").read_text()) for r in range(2)]
+    out = run_jobs(tmp_path_factory.mktemp, env, "cuda", STEPS, timeout=600)
     figures = {mode: [{case: {k: r[case].get(k) for k in ("step_ms", "peak_allocated", "peak_reserved")}
                        for case in ("ddp", "fsdp2")} for r in ranks] for mode, ranks in out.items()}
     for mode in MODES[1:]:

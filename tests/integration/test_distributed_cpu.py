@@ -10,8 +10,6 @@ libraries over NCCL (issue 26) wait for a two-GPU machine
 """
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
 import pytest
@@ -20,20 +18,12 @@ from memtest_helpers import REPO
 
 SCRIPT = REPO / "tests" / "libraries" / "dist_cases.py"
 sys.path.insert(0, str(SCRIPT.parent))
-from dist_cases import MODES, check_memalloc_held_the_memory, check_same_as_native  # noqa: E402
+from dist_cases import MODES, check_memalloc_held_the_memory, check_same_as_native, run_jobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def jobs(fresh_python, tmp_path_factory) -> dict:
-    out = {}
-    for mode in MODES:
-        d = tmp_path_factory.mktemp(mode)
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            str(SCRIPT), mode, str(d)], cwd=REPO, env=fresh_python.env(), capture_output=True,
-                           text=True, timeout=300)
-        assert p.returncode == 0, f"{mode}: rc {p.returncode}\n{p.stderr[-3000:]}"
-        out[mode] = [json.loads((d / f"rank{r}.json").read_text()) for r in range(2)]
-    return out
+    return run_jobs(tmp_path_factory.mktemp, fresh_python.env())
 
 
 @pytest.mark.parametrize("case", ["ddp", "fsdp2"])

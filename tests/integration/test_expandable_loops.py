@@ -1,5 +1,6 @@
 """Expandable segments on a real training loop, live: a transformers GPT-2
-(2 layers, batch 8x512, bf16 autocast, AdamW) trains on the host backend
+(benchmarks/gpu_worker.gpt2_step with 2 layers: batch 8x512, bf16
+autocast, AdamW) trains on the host backend
 under ``memalloc.enable(config="expandable_segments:True")``. Its loss asks
 for 786 MiB every step, which under the 5% reuse ceiling alone made every
 step give pages back and map new ones (a stream synchronisation per step on
@@ -30,23 +31,16 @@ pytestmark = [pytest.mark.slow,
 
 STEPS = 10
 LOOP = """
-import memalloc, torch
+import memalloc
 memalloc.enable(backend="host", config="expandable_segments:True,host_capacity_mb:16384,"
                 "record_history:1000000,record_stacks:none,call_sites:False")
 memalloc.host.use_for_cpu_tensors()
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-model = GPT2LMHeadModel(GPT2Config(n_positions=512, n_layer=2)).train()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-ids = torch.randint(0, 50257, (8, 512))
+from benchmarks.gpu_worker import gpt2_step
+step = gpt2_step("cpu", n_layer=2)
 R = {"steps": []}
 before = (0, 0)
 for i in range(%d):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model(input_ids=ids, labels=ids).loss
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+    step()
     memalloc.step()
     s = memalloc.memory_stats()
     now = (s["num_device_alloc"], s["num_device_free"])

@@ -24,9 +24,12 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -87,7 +90,22 @@ CASES = {"ddp": ddp, "fsdp2": fsdp2}
 MODES = ("native", "memalloc", "memalloc_expandable")
 
 
-# ---- the suites' checks (jobs: mode -> the ranks' JSON, rank order) ---------------
+# ---- the suites' side (jobs: mode -> the ranks' JSON, rank order) ----------------
+def run_jobs(mkdir: Callable[[str], Path], env: dict, kind: str = "cpu", steps: int = 3, ranks: int = 2,
+             timeout: float = 300) -> dict:
+    """One torchrun job of this script per mode (``mkdir(mode)``: its output
+    folder), in ``env``; each job must succeed. Returns {mode: [rank's JSON]}."""
+    out = {}
+    for mode in MODES:
+        d = mkdir(mode)
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                            str(ranks), __file__, mode, str(d), kind, str(steps)], cwd=Path(__file__).parents[2],
+                           env=env, capture_output=True, text=True, timeout=timeout)
+        assert p.returncode == 0, f"{mode}: rc {p.returncode}\n{p.stderr[-3000:]}"
+        out[mode] = [json.loads((d / f"rank{r}.json").read_text()) for r in range(ranks)]
+    return out
+
+
 def check_same_as_native(jobs: dict, mode: str, case: str, rel_tol: float = 0.0) -> None:
     """Every rank's losses and full-parameter checksum of ``case`` under
     ``mode`` equal native's (within ``rel_tol``; 0: bit for bit), and the
