@@ -13,12 +13,16 @@
 #   steptime     tests/gpu/test_cuda_step_time.py (STEP_TIME_K narrows it)
 #   stepab       two allocators in lockstep on STEPAB_GROUP (bf16_lockstep), STEPAB_PAIRS (8)
 #                process pairs, for each "A:B" of STEPAB (default memalloc_plain:memalloc_expandable,
-#                expandable's own cost; e.g. native:expandable, memalloc_expandable:memalloc_expandable_noipc)
+#                expandable's own cost; e.g. native:expandable, memalloc_expandable:memalloc_expandable_noipc,
+#                native:native_control for the noise); "A:B:N" runs N pairs of that one;
+#                STEPAB_ALIVE (4) pairs alive at once (benchmarks/lockstep.py's crowd)
 #   fitreplay    FITREPLAY_SNAPSHOTS (carried torch snapshots) replayed with real
 #                allocations natively and under memalloc_plain (benchmarks/fit_replay_gpu.py)
-#   pagemoves    a transformers GPT-2 trace recorded on the GPU (benchmarks/record_traces.py,
-#                $OUT/traces/gpt2.mtrace.gz, in logs.tgz) replayed step by step under
-#                expandable segments (benchmarks/page_moves.py): do its steps move pages?
+#   pagemoves    a trace of PAGEMOVES_WORKLOAD (gpt2; or transformer = the bf16 loop) recorded on
+#                the GPU (benchmarks/record_traces.py, $OUT/traces/W.mtrace.gz, in logs.tgz;
+#                PAGEMOVES_STEPS steps, PAGEMOVES_CONF more config for the recording run, e.g.
+#                expandable_segments:True: its own page moves are in the trace) replayed step by
+#                step under expandable segments (benchmarks/page_moves.py): do its steps move pages?
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
 #                (no allocator variable set), the native runs are the committed ones;
 #                CONFORMANCE_LANES=cuda:memalloc:memalloc_expandable+trees:memalloc:memalloc_expandable
@@ -84,11 +88,16 @@ from test_cuda import record
 group = os.environ.get("STEPAB_GROUP", "bf16_lockstep")
 worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, group]
 for pair in os.environ.get("STEPAB", "memalloc_plain:memalloc_expandable").split(","):
-    a, b = pair.split(":")
-    r = pooled({a: worker(a), b: worker(b)}, int(os.environ.get("STEPAB_PAIRS", "8")), 25,
-               env=dict(os.environ, MEMALLOC_BENCH_CPUS="2-5"))
-    record("step_time_lockstep", f"{b}_vs_{a}/{group}", {k: v for k, v in r.items() if k != "runs"})
+    a, b, *n = pair.split(":")
+    r = pooled({a: worker(a), b: worker(b)}, int(n[0] if n else os.environ.get("STEPAB_PAIRS", "8")), 25,
+               env=dict(os.environ, MEMALLOC_BENCH_CPUS="2-5"), alive=int(os.environ.get("STEPAB_ALIVE", "4")))
+    counts = [run["results"] for run in r["runs"]]  # per pair: each worker's device calls in its timed steps
+    record("step_time_lockstep", f"{b}_vs_{a}/{group}",
+           dict({k: v for k, v in r.items() if k != "runs"}, worker_results=counts,
+                ms=[run["ms"] for run in r["runs"]]))
     print(f"{b} / {a} on {group}:", r["median_ratio"], r["per_process_pair"], flush=True)
+    print("  timed steps' device calls:", [{w: c.get("timed_steps_counts") for w, c in x.items()} for x in counts],
+          flush=True)
 PY
       ;;
     fitreplay)
@@ -102,11 +111,13 @@ PY
       for f in "$OUT"/fitreplay-*.json; do echo "$(basename "$f"): $(cat "$f")"; done
       cat "$OUT"/fitreplay-*.json | python3 -c "import sys,json; [print(json.dumps({'scenario':'fit_replay','mode':d['snapshot']+'/'+d['mode'],'result':d})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
     pagemoves)
-      python3 -m benchmarks.record_traces --out "$OUT/traces" --workloads gpt2 2>&1 | tail -3
-      python3 -m benchmarks.page_moves "$OUT/traces/gpt2.mtrace.gz" --config expandable_segments:True \
-        --config expandable_segments:True,reuse_free_pages:False 2>&1 | tee "$OUT/pagemoves.log"
-      python3 -m benchmarks.page_moves "$OUT/traces/gpt2.mtrace.gz" --json --config expandable_segments:True \
-        | python3 -c "import sys,json; [print(json.dumps({'scenario':'page_moves','mode':d['config'],'result':d['steps']})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
+      w=${PAGEMOVES_WORKLOAD:-gpt2}
+      python3 -m benchmarks.record_traces --out "$OUT/traces" --workloads "$w" \
+        ${PAGEMOVES_STEPS:+--steps "$PAGEMOVES_STEPS"} ${PAGEMOVES_CONF:+--conf "$PAGEMOVES_CONF"} 2>&1 | tail -3
+      python3 -m benchmarks.page_moves "$OUT/traces/$w.mtrace.gz" --config expandable_segments:True \
+        --config expandable_segments:True,reuse_free_pages:False 2>&1 | tee -a "$OUT/pagemoves.log"
+      python3 -m benchmarks.page_moves "$OUT/traces/$w.mtrace.gz" --json --config expandable_segments:True \
+        | W="$w" python3 -c "import os,sys,json; [print(json.dumps({'scenario':'page_moves','mode':os.environ['W']+'/'+d['config'],'result':d['steps']})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
     conformance)
       rm -rf /tmp/conformance
       python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-400}" \

@@ -45,7 +45,10 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               "memalloc_expandable_noipc",
               # what `python -m memalloc run` turns on: the flight recorder's file and a
               # step boundary (a heartbeat and checkpoint) at every optimizer.step()
-              "memalloc_flight")
+              "memalloc_flight",
+              # native under a second name: two native processes in lockstep measure
+              # the benchmark's own noise (an A/A control, benchmarks/lockstep.py)
+              "native_control")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
 GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16",
           # lockstep workers (benchmarks/lockstep.py): one step per "step" line of the bf16
@@ -484,7 +487,19 @@ def main(argv) -> int:
     elif group in LOCKSTEP_STEPS:
         from benchmarks.lockstep import serve
 
-        result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize)
+        # what the timed steps asked of the device (torch's counters, which
+        # memalloc answers too): cudaMalloc/cudaFree calls or page mappings,
+        # full synchronisations, retries
+        # full synchronisations, retries; and per timed step (read after its
+        # time is out) the device calls so far, to find the steps that made them
+        counters = ("num_device_alloc", "num_device_free", "num_sync_all_streams", "num_alloc_retries")
+        counts = lambda: {k: torch.cuda.memory_stats().get(k, 0) for k in counters}
+        before, per_step = {}, []
+        result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize,
+                                ready=lambda: before.update(counts()),
+                                after=lambda: per_step.append([counts()[k] - before[k] for k in counters[:2]]))
+        result["timed_steps_counts"] = {k: v - before[k] for k, v in counts().items()}
+        result["device_alloc_free_after_each_step"] = per_step
     elif group == "flight_pair":
         if name != "memalloc":
             raise SystemExit("the flight_pair group runs under memalloc only")

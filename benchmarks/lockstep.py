@@ -19,7 +19,14 @@ share the GPU or the CPU cores.
     # pairs["ratio"]: median over step pairs of b's time / a's time
 
 The order within a pair alternates (a b, b a, ...) so neither side always
-runs right after the other's step. Workers: ``python -m
+runs right after the other's step.
+
+Processes still differ from one another (native against native under two
+names, ``native_control``, gave 1.076 over 4 pairs one after another on the
+H200), so a ratio needs many processes per mode, and each fresh pair costs
+a start-up (~20 s with CUDA and a model). ``crowd`` starts several pairs
+at once and steps every process once per round, a0 b0 a1 b1 ... and the
+reverse in the next round; ``pooled`` runs as many crowds as it takes. Workers: ``python -m
 benchmarks.gpu_worker NAME GROUP_lockstep`` (CUDA), or on any machine
 ``python -m benchmarks.lockstep --work N`` (a CPU step of N units, for
 testing this driver).
@@ -39,15 +46,18 @@ READY, STEP, STOP = "ready", "step", "stop"
 
 
 def serve(step: Callable[[], None], warmup: int = 3, sync: Callable[[], None] = lambda: None,
-          out=None, inp=None) -> int:
-    """The worker's side: ``warmup`` steps, then one timed step (ms, between
-    two ``sync()`` calls) per ``step`` line on ``inp`` until ``stop``.
+          out=None, inp=None, ready: Callable[[], None] = lambda: None,
+          after: Callable[[], None] = lambda: None) -> int:
+    """The worker's side: ``warmup`` steps, ``ready()``, then one timed step
+    (ms, between two ``sync()`` calls) per ``step`` line on ``inp`` until
+    ``stop``, each followed by ``after()`` once its time is out (untimed).
     Returns the number of timed steps."""
     out = out or sys.stdout
     inp = inp or sys.stdin
     for _ in range(warmup):
         step()
     sync()
+    ready()
     print(READY, file=out, flush=True)
     n = 0
     for line in inp:
@@ -60,6 +70,7 @@ def serve(step: Callable[[], None], warmup: int = 3, sync: Callable[[], None] = 
         step()
         sync()
         print(f"{(time.perf_counter() - t0) * 1e3:.6f}", file=out, flush=True)
+        after()
         n += 1
     return n
 
@@ -111,52 +122,70 @@ def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Optional[Map
     over pairs of the second's ms / the first's), ``ratios`` (every pair's),
     ``ms`` ({label: every step's ms}), ``median_ms`` ({label: median}) and
     ``results`` ({label: the worker's final JSON object})."""
+    return crowd(workers, steps, alive=1, env=env, cwd=cwd)[0]
+
+
+def crowd(workers: Mapping[str, Sequence[str]], steps: int, alive: int = 1, env: Optional[Mapping[str, str]] = None,
+          cwd: Optional[str] = None) -> list:
+    """``alive`` pairs of the two ``workers`` ({label: argv}; the first is
+    the baseline) alive at once, started and warmed up together, then
+    ``steps`` rounds in which every process takes one step, one process at a
+    time: a0 b0 a1 b1 ... in even rounds, the reverse in odd ones (ABBA), so
+    each pair's two steps of a round sit side by side in time. Starting the
+    processes together costs one start-up for them all, where fresh pairs
+    one after another cost one each. Returns, per pair, what
+    :func:`lockstep` returns for its two processes. Idle processes keep
+    their device memory: ``alive`` times the pair's memory must fit."""
     if len(workers) != 2:
         raise ValueError(f"lockstep compares exactly two workers, got {len(workers)}: {list(workers)}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if alive < 1:
+        raise ValueError(f"alive (pairs of processes at once) must be at least 1, got {alive}")
     (la, argv_a), (lb, argv_b) = workers.items()
     started = []
     try:
-        for label, argv in ((la, argv_a), (lb, argv_b)):
-            started.append(_Worker(label, argv, env, cwd))
-        for w in started:  # both warm up at once (not timed)
+        for _ in range(alive):
+            for label, argv in ((la, argv_a), (lb, argv_b)):
+                started.append(_Worker(label, argv, env, cwd))
+        for w in started:  # all warm up at once (not timed)
             got = w.line()
             if got != READY:
                 raise RuntimeError(f"lockstep: worker {w.label} said {got!r} before {READY!r}")
-        a, b = started
-        ms = {la: [], lb: []}
+        ms = [{la: [], lb: []} for _ in range(alive)]
+        order = list(range(len(started)))
         for i in range(steps):
-            if i % 2 == 0:
-                ta = a.step()
-                tb = b.step()
-            else:
-                tb = b.step()
-                ta = a.step()
-            ms[la].append(ta)
-            ms[lb].append(tb)
-        results = {w.label: w.stop() for w in started}
+            for k in (order if i % 2 == 0 else reversed(order)):
+                ms[k // 2][started[k].label].append(started[k].step())
+        results = [{w.label: w.stop() for w in started[2 * j:2 * j + 2]} for j in range(alive)]
     finally:
         for w in started:
             w.kill()
-    ratios = [y / x for x, y in zip(ms[la], ms[lb])]
-    return {"ratio": statistics.median(ratios), "ratios": ratios, "ms": ms,
-            "median_ms": {k: statistics.median(v) for k, v in ms.items()}, "results": results,
-            "steps": steps, "order": "alternating (a b, b a, ...)"}
+    pairs = []
+    for j in range(alive):
+        ratios = [y / x for x, y in zip(ms[j][la], ms[j][lb])]
+        pairs.append({"ratio": statistics.median(ratios), "ratios": ratios, "ms": ms[j],
+                      "median_ms": {k: statistics.median(v) for k, v in ms[j].items()}, "results": results[j],
+                      "steps": steps, "order": "alternating (a b, b a, ...)" if alive == 1 else
+                      f"{alive} pairs alive at once, a0 b0 a1 b1 ... then reversed, round by round"})
+    return pairs
 
 
 def pooled(workers: Mapping[str, Sequence[str]], process_pairs: int, steps: int,
-           env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> dict:
-    """:func:`lockstep` in ``process_pairs`` pairs of fresh workers, ``steps``
-    pairs of steps each. Returns ``median_ratio`` (over every pair of steps
+           env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, alive: int = 1) -> dict:
+    """``process_pairs`` pairs of fresh workers, ``steps`` pairs of steps
+    each, ``alive`` pairs at once (:func:`crowd`; 1: :func:`lockstep`, one
+    pair after another). Returns ``median_ratio`` (over every pair of steps
     of them all), ``per_process_pair`` (each pair's own median),
     ``median_ms`` (each pair's per worker), ``process_pairs``,
-    ``step_pairs`` (in all) and ``runs`` (every lockstep result)."""
-    runs = [lockstep(workers, steps, env=env, cwd=cwd) for _ in range(process_pairs)]
+    ``step_pairs`` (in all) and ``runs`` (every pair's lockstep result)."""
+    runs = []
+    while len(runs) < process_pairs:
+        runs += crowd(workers, steps, alive=min(alive, process_pairs - len(runs)), env=env, cwd=cwd)
     ratios = [x for r in runs for x in r["ratios"]]
     return {"median_ratio": statistics.median(ratios), "per_process_pair": [r["ratio"] for r in runs],
             "median_ms": [r["median_ms"] for r in runs], "process_pairs": process_pairs,
-            "step_pairs": len(ratios), "runs": runs}
+            "step_pairs": len(ratios), "alive": alive, "runs": runs}
 
 
 def _cpu_work(units: int) -> None:

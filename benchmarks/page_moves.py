@@ -23,8 +23,11 @@ from memalloc.trace.trace_files import load_trace
 
 
 def per_step(trace: str | os.PathLike | Sequence[Event], config: str = "", device: int = 0) -> list[dict]:
-    """[{"step", "maps", "unmaps", "peak_allocated", "peak_reserved", "reserved"}] per step of
-    one device of a trace (a file, or one device's events; bytes)."""
+    """[{"step", "maps", "unmaps", "peak_allocated", "peak_reserved", "reserved", "recorded_maps",
+    "recorded_unmaps"}] per step of one device of a trace (a file, or one device's events; bytes).
+    recorded_*: the segment_map / segment_unmap events the recording run itself made in that
+    step (a trace recorded under expandable segments: what the live run did, beside what the
+    replay does)."""
     if isinstance(trace, (str, os.PathLike)):
         events, source = load_trace(trace).events[device], os.fspath(trace)
     else:
@@ -34,6 +37,10 @@ def per_step(trace: str | os.PathLike | Sequence[Event], config: str = "", devic
     by_step: dict[int, list] = {}
     for op in ops:
         by_step.setdefault(events[op[4]].step, []).append(op)
+    recorded: dict[tuple[int, str], int] = {}
+    for e in events:
+        if e.action in ("segment_map", "segment_unmap"):
+            recorded[e.step, e.action] = recorded.get((e.step, e.action), 0) + 1
     rows, before = [], (0, 0)
     for step in sorted(by_step):
         player.run(by_step[step], False)
@@ -42,7 +49,9 @@ def per_step(trace: str | os.PathLike | Sequence[Event], config: str = "", devic
         rows.append({"step": step, "maps": now[0] - before[0], "unmaps": now[1] - before[1],
                      "peak_allocated": s["allocated_bytes"]["all"]["peak"],
                      "peak_reserved": s["reserved_bytes"]["all"]["peak"],
-                     "reserved": s["reserved_bytes"]["all"]["current"]})
+                     "reserved": s["reserved_bytes"]["all"]["current"],
+                     "recorded_maps": recorded.get((step, "segment_map"), 0),
+                     "recorded_unmaps": recorded.get((step, "segment_unmap"), 0)})
         before = now
     return rows
 
@@ -60,10 +69,13 @@ def main(argv=None) -> int:
             print(json.dumps({"trace": args.trace, "config": config, "steps": rows}))
             continue
         print(f"== {args.trace} under {config or '(default)'}")
+        live = any(r["recorded_maps"] or r["recorded_unmaps"] for r in rows)
         for r in rows:
             print(f"step {r['step']:>3}: {r['maps']:>4} mapped {r['unmaps']:>4} unmapped  reserved "
                   f"{r['reserved'] / 2**20:9.1f} MiB  peak reserved / allocated "
-                  f"{r['peak_reserved'] / max(1, r['peak_allocated']):.4f}")
+                  f"{r['peak_reserved'] / max(1, r['peak_allocated']):.4f}"
+                  + (f"  (recorded run: {r['recorded_maps']} mapped {r['recorded_unmaps']} unmapped)"
+                     if live else ""))
     return 0
 
 

@@ -31,6 +31,7 @@ import random
 import subprocess
 import sys
 import time
+from typing import Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RING = 4_000_000  # records per device (64 B each): every event of the run
@@ -105,16 +106,19 @@ def _steps(name: str, device: str):
     raise SystemExit(f"unknown workload {name!r}")
 
 
-def record_one(name: str, backend: str, out_dir: str) -> dict:
-    """Runs one workload in this process and writes its trace."""
+def record_one(name: str, backend: str, out_dir: str, steps: Optional[int] = None, conf: str = "") -> dict:
+    """Runs one workload in this process (``steps`` of them instead of its
+    own number; under ``conf``, more allocator config) and writes its trace."""
     capacity = f",host_capacity_mb:{HOST_CAPACITY_MB[name]}" if backend == "host" and name in HOST_CAPACITY_MB else ""
-    os.environ["MEMALLOC_CONF"] = f"call_sites:False,record_history:{RING},record_stacks:none{capacity}"
+    extra = f",{conf}" if conf else ""
+    os.environ["MEMALLOC_CONF"] = f"call_sites:False,record_history:{RING},record_stacks:none{capacity}{extra}"
     import memalloc
 
     memalloc.enable(backend=backend)
     if backend == "host":
         memalloc.host.use_for_cpu_tensors()
     step, n = _steps(name, "cuda" if backend == "cuda" else "cpu")
+    n = steps or n
     t0 = time.perf_counter()
     for i in range(n):
         step(i)
@@ -136,11 +140,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="folder for the .mtrace.gz files")
     p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
     p.add_argument("--workloads", default=None, help="comma-separated (default: all of the backend's)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps of each workload (default: its own; varlen takes at most its 30 lengths)")
+    p.add_argument("--conf", default="", help="more allocator config for the recording run, e.g. "
+                                              "expandable_segments:True (the request stream as that mode saw it)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one workload
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.one:
-        print("RESULT " + json.dumps(record_one(args.one, args.backend, args.out)))
+        print("RESULT " + json.dumps(record_one(args.one, args.backend, args.out, args.steps, args.conf)))
         return 0
     from memalloc import replay
 
@@ -149,7 +157,8 @@ def main(argv=None) -> int:
     results = []
     for name in names:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.record_traces", "--out", args.out,
-                               "--backend", args.backend, "--one", name], cwd=REPO, env=env,
+                               "--backend", args.backend, "--one", name, "--conf", args.conf,
+                               *(["--steps", str(args.steps)] if args.steps else [])], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             print(f"{name}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)

@@ -64,6 +64,12 @@ def test_serve_times_one_step_per_command_and_stops():
     lines = out.getvalue().split()
     assert n == 2 and len(calls) == 4  # 2 warm-up + 2 timed; nothing after stop
     assert lines[0] == "ready" and all(float(x) >= 0 for x in lines[1:]) and len(lines) == 3
+    # ready() runs once, after the warm-up steps and before the first timed one
+    # and after() once after each timed step, outside its time
+    seen = []
+    lockstep.serve(lambda: seen.append("step"), warmup=2, out=io.StringIO(), inp=io.StringIO("step\nstep\nstop\n"),
+                   ready=lambda: seen.append("ready"), after=lambda: seen.append("after"))
+    assert seen == ["step", "step", "ready", "step", "after", "step", "after"]
     with pytest.raises(SystemExit, match="unknown command 'go'"):
         lockstep.serve(lambda: None, warmup=0, out=io.StringIO(), inp=io.StringIO("go\n"))
 
@@ -75,3 +81,41 @@ def test_pooled_runs_fresh_pairs_and_takes_the_median_of_every_step_pair():
     pids = {run["results"]["one"]["pid"] for run in r["runs"]}
     assert len(pids) == 2  # a fresh pair of processes each time
     assert 2.3 < r["median_ratio"] < 3.9 and all(2 < x < 4.5 for x in r["per_process_pair"])
+
+
+# A worker that appends its pid to a file at each step: the order in which
+# the driver stepped the processes.
+ORDER_WORKER = """
+import json, os, sys
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "stop":
+        break
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    print("1.0", flush=True)
+print(json.dumps({"pid": os.getpid()}))
+"""
+
+
+def test_a_crowd_steps_every_process_once_per_round_pair_by_pair_in_abba_order(tmp_path):
+    log = tmp_path / "order"
+    w = [sys.executable, "-c", ORDER_WORKER, str(log)]
+    pairs = lockstep.crowd({"a": w, "b": w}, steps=4, alive=3)
+    assert len(pairs) == 3
+    forward = [p["results"][label]["pid"] for p in pairs for label in ("a", "b")]
+    assert len(set(forward)) == 6  # six processes, alive at once
+    stepped = [int(x) for x in log.read_text().split()]
+    assert stepped == forward + forward[::-1] + forward + forward[::-1]
+    assert all(p["ratios"] == [1.0] * 4 and p["steps"] == 4 for p in pairs)
+
+
+def test_pooled_crowds_give_each_pair_its_own_ratio():
+    r = lockstep.pooled({"one": worker("--work", "10"), "three": worker("--work", "30")}, process_pairs=5, steps=9,
+                        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), alive=2)
+    assert r["process_pairs"] == 5 and len(r["runs"]) == 5 and r["step_pairs"] == 45 and r["alive"] == 2
+    pids = {run["results"][k]["pid"] for run in r["runs"] for k in ("one", "three")}
+    assert len(pids) == 10  # 2 + 2 + 1 pairs, all fresh
+    assert 2.3 < r["median_ratio"] < 3.9 and all(2 < x < 4.5 for x in r["per_process_pair"])
+    with pytest.raises(ValueError, match="alive .* must be at least 1, got 0"):
+        lockstep.crowd({"one": worker("--work", "1"), "three": worker("--work", "1")}, steps=1, alive=0)

@@ -62,3 +62,5 @@ def test_gpt2_stops_moving_pages_and_the_replay_agrees(fresh_python, tmp_path):
     replayed = per_step(trace, "expandable_segments:True")
     assert [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in replayed] == \
         [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in live]
+    # the trace's own segment_map / segment_unmap events say what the live run did, step by step
+    assert [(s["recorded_maps"], s["recorded_unmaps"]) for s in replayed] == [(s["maps"], s["unmaps"]) for s in live]
