@@ -12,6 +12,7 @@ expandable-segment step-time question of issue 25.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -54,6 +55,64 @@ def per_step(trace: str | os.PathLike | Sequence[Event], config: str = "", devic
                      "recorded_unmaps": recorded.get((step, "segment_unmap"), 0)})
         before = now
     return rows
+
+
+def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
+    """One device's events with its last step run ``times`` more times: a
+    longer run of a loop, from a short trace. Each copy is the last step's
+    allocation-level events (alloc, free_requested, free_completed,
+    empty_cache; its segment events are not copied, so a copy's
+    recorded_maps/unmaps are 0) with fresh addresses (the replay's keys):
+    where the last step freed a block of the step before, the copy frees
+    the one the copy before allocated at the same point. ValueError when the
+    trace is not such a loop: the last step frees a block of an earlier step,
+    or allocates other sizes than the step before."""
+    if times < 0:
+        raise ValueError(f"times must be 0 or more, got {times}")
+    if not events:
+        raise ValueError("no events to repeat")
+    last = max(e.step for e in events)
+    owner: dict[int, tuple[int, int]] = {}        # live address -> (step, position of its alloc in the step)
+    count: dict[int, int] = {}
+    sizes: dict[int, list[int]] = {last - 1: [], last: []}
+    real: dict[int, int] = {}                      # position -> address of the last step's allocation
+    body: list[tuple[Event, tuple[int, int]]] = []
+    kinds = ("alloc", "free_requested", "free_completed", "empty_cache")
+    for e in events:
+        if e.action == "alloc":
+            at = (e.step, count.get(e.step, 0))
+            count[e.step] = at[1] + 1
+            owner[e.addr] = at
+            if e.step in sizes:
+                sizes[e.step].append(e.requested)
+            if e.step == last:
+                real[at[1]] = e.addr
+        elif e.action in ("free_requested", "free_completed"):
+            at = owner.get(e.addr)
+        else:
+            at = (last, -1)  # empty_cache: no block
+        if e.step == last and e.action in kinds:
+            if at is None or at[0] < last - 1:
+                raise ValueError(f"the last step (step {last}) frees {e.addr:#x}, which "
+                                 f"{'no event of the trace allocated' if at is None else f'step {at[0]} allocated'}: "
+                                 "only a loop whose step frees what it or the step before allocated repeats")
+            body.append((e, at))
+        if e.action == "free_completed":
+            owner.pop(e.addr, None)
+    if sizes[last - 1] != sizes[last]:
+        raise ValueError(f"steps {last - 1} and {last} allocate other sizes ({len(sizes[last - 1])} and "
+                         f"{len(sizes[last])} allocations): not one loop's steps")
+    base = 1 << 60  # above any device address: the copies' keys clash with no real one
+    def addr(copy: int, step: int, position: int) -> int:
+        if step == last - 1:  # the block of the copy before (the real last step for the first copy)
+            copy -= 1
+        return real[position] if copy == 0 else base + ((copy * (len(real) + 1) + position) << 9)
+    out = list(events)
+    for k in range(1, times + 1):
+        for e, (step, position) in body:
+            out.append(dataclasses.replace(e, step=last + k,
+                                           addr=e.addr if position < 0 else addr(k, step, position)))
+    return out
 
 
 def main(argv=None) -> int:

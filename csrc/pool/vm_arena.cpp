@@ -4,7 +4,9 @@
 // Invariants: vm_arena.h.
 #include "pool/vm_arena.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 namespace memalloc {
 
@@ -104,7 +106,12 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
   }
   const uint64_t gap = at - same->at;
   if (gap == 0) return over();  // a retry of the same request (after an out-of-memory release)
-  const bool loop = same->gap == gap;
+  // a loop: the two gaps are whole multiples (kLoopPeriods at most) of one
+  // period, a training step's allocations: a loop's state may differ from
+  // step to step (which pages are mapped where), so a request can go over
+  // the ceiling at the same point of the step only every few steps
+  const uint64_t period = std::gcd(same->gap, gap);
+  const bool loop = same->gap != 0 && std::max(same->gap, gap) / period <= kLoopPeriods;
   *same = Trigger{rounded, allocated, allocated_hwm_, at, loop ? 0 : gap};
   // a loop's third time: twice the slack (as a loop would come back to
   // it, it is found again only if that is not yet enough)

@@ -274,8 +274,9 @@ void the_reuse_ceiling_follows_the_high_water_mark() {
 
 // A loop that would give pages back at every step: the same request (size,
 // allocated bytes, high-water mark) over the ceiling three times, evenly
-// spaced, doubles the slack on its third time; uneven spacing, or another
-// allocated figure (a layer of a backward, say), does not.
+// spaced, doubles the slack on its third time; gaps that share no period
+// (1000 and 1499 allocations), or another allocated figure (a layer of a
+// backward, say), do not.
 void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   Fixture<> f;
   const size_t d = VmArena::kReuseSlackDivisor;
@@ -293,12 +294,33 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   // other requests in between change nothing: another allocated figure, another size
   EXPECT(f.arena.over_ceiling(allocated - 8 * MiB, reserved, rounded, 8 * MiB, 2500) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600) == over);
-  // uneven: 1500 after, not 1000; then 1500 again: a loop, the slack doubles
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3500) == over && f.arena.slack_divisor() == d);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 5000) == reserved + 8 * MiB - (hwm + hwm / (d / 2)));
+  // uneven: 1499 after, not 1000 (no common period); then 1499 again: a loop, the slack doubles
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3499) == over && f.arena.slack_divisor() == d);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 4998) == reserved + 8 * MiB - (hwm + hwm / (d / 2)));
   EXPECT(f.arena.slack_divisor() == d / 2);
   // under the wider ceiling (110 MiB) 6 MiB of room maps without giving any back
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 6 * MiB, 6000) == 0);
+}
+
+// A loop whose request goes over the ceiling at the same point of its step,
+// but only every few steps (the pages lie otherwise from step to step): the
+// gaps 5 and 3 steps of 1208 allocations share the period; 9 periods are too
+// many to call one loop.
+void a_loop_going_over_every_few_steps_is_a_loop() {
+  const size_t d = VmArena::kReuseSlackDivisor;
+  const size_t hwm = 100 * MiB, allocated = 60 * MiB, reserved = 104 * MiB, rounded = 40 * MiB;
+  const auto times = [&](std::initializer_list<uint64_t> steps) {
+    Fixture<> f;
+    EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0) == 0);
+    for (uint64_t s : steps) f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1208 * s + 7);
+    return f.arena.slack_divisor();
+  };
+  EXPECT(times({1, 6}) == d);            // twice: not yet
+  EXPECT(times({1, 6, 9}) == d / 2);     // gaps of 5 and 3 steps
+  EXPECT(times({1, 2, 10}) == d / 2);    // 1 and 8
+  EXPECT(times({1, 2, 11}) == d);        // 1 and 9: too far apart
+  EXPECT(times({1, 2, 11, 12}) == d);    // 9 then 1: still too far apart
+  EXPECT(times({1, 2, 11, 12, 13}) == d / 2);  // then 1 and 1
 }
 
 // A loop that keeps a small tensor every step (512 B more allocated, and a
@@ -441,6 +463,7 @@ int main() {
   the_reuse_ceiling_follows_the_high_water_mark();
   a_loop_giving_pages_back_every_step_doubles_the_slack();
   a_loop_keeping_a_little_more_each_step_is_still_a_loop();
+  a_loop_going_over_every_few_steps_is_a_loop();
   rooms_are_searched_per_stream_and_pool();
   the_device_refuses_a_map();
   reservations_with_nothing_mapped_end();
