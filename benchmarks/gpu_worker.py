@@ -452,12 +452,24 @@ def run_resnet50(name: str, peaks) -> dict:
     return out
 
 
+def pin_to(cpus: str) -> None:
+    """Every thread of this process on cores ``cpus`` ("2-5", "3"): Linux
+    sets affinity per thread, and threads made later inherit it."""
+    lo, _, hi = cpus.partition("-")
+    cores = range(int(lo), int(hi or lo) + 1)
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
+            os.sched_setaffinity(int(tid), cores)
+
+
 def main(argv) -> int:
     name, group = argv
-    cpus = os.environ.get("MEMALLOC_BENCH_CPUS")  # e.g. "2-5": every process of a comparison on the same cores
-    if cpus:
-        lo, _, hi = cpus.partition("-")
-        os.sched_setaffinity(0, range(int(lo), int(hi or lo) + 1))
+    # e.g. "2-5": every process of a comparison on the same cores; a lockstep
+    # worker takes them once warmed up (many start at once in a crowd, on all
+    # cores), the others from the start
+    cpus = os.environ.get("MEMALLOC_BENCH_CPUS")
+    if cpus and group not in LOCKSTEP_STEPS:
+        pin_to(cpus)
     if name not in ALLOCATORS or group not in GROUPS:
         raise SystemExit(f"usage: gpu_worker {{{','.join(ALLOCATORS)}}} {{{','.join(GROUPS)}}}")
     peaks = setup(name)
@@ -496,7 +508,7 @@ def main(argv) -> int:
         counts = lambda: {k: torch.cuda.memory_stats().get(k, 0) for k in counters}
         before, per_step = {}, []
         result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize,
-                                ready=lambda: before.update(counts()),
+                                ready=lambda: (cpus and pin_to(cpus), before.update(counts())),
                                 after=lambda: per_step.append([counts()[k] - before[k] for k in counters[:2]]))
         result["timed_steps_counts"] = {k: v - before[k] for k, v in counts().items()}
         result["device_alloc_free_after_each_step"] = per_step

@@ -119,3 +119,25 @@ def test_pooled_crowds_give_each_pair_its_own_ratio():
     assert 2.3 < r["median_ratio"] < 3.9 and all(2 < x < 4.5 for x in r["per_process_pair"])
     with pytest.raises(ValueError, match="alive .* must be at least 1, got 0"):
         lockstep.crowd({"one": worker("--work", "1"), "three": worker("--work", "1")}, steps=1, alive=0)
+
+
+def test_a_worker_pins_every_thread_it_has_then_and_later():
+    """gpu_worker.pin_to (a lockstep worker takes its cores once warmed up,
+    when its threads exist already): run in a child so this process keeps
+    its cores."""
+    code = """
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from benchmarks.gpu_worker import pin_to
+cores = sorted(os.sched_getaffinity(0))
+done = threading.Event()
+before = threading.Thread(target=done.wait); before.start()
+pin_to(str(cores[0]))
+after = threading.Thread(target=done.wait); after.start()
+seen = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
+done.set(); before.join(); after.join()
+print(len(seen), set(map(tuple, seen.values())) == {(cores[0],)})
+"""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code, REPO], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["3", "True"]  # the main thread, one made before and one after: all on the one core
