@@ -22,7 +22,8 @@
 #                the GPU (benchmarks/record_traces.py, $OUT/traces/W.mtrace.gz, in logs.tgz;
 #                PAGEMOVES_STEPS steps, PAGEMOVES_CONF more config for the recording run, e.g.
 #                expandable_segments:True: its own page moves are in the trace) replayed step by
-#                step under expandable segments (benchmarks/page_moves.py): do its steps move pages?
+#                step under expandable segments (python -m memalloc replay --per-step): do its steps
+#                move pages?
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
 #                (no allocator variable set), the native runs are the committed ones;
 #                CONFORMANCE_LANES=cuda:memalloc:memalloc_expandable+trees:memalloc:memalloc_expandable
@@ -114,10 +115,12 @@ PY
       w=${PAGEMOVES_WORKLOAD:-gpt2}
       python3 -m benchmarks.record_traces --out "$OUT/traces" --workloads "$w" \
         ${PAGEMOVES_STEPS:+--steps "$PAGEMOVES_STEPS"} ${PAGEMOVES_CONF:+--conf "$PAGEMOVES_CONF"} 2>&1 | tail -3
-      python3 -m benchmarks.page_moves "$OUT/traces/$w.mtrace.gz" --config expandable_segments:True \
-        --config expandable_segments:True,reuse_free_pages:False 2>&1 | tee -a "$OUT/pagemoves.log"
-      python3 -m benchmarks.page_moves "$OUT/traces/$w.mtrace.gz" --json --config expandable_segments:True \
-        | W="$w" python3 -c "import os,sys,json; [print(json.dumps({'scenario':'page_moves','mode':os.environ['W']+'/'+d['config'],'result':d['steps']})) for d in map(json.loads, sys.stdin)]" >> "$OUT/gpu_scenarios.jsonl" ;;
+      python3 -m memalloc replay "$OUT/traces/$w.mtrace.gz" --per-step --config expandable_segments:True \
+        --config expandable_segments:True,reuse_free_pages:False --json "$OUT/pagemoves-$w.json" 2>&1 \
+        | tee -a "$OUT/pagemoves.log"
+      OUT="$OUT" W="$w" python3 -c "import os,json; w=os.environ['W']; d=json.load(open(os.environ['OUT']+f'/pagemoves-{w}.json'))
+[print(json.dumps({'scenario':'page_moves','mode':w+'/'+c,'result':rows['0']})) for t in d['per_step'].values() for c, rows in t.items()]" \
+        >> "$OUT/gpu_scenarios.jsonl" ;;
     conformance)
       rm -rf /tmp/conformance
       python3 -m benchmarks.conformance --out /tmp/conformance --budget "${CONFORMANCE_BUDGET:-400}" \

@@ -1,18 +1,23 @@
-"""``python -m memalloc replay TRACE... [--random N] [--config TEXT ...] [--smallest-device] [--json PATH]``:
+"""``python -m memalloc replay TRACE... [--random N] [--config TEXT ...] [--smallest-device]
+[--per-step] [--repeat-last-step N] [--json PATH]``:
 replays traces saved by ``memalloc.save_trace`` (and the GPU benchmark's
 random workload) on the host backend under each config, and prints peak
 allocated, peak reserved, their ratio and OOMs per (workload, config, device);
 ``--smallest-device`` also finds, per (workload, config), the smallest
-simulated device that runs it without an OOM (memalloc/features/replay.py)."""
+simulated device that runs it without an OOM; ``--per-step`` prints each
+step's page moves (does the loop keep mapping and unmapping under expandable
+segments?); ``--repeat-last-step N`` runs each trace's last step N more times
+first (memalloc/features/replay.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from typing import Callable
 
 from memalloc import _C
-from memalloc.features.replay import RANDOM_SOURCE, ReplayResult, random_workload, replay_ops, replay_trace, results_table, \
-    results_to_json, smallest_capacity_mb
+from memalloc.features.replay import RANDOM_SOURCE, ReplayResult, random_workload, repeat_last_step, replay_ops, \
+    replay_steps, replay_trace, results_table, results_to_json, smallest_capacity_mb, steps_table
 from memalloc.trace.trace_files import load_trace
 
 
@@ -34,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--smallest-device", action="store_true",
                    help="also find the smallest simulated device (MiB, to 8 MiB) each workload runs on "
                         "without an OOM under each config (a bisection: ~10 replays each)")
+    p.add_argument("--per-step", action="store_true",
+                   help="also replay each trace step by step (memalloc.step() numbers) and print each step's "
+                        "page moves and peaks, beside the recording run's own moves when the trace has them")
+    p.add_argument("--repeat-last-step", type=int, default=0, metavar="N",
+                   help="run each trace's last step N more times first: a longer run of a loop whose steps "
+                        "repeat (refused for a trace whose steps differ)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results here as JSON")
     p.set_defaults(func=main)
 
@@ -43,13 +54,27 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("memalloc: nothing to replay: give trace files, --random N, or both")
     if any(n < 1 for n in args.random):
         raise SystemExit("memalloc: --random N needs N >= 1 allocations")
+    if args.repeat_last_step < 0:
+        raise SystemExit("memalloc: --repeat-last-step N needs N >= 0")
+    if (args.per_step or args.repeat_last_step) and not args.traces:
+        raise SystemExit("memalloc: --per-step and --repeat-last-step need trace files (a random workload has no steps)")
+    if args.repeat_last_step and args.smallest_device:
+        raise SystemExit("memalloc: --smallest-device replays the trace files as saved: drop --repeat-last-step")
     configs = args.config if args.config is not None else [""]
     workloads: list[Callable[[str], ReplayResult]] = []
+    traces = {}
     for path in args.traces:
         try:
             trace = load_trace(path)
         except (ValueError, OSError) as e:
             raise SystemExit(f"memalloc: cannot read {path}: {e}") from None
+        if args.repeat_last_step:
+            try:
+                trace = dataclasses.replace(trace, events=[repeat_last_step(events, args.repeat_last_step)
+                                                           for events in trace.events])
+            except ValueError as e:
+                raise SystemExit(f"memalloc: --repeat-last-step on {path}: {e}") from None
+        traces[path] = trace
         workloads.append(lambda config, path=path, trace=trace: replay_trace(
             trace, config, host_capacity_mb=args.host_capacity_mb, skip_unknown_frees=args.skip_unknown_frees,
             name=path))
@@ -61,6 +86,20 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, _C.MemallocError) as e:
         raise SystemExit(f"memalloc: {e}") from None
     print(results_table(results), end="")
+    per_step: dict = {}
+    if args.per_step:
+        try:
+            for path, trace in traces.items():
+                for config in configs:
+                    for device in range(len(trace.events)):
+                        rows = replay_steps(trace, config, device=device, host_capacity_mb=args.host_capacity_mb,
+                                            skip_unknown_frees=args.skip_unknown_frees)
+                        per_step.setdefault(path, {}).setdefault(config, {})[str(device)] = \
+                            [r.to_dict() for r in rows]
+                        print(f"\n== {path} under {config or '(default)'}, device {device}, step by step")
+                        print(steps_table(rows), end="")
+        except (ValueError, TypeError, _C.MemallocError) as e:
+            raise SystemExit(f"memalloc: {e}") from None
     smallest: dict = {}
     if args.smallest_device:
         if args.host_capacity_mb is not None:
@@ -79,7 +118,8 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"memalloc: {e}") from None
     if args.json:
         try:
-            results_to_json(results, args.json, command=_command(args), smallest_device_mb=smallest)
+            results_to_json(results, args.json, command=_command(args), smallest_device_mb=smallest,
+                            per_step=per_step)
         except OSError as e:
             raise SystemExit(f"memalloc: cannot write {args.json}: {e}") from None
         print(f"wrote {args.json}")
@@ -99,4 +139,8 @@ def _command(args: argparse.Namespace) -> str:
         words.append("--skip-unknown-frees")
     if args.smallest_device:
         words.append("--smallest-device")
+    if args.per_step:
+        words.append("--per-step")
+    if args.repeat_last_step:
+        words += ["--repeat-last-step", str(args.repeat_last_step)]
     return shlex.join(words + ["--json", args.json])

@@ -123,6 +123,31 @@ class ReplayResult:
                 "devices": [d.to_dict() for d in self.devices]}
 
 
+@dataclasses.dataclass(frozen=True)
+class StepReplay:
+    """One step of one device of a trace replayed step by step
+    (:func:`replay_steps`; bytes, counts): the runs of pages mapped and
+    unmapped in the step (torch's ``num_device_alloc`` / ``num_device_free``:
+    expandable segments' mappings, plain segments' cudaMalloc/cudaFree), the
+    peaks so far and the bytes reserved at its end. ``recorded_maps`` /
+    ``recorded_unmaps``: the ``segment_map`` / ``segment_unmap`` events the
+    recording run itself made in that step (a trace recorded under
+    expandable segments: what the live run did, beside what the replay
+    does)."""
+
+    step: int
+    maps: int
+    unmaps: int
+    peak_allocated: int
+    peak_reserved: int
+    reserved: int
+    recorded_maps: int = 0
+    recorded_unmaps: int = 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 # ---- workloads ----------------------------------------------------------------
 def random_workload(n_allocs: int = 50_000, live: int = 64, seed: int = 7) -> Iterator[Op]:
     """The GPU benchmark's random workload (benchmarks/gpu_worker.py,
@@ -325,8 +350,8 @@ def _allocator(config: str, host_capacity_mb: Optional[int], bound: int, devices
 def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: Optional[int], source: str,
                synthetic: bool) -> tuple[_C.Allocator, int, list[_Replayer]]:
     """A fresh host allocator sized for each device's op codes, its capacity
-    (bytes) and a replayer per device (for _replay, and for replays that run
-    the ops a part at a time: benchmarks/page_moves.py, step by step)."""
+    (bytes) and a replayer per device (for _replay, and for replay_steps,
+    which runs the ops a step at a time)."""
     bound = max(capacity_bound(op[2] for op in ops if op[0] == _ALLOC) for ops in device_ops)
     a, capacity = _allocator(config, host_capacity_mb, bound, len(device_ops))
     streams = {op[3] for ops in device_ops for op in ops if op[0] == _ALLOC}
@@ -385,6 +410,124 @@ def replay_trace(trace: Union[Trace, PathLike], config: str = "", *, host_capaci
     if not device_ops:
         raise ValueError(f"{name or 'trace'}: the trace has no device")
     return _replay(device_ops, config, host_capacity_mb, name or "trace", skip_unknown_frees, recorded)
+
+
+def replay_steps(trace: Union[Trace, PathLike, Sequence[Event]], config: str = "", *, device: int = 0,
+                 host_capacity_mb: Optional[int] = None, skip_unknown_frees: bool = False) -> list[StepReplay]:
+    """One device of a trace (a path, a :class:`~memalloc.trace.trace_files.Trace`,
+    or one device's events) replayed one step at a time (the events' step
+    numbers, :func:`memalloc.step`), under ``config`` as in
+    :func:`replay_trace`: a :class:`StepReplay` per step. Whether a loop
+    keeps moving pages under expandable segments (a stream synchronisation
+    and driver calls per step on a GPU) shows here. ``host_capacity_mb`` and
+    ``skip_unknown_frees`` as in :func:`replay_trace`. Raises as
+    :func:`replay_trace`, and ValueError for a device the trace lacks."""
+    if isinstance(trace, Trace):
+        if not 0 <= device < len(trace.events):
+            raise ValueError(f"device {device}: the trace has {len(trace.events)} device(s)")
+        events, source = trace.events[device], "trace"
+    elif isinstance(trace, (str, os.PathLike)):
+        return replay_steps(load_trace(trace), config, device=device, host_capacity_mb=host_capacity_mb,
+                            skip_unknown_frees=skip_unknown_frees)
+    else:
+        events, source = list(trace), "events"
+    ops = _trace_ops(events)
+    if not ops:
+        return []
+    a, _capacity, (player,) = _replayers([ops], config, host_capacity_mb, source, synthetic=False)
+    by_step: dict[int, list[_Code]] = {}
+    for op in ops:
+        by_step.setdefault(events[op[4]].step, []).append(op)
+    recorded: dict[tuple[int, str], int] = {}
+    for e in events:
+        if e.action in ("segment_map", "segment_unmap"):
+            recorded[e.step, e.action] = recorded.get((e.step, e.action), 0) + 1
+    rows, before = [], (0, 0)
+    for step in sorted(by_step):
+        player.run(by_step[step], skip_unknown_frees)
+        s = a.stats(0)
+        now = (s["num_device_alloc"], s["num_device_free"])
+        rows.append(StepReplay(step, now[0] - before[0], now[1] - before[1], s["allocated_bytes"]["all"]["peak"],
+                               s["reserved_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["current"],
+                               recorded.get((step, "segment_map"), 0), recorded.get((step, "segment_unmap"), 0)))
+        before = now
+    return rows
+
+
+def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
+    """One device's events with its last step run ``times`` more times: a
+    longer run of a loop, from a short trace (for :func:`replay_steps`).
+    Each copy is the last step's allocation-level events (alloc,
+    free_requested, free_completed, empty_cache; its segment events are not
+    copied, so a copy's recorded_maps/unmaps are 0) with fresh addresses
+    (the replay's keys): where the last step freed a block of the step
+    before, the copy frees the one the copy before allocated at the same
+    point. ValueError when the trace is not such a loop: the last step frees
+    a block of an earlier step, or allocates other sizes than the step
+    before."""
+    if isinstance(times, bool) or not isinstance(times, int) or times < 0:
+        raise ValueError(f"times must be an int, 0 or more, got {times!r}")
+    if not events:
+        raise ValueError("no events to repeat")
+    last = max(e.step for e in events)
+    if min(e.step for e in events) == last:
+        raise ValueError(f"the trace has one step (step {last}): a loop needs two steps to repeat the last")
+    owner: dict[int, tuple[int, int]] = {}        # live address -> (step, position of its alloc in the step)
+    count: dict[int, int] = {}
+    sizes: dict[int, list[int]] = {last - 1: [], last: []}
+    real: dict[int, int] = {}                      # position -> address of the last step's allocation
+    body: list[tuple[Event, tuple[int, int]]] = []
+    for e in events:
+        at: Optional[tuple[int, int]]
+        if e.action == "alloc":
+            at = (e.step, count.get(e.step, 0))
+            count[e.step] = at[1] + 1
+            owner[e.addr] = at
+            if e.step in sizes:
+                sizes[e.step].append(e.requested)
+            if e.step == last:
+                real[at[1]] = e.addr
+        elif e.action in ("free_requested", "free_completed"):
+            at = owner.get(e.addr)
+        else:
+            at = (last, -1)  # empty_cache and segment events: no block
+        if e.step == last and e.action in ("alloc", "free_requested", "free_completed", "empty_cache"):
+            if at is None or at[0] < last - 1:
+                what = "no event of the trace allocated" if at is None else f"step {at[0]} allocated"
+                raise ValueError(f"the last step (step {last}) frees {e.addr:#x}, which {what}: only a loop "
+                                 "whose step frees what it or the step before allocated repeats")
+            body.append((e, at))
+        if e.action == "free_completed":
+            owner.pop(e.addr, None)
+    if sizes[last - 1] != sizes[last]:
+        raise ValueError(f"steps {last - 1} and {last} allocate other sizes ({len(sizes[last - 1])} and "
+                         f"{len(sizes[last])} allocations): not one loop's steps")
+    base = 1 << 60  # above any device address: the copies' keys clash with no real one
+
+    def addr(copy: int, step: int, position: int) -> int:
+        if step == last - 1:  # the block of the copy before (the real last step for the first copy)
+            copy -= 1
+        return real[position] if copy == 0 else base + ((copy * (len(real) + 1) + position) << 9)
+
+    out = list(events)
+    for k in range(1, times + 1):
+        for e, (step, position) in body:
+            out.append(dataclasses.replace(e, step=last + k,
+                                           addr=e.addr if position < 0 else addr(k, step, position)))
+    return out
+
+
+def steps_table(rows: Sequence[StepReplay]) -> str:
+    """A text table of :func:`replay_steps`' rows, one line per step (the
+    recording run's own moves too when the trace has any)."""
+    live = any(r.recorded_maps or r.recorded_unmaps for r in rows)
+    lines = []
+    for r in rows:
+        ratio = r.peak_reserved / r.peak_allocated if r.peak_allocated else 0.0
+        lines.append(f"step {r.step:>4}: {r.maps:>4} mapped {r.unmaps:>4} unmapped  reserved {fmt_bytes(r.reserved):>10}"
+                     f"  peak reserved / allocated {ratio:.4f}"
+                     + (f"  (recorded run: {r.recorded_maps} mapped {r.recorded_unmaps} unmapped)" if live else ""))
+    return "\n".join(lines) + "\n"
 
 
 def replay_source(source: str, config: str = "", **options) -> ReplayResult:
@@ -457,13 +600,17 @@ def results_table(results: Sequence[ReplayResult]) -> str:
 
 
 def results_to_json(results: Sequence[ReplayResult], path: Optional[PathLike] = None,
-                    command: Optional[str] = None, smallest_device_mb: Optional[dict] = None) -> str:
+                    command: Optional[str] = None, smallest_device_mb: Optional[dict] = None,
+                    per_step: Optional[dict] = None) -> str:
     """``{"command": command, "results": [result.to_dict(), ...]}`` as JSON
-    text (plus ``"smallest_device_mb": {source: {config: MiB}}`` when
-    given), also written to ``path`` when given."""
+    text (plus ``"smallest_device_mb": {source: {config: MiB}}`` and
+    ``"per_step": {source: {config: {device: [StepReplay.to_dict(), ...]}}}``
+    when given), also written to ``path`` when given."""
     data: dict = {"command": command, "results": [r.to_dict() for r in results]}
     if smallest_device_mb:
         data["smallest_device_mb"] = smallest_device_mb
+    if per_step:
+        data["per_step"] = per_step
     text = json.dumps(data, indent=2) + "\n"
     if path is not None:
         with open(path, "w") as f:
@@ -471,5 +618,6 @@ def results_to_json(results: Sequence[ReplayResult], path: Optional[PathLike] = 
     return text
 
 
-__all__ = ["DeviceReplay", "Op", "RANDOM_CAP", "RANDOM_SOURCE", "ReplayResult", "capacity_bound", "random_workload",
-           "replay_ops", "replay_source", "replay_trace", "results_table", "results_to_json"]
+__all__ = ["DeviceReplay", "Op", "RANDOM_CAP", "RANDOM_SOURCE", "ReplayResult", "StepReplay", "capacity_bound",
+           "random_workload", "repeat_last_step", "replay_ops", "replay_source", "replay_steps", "replay_trace",
+           "results_table", "results_to_json", "steps_table"]

@@ -15,7 +15,7 @@ from typing import Optional
 import pytest
 from memtest_helpers import REPO, CONFIG_KEYS
 
-from memalloc import _C, recording, replay, save_trace
+from memalloc import _C, load_trace, recording, replay, save_trace
 
 KEYS = CONFIG_KEYS
 
@@ -275,8 +275,34 @@ def test_replay_of_a_trace_that_began_late(tmp_path, memalloc_cli_here):
     assert (device["unknown_frees"], device["allocations"], device["recorded_peak_allocated"]) == (1, 2, None)
 
 
+def test_replay_step_by_step_of_a_loop_run_longer(tmp_path, memalloc_cli_here):
+    """--per-step prints and writes replay.replay_steps' rows; with
+    --repeat-last-step the trace's last step runs N more times first."""
+    trace = REPO / "benchmarks" / "traces" / "transformer.mtrace.gz"
+    out = tmp_path / "steps.json"
+    p = memalloc_cli_here("replay", str(trace), "--config", "expandable_segments:True", "--per-step",
+                          "--repeat-last-step", "3", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    want = replay.replay_steps(replay.repeat_last_step(load_trace(trace).events[0], 3), "expandable_segments:True")
+    data = json.loads(out.read_text())
+    assert data["per_step"] == {str(trace): {"expandable_segments:True": {"0": [r.to_dict() for r in want]}}}
+    assert len(want) == 11 and want[8].maps == 1  # the loop rule's one mapping (test_replay.py)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("step ")]
+    assert len(lines) == 11 and lines[8].split()[2:4] == ["1", "mapped"]
+    assert data["command"].endswith("--per-step --repeat-last-step 3 --json " + str(out))
+    # the whole replay's peaks are those of the longer trace too
+    assert data["results"][0]["devices"][0]["peak_reserved"] == want[-1].peak_reserved
+    # a trace of one step is no loop to run longer
+    one = record_trace(tmp_path / "one.trace")
+    p = memalloc_cli_here("replay", str(one), "--repeat-last-step", "2")
+    assert p.returncode != 0 and f"--repeat-last-step on {one}: the trace has one step" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     ((), "nothing to replay: give trace files, --random N, or both"),
+    (("--random", "10", "--per-step"), "need trace files (a random workload has no steps)"),
+    (("--random", "10", "--repeat-last-step", "-1"), "--repeat-last-step N needs N >= 0"),
     (("--random", "10", "--config", "no_such_key:1"), "unknown key 'no_such_key'"),
     (("/nonexistent/run.trace",), "cannot read /nonexistent/run.trace"),
     (("--random", "10", "--smallest-device", "--host-capacity-mb", "64"), "drop --host-capacity-mb"),

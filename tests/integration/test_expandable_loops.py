@@ -5,7 +5,7 @@ under ``memalloc.enable(config="expandable_segments:True")``. Its loss asks
 for 786 MiB every step, which under the 5% reuse ceiling alone made every
 step give pages back and map new ones (a stream synchronisation per step on
 a GPU). The live allocator's page moves per step must be those of the
-replay of its own trace (benchmarks/page_moves.py: the policy is the same
+replay of its own trace (memalloc.replay.replay_steps: the policy is the same
 code, deterministic), and stop after the first steps (the loop rule,
 csrc/pool/vm_arena.h). Slow tier: about a minute on two cores.
 """
@@ -17,12 +17,12 @@ import sys
 
 import pytest
 
+from memalloc.replay import replay_steps
 from memtest_helpers import REPO
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.page_moves import per_step  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("transformers") is None
@@ -59,7 +59,7 @@ def test_gpt2_stops_moving_pages_and_the_replay_agrees(fresh_python, tmp_path):
     assert any(s["maps"] + s["unmaps"] for s in live[1:]), live  # it moved pages after the first step ...
     assert [(s["maps"], s["unmaps"]) for s in live[5:]] == [(0, 0)] * (STEPS - 5), live  # ... and stopped
     assert live[-1]["peak_reserved"] <= 1.10 * live[-1]["peak_allocated"]
-    replayed = per_step(trace, "expandable_segments:True")
+    replayed = [r.to_dict() for r in replay_steps(trace, "expandable_segments:True")]
     assert [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in replayed] == \
         [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in live]
     # the trace's own segment_map / segment_unmap events say what the live run did, step by step

@@ -26,6 +26,7 @@ from typing import Iterator
 import pytest
 
 from memalloc import _C, recording, replay, save_trace
+from memalloc.replay import repeat_last_step, replay_steps
 from memalloc.recording import Event
 from memalloc.trace.trace_files import Trace, load_trace
 from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, rnd_pow2, segment_size
@@ -34,7 +35,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import record_traces  # noqa: E402  (the GPU traces' recorder)
-from benchmarks.page_moves import per_step, repeat_last_step  # noqa: E402
 from benchmarks.gpu_worker import random_plan  # noqa: E402  (the GPU benchmark's plan, stdlib only)
 
 BASELINE = REPO / "benchmarks" / "baselines" / "replay.json"
@@ -462,22 +462,22 @@ def test_a_loop_that_moved_pages_every_step_stops_moving_them():
     benchmarks/record_traces.py): under expandable segments' 5% ceiling its
     loss's 786 MiB request gave pages back and mapped new ones at every step
     (a stream synchronisation and driver calls per step on a GPU). The loop
-    rule (csrc/pool/vm_arena.h) finds it (benchmarks/page_moves.py replays
+    rule (csrc/pool/vm_arena.h) finds it (replay.replay_steps replays
     it step by step) and doubles the slack: no page moves after the first
     steps, at most 1.10 reserved per allocated byte,
     less than without reuse (reuse_free_pages:False, native's expandable
     segments) and than plain segments."""
     trace = REPO / "benchmarks" / "traces" / "gpt2_cpu.mtrace.gz"
-    rows = per_step(trace, "expandable_segments:True")
+    rows = replay_steps(trace, "expandable_segments:True")
     assert len(rows) == 12
-    assert sum(r["maps"] + r["unmaps"] for r in rows[1:4]) > 0  # it did move pages after step 0
-    assert [(r["maps"], r["unmaps"]) for r in rows[5:]] == [(0, 0)] * 7
+    assert sum(r.maps + r.unmaps for r in rows[1:4]) > 0  # it did move pages after step 0
+    assert [(r.maps, r.unmaps) for r in rows[5:]] == [(0, 0)] * 7
     last = rows[-1]
-    assert last["peak_reserved"] <= 1.10 * last["peak_allocated"]
-    no_reuse = per_step(trace, "expandable_segments:True,reuse_free_pages:False")[-1]
-    plain = per_step(trace, "")[-1]
-    ratio = lambda r: r["peak_reserved"] / r["peak_allocated"]  # noqa: E731
-    assert last["peak_allocated"] == no_reuse["peak_allocated"]  # (plain segments round blocks otherwise)
+    assert last.peak_reserved <= 1.10 * last.peak_allocated
+    no_reuse = replay_steps(trace, "expandable_segments:True,reuse_free_pages:False")[-1]
+    plain = replay_steps(trace, "")[-1]
+    ratio = lambda r: r.peak_reserved / r.peak_allocated  # noqa: E731
+    assert last.peak_allocated == no_reuse.peak_allocated  # (plain segments round blocks otherwise)
     assert ratio(last) < ratio(no_reuse) < ratio(plain)
 
 
@@ -495,11 +495,11 @@ def test_a_loop_that_keeps_a_small_tensor_every_step_still_stops_moving_pages():
             kept.append(dataclasses.replace(first_alloc, addr=base + e.step * 4096, size=512, requested=512,
                                             step=e.step))
         kept.append(e)
-    rows = per_step(kept, "expandable_segments:True")
-    assert len(rows) == 12 and rows[-1]["peak_allocated"] > per_step(trace, "expandable_segments:True")[-1][
-        "peak_allocated"]
-    assert [(r["maps"], r["unmaps"]) for r in rows[5:]] == [(0, 0)] * 7
-    assert rows[-1]["peak_reserved"] <= 1.10 * rows[-1]["peak_allocated"]
+    rows = replay_steps(kept, "expandable_segments:True")
+    assert len(rows) == 12
+    assert rows[-1].peak_allocated > replay_steps(trace, "expandable_segments:True")[-1].peak_allocated
+    assert [(r.maps, r.unmaps) for r in rows[5:]] == [(0, 0)] * 7
+    assert rows[-1].peak_reserved <= 1.10 * rows[-1].peak_allocated
 
 
 def test_a_loop_that_goes_over_the_ceiling_every_few_steps_stops_moving_pages():
@@ -516,12 +516,12 @@ def test_a_loop_that_goes_over_the_ceiling_every_few_steps_stops_moving_pages():
     segments'."""
     events = load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz").events[0]
     longer = repeat_last_step(events, 20)
-    rows = per_step(longer, "expandable_segments:True")
+    rows = replay_steps(longer, "expandable_segments:True")
     assert len(rows) == 28
-    assert {r["peak_allocated"] for r in rows[1:]} == {rows[-1]["peak_allocated"]}  # a loop: the same peak
-    assert [(r["maps"], r["unmaps"]) for r in rows[9:]] == [(0, 0)] * 19
-    ratio = lambda r: r["peak_reserved"] / r["peak_allocated"]  # noqa: E731
-    assert ratio(rows[-1]) <= 1.07 < ratio(per_step(longer, "")[-1])
+    assert {r.peak_allocated for r in rows[1:]} == {rows[-1].peak_allocated}  # a loop: the same peak
+    assert [(r.maps, r.unmaps) for r in rows[9:]] == [(0, 0)] * 19
+    ratio = lambda r: r.peak_reserved / r.peak_allocated  # noqa: E731
+    assert ratio(rows[-1]) <= 1.07 < ratio(replay_steps(longer, "")[-1])
 
 
 def test_repeating_a_last_step_keeps_its_requests_and_refuses_what_is_no_loop():
@@ -531,8 +531,10 @@ def test_repeating_a_last_step_keeps_its_requests_and_refuses_what_is_no_loop():
     step = lambda evs, s: [(e.action, e.requested) for e in evs if e.step == s and e.action != "segment_map"]  # noqa: E731
     assert step(longer, last + 1) == step(longer, last + 2) == step(events, last)
     assert repeat_last_step(events, 0) == events
-    with pytest.raises(ValueError, match="times must be 0 or more, got -1"):
+    with pytest.raises(ValueError, match="times must be an int, 0 or more, got -1"):
         repeat_last_step(events, -1)
+    with pytest.raises(ValueError, match="device 1: the trace has 1 device"):
+        replay_steps(load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz"), device=1)
     # a last step that frees a block of two steps back, or allocates otherwise than the step before
     old = alloc_events(0x1000, 4096)  # step 0
     mid = [dataclasses.replace(e, step=1) for e in alloc_events(0x9000, 4096)]
