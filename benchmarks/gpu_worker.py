@@ -501,14 +501,18 @@ def main(argv) -> int:
 
         # what the timed steps asked of the device (torch's counters, which
         # memalloc answers too): cudaMalloc/cudaFree calls or page mappings,
-        # full synchronisations, retries
         # full synchronisations, retries; and per timed step (read after its
         # time is out) the device calls so far, to find the steps that made them
         counters = ("num_device_alloc", "num_device_free", "num_sync_all_streams", "num_alloc_retries")
-        counts = lambda: {k: torch.cuda.memory_stats().get(k, 0) for k in counters}
+        counts = lambda: {k: torch.cuda.memory_stats().get(k, 0) for k in counters}  # noqa: E731
         before, per_step = {}, []
-        result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize,
-                                ready=lambda: (cpus and pin_to(cpus), before.update(counts())),
+
+        def ready() -> None:  # warmed up: take the comparison's cores, start counting
+            if cpus:
+                pin_to(cpus)
+            before.update(counts())
+
+        result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize, ready=ready,
                                 after=lambda: per_step.append([counts()[k] - before[k] for k in counters[:2]]))
         result["timed_steps_counts"] = {k: v - before[k] for k, v in counts().items()}
         result["device_alloc_free_after_each_step"] = per_step

@@ -26,10 +26,11 @@ names, ``native_control``, gave 1.076 over 4 pairs one after another on the
 H200), so a ratio needs many processes per mode, and each fresh pair costs
 a start-up (~20 s with CUDA and a model). ``crowd`` starts several pairs
 at once and steps every process once per round, a0 b0 a1 b1 ... and the
-reverse in the next round; ``pooled`` runs as many crowds as it takes. Workers: ``python -m
-benchmarks.gpu_worker NAME GROUP_lockstep`` (CUDA), or on any machine
-``python -m benchmarks.lockstep --work N`` (a CPU step of N units, for
-testing this driver).
+reverse in the next round; ``pooled`` runs as many crowds as it takes.
+
+Workers: ``python -m benchmarks.gpu_worker NAME GROUP_lockstep`` (CUDA), or
+on any machine ``python -m benchmarks.lockstep --work N`` (a CPU step of N
+units, for testing this driver).
 """
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ def main(args: argparse.Namespace) -> int:
     if args.repeat_last_step < 0:
         raise SystemExit("memalloc: --repeat-last-step N needs N >= 0")
     if (args.per_step or args.repeat_last_step) and not args.traces:
-        raise SystemExit("memalloc: --per-step and --repeat-last-step need trace files (a random workload has no steps)")
+        raise SystemExit("memalloc: --per-step and --repeat-last-step need trace files "
+                         "(a random workload has no steps)")
     if args.repeat_last_step and args.smallest_device:
         raise SystemExit("memalloc: --smallest-device replays the trace files as saved: drop --repeat-last-step")
     configs = args.config if args.config is not None else [""]

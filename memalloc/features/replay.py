@@ -524,8 +524,8 @@ def steps_table(rows: Sequence[StepReplay]) -> str:
     lines = []
     for r in rows:
         ratio = r.peak_reserved / r.peak_allocated if r.peak_allocated else 0.0
-        lines.append(f"step {r.step:>4}: {r.maps:>4} mapped {r.unmaps:>4} unmapped  reserved {fmt_bytes(r.reserved):>10}"
-                     f"  peak reserved / allocated {ratio:.4f}"
+        lines.append(f"step {r.step:>4}: {r.maps:>4} mapped {r.unmaps:>4} unmapped  "
+                     f"reserved {fmt_bytes(r.reserved):>10}  peak reserved / allocated {ratio:.4f}"
                      + (f"  (recorded run: {r.recorded_maps} mapped {r.recorded_unmaps} unmapped)" if live else ""))
     return "\n".join(lines) + "\n"
 

@@ -528,7 +528,8 @@ def test_repeating_a_last_step_keeps_its_requests_and_refuses_what_is_no_loop():
     events = load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz").events[0]
     longer = repeat_last_step(events, 2)
     last = max(e.step for e in events)
-    step = lambda evs, s: [(e.action, e.requested) for e in evs if e.step == s and e.action != "segment_map"]  # noqa: E731
+    def step(evs, s):  # a step's allocation-level requests
+        return [(e.action, e.requested) for e in evs if e.step == s and e.action != "segment_map"]
     assert step(longer, last + 1) == step(longer, last + 2) == step(events, last)
     assert repeat_last_step(events, 0) == events
     with pytest.raises(ValueError, match="times must be an int, 0 or more, got -1"):
