@@ -512,8 +512,12 @@ def main(argv) -> int:
                 pin_to(cpus)
             before.update(counts())
 
+        def after() -> None:  # one read of torch's stats per step
+            now = counts()
+            per_step.append([now[k] - before[k] for k in counters[:2]])
+
         result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize, ready=ready,
-                                after=lambda: per_step.append([counts()[k] - before[k] for k in counters[:2]]))
+                                after=after)
         result["timed_steps_counts"] = {k: v - before[k] for k, v in counts().items()}
         result["device_alloc_free_after_each_step"] = per_step
     elif group == "flight_pair":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 
 import pytest
@@ -140,6 +141,5 @@ seen = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc
 done.set(); before.join(); after.join()
 print(len(seen), set(map(tuple, seen.values())) == {(cores[0],)})
 """
-    import subprocess
     out = subprocess.run([sys.executable, "-c", code, REPO], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["3", "True"]  # the main thread, one made before and one after: all on the one core
