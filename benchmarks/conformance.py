@@ -46,8 +46,15 @@ CONFIGS = {"default": "", "expandable": "expandable_segments:True",
            # MEMALLOC_CONF, which torch's tests do not read (EXPANDABLE_SEGMENTS stays
            # False, as under an unset PYTORCH_CUDA_ALLOC_CONF); natively it is the
            # default config, whose native outcomes it is compared with
-           "memalloc_expandable": "expandable_segments:True"}
+           "memalloc_expandable": "expandable_segments:True",
+           # expandable segments that the tests are not told of, in both modes:
+           # natively set at startup through torch.cuda.memory._set_allocator_settings
+           # (the plugin, before any allocation), under memalloc in MEMALLOC_CONF.
+           # The peer for memalloc's expandable default: what native torch does
+           # when expandable segments are on and PYTORCH_CUDA_ALLOC_CONF does not say so
+           "expandable_unsaid": "expandable_segments:True"}
 MEMALLOC_ONLY = {"memalloc_expandable": "default"}  # config -> the config its native outcomes are
+UNSAID = ("expandable_unsaid",)  # configs set where torch's tests do not look (EXPANDABLE_SEGMENTS stays False)
 OUTCOMES_PASSED = ("passed",)
 
 
@@ -67,6 +74,8 @@ def _env(upstream: Path, suite: str, mode: str, config: str, log: Path, skip: Pa
     if config in MEMALLOC_ONLY:
         if mode == "memalloc":
             env["MEMALLOC_CONF"] = conf
+    elif config in UNSAID:
+        env["MEMALLOC_CONF" if mode == "memalloc" else "MEMALLOC_CONFORMANCE_NATIVE_SETTINGS"] = conf
     elif conf:
         # The same variable in both modes: the tests read it (EXPANDABLE_SEGMENTS)
         # and memalloc honours the keys it shares with torch.
@@ -85,7 +94,7 @@ def _read_log(log: Path) -> tuple[dict, list]:
             e = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash
-        if "shims" in e:
+        if "shims" in e or "allocator_config" in e:
             continue
         if "start" in e:
             started.append(e["start"])
@@ -281,15 +290,18 @@ def main(argv: Optional[list] = None) -> int:
     for t in threads:
         t.join()
     source = args.upstream.parent / "SOURCE.txt"
-    shims = {}
+    shims, configs = {}, {}
     for log in sorted(args.out.glob("*.jsonl")):
         for line in log.read_text().splitlines():
             if line.startswith('{"shims"'):
                 shims[log.stem] = json.loads(line)["shims"]
+            elif line.startswith('{"allocator_config"'):
+                configs[log.stem] = json.loads(line)["allocator_config"]
+            elif line.startswith('{"start"'):
                 break
     meta = {**_machine(), "command": "python -m benchmarks.conformance " + " ".join(argv or sys.argv[1:]),
             "upstream": source.read_text().strip() if source.exists() else "",
-            "shimmed_imports": shims}
+            "shimmed_imports": shims, "allocator_config": configs}
     result = _result(tables, meta)
     (args.out / "conformance.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     _print_summary(result)

@@ -6,6 +6,10 @@ Environment (set by the runner):
 - ``MEMALLOC_CONFORMANCE_MODE``: ``native`` or ``memalloc``. ``memalloc``
   calls ``memalloc.enable()`` when the plugin loads, before pytest imports
   the test module (the module reads device properties at import).
+- ``MEMALLOC_CONFORMANCE_NATIVE_SETTINGS``: native mode: allocator settings
+  (``expandable_segments:True``) given to torch at load through
+  ``torch.cuda.memory._set_allocator_settings``, where the tests, which read
+  ``PYTORCH_CUDA_ALLOC_CONF``, do not see them.
 - ``MEMALLOC_CONFORMANCE_SELECT``: ``cuda`` (the allocator tests of
   test/test_cuda.py) or ``trees`` (the pool, checkpoint and liveness tests
   of test/inductor/test_cudagraph_trees.py).
@@ -169,6 +173,9 @@ def _shim_missing_imports(path: str) -> None:
 if MODE == "memalloc":
     import memalloc
     memalloc.enable(backend="cuda")
+elif os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS"):
+    import torch
+    torch.cuda.memory._set_allocator_settings(os.environ["MEMALLOC_CONFORMANCE_NATIVE_SETTINGS"])
 if os.environ.get("MEMALLOC_CONFORMANCE_SHIMS", "1") != "0":  # "0": a stand-in file needs none (tests)
     _shim_testing_package()
 if os.environ.get("MEMALLOC_CONFORMANCE_FILE"):
@@ -186,6 +193,15 @@ def _write(entry: dict) -> None:
 
 if SHIMMED:
     _write({"shims": SHIMMED})
+# What the run's allocator was set to, as the results' meta shows it: under
+# memalloc its installed config (canonical text: expandable segments when
+# its default holds), natively what torch was given (torch 2.11's settings
+# getter answers '' whatever was set, so the settings are recorded as given).
+if MODE == "memalloc":
+    _write({"allocator_config": memalloc.installed_allocator().config})
+else:
+    _write({"allocator_config": {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                                 "_set_allocator_settings": os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS", "")}})
 
 
 def pytest_collection_modifyitems(config, items) -> None:

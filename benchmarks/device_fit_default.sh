@@ -25,12 +25,13 @@
 #                step under expandable segments (python -m memalloc replay --per-step): do its steps
 #                move pages?
 #   conformance  torch's test_cuda.py allocator selection under memalloc's default
-#                (no allocator variable set), the native runs are the committed ones;
-#                CONFORMANCE_LANES=cuda:memalloc:memalloc_expandable+trees:memalloc:memalloc_expandable
-#                runs them under expandable segments set in MEMALLOC_CONF only (as a
-#                default would be: torch's tests see no PYTORCH_CUDA_ALLOC_CONF), to merge
-#                (conformance --merge) with the committed native default runs; needs the
-#                git-ignored upstream/ carried (carry: ["upstream"])
+#                (expandable segments; no allocator variable set, so the tests expect
+#                native's default layout), the native runs are the committed ones, to merge
+#                (conformance --merge); CONFORMANCE_LANES picks others, e.g.
+#                trees:memalloc:default, or cuda:native:expandable_unsaid (native torch
+#                with expandable segments the tests are not told of: the peer);
+#                CONFORMANCE_ONLY=FILE a list of node ids; needs the git-ignored
+#                upstream/ carried (carry: ["upstream"])
 # Results under $OUT: gpu_scenarios.jsonl (every GPU test's recorded figures),
 # fit-more.json, conformance.json, logs.tgz (the logs, fitdiag's snapshots).
 # At most 8 files come back from a device call: every step writes under

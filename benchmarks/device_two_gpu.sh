@@ -3,10 +3,10 @@
 #   bash benchmarks/device_two_gpu.sh
 #   build      the extension
 #   dist       tests/gpu/test_cuda_distributed.py: DDP and FSDP2, one rank per GPU,
-#              native / memalloc / expandable segments (per-rank figures recorded),
+#              native / memalloc (its default, expandable segments) / memalloc plain (per-rank figures recorded),
 #              and the flight recorder's merged report with one rank per GPU
 #   compat     tests/gpu/test_compat.py's two-GPU cases (fsdp2, nccl) under the
-#              default and under MEMALLOC_CONF=expandable_segments:True
+#              default (expandable segments) and under MEMALLOC_CONF=expandable_segments:False
 #   example    examples/ddp.py's NCCL path under memalloc (--ranks 2)
 # Results under $OUT: gpu_scenarios.jsonl (every recorded figure) and logs.tgz.
 # NVLink multicast stays off (KINDS.md: shared machines).
@@ -21,11 +21,11 @@ python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -60 "$OUT
 echo "== dist"
 python3 -m pytest -m gpu -v -rfs tests/gpu/test_cuda_distributed.py 2>&1 | tee "$OUT/dist.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-echo "== compat (default, then expandable segments)"
+echo "== compat (default: expandable segments, then plain segments)"
 python3 -m pytest -m gpu -v -rfs tests/gpu/test_compat.py -k "fsdp2 or nccl" 2>&1 | tee "$OUT/compat.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-MEMALLOC_CONF=expandable_segments:True python3 -m pytest -m gpu -v -rfs tests/gpu/test_compat.py -k "fsdp2 or nccl" \
-  2>&1 | tee "$OUT/compat-expandable.log" | tail -5
+MEMALLOC_CONF=expandable_segments:False python3 -m pytest -m gpu -v -rfs tests/gpu/test_compat.py -k "fsdp2 or nccl" \
+  2>&1 | tee "$OUT/compat-plain.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 echo "== example"
 (cd examples && timeout 300 python3 ddp.py --model transformer --ranks 2) 2>&1 | tee "$OUT/ddp-example.log" | tail -8

@@ -20,11 +20,11 @@ that the ideal batch, the **limit** (budget − fixed) / per sample, is about
 fit: peak allocated bytes equal to the budget.
 
 Allocators: ``native``, ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
-expandable_segments:True), ``cudaMallocAsync``, ``memalloc`` (default
-config), ``memalloc_plain`` (MEMALLOC_CONF=expandable_segments:False: plain
-segments whatever the default), ``memalloc_expandable``
-(MEMALLOC_CONF=expandable_segments:True), ``memalloc_expandable_noreuse``
-(the same with reuse_free_pages:False).
+expandable_segments:True), ``cudaMallocAsync``, ``memalloc`` (its default
+config: expandable segments), ``memalloc_plain`` (MEMALLOC_CONF=
+expandable_segments:False, native's policy), ``memalloc_expandable``
+(MEMALLOC_CONF=expandable_segments:True, the default said explicitly),
+``memalloc_expandable_noreuse`` (the same with reuse_free_pages:False).
 Each allocator's largest batch is found by bisection between a batch that
 fits and one that does not, starting near 0.85 x the limit; ``--parallel``
 trials share the GPU at a time (each is capped by its own fraction, so the

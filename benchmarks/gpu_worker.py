@@ -36,9 +36,10 @@ import time
 ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               # recording on: torch's own history (Python stacks) and memalloc's modes
               "native_history", "memalloc_tags", "memalloc_stacks",
-              # memalloc's expandable segments (MEMALLOC_CONF=expandable_segments:True),
-              # without giving free pages back before growing (reuse_free_pages:False),
-              # and plain segments whatever the default (expandable_segments:False)
+              # memalloc's default is expandable segments; memalloc_plain is native's
+              # policy (MEMALLOC_CONF=expandable_segments:False); memalloc_expandable says
+              # the default explicitly, _noreuse without giving free pages back before
+              # growing (reuse_free_pages:False)
               "memalloc_expandable", "memalloc_expandable_noreuse", "memalloc_plain",
               # expandable segments whose pages are not created exportable (no CUDA IPC of
               # them: torch's TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0), to weigh that choice

@@ -16,13 +16,21 @@ from memalloc import _C
 ConfigLike = Union[str, Mapping[str, object], None]
 
 ENV_VAR = "MEMALLOC_CONF"
+# What memalloc.enable() (and so ``python -m memalloc run`` and the
+# environment switch) installs before any of the user's keys, which win:
+# expandable segments, so that a user who never heard of the setting does
+# not get native's fragmentation (README, "Why expandable segments by
+# default"). The plain policy is one key away: ``expandable_segments:False``.
+# The engine's own Config{} (``_C.Allocator(backend, "")``, the replay tools'
+# '' config) stays torch's native default, the reference the tests model.
+PRODUCT_DEFAULTS = "expandable_segments:True"
 # Stack capture modes (record_stacks / record_memory_history(stacks=...)): name -> number, as _C defines them.
 STACK_MODES: dict[str, int] = dict(_C.STACK_MODES)
 
 
 def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = "") -> str:
-    """Returns the canonical config text: ``base`` (raw config text: enable()
-    passes the keys of torch's own variable) first, then ``$MEMALLOC_CONF``, then ``config``
+    """Returns the canonical config text: ``base`` (raw config text, e.g.
+    :data:`PRODUCT_DEFAULTS`) first, then ``$MEMALLOC_CONF``, then ``config``
     (a ``key:value,...`` string or a mapping), later keys winning; all parsed
     at once, so a later key that sets the engine's own default (which the
     canonical text leaves out) still overrides an earlier one.

@@ -14,8 +14,10 @@ The keys memalloc shares with torch take effect exactly as natively:
   ``expandable_segments`` (it applies to new segments) and
   ``graph_capture_record_stream_reuse`` unless they are given.
 
-At startup the environment comes first: ``MEMALLOC_CONF`` and ``enable()``'s
-``config`` override it key by key. The ``pinned_*`` keys belong to torch's
+At startup memalloc's own default (``expandable_segments:True``,
+memalloc/core/_config.py) comes first, then the environment: torch's
+variable, then ``MEMALLOC_CONF`` and ``enable()``'s ``config`` override it
+key by key. The ``pinned_*`` keys belong to torch's
 pinned host allocator, which memalloc does not replace: torch applies them.
 Every other key (``backend:cudaMallocAsync``, ``release_lock_on_cudamalloc``,
 ``max_non_split_rounding_mb``...)

@@ -30,7 +30,7 @@ from memalloc.core import _policy, _settings, _state, iteration
 from memalloc.integration import _torch_patch
 from memalloc.features import flight, oom, phases
 from memalloc.trace import recording
-from memalloc.core._config import ConfigLike, config_text, config_value
+from memalloc.core._config import PRODUCT_DEFAULTS, ConfigLike, config_text, config_value
 
 
 def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
@@ -43,8 +43,10 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
             "cuda" or "host". "auto" defers to a ``backend:`` key in the config.
         config: ``key:value,...`` text or a mapping, applied after
             ``$MEMALLOC_CONF``, which is applied after the keys memalloc
-            shares with ``$PYTORCH_CUDA_ALLOC_CONF`` (memalloc/core/_settings.py).
-            Keys: ``memalloc.config_keys()``.
+            shares with ``$PYTORCH_CUDA_ALLOC_CONF`` (memalloc/core/_settings.py),
+            which are applied after memalloc's defaults
+            (``expandable_segments:True``; ``expandable_segments:False``
+            gives native's plain segments). Keys: ``memalloc.config_keys()``.
         verbose: print which backend was chosen and why.
         patch_torch: host backend only: make ``torch.cuda.memory_allocated``,
             ``memory_stats``, ``memory_summary``... answer from memalloc's
@@ -56,10 +58,9 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     Calling it again with the same backend and config is a no-op; with a
     different one it raises RuntimeError.
     """
-    # torch's own variable first (its shared keys), then MEMALLOC_CONF, then
-    # config: later keys win, parsed at once (so MEMALLOC_CONF's
-    # expandable_segments:False overrides torch's variable's True).
-    text = config_text(config, base=_settings.startup_text())
+    # memalloc's defaults first (expandable segments), then torch's own
+    # variable (its shared keys), then MEMALLOC_CONF, then config: later keys win.
+    text = config_text(config, base=",".join(p for p in (PRODUCT_DEFAULTS, _settings.startup_text()) if p))
     chosen = _state.resolve_backend(backend, text)
     with _state.lock:
         if _state.is_enabled():

@@ -116,8 +116,8 @@ WORKLOADS = {"transformer": transformer, "resnet50": resnet50, "random": random_
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]
     if mode == "memalloc":
-        # parity with native's default policy: memalloc's plain segments,
-        # said explicitly (expandable segments lay memory out otherwise)
+        # parity with native's default policy: memalloc's plain segments
+        # (its own default, expandable segments, lays memory out otherwise)
         memalloc.enable(backend="cuda", config="expandable_segments:False")
     if name == "lightning":
         print(json.dumps(lightning_stats()))

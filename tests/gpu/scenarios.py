@@ -23,7 +23,8 @@ GiB = 1 << 30
 
 def setup(mode: str, config: str = "") -> None:
     """native: torch's allocator. memalloc: memalloc.enable(config=config)
-    (memalloc's subclass of torch's CUDAPluggableAllocator). memalloc_c_entry: the route
+    (memalloc's subclass of torch's CUDAPluggableAllocator; its default
+    config has expandable segments). memalloc_c_entry: the route
     for users who load the library by hand: torch's own
     CUDAPluggableAllocator over memalloc's C entry points (memalloc_alloc /
     memalloc_free), with torch's per-allocation map and mutex in front."""

@@ -35,9 +35,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 CASES_PY = os.path.join(HERE, "compat_cases.py")
 TIME_FACTOR = float(os.environ.get("MEMALLOC_COMPAT_TIME_FACTOR", "1.05"))
-# MEMALLOC_CONF=expandable_segments:True runs the suite on memalloc's
-# expandable segments.
-EXPANDABLE = "expandable_segments:true" in os.environ.get("MEMALLOC_CONF", "").replace(" ", "").lower()
+# memalloc's default is expandable segments; MEMALLOC_CONF=expandable_segments:False
+# runs the suite on its plain segments (native's policy).
+EXPANDABLE = "expandable_segments:false" not in os.environ.get("MEMALLOC_CONF", "").replace(" ", "").lower()
 
 
 def _text(data) -> str:

@@ -1,7 +1,7 @@
 """Two GPUs, one rank each, over NCCL (pytest -m gpu; skipped with fewer
 than two GPUs): DDP and FSDP2 (tests/libraries/dist_cases.py, the CPU
-suite's loops on CUDA) train natively, under memalloc's default and under
-expandable segments, each mode one torchrun job; every rank's losses and
+suite's loops on CUDA) train natively, under memalloc's default (expandable
+segments) and under its plain segments, each mode one torchrun job; every rank's losses and
 full-parameter checksum must match native's, memalloc must have held the
 memory and validate on each rank; per rank, the peak allocated and reserved
 bytes and the step time as a ratio to native are recorded (record()). And

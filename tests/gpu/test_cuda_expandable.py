@@ -1,7 +1,7 @@
 """Expandable segments on CUDA (pytest -m gpu; skipped without a GPU):
 tests/gpu/expandable_child.py runs once with MEMALLOC_CONF=
-expandable_segments:True and once with expandable_segments:False (plain
-segments, the default), each in a fresh
+expandable_segments:True (memalloc's default, said) and once with
+expandable_segments:False (plain segments), each in a fresh
 process: training with varying lengths (the same losses in both), reserved
 bytes == the snapshot's segments == memory_stats (losses equal to 1e-4:
 blocks sit at other alignments), empty_cache gives free

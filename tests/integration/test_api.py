@@ -40,7 +40,7 @@ def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config(run
         a = memalloc.installed_allocator()
         R["installed_backend"] = a.backend_name
         R["installed_config"] = a.config
-        R["expected_config"] = memalloc.config_text()
+        R["expected_config"] = memalloc._C.parse_config("expandable_segments:True," + memalloc.config_text())
         R["again"] = memalloc.enable()
         R["again_host"] = memalloc.enable(backend="host")
         R["again_mapping"] = memalloc.enable(config={})
@@ -121,23 +121,26 @@ LAYER_PROBE = """
 
 
 @pytest.mark.parametrize("layers", [
-    {},                                                               # native's default: plain segments
-    {"MEMALLOC_CONF": "expandable_segments:True"},
-    {"config": "expandable_segments:True"},
-    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    # a later layer turns off what an earlier one turned on: the layers are
-    # parsed at once, so a False (the engine's default, which canonical text
-    # leaves out) still wins over torch's variable (it did not before)
+    {},                                          # memalloc's default (core/_config.PRODUCT_DEFAULTS): expandable
+    # each layer of the user's config turns them off: the plain policy is one key away
+    {"MEMALLOC_CONF": "expandable_segments:False"},
+    {"config": "expandable_segments:False"},
+    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+    # a later layer turns back on what an earlier one turned off, and off
+    # again: the layers are parsed at once, so a False (the engine's own
+    # default, which canonical text leaves out) still wins over a True
+    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "MEMALLOC_CONF": "expandable_segments:True"},
     {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "MEMALLOC_CONF": "expandable_segments:False"},
     {"MEMALLOC_CONF": "expandable_segments:True", "config": "expandable_segments:False"},
-], ids=["none", "MEMALLOC_CONF", "config", "torch", "torch_then_MEMALLOC_CONF", "MEMALLOC_CONF_then_config"])
-def test_each_config_layer_sets_expandable_segments_and_the_later_one_wins(layers, fresh_python):
+], ids=["none", "MEMALLOC_CONF", "config", "torch", "torch_then_MEMALLOC_CONF_on", "torch_then_MEMALLOC_CONF_off",
+        "MEMALLOC_CONF_then_config"])
+def test_expandable_by_default_and_each_config_layer_sets_them_the_later_one_winning(layers, fresh_python):
     env = fresh_python.env(layers.get("MEMALLOC_CONF"),
                            **({"PYTORCH_CUDA_ALLOC_CONF": layers["PYTORCH_CUDA_ALLOC_CONF"]}
                               if "PYTORCH_CUDA_ALLOC_CONF" in layers else {}))
     code = LAYER_PROBE % (f", config={layers['config']!r}" if "config" in layers else "")
     _, r = fresh_python.code(PRELUDE, code, env=env)[:2]
-    last = ([v for k, v in layers.items()] or ["expandable_segments:False"])[-1]
+    last = ([v for k, v in layers.items()] or ["expandable_segments:True"])[-1]
     if last.endswith("True"):
         assert "expandable_segments:True" in r["config"]
         assert r["expandable"] == [True]

@@ -106,3 +106,42 @@ def test_memalloc_expandable_hides_the_setting_from_torchs_tests_and_compares_wi
     s = conformance.summarise(tables)["cuda/memalloc_expandable"]
     assert (s["passed_natively"], s["passed_natively_and_under_memalloc"]) == (2, 1)
     assert list(s["regressions"]) == ["b"] and s["passed_only_under_memalloc"] == ["c"]
+
+
+def test_expandable_unsaid_sets_expandable_segments_where_torchs_tests_do_not_look(tmp_path):
+    """The expandable_unsaid config (the peer of memalloc's expandable
+    default): natively torch's allocator gets expandable_segments:True at
+    load through its own settings call, under memalloc MEMALLOC_CONF says it;
+    PYTORCH_CUDA_ALLOC_CONF, which the tests read, stays unset. Each run's
+    allocator settings, as given, are in the results' meta, and the setting
+    reaches torch (its own getter, where this torch answers it)."""
+    up, log = tmp_path / "up", tmp_path / "x.jsonl"
+    env = {m: conformance._env(up, "cuda", m, "expandable_unsaid", log, tmp_path / "x.skip")
+           for m in ("native", "memalloc")}
+    assert env["native"]["MEMALLOC_CONFORMANCE_NATIVE_SETTINGS"] == "expandable_segments:True"
+    assert env["memalloc"]["MEMALLOC_CONF"] == "expandable_segments:True"
+    assert "MEMALLOC_CONFORMANCE_NATIVE_SETTINGS" not in env["memalloc"] and "MEMALLOC_CONF" not in env["native"]
+    assert all("PYTORCH_CUDA_ALLOC_CONF" not in e for e in env.values())
+    up.mkdir()
+    settings_probe = textwrap.indent(textwrap.dedent('''
+        def test_memory_settings_reach_torch(self):
+            import torch
+            want = os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS", "")
+            self.assertEqual(torch._C._accelerator_getAllocatorSettings(), want)
+            self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", os.environ)
+    '''), "    ")
+    (up / "test_cuda.py").write_text(FAKE.replace("def test_memory_hangs", "def _not_run_hangs")
+                                     .replace("def test_memory_aborts", "def _not_run_aborts")
+                                     .replace("class TestMemPool", settings_probe + "class TestMemPool"))
+    out = tmp_path / "out"
+    conformance.main(["--upstream", str(up), "--out", str(out), "--lanes",
+                      "cuda:native:expandable_unsaid,cuda:native:default", "--budget", "120", "--timeout", "30"])
+    result = json.loads((out / "conformance.json").read_text())
+    assert result["meta"]["allocator_config"] == {
+        "cuda-native-expandable_unsaid": {"PYTORCH_CUDA_ALLOC_CONF": "", "_set_allocator_settings": "expandable_segments:True"},
+        "cuda-native-default": {"PYTORCH_CUDA_ALLOC_CONF": "", "_set_allocator_settings": ""}}
+    outcomes = {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"]["expandable_unsaid"].items()}
+    assert outcomes["test_memory_passes"] == "passed" and outcomes["test_memory_fails"] == "failed"
+    for config in ("expandable_unsaid", "default"):
+        probe = {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"][config].items()}
+        assert probe["test_memory_settings_reach_torch"] == "passed", result["messages"]

@@ -9,8 +9,9 @@ per rank::
 
 MODE ``native`` (torch's allocator), ``memalloc`` (``memalloc.enable()`` as
 a user would at the top of the script: the host backend plus
-``use_for_cpu_tensors()`` on the CPU, torch's CUDA allocator on a GPU) or
-``memalloc_expandable`` (the same with ``expandable_segments:True``). Each
+``use_for_cpu_tensors()`` on the CPU, torch's CUDA allocator on a GPU; its
+default, expandable segments) or ``memalloc_plain`` (the same with
+``expandable_segments:False``: native's plain segments). Each
 rank writes ``OUT_DIR/rank<N>.json``: per case its losses, a checksum of the
 full parameters after training, the median step time (ms, after the first
 step) and, on CUDA, the peak allocated and reserved bytes of the case, or
@@ -87,7 +88,7 @@ def fsdp2(rank: int, device: torch.device, steps: int) -> dict:
 
 
 CASES = {"ddp": ddp, "fsdp2": fsdp2}
-MODES = ("native", "memalloc", "memalloc_expandable")
+MODES = ("native", "memalloc", "memalloc_plain")
 
 
 # ---- the suites' side (jobs: mode -> the ranks' JSON, rank order) ----------------
@@ -131,7 +132,7 @@ def check_memalloc_held_the_memory(jobs: dict, mode: str) -> None:
         m = r["memalloc"]
         assert m["allocations"] > 100 and m["peak_allocated"] > 0, m
         assert m["hook_failures"] == {} and m["validate"] == "passed", m
-        assert m["expandable"] == (mode == "memalloc_expandable"), m
+        assert m["expandable"] == (mode == "memalloc"), m  # memalloc's default: expandable
 
 
 def main() -> None:
@@ -142,7 +143,7 @@ def main() -> None:
     if mode != "native":
         import memalloc  # noqa: F811 - imported only in these modes, as a user would
         memalloc.enable(backend="host" if kind == "cpu" else "cuda",
-                        config="expandable_segments:True" if mode == "memalloc_expandable" else None)
+                        config="expandable_segments:False" if mode == "memalloc_plain" else None)
         if kind == "cpu":
             memalloc.host.use_for_cpu_tensors()
     if kind == "cuda":
