@@ -19,8 +19,9 @@ ENV_VAR = "MEMALLOC_CONF"
 # What memalloc.enable() (and so ``python -m memalloc run`` and the
 # environment switch) installs before any of the user's keys, which win:
 # expandable segments, so that a user who never heard of the setting does
-# not get native's fragmentation (README, "Why expandable segments by
-# default"). The plain policy is one key away: ``expandable_segments:False``.
+# not get native's fragmentation (README, "Fit more, by default", and
+# docs/results.md give the figures that had to hold first). The plain
+# policy is one key away: ``expandable_segments:False``.
 # The engine's own Config{} (``_C.Allocator(backend, "")``, the replay tools'
 # '' config) stays torch's native default, the reference the tests model.
 PRODUCT_DEFAULTS = "expandable_segments:True"
