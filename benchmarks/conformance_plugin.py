@@ -47,6 +47,7 @@ import unittest
 
 MODE = os.environ.get("MEMALLOC_CONFORMANCE_MODE", "native")
 SELECT = os.environ.get("MEMALLOC_CONFORMANCE_SELECT", "")
+NATIVE_SETTINGS = os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS", "")
 
 # test/test_cuda.py: whole classes about the allocator, and TestCuda's tests
 # whose names are about memory (stats, caching, record_stream, OOM, the
@@ -173,9 +174,9 @@ def _shim_missing_imports(path: str) -> None:
 if MODE == "memalloc":
     import memalloc
     memalloc.enable(backend="cuda")
-elif os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS"):
+elif NATIVE_SETTINGS:
     import torch
-    torch.cuda.memory._set_allocator_settings(os.environ["MEMALLOC_CONFORMANCE_NATIVE_SETTINGS"])
+    torch.cuda.memory._set_allocator_settings(NATIVE_SETTINGS)
 if os.environ.get("MEMALLOC_CONFORMANCE_SHIMS", "1") != "0":  # "0": a stand-in file needs none (tests)
     _shim_testing_package()
 if os.environ.get("MEMALLOC_CONFORMANCE_FILE"):
@@ -201,7 +202,7 @@ if MODE == "memalloc":
     _write({"allocator_config": memalloc.installed_allocator().config})
 else:
     _write({"allocator_config": {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-                                 "_set_allocator_settings": os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS", "")}})
+                                 "_set_allocator_settings": NATIVE_SETTINGS}})
 
 
 def pytest_collection_modifyitems(config, items) -> None:

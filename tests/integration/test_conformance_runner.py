@@ -41,8 +41,8 @@ def _run(tmp_path, *extra):
     return json.loads((out / "conformance.json").read_text())
 
 
-def _outcomes(result):
-    return {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"]["default"].items()}
+def _outcomes(result, config="default"):
+    return {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"][config].items()}
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +140,7 @@ def test_expandable_unsaid_sets_expandable_segments_where_torchs_tests_do_not_lo
     assert result["meta"]["allocator_config"] == {
         "cuda-native-expandable_unsaid": {"PYTORCH_CUDA_ALLOC_CONF": "", "_set_allocator_settings": "expandable_segments:True"},
         "cuda-native-default": {"PYTORCH_CUDA_ALLOC_CONF": "", "_set_allocator_settings": ""}}
-    outcomes = {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"]["expandable_unsaid"].items()}
+    outcomes = _outcomes(result, "expandable_unsaid")
     assert outcomes["test_memory_passes"] == "passed" and outcomes["test_memory_fails"] == "failed"
     for config in ("expandable_unsaid", "default"):
-        probe = {t.split("::")[-1]: m["native"] for t, m in result["tests"]["cuda"][config].items()}
-        assert probe["test_memory_settings_reach_torch"] == "passed", result["messages"]
+        assert _outcomes(result, config)["test_memory_settings_reach_torch"] == "passed", result["messages"]
