@@ -7,15 +7,18 @@ from __future__ import annotations
 from memalloc.features.breakdown import CATEGORIES
 
 
-def model_script(backend: str) -> str:
+def model_script(backend: str, closure: bool = False) -> str:
     """A 5-layer MLP trained 3 steps with Adam (backend "host": on the host
     backend through use_for_cpu_tensors; "cuda": on the GPU, the model also
-    under torch.compile when COMPILE is set); R["steps"] holds, per step,
+    under torch.compile when COMPILE is set); with ``closure`` the step's
+    zero_grad, forward and backward run in a closure given to
+    ``opt.step(closure)``, as LBFGS and Lightning's automatic optimization
+    call it; R["steps"] holds, per step,
     the breakdown and what the model, its gradients, Adam and autograd hold
     (their storages' bytes), and the allocator's rounding (the bytes of live
     blocks beyond what was asked for, which the breakdown counts as other)
     now and at the step's peak, replayed from the event ring."""
-    return (PRELUDE[backend] + MODEL)
+    return PRELUDE[backend] + f"CLOSURE = {closure!r}\n" + MODEL
 
 
 PRELUDE = {
@@ -79,7 +82,10 @@ def window_peak_rounding(start, end):
 R = {"steps": []}
 tracker = memalloc.StepTracker().start()
 marks = [ring_length()]
-for step in range(3):
+params = list(model.parameters())
+seen = {}
+
+def closure():
     opt.zero_grad(set_to_none=True)
     saved = []
     def pack(t):
@@ -88,15 +94,24 @@ for step in range(3):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward(x)
         loss = torch.nn.functional.mse_loss(out, y)
-    params = list(model.parameters())
     mine = [t for t in saved if t.untyped_storage().data_ptr() not in {p.data_ptr() for p in params}
             and t.untyped_storage().data_ptr() not in {x.data_ptr(), y.data_ptr()}]
-    before_backward = memalloc.memory_breakdown()
-    expected_activations = tensor_bytes(mine + [loss])
+    seen["before_backward"] = memalloc.memory_breakdown()
+    seen["expected_activations"] = tensor_bytes(mine + [loss])
     del saved, mine, out
     memalloc.reset_peak_memory_stats()
     loss.backward()
-    opt.step()  # the step ends here (its first optimizer's post-step hook)
+    return loss
+
+loss = None
+for step in range(3):
+    loss = None  # the last step's loss is gone before this step's forward, as when the loop assigns it there
+    if CLOSURE:
+        loss = opt.step(closure)  # Adam returns the closure's loss
+    else:
+        loss = closure()
+        opt.step()  # the step ends here (its first optimizer's post-step hook)
+    before_backward, expected_activations = seen["before_backward"], seen["expected_activations"]
     marks.append(ring_length())
     b = memalloc.memory_breakdown()
     state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.device == x.device]

@@ -117,3 +117,19 @@ def block_of(a, ptr, device=0):
 def live_block_bytes(a, device=0):
     return sum(b["size"] for s in a.segments(device) for b in s["blocks"]
                if b["state"] == "active_allocated")
+
+
+def require_library(name: str) -> None:
+    """Skips the calling test when the library ``name`` (transformers,
+    lightning, accelerate) is not installed, or fails it where
+    ``MEMALLOC_REQUIRE_LIBRARIES=1`` (CI, which installs them)."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    if importlib.util.find_spec(name) is not None:
+        return
+    if os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") == "1":
+        pytest.fail(f"MEMALLOC_REQUIRE_LIBRARIES=1 but {name} is not installed: pip install {name}")
+    pytest.skip(f"not installed: {name}")

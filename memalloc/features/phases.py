@@ -9,11 +9,21 @@ landmarks of a training step, with no change to the user's code:
   become activations) and, when it returns, ``forward``;
 - torch's global optimizer hooks: before any ``optimizer.step()`` the
   ``optimizer`` phase (the backward blocks still live become gradients),
-  after it ``forward``. The first time an optimizer steps, its parameters'
-  storages are marked ``parameters`` and their ``.grad`` s ``gradients``;
-  what else the backward passes so far left live is ``other`` (a cuBLAS
-  workspace made by the autograd engine's first matmul, a cache), not
-  gradients;
+  after it ``forward``. The first time an optimizer enters it, its
+  parameters' storages are marked ``parameters`` and their ``.grad`` s
+  ``gradients``; what else the backward passes so far left live is
+  ``other`` (a cuBLAS workspace made by the autograd engine's first matmul,
+  a cache), not gradients;
+- ``optimizer.step(closure)`` (LBFGS, Lightning's automatic optimization):
+  when no backward has run in the step yet, the closure is what runs the
+  forward and the backward, inside the step. The optimizer phase then
+  begins when a backward inside the step returns (each time: LBFGS
+  evaluates its closure several times), not before the closure, so the
+  closure's forward is the step's forward and what the update allocates is
+  optimizer state. When a backward already ran in the step (Lightning's
+  manual optimization and mixed precision pass a closure that does nothing
+  more), the step is one without a closure. The closure is never wrapped:
+  the optimizer gets the user's own object;
 - a step ends (what is left resolves, and the step's peak split is kept)
   at each boundary of :mod:`memalloc.core.iteration` (``memalloc.step()``, and
   ``optimizer.step()`` when boundaries come from it); when none are marked,
@@ -68,6 +78,10 @@ class _Landmarks:
         self.first: Optional[weakref.ref] = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
         self.depth = 0  # backward calls in progress (one inside another: reentrant checkpointing)
+        # optimizer.step() calls in progress, innermost last: (optimizer,
+        # whether its optimizer phase waits for a backward in its closure).
+        self.stepping: list[tuple[Any, bool]] = []
+        self.backward_in_step = False  # a backward returned since the last step ended
 
 
 _marks = _Landmarks()
@@ -96,6 +110,8 @@ def uninstall() -> None:
             return
         a = _marks.allocator
         _marks.allocator = None
+        _marks.stepping.clear()
+        _marks.backward_in_step = False
     for point in (_hooks.OPTIMIZER_STEP_PRE, _hooks.OPTIMIZER_STEP_POST, _hooks.PARAMETER_REGISTRATION,
                   _hooks.BACKWARD):
         _hooks.unsubscribe(point, FEATURE)
@@ -133,7 +149,12 @@ def _backward_ends(a: Optional[_C.Allocator]) -> None:
     with _lock:
         _marks.depth -= 1
         done = _marks.depth == 0
-    if done:
+        if done:
+            _marks.backward_in_step = True
+        closure_of = _marks.stepping[-1][0] if done and _marks.stepping and _marks.stepping[-1][1] else None
+    if closure_of is not None:
+        _enter_optimizer(a, closure_of)  # the backward of a step's closure: the update comes next
+    elif done:
         a.enter_phase("forward")
 
 
@@ -154,10 +175,37 @@ def remove_backward_listener(fn: Any) -> None:
             _marks.backward_listeners.remove(fn)
 
 
+def _has_closure(optimizer: Any, args: Any, kwargs: Any) -> bool:
+    """Whether ``optimizer.step`` was given a closure: torch's optimizers
+    take it first after ``self`` (torch's hooks get ``args`` with ``self``
+    in front), or as ``closure=``."""
+    if isinstance(kwargs, dict) and "closure" in kwargs:
+        return callable(kwargs["closure"])
+    rest = tuple(args) if isinstance(args, (tuple, list)) else ()
+    if rest and rest[0] is optimizer:
+        rest = rest[1:]
+    return bool(rest) and callable(rest[0])
+
+
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     a = _marks.allocator
     if a is None:
         return
+    with _lock:
+        waits = _has_closure(optimizer, args, kwargs) and not _marks.backward_in_step
+        # An optimizer does not step inside its own step: a frame of it still
+        # here is one whose step raised (its post-step hook never ran).
+        _marks.stepping = [f for f in _marks.stepping if f[0] is not optimizer]
+        _marks.stepping.append((optimizer, waits))
+    if not waits:
+        _enter_optimizer(a, optimizer)
+
+
+def _enter_optimizer(a: _C.Allocator, optimizer: Any) -> None:
+    """The allocator enters the optimizer phase for ``optimizer`` (the
+    backward blocks still live become gradients); the first time for this
+    optimizer, its parameters are marked first, their ``.grad`` s are
+    gradients and what else the backward passes left live is other."""
     if _marks.optimizers.add(optimizer):  # its first step
         params = _optimizer_parameters(optimizer)
         mark_parameters(a, params)
@@ -171,12 +219,17 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if a is None:
         return
     with _lock:
+        for i in range(len(_marks.stepping) - 1, -1, -1):  # innermost first
+            if _marks.stepping[i][0] is optimizer:
+                del _marks.stepping[i]
+                break
         if _marks.first is None or _marks.first() is None:
             _marks.first = weakref.ref(optimizer)
         ends = _marks.first() is optimizer
     if ends and not iteration.explicit_steps_seen() and not iteration.optimizer_marks_boundaries():
         # No boundary will come from this optimizer.step(): end the step here.
         _marks.ended += 1
+        _marks.backward_in_step = False
         a.end_step(_marks.ended)
     else:
         a.enter_phase("forward")
@@ -185,6 +238,9 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _end_step(step: int) -> None:
     a = _marks.allocator
     if a is not None:
+        with _lock:
+            _marks.backward_in_step = False
+            _marks.stepping.clear()  # a step's end is outside every optimizer.step()
         a.end_step()
 
 

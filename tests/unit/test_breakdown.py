@@ -277,8 +277,12 @@ def test_memory_breakdown_reads_an_allocator_it_is_given(host_allocator):
     a.free(p)
 
 
-def test_a_real_model_on_the_host_backend(fresh_python):
-    _, R, _ = fresh_python.code("", model_script("host"))
+@pytest.mark.parametrize("closure", [False, True], ids=["step", "closure"])
+def test_a_real_model_on_the_host_backend(fresh_python, closure):
+    """The same checks whether the loop calls ``opt.step()`` after its
+    backward or gives ``opt.step(closure)`` the zero_grad, forward and
+    backward (Adam's state was ``other`` under a closure before)."""
+    _, R, _ = fresh_python.code("", model_script("host", closure=closure))
     check_model_run(R)
 
 
