@@ -130,6 +130,11 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
     records = _fit_first(args, probes) if planning else None
     backend = enable_or_exit(args.backend, args.config)
+    if backend == "host":
+        # With or without flags, a CPU script's tensors come from the simulated
+        # device, so the flight recorder, postmortem and top see the script
+        # (its capacity, host_capacity_mb, then bounds the script's CPU tensors).
+        host.use_for_cpu_tensors()
     if probing:
         if backend == "host":
             host.use_for_cpu_tensors()  # a CPU script's tensors on the simulated device, as --fit plans them

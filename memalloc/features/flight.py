@@ -5,7 +5,9 @@ the process (layout and reader: memalloc/trace/flight_files.py).
 process in DIR, ``memalloc-<host>-<pid>-<start ns>.flight``, and points every
 device's event ring into it: from then on the C++ core writes each record
 there as it happens (csrc/recorder/recorder.h: no allocation, lock or system
-call more than recording into memory). At each ``memalloc.step()`` this
+call more than recording into memory). At each step boundary
+(``memalloc.step()``; until the code calls it, ``optimizer.step()``: the
+recorder watches steps as ``leak_check`` does) this
 module appends the stacks and tags interned since the last step, updates the
 heartbeat (time and step) and writes a checkpoint (counters per device, the
 breakdown, and the top call sites of live memory, named again as often as
@@ -221,6 +223,11 @@ def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
         raise RuntimeError(f"the flight recorder is already writing {_recorder.path}: one per process")
     a = _state.allocator_or_installed(allocator)
     _recorder = FlightRecorder(a, os.fspath(directory), records, keep)
+    # A watcher of steps (as leak_check and StepTracker are): until the code
+    # calls memalloc.step(), optimizer.step() marks the boundaries, so a
+    # training loop that never names its steps still gets a heartbeat, a
+    # checkpoint and its holding lines at every step.
+    iteration.want_boundaries()
     iteration.add_step_listener(_on_step)
     atexit.unregister(stop)  # once, however often the recorder was started
     atexit.register(stop)
@@ -239,6 +246,7 @@ def stop(clean: Optional[bool] = None) -> None:
     if clean is None:
         clean = getattr(sys, "last_value", None) is None
     iteration.remove_step_listener(_on_step)
+    iteration.release_boundaries()
     r.close(clean)
 
 
