@@ -14,12 +14,14 @@ stop).
 
 BUDGET: bytes the allocator may reserve: an int of bytes, or a number with
 a unit (``7GiB``, ``7.5G``, ``512MiB``, ``500MB``), or ``free`` (the
-device's free memory when the plan is made).
+device's free memory when the plan is made); planner.parse_size reads it, as
+it reads memalloc.largest_batch's budget. A budget larger than the device
+can give (its total memory, the host backend's capacity, under the memory
+fraction) is refused with the most it can.
 """
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -29,21 +31,16 @@ from memalloc.core import _state, iteration
 from memalloc.features import planner
 
 PLACEHOLDER = "{batch}"
-UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20, "mib": 1 << 20, "mb": 10 ** 6,
-         "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
 PROBE_RING = 1 << 20  # records (64 MiB): the probe child records from the start, model creation included
 
 
 def parse_budget(text: str) -> Optional[int]:
-    """BUDGET as bytes; None for ``free``. SystemExit naming the forms."""
-    if text.strip().lower() == "free":
-        return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = m and UNITS.get(m.group(2).lower())
-    if not m or unit is None:
-        raise SystemExit(f"memalloc: --fit {text!r}: give bytes (an int), a number with a unit "
-                         "(7GiB, 7.5G, 512MiB, 500MB) or 'free'")
-    return int(float(m.group(1)) * unit)
+    """BUDGET as bytes (planner.parse_size, memalloc.largest_batch's parser);
+    None for ``free``. SystemExit naming the forms."""
+    try:
+        return planner.parse_size(text)
+    except planner.PlannerError:
+        raise SystemExit(f"memalloc: --fit {text!r}: give {planner.BUDGET_FORMS}") from None
 
 
 def parse_probes(text: str) -> tuple[int, ...]:
@@ -117,11 +114,14 @@ def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[
 
 
 def plan_of(records: Sequence[planner.ProbeRecord], budget: Optional[int], max_batch: int) -> planner.BatchPlan:
-    """The plan under the installed allocator's policy (budget None: its default_budget)."""
+    """The plan under the installed allocator's policy (budget None: its
+    default_budget; a budget larger than device 0 can give is refused)."""
     a = _state.installed_allocator()
-    if budget is None:
-        budget = planner.default_budget(a, 0)
     try:
+        if budget is None:
+            budget = planner.default_budget(a, 0)
+        else:
+            planner.check_budget(a, 0, budget, default="--fit free")
         return planner.plan(records, budget, planner.policy_config(a), max_batch=max_batch)
     except planner.PlannerError as e:
         raise SystemExit(f"memalloc: {e}") from None

@@ -36,9 +36,12 @@ What it assumes, and what breaks it:
   it the worst case (the longest sequence); a step function that runs the
   shapes the job will see, longest included, puts their mix's fragmentation
   in the prediction too.
-- The budget is memory the allocator may reserve (bytes): by default the
-  device's free memory plus what the allocator holds now (its cache can be
-  reused), under the memory fraction when one is set. Memory outside the
+- The budget is memory the allocator may reserve (bytes; an int, or a size
+  string such as ``"20GiB"``, as ``memalloc run --fit`` takes it): by
+  default the device's free memory plus what the allocator holds now (its
+  cache can be reused), under the memory fraction when one is set; never
+  more than the device can give (its total memory, the host backend's
+  capacity, under the memory fraction), which is refused. Memory outside the
   allocator (the CUDA context, other processes) is not in it.
 - Steady state: the first step at a new size, which creates the optimizer
   state after the backward pass has freed the activations, peaks lower than
@@ -64,6 +67,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
@@ -77,6 +81,11 @@ from memalloc.trace import recording, tags
 from memalloc.trace.sites import live_blocks
 
 MiB = 1 << 20
+# The units a budget's size string takes (memalloc.largest_batch, ``run --fit``):
+# binary (k, KiB, M, MiB, G, GiB, T, TiB) and decimal (kB, MB, GB, TB), any case.
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20, "mib": 1 << 20, "mb": 10 ** 6,
+         "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
+BUDGET_FORMS = "bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'"
 DEFAULT_PROBES = (2, 4, 8)
 RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
@@ -88,6 +97,62 @@ POLICY_KEYS = ("expandable_segments", "garbage_collection_threshold", "max_split
 class PlannerError(ValueError):
     """The planner cannot answer: a probe did not fit, the recording lost
     events, or the arguments are wrong. The message says which and what to do."""
+
+
+# ---- the budget -----------------------------------------------------------------
+def parse_size(text: str) -> Optional[int]:
+    """A budget's text as bytes: an int (``"1073741824"``), or a number with
+    a unit (``"7GiB"``, ``"7.5G"``, ``"512MiB"``, ``"500MB"``: binary k/KiB,
+    M/MiB, G/GiB, T/TiB; decimal kB, MB, GB, TB; any case, spaces allowed),
+    or None for ``"free"`` (the default budget). The one parser of
+    :func:`largest_batch`'s ``budget`` and ``memalloc run --fit``'s BUDGET.
+    PlannerError naming the accepted forms otherwise."""
+    if text.strip().lower() == "free":
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m and UNITS.get(m.group(2).lower())
+    if not m or unit is None:
+        raise PlannerError(f"budget {text!r} is not a size: give {BUDGET_FORMS}")
+    number = m.group(1)
+    return int(number) * unit if "." not in number else int(float(number) * unit)
+
+
+def as_budget(budget: Any) -> Optional[int]:
+    """``budget`` as bytes: an int as it is, a string through
+    :func:`parse_size`, None (and ``"free"``) as None; at least 1 MiB.
+    PlannerError otherwise."""
+    given = budget
+    if isinstance(budget, str):
+        budget = parse_size(budget)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < MiB):
+        raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, or a size string such as '7GiB', "
+                           f"'7.5G', '512MiB', '500MB' ('free' or None: the default), not {given!r}")
+    return budget
+
+
+def device_limit(allocator: _C.Allocator, device: int) -> tuple[int, str]:
+    """The most the allocator can ever reserve on ``device`` (bytes): the
+    device's total memory (the host backend's: its simulated capacity),
+    under the memory fraction when one is set; and those bytes in words."""
+    _, total = allocator.mem_get_info(device)
+    fraction = allocator.memory_fraction(device)
+    if fraction and fraction < 1:
+        limit = int(fraction * total)
+        return limit, f"{fmt_bytes(limit)} (memory fraction {fraction:g} of its {fmt_bytes(total)})"
+    return total, fmt_bytes(total)
+
+
+def check_budget(allocator: _C.Allocator, device: int, budget: int,
+                 default: str = "leave it out (budget=None)") -> None:
+    """PlannerError when ``budget`` (bytes) is more than device ``device``
+    can give (:func:`device_limit`): a plan for memory the device does not
+    have runs out of memory at the planned batch. ``default`` says how the
+    caller asks for the default budget (the device's free memory)."""
+    limit, words = device_limit(allocator, device)
+    if budget > limit:
+        raise PlannerError(f"budget {fmt_bytes(budget)} ({budget} bytes) is larger than device {device}'s {words}: "
+                           f"give a budget of at most {fmt_bytes(limit)} ({limit} bytes), or {default} "
+                           "to use what is free")
 
 
 # ---- one probe ------------------------------------------------------------------
@@ -528,17 +593,14 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
 
 def default_budget(allocator: _C.Allocator, device: int) -> int:
     """Bytes the allocator may reserve on ``device``: the device's free
-    memory plus what the allocator reserves now, under its memory fraction."""
-    free, total = allocator.mem_get_info(device)
+    memory plus what the allocator reserves now, under its memory fraction
+    (:func:`device_limit`)."""
+    free, _ = allocator.mem_get_info(device)
     reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
-    budget = free + reserved
-    fraction = allocator.memory_fraction(device)
-    if fraction and fraction < 1:
-        budget = min(budget, int(fraction * total))
-    return budget
+    return min(free + reserved, device_limit(allocator, device)[0])
 
 
-def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
+def largest_batch(step: Callable[[int], Any], budget: Optional[int | str] = None, *,
                   probes: Sequence[int] = DEFAULT_PROBES, steps: int = 2, max_batch: int = 1 << 16,
                   device: DeviceLike = None, allocator: Optional[_C.Allocator] = None) -> BatchPlan:
     """The largest batch size at which ``step(batch)`` is predicted to fit
@@ -549,18 +611,24 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
         step: runs one training step at the batch size it is given (what
             accelerate's ``find_executable_batch_size`` takes). Called
             ``1 + steps`` times per probe; its return value is dropped.
-        budget: bytes the allocator may reserve (default: the device's free
-            memory plus what the allocator reserves now, under the memory
-            fraction when one is set).
+        budget: bytes the allocator may reserve: an int of bytes, or a
+            size string as ``memalloc run --fit`` takes it (``"7GiB"``,
+            ``"7.5G"``, ``"512MiB"``, ``"500MB"``: :func:`parse_size`); at
+            least 1 MiB and at most what the device can give (its total
+            memory, the host backend's capacity, under the memory fraction
+            when one is set). Default (None or ``"free"``): the device's
+            free memory plus what the allocator reserves now, under the
+            memory fraction when one is set.
         probes: small batch sizes to run, at least two different ones (ints >= 1).
         steps: recorded steps per probe (after one warm-up step).
         max_batch: the largest batch the search considers.
         device: the device (default: the current one).
         allocator: the allocator to plan for (default: the installed one).
 
-    Returns a :class:`BatchPlan`; ``print(plan)`` explains it. Raises
-    PlannerError (a ValueError) when a probe runs out of memory or the
-    arguments are wrong."""
+    Returns a :class:`BatchPlan` (sizes in bytes); ``print(plan)`` explains
+    it. Raises PlannerError (a ValueError) when a probe runs out of memory
+    or the arguments are wrong (a budget that is no size, or larger than
+    the device, is refused before any probe runs)."""
     if not callable(step):
         raise PlannerError(f"step must be a function of the batch size, not {type(step).__name__}")
     bad = [p for p in probes if isinstance(p, bool) or not isinstance(p, int) or p < 1]
@@ -570,12 +638,13 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int] = None, *,
         raise PlannerError(f"steps must be an int >= 1 (recorded steps per probe), not {steps!r}")
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < max(probes):
         raise PlannerError(f"max_batch must be an int >= the largest probe ({max(probes)}), not {max_batch!r}")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < MiB):
-        raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, not {budget!r}")
+    budget = as_budget(budget)
     a = _state.allocator_or_installed(allocator)
     d = existing_device_index(device, a)
     if budget is None:
         budget = default_budget(a, d)
+    else:
+        check_budget(a, d, budget)
     hooked = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     try:
         records = [run_probe(step, b, a, d, steps) for b in sorted(set(probes))]

@@ -15,6 +15,7 @@ import pytest
 from memtest_helpers import REPO
 
 from memalloc.cli import fit
+from memalloc.features import planner
 
 SCRIPT = textwrap.dedent("""
     import argparse, torch
@@ -109,3 +110,29 @@ def test_a_script_too_short_for_a_probe_says_so(cli, script, tmp_path):
                                            ("512MiB", 512 << 20), ("500MB", 500 * 10 ** 6), ("free", None)])
 def test_budgets_parse_as_bytes(text, expected):
     assert fit.parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1024", "7GiB", "7.5G", "512MiB", "500MB", "20GB", "1.5 gib", "free"])
+def test_the_cli_and_largest_batch_read_a_budget_alike(text):
+    """One parser (planner.parse_size) for --fit's BUDGET and memalloc.largest_batch's budget."""
+    assert fit.parse_budget(text) == planner.parse_size(text)
+    if fit.parse_budget(text) is None or fit.parse_budget(text) >= 1 << 20:
+        assert planner.as_budget(text) == fit.parse_budget(text)
+
+
+@pytest.mark.slow
+def test_a_budget_larger_than_the_device_is_refused_with_the_most_it_can_give(cli, script, tmp_path):
+    """Issue 37: --fit 20GB on a smaller simulated device planned a batch that
+    then ran out of memory. Here the device is 64 MiB (HOST): the plan is
+    refused, naming the device's capacity and --fit free, and the script
+    does not run."""
+    p = cli("run", *HOST, "--fit", "20GB", "--fit-probes", "2,4", "--fit-steps", "1",
+            "--out", str(tmp_path / "r"), str(script), "--batch-size", "{batch}")
+    assert p.returncode != 0
+    assert ("memalloc: budget 18.63 GiB (20000000000 bytes) is larger than device 0's 64.00 MiB: give a budget of "
+            f"at most 64.00 MiB ({64 << 20} bytes), or --fit free to use what is free") in p.stderr, p.stderr[-3000:]
+    assert "largest batch that fits" not in p.stderr and "trained batch" not in p.stdout
+    p = cli("run", *HOST, "--fit", "64MiB", "--fit-only", "--fit-probes", "2,4", "--fit-steps", "1",
+            "--out", str(tmp_path / "r2"), str(script), "--batch-size", "{batch}")
+    assert p.returncode == 0, p.stderr[-3000:]  # the whole device is a budget
+    assert re.search(r"largest batch that fits 64\.00 MiB: \d+", p.stderr)

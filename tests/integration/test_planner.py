@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import sys
 import time
 
@@ -306,3 +307,88 @@ def test_a_probe_whose_ring_overflows_is_taken_again_with_a_larger_ring(small):
     assert len(allocs) > 64 and len(frees) > 64
     assert {op[1] for op in frees} <= {op[1] for op in allocs} | {k for k, _ in r.live}
     assert a.trace(0) == (b"", 0)
+
+
+# ---- the budget: sizes as the CLI takes them, never more than the device --------
+def counted_step(step, calls: list):
+    def counted(b: int) -> None:
+        calls.append(b)
+        step(b)
+    return counted
+
+
+@pytest.mark.parametrize("budget,bytes_,words", [(20 * 10 ** 9, 20 * 10 ** 9, "18.63 GiB"),
+                                                 ("20GB", 20 * 10 ** 9, "18.63 GiB"),
+                                                 ("17MiB", 17 * MiB, "17.00 MiB"),
+                                                 (16 * MiB + 1, 16 * MiB + 1, "16.00 MiB")])
+def test_a_budget_larger_than_the_device_is_refused_before_any_probe(small, budget, bytes_, words):
+    """Issue 37: ``run --fit 20GB`` on a 1 GiB host device planned 14,788 and
+    then ran out of memory. The device's capacity (the host backend's
+    simulated 16 MiB here, read back from the allocator) is the most a
+    budget may be; the error names both and what to give instead."""
+    a, step = small
+    capacity = a.mem_get_info(0)[1]
+    assert capacity == 16 * MiB
+    calls: list = []
+    with pytest.raises(planner.PlannerError) as e:
+        memalloc.largest_batch(counted_step(step, calls), budget=budget, allocator=a)
+    assert str(e.value) == (f"budget {words} ({bytes_} bytes) is larger than "
+                            f"device 0's 16.00 MiB: give a budget of at most 16.00 MiB ({capacity} bytes), "
+                            "or leave it out (budget=None) to use what is free")
+    assert calls == []  # refused before anything ran
+
+
+def test_a_budget_over_the_memory_fraction_is_refused_and_the_limit_itself_taken(small):
+    a, _ = small
+    capacity = a.mem_get_info(0)[1]
+    a.set_memory_fraction(0.25, 0)
+    limit = int(0.25 * capacity)
+    with pytest.raises(planner.PlannerError, match=rf"larger than device 0's 4\.00 MiB \(memory fraction 0\.25 "
+                                                   rf"of its 16\.00 MiB\): give a budget of at most 4\.00 MiB "
+                                                   rf"\({limit} bytes\)"):
+        planner.check_budget(a, 0, limit + 1)
+    planner.check_budget(a, 0, limit)  # the most the device can give is a budget
+    a.set_memory_fraction(1.0, 0)
+    planner.check_budget(a, 0, capacity)
+    with pytest.raises(planner.PlannerError, match="at most 16.00 MiB"):
+        planner.check_budget(a, 0, capacity + 1)
+
+
+def test_the_whole_device_as_a_size_string_plans_as_its_bytes_do(small):
+    """``budget="16MiB"`` (the CLI's form) is taken, as the int it means:
+    the plan is for exactly the device's capacity, no more."""
+    a, step = small
+    capacity = a.mem_get_info(0)[1]
+    p = memalloc.largest_batch(step, budget="16MiB", allocator=a, probes=(2, 4), steps=1)
+    assert p.budget == capacity == 16 * MiB
+    assert str(p).startswith(f"largest batch that fits 16.00 MiB: {p.batch}")
+    assert p.peak_reserved <= capacity
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("1073741824", 1 << 30), ("1GiB", 1 << 30), ("1 gib", 1 << 30), ("1G", 1 << 30), ("1.5GiB", 3 << 29),
+    ("500MB", 500 * 10 ** 6), ("20GB", 20 * 10 ** 9), ("512MiB", 512 << 20), ("64k", 64 << 10), ("2TB", 2 * 10 ** 12),
+    ("123456789012345678", 123456789012345678), ("free", None), (" FREE ", None)])
+def test_budget_strings_parse_as_bytes(text, expected):
+    assert planner.parse_size(text) == expected
+    if expected is None or expected >= MiB:
+        assert planner.as_budget(text) == expected
+    else:  # a size, but below the least budget
+        with pytest.raises(planner.PlannerError, match=rf"at least 1 MiB.*not {re.escape(repr(text))}$"):
+            planner.as_budget(text)
+
+
+@pytest.mark.parametrize("budget", ["7 parsecs", "-1GiB", "GiB", "1e9", "1,5G", "", "12 GiB GiB"])
+def test_a_budget_that_is_no_size_names_the_forms(budget):
+    with pytest.raises(planner.PlannerError, match=rf"budget {re.escape(repr(budget))} is not a size: give bytes "
+                                                   r"\(an int\), a number with a unit \(7GiB, 7\.5G, 512MiB, 500MB\) "
+                                                   r"or 'free'"):
+        planner.as_budget(budget)
+
+
+@pytest.mark.parametrize("budget", [1.5e9, True, "0.5MiB", 1000, [1 << 30]])
+def test_a_budget_of_the_wrong_type_or_below_a_mib_is_refused(small, budget):
+    a, step = small
+    with pytest.raises(planner.PlannerError, match=rf"budget must be an int of bytes, at least 1 MiB, or a size "
+                                                   rf"string such as '7GiB'.*not {re.escape(repr(budget))}$"):
+        memalloc.largest_batch(step, budget=budget, allocator=a)
