@@ -101,6 +101,7 @@ class FlightFile:
     tags: dict[int, str]
     checkpoint: Optional[dict]
     history: list[dict]  # per step and device: step, time_ns, device, peak_allocated, allocated, reserved, split
+    missing: int = 0  # bytes cut off the file's end (0: whole); what lies before the cut is read
 
     def user_frame(self, stack_id: int) -> Optional[tuple]:
         """(file, line, function) of the innermost user-code frame of an
@@ -140,8 +141,10 @@ def live_at_end(ring: list[Event]) -> dict[int, Event]:
 
 def read(path: PathLike) -> FlightFile:
     """Reads one flight recorder file (FlightFileError naming the file and
-    the problem when it is not one, is of another format version, or is
-    truncated)."""
+    the problem when it is not one or is of another format version). A file
+    cut short keeps what lies before the cut: the records whose slot and
+    sequence number are whole, the stacks, checkpoint and history rows
+    before it; ``missing`` says how many bytes were cut."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -164,8 +167,9 @@ def _parse(path: str, data) -> FlightFile:
     if version != VERSION:
         raise FlightFileError(f"{path}: flight recorder format version {version}; this memalloc reads version "
                               f"{VERSION} (read it with the memalloc that wrote it)")
-    if len(data) < file_bytes:
-        raise FlightFileError(f"{path}: truncated: {len(data)} of its {file_bytes} bytes")
+    # A file cut short (a full disk, a copy that stopped): what lies before
+    # the cut is read, every region clipped to it; what lies after is lost.
+    missing = max(0, file_bytes - len(data))
     if record_bytes != RECORD_BYTES or header_bytes != HEADER_BYTES:
         raise FlightFileError(f"{path}: records of {record_bytes} bytes, header of {header_bytes}: not version "
                               f"{VERSION}'s layout")
@@ -174,7 +178,7 @@ def _parse(path: str, data) -> FlightFile:
     backend = data[BACKEND_AT:BACKEND_AT + BACKEND_BYTES].rstrip(b"\0").decode("utf-8", "replace")
     (meta_len,) = struct.unpack_from("<I", data, META_AT)
     meta = json.loads(data[META_AT + 4:META_AT + 4 + meta_len] or b"{}")
-    stacks, tags = _interned(data[stacks_offset:stacks_offset + min(stacks_used, stacks_bytes)])
+    stacks, tags = _interned(bytes(data[stacks_offset:stacks_offset + min(stacks_used, stacks_bytes)]))
     tag_names = [f"<tag {i}>" for i in range(max(tags, default=0) + 1)]
     tag_names[0] = ""
     for i, name in tags.items():
@@ -190,7 +194,8 @@ def _parse(path: str, data) -> FlightFile:
                       start_ns=start_ns, meta=meta, state={EXITED: "exited", RAISED: "raised"}.get(state, "running"),
                       heartbeat_ns=hb_ns, step=step, rings=rings, raw=raws, sequences=sequences, torn=torn,
                       stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes),
-                      history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)))
+                      history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)),
+                      missing=missing)
 
 
 def _ring(data, offset: int, capacity: int) -> tuple[bytes, list[int], int]:
@@ -203,6 +208,8 @@ def _ring(data, offset: int, capacity: int) -> tuple[bytes, list[int], int]:
     slots = []
     empty_written = 0
     for i in range(capacity):
+        if seq_at + (i + 1) * SEQ_BYTES > len(data):  # cut off: the slot's number is lost, so is its record
+            break
         (seq,) = struct.unpack_from("<Q", data, seq_at + i * SEQ_BYTES)
         raw = bytes(data[offset + i * RECORD_BYTES:offset + (i + 1) * RECORD_BYTES])
         (again,) = struct.unpack_from("<Q", data, seq_at + i * SEQ_BYTES)
@@ -236,8 +243,10 @@ def _checkpoint(data: bytes, offset: int, nbytes: int) -> Optional[dict]:
     half = nbytes // 2
     for slot in (0, 1):
         at = offset + slot * half
+        if at + SLOT_HEAD.size > len(data):  # cut off
+            continue
         seq, n = SLOT_HEAD.unpack_from(data, at)
-        if seq == 0 or n > half - SLOT_HEAD.size or seq <= best[0]:
+        if seq == 0 or n > half - SLOT_HEAD.size or seq <= best[0] or at + SLOT_HEAD.size + n > len(data):
             continue
         try:
             best = (seq, json.loads(data[at + SLOT_HEAD.size:at + SLOT_HEAD.size + n]))
@@ -248,6 +257,7 @@ def _checkpoint(data: bytes, offset: int, nbytes: int) -> Optional[dict]:
 
 def _history(data, offset: int, rows: int) -> list[dict]:
     out = []
+    rows = max(0, min(rows, (len(data) - offset) // HISTORY_ROW.size))  # those before a cut
     for i in range(rows):
         step, t, device, _, peak, allocated, reserved, *split = HISTORY_ROW.unpack_from(data, offset + i * HISTORY_ROW.size)
         out.append({"step": step, "time_ns": t, "device": device, "peak_allocated": peak, "allocated": allocated,

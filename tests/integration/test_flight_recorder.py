@@ -134,10 +134,6 @@ def test_bad_files_and_directories_are_named(killed, tmp_path):
     newer.write_bytes(bytes(data[:8]) + struct.pack("<I", ff.VERSION + 1) + bytes(data[12:]))
     with pytest.raises(ff.FlightFileError, match=f"format version {ff.VERSION + 1}"):
         ff.read(newer)
-    cut = tmp_path / "cut.flight"
-    cut.write_bytes(bytes(data[:len(data) // 2]))
-    with pytest.raises(ff.FlightFileError, match="truncated"):
-        ff.read(cut)
     p = memalloc_cli("postmortem", str(tmp_path / "empty"))
     assert p.returncode != 0 and "not a directory" in p.stderr
 
@@ -285,3 +281,30 @@ def test_the_first_step_names_the_lines_whatever_the_walk_costs(host_allocator, 
         a.free(held)
     finally:
         r.close(clean=True)
+
+
+def test_a_file_cut_short_keeps_what_lies_before_the_cut(killed, tmp_path):
+    """A flight file cut off (a full disk, a copy that stopped) reads back the
+    records before the cut: cut after the ring, every record of the whole
+    file; cut inside the ring's sequence numbers, exactly the slots whose
+    number lies before the cut (issue 37: it read nothing before)."""
+    src = ff.files_in(killed)[0]
+    data = open(src, "rb").read()
+    whole = ff.read(src)
+    fields = ff.HEADER.unpack_from(data, 0)
+    ring_offset, capacity = fields[10], fields[11]
+    seq_at = ring_offset + capacity * ff.RECORD_BYTES
+    after_ring = seq_at + capacity * ff.SEQ_BYTES
+    assert after_ring < len(data) and whole.missing == 0
+    cut = tmp_path / "cut.flight"
+    cut.write_bytes(data[:after_ring])
+    f = ff.read(cut)
+    assert f.missing == len(data) - after_ring
+    assert records_of(f) == records_of(whole) and f.sequences == whole.sequences and f.step == whole.step
+    slots = 5  # keep the numbers of the first 5 slots only
+    cut.write_bytes(data[:seq_at + slots * ff.SEQ_BYTES + 3])
+    f = ff.read(cut)
+    kept = [i for i, seq in enumerate(whole.sequences[0]) if (seq - 1) % capacity < slots]
+    assert f.sequences[0] == [whole.sequences[0][i] for i in kept] and len(kept) == min(slots, len(whole.rings[0]))
+    assert records_of(f) == [records_of(whole)[i] for i in kept]
+    assert f.stacks == {} and f.checkpoint is None and f.history == []  # they lay after the cut
