@@ -28,8 +28,8 @@ MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_model(compiled: bool) -> dict:
-    src = "import json\nR = {}\n" + model_script("cuda") + '\nprint("RESULT", json.dumps(R))\n'
+def run_model(compiled: bool, closure: bool = False) -> dict:
+    src = "import json\nR = {}\n" + model_script("cuda", closure=closure) + '\nprint("RESULT", json.dumps(R))\n'
     env = dict(os.environ, PYTHONPATH=REPO)
     env.pop("MEMALLOC_CONF", None)
     if compiled:
@@ -37,7 +37,7 @@ def run_model(compiled: bool) -> dict:
     p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     R = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-    record("breakdown_model", "compiled" if compiled else "eager",
+    record("breakdown_model", ("compiled" if compiled else "eager") + ("_closure" if closure else ""),
            {"steps": [{k: s[k] for k in ("peak", "params", "grads", "state", "expected_activations")}
                       for s in R["steps"]]})
     return R
@@ -50,6 +50,12 @@ WORKSPACES = 4 * 32 * MiB
 
 def test_breakdown_of_a_model_trained_on_the_gpu():
     check_model_run(run_model(compiled=False), workspaces=WORKSPACES)
+
+
+def test_breakdown_when_the_optimizer_runs_the_closure():
+    """opt.step(closure), as LBFGS and Lightning's automatic optimization
+    call it: the same checks, Adam's state to the byte (issue 37)."""
+    check_model_run(run_model(compiled=False, closure=True), workspaces=WORKSPACES)
 
 
 def test_breakdown_with_the_model_under_torch_compile():
