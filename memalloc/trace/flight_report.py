@@ -160,8 +160,9 @@ def to_html(m: dict) -> str:
         + "</ul>" for o in m["outliers"]) or "<p>No rank stands out.</p>"
     leaks = "".join(f'<li data-rank="{r["rank"]}">rank {r["rank"]}: <code>{e(_where(l["site"]))}</code> +'
                     f'{e(fmt_bytes(l["bytes_per_step"]))} per step</li>' for r in m["ranks"] for l in r["leaks"])
+    # a legend swatch is the 2px top border of a box 0 high (report_html's .legend rule): the border takes the colour
     css = "".join(f".series.rank-{r['rank']}{{stroke:{_PALETTE[i % len(_PALETTE)]};fill:none;stroke-width:2}}"
-                  f".legend .rank-{r['rank']}::before{{background:{_PALETTE[i % len(_PALETTE)]}}}"
+                  f".legend .rank-{r['rank']}::before{{border-color:{_PALETTE[i % len(_PALETTE)]}}}"
                   f".area.rank-{r['rank']}{{fill:none}}"
                   for i, r in enumerate(m["ranks"]))
     sections = [

@@ -279,3 +279,157 @@ def test_screenshot_command(browser, tmp_path):
                                    "--html", str(tmp_path / "r.html")]) == 0
     assert screenshot_report.png_size(str(png)) == (800, 600)
     assert re.search(r'id="no-leaks"', (tmp_path / "r.html").read_text())
+
+
+# ---- legend swatches: the colour of each line (issue 37) ---------------------
+class _Elements(HTMLParser):
+    """Every legend entry (its label, ancestors and classes) and every chart
+    line (``polyline.series``: its data-label, ancestors and classes), each
+    with its chain of (tag, classes) from <html> down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[tuple[str, frozenset]] = []
+        self.legend: dict[str, list] = {}
+        self.lines: dict[str, list] = {}
+        self.css = ""
+        self._text_of: list | None = None
+        self._in_style = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        el = (tag, frozenset((a.get("class") or "").split()))
+        if tag == "polyline" and "series" in el[1]:
+            self.lines[a["data-label"]] = [*self.stack, el]
+        if tag == "span" and self.stack and "legend" in self.stack[-1][1]:
+            self._text_of = [*self.stack, el]
+        self._in_style = tag == "style"
+        if tag not in ("polyline", "line", "path", "rect", "meta"):  # (void or self-closed in this page)
+            self.stack.append(el)
+
+    def handle_endtag(self, tag):
+        if tag == "style":
+            self._in_style = False
+        if self.stack and self.stack[-1][0] == tag:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.css += data
+        elif self._text_of is not None:
+            self.legend[data] = self._text_of
+            self._text_of = None
+
+
+def _rules(css: str) -> list[tuple[list, tuple, int, list]]:
+    """(compound selectors, specificity, source order, [(property, value)]) per selector of every rule."""
+    out = []
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    for order, (selectors, body) in enumerate(re.findall(r"([^{}]+)\{([^{}]*)\}", css)):
+        decls = [tuple(x.strip() for x in d.split(":", 1)) for d in body.split(";") if ":" in d]
+        for sel in selectors.split(","):
+            compounds = []
+            for part in sel.split():
+                m = re.fullmatch(r"([a-z0-9*]*)((?:\.[\w-]+)*)((?::[\w-]+(?:\([^)]*\))?)*)(::[\w-]+)?", part)
+                assert m, f"a selector this test cannot read: {sel!r}"
+                compounds.append((m.group(1) if m.group(1) not in ("", "*") else None,
+                                  frozenset(c for c in m.group(2).split(".") if c),
+                                  [p for p in m.group(3).split(":") if p], (m.group(4) or "")[2:] or None))
+            spec = (0, sum(len(c[1]) + len(c[2]) for c in compounds),
+                    sum((c[0] is not None) + (c[3] is not None) for c in compounds))
+            out.append((compounds, spec, order, decls))
+    return out
+
+
+def _matches(compound, el, pseudo) -> bool:
+    tag, classes, pseudo_classes, pseudo_element = compound
+    if pseudo_element != pseudo:
+        return False
+    if pseudo_classes and pseudo_classes != ["root"]:
+        return False  # :hover and the like: not in a static page
+    if pseudo_classes == ["root"] and el[0] != "html":
+        return False
+    return (tag is None or tag == el[0]) and classes <= el[1]
+
+
+def _selects(compounds, chain, pseudo) -> bool:
+    """Whether the descendant selector ``compounds`` selects the last element of ``chain`` (or its ``pseudo``)."""
+    if not _matches(compounds[-1], chain[-1], pseudo):
+        return False
+    i = len(chain) - 2
+    for compound in reversed(compounds[:-1]):
+        while i >= 0 and not _matches(compound, chain[i], None):
+            i -= 1
+        if i < 0:
+            return False
+        i -= 1
+    return True
+
+
+def _is_colour(token: str) -> bool:
+    return token.startswith(("#", "var(", "rgb", "hsl")) or token in ("currentcolor", "currentColor", "grey", "red",
+                                                                       "blue", "black", "white", "transparent")
+
+
+def _longhands(prop: str, value: str) -> list[tuple[str, str]]:
+    """The longhands a declaration sets, as far as colours go (a border
+    shorthand without a colour sets it to currentcolor)."""
+    if prop in ("border", "border-top"):
+        colours = [t for t in value.split() if _is_colour(t)]
+        return [("border-top-color", colours[0] if colours else "currentcolor")]
+    if prop == "border-color":
+        return [("border-top-color", value.split()[0])]
+    return [(prop, value)]
+
+
+def _computed(rules, chain, pseudo, prop: str, variables: dict) -> str | None:
+    """The cascaded value of ``prop`` on the last element of ``chain`` (or its
+    ``pseudo``): the matching declaration of the highest specificity, the
+    later one on a tie; ``color`` inherits; var() and currentcolor resolved."""
+    found = [(spec, order, i, value) for compounds, spec, order, decls in rules if _selects(compounds, chain, pseudo)
+             for i, (p, v) in enumerate(decls) for lp, value in _longhands(p, v) if lp == prop]
+    if not found:
+        if prop == "color" and (pseudo or len(chain) > 1):
+            return _computed(rules, chain if pseudo else chain[:-1], None, "color", variables)
+        return None
+    value = max(found)[3]
+    value = re.sub(r"var\((--[\w-]+)\)", lambda m: variables[m.group(1)], value)
+    if value.lower() == "currentcolor":
+        return _computed(rules, chain, pseudo, "color", variables)
+    return value.lower()
+
+
+def legend_and_line_colours(page: str) -> dict[str, tuple]:
+    """Per series label: (its legend swatch's visible colour, its line's
+    stroke), computed from the page's own CSS. The swatch is the ``::before``
+    of the legend entry; the page draws it as a box 0 high (asserted) whose
+    top border is all that shows, so its colour is the border's."""
+    doc = _Elements()
+    doc.feed(page)
+    rules = _rules(doc.css)
+    variables = {k: v.strip() for compounds, _, _, decls in rules if compounds[0][2] == ["root"] for k, v in decls
+                 if k.startswith("--")}
+    assert doc.legend and sorted(doc.legend) == sorted(doc.lines), (doc.legend.keys(), doc.lines.keys())
+    out = {}
+    for label, chain in doc.legend.items():
+        assert _computed(rules, chain, "before", "height", variables) == "0", label  # only the border shows
+        out[label] = (_computed(rules, chain, "before", "border-top-color", variables),
+                      _computed(rules, doc.lines[label], None, "stroke", variables))
+    return out
+
+
+def test_legend_swatches_take_their_lines_colours():
+    """The leak report's chart and the job report's per-rank chart (issue 37:
+    the job page's swatches were grey, its lines blue and red)."""
+    from memalloc.trace import flight_report
+    ranks = [{"rank": r, "pid": 100 + r, "host": "h", "state": "exited", "steps": [1, 2, 3],
+              "peak_allocated": [(r + 1) * MiB] * 3, "peak": (r + 1) * MiB, "leaks": []} for r in range(3)]
+    pages = {"leak report": render_html(sample_report()),
+             "job report": flight_report.to_html({"ranks": ranks, "outliers": []})}
+    for name, page in pages.items():
+        colours = legend_and_line_colours(page)
+        assert all(line is not None for _, line in colours.values()), (name, colours)
+        assert {label: swatch for label, (swatch, _) in colours.items()} == \
+            {label: line for label, (_, line) in colours.items()}, (name, colours)
+    job = legend_and_line_colours(pages["job report"])
+    assert len({line for _, line in job.values()}) == 3  # three ranks, three colours
