@@ -37,21 +37,61 @@ def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = 
     canonical text leaves out) still overrides an earlier one.
 
     Raises ValueError (``memalloc.InvalidArgumentError``) naming an unknown
-    key or a malformed value, with the valid keys; in a mapping, a key or
-    value containing ',' or ':' is malformed (it would set other keys).
+    key or a malformed value, with the valid keys, and where it came from
+    (the ``config`` argument, ``$MEMALLOC_CONF``, or torch's
+    ``PYTORCH_CUDA_ALLOC_CONF`` in ``base``); in a mapping, a key or value
+    containing ',' or ':' is malformed (it would set other keys).
     """
-    parts = [base]
+    layers = [(_base_source, base)]
     if use_env and os.environ.get(ENV_VAR):
-        parts.append(os.environ[ENV_VAR])
+        layers.append((lambda: ENV_VAR, os.environ[ENV_VAR]))
     if isinstance(config, Mapping):
-        parts.append(",".join(_entry_text(k, v) for k, v in config.items()))
+        layers.append((lambda: f"the config argument {dict(config)!r}",
+                       ",".join(_entry_text(k, v) for k, v in config.items())))
     elif isinstance(config, str):
-        parts.append(config)
+        layers.append((lambda: f"the config argument {config!r}", config))
     elif config is not None:
         raise TypeError(
             f"config must be a 'key:value,...' string or a mapping, not {type(config).__name__}"
         )
-    return _C.parse_config(",".join(p for p in parts if p))
+    try:
+        return _C.parse_config(",".join(text for _, text in layers if text))
+    except _C.InvalidArgumentError as e:
+        raise _blamed(e, layers) from None
+
+
+# The core's messages name the syntax's usual home; the layer at fault replaces it.
+_CORE_PREFIX = f"{ENV_VAR}: "
+
+
+def _blamed(error: Exception, layers: list) -> Exception:
+    """``error`` (from parsing the layers together) naming the first layer
+    that fails alone; unchanged when each parses alone."""
+    for source, text in layers:
+        if not text:
+            continue
+        try:
+            _C.parse_config(text)
+        except _C.InvalidArgumentError as alone:
+            message = str(alone)
+            if message.startswith(_CORE_PREFIX):
+                message = message[len(_CORE_PREFIX):]
+            return type(error)(f"{source()}: {message}")
+    return error
+
+
+def _base_source() -> str:
+    """Who wrote ``base`` (enable(): memalloc's defaults, then the shared
+    keys of torch's settings variable, memalloc/core/_settings.py): the
+    variable when it is set and its keys fail alone."""
+    from memalloc.core import _settings  # (imports torch: only for an error's message)
+    name, text = _settings.torch_env_text()
+    if name:
+        try:
+            _C.parse_config(_settings.split(text)[0])
+        except (_C.InvalidArgumentError, ValueError):
+            return f"{name} (its keys memalloc shares with torch)"
+    return "memalloc's base config"
 
 
 def config_value(text: str, key: str) -> Optional[str]:

@@ -202,3 +202,30 @@ def test_huge_mb_values_are_rejected_or_round_trip(key):
     assert items(canon)[key] == str(2 ** 44)
 
 
+
+
+@pytest.mark.parametrize("env,config,blamed,key", [
+    ({}, "bogus:1", "the config argument 'bogus:1'", "unknown key 'bogus'"),
+    ({}, {"nope": 1}, "the config argument {'nope': 1}", "unknown key 'nope'"),
+    ({"MEMALLOC_CONF": "bogus:1"}, "host_devices:2", "MEMALLOC_CONF", "unknown key 'bogus'"),
+    ({"MEMALLOC_CONF": "host_devices:2"}, "host_devices:0", "the config argument 'host_devices:0'",
+     "host_devices must be between 1 and 64"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:abc"}, None, "PYTORCH_CUDA_ALLOC_CONF",
+     "value 'abc' of key 'max_split_size_mb'"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:abc", "MEMALLOC_CONF": "bogus:1"}, "nope:1",
+     "PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb"),  # the lowest layer at fault first
+], ids=["config-str", "config-mapping", "env", "config-value", "torch-env", "all-three"])
+def test_a_bad_key_is_blamed_on_where_it_came_from(monkeypatch, env, config, blamed, key):
+    """enable()'s layers (torch's variable, MEMALLOC_CONF, config=): the
+    message names the one the bad entry is in (issue 37: config="bogus:1"
+    was blamed on MEMALLOC_CONF). enable() refuses before changing anything."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(memalloc.InvalidArgumentError) as info:
+        memalloc.enable(backend="host", config=config)
+    msg = str(info.value)
+    assert msg.startswith(f"{blamed}") and key in msg, msg
+    others = {"the config argument", "MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} - {blamed.split(" {")[0].split(" '")[0]}
+    assert not any(other in msg for other in others), msg
