@@ -303,14 +303,15 @@ def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, si
         return False
     # The iterations the blocks were allocated over, counted from their own
     # step stamps, not from the boundaries sampled.
-    _set_figures(leak, sum(block_at[ptr][0] for ptr in storages), sum(storages.values()), min(steps),
+    _set_figures(leak, sum(block_at[ptr][0] for ptr in storages), sum(storages.values()), min(steps) + 1,
                  max(steps) - min(steps) + 1)
     return True
 
 
 def _set_figures(leak: Leak, retained_bytes: int, retained_tensors: int, first: int, iterations: int) -> None:
-    """A measured leak's figures: retained bytes and tensors, the iteration
-    it starts in, and both per step over ``iterations``."""
+    """A measured leak's figures: retained bytes and tensors, the step it
+    starts in (``first``, numbered as the report's ``steps``: the boundary
+    that ends it), and both per step over ``iterations``."""
     leak.retained_bytes = retained_bytes
     leak.retained_tensors = retained_tensors
     leak.first_step = first
@@ -473,6 +474,13 @@ def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
         holder["added_groups"] = len(_added_groups(container))
     if kind == "dict" and container and all(isinstance(k, int) for k in container):
         holder["int_keys"] = True
+    if kind != "optimizer":
+        # Whether the tensors it keeps are single numbers (a loss: keep .item())
+        # or more (logits: keep .detach()); its newest 32 items are enough.
+        items = list(container.values() if isinstance(container, dict) else container)[-32:]
+        tensors = [t for t in items if isinstance(t, torch.Tensor)]
+        if tensors:
+            holder["scalars"] = all(t.numel() == 1 for t in tensors)
     if name and file:
         line = _adding_line(file, name, kind, leak, scope)
         if line:

@@ -238,7 +238,7 @@ class LeakTracker:
                 stack=[f.to_dict() for f in frames], bytes_per_step=per_step,
                 tensors_per_step=_slope(xs, [float(c) for c in count_series[self.warmup_steps:]]),
                 retained_bytes=sum(ages[s][1] for s in since), retained_tensors=sum(ages[s][0] for s in since),
-                first_step=min(since),
+                first_step=min(since) + 1,  # a block stamped s was allocated in the step that ends at boundary s + 1
                 series=bytes_series, stack_ids=sorted(stacks), last_step=last_step))
         if find_holders and leaks:
             leaks = attribute_holders(leaks, live, self._groups_at_start)
@@ -278,8 +278,12 @@ def _cause(leak: Leak) -> tuple[str, str]:
         return ("no_grad_eval", f"the tensors kept in {name} carry their autograd graph, saved activations "
                 "included: evaluate under torch.no_grad() (or torch.inference_mode()), or keep .detach() / .item()")
     if h and leak.graph:
+        # A single number (a loss) reads as a float; anything larger (logits,
+        # outputs) is a tensor to detach.
+        keep = "loss.item() (a float) or loss.detach()" if h.get("scalars", True) else \
+            "t.detach() (or t.detach().cpu(), or only the figure you need: t.argmax(-1), t.mean().item())"
         return ("graph_in_container", f"each tensor kept in {name} still holds its autograd graph: keep "
-                "loss.item() (a float) or loss.detach() instead")
+                f"{keep} instead")
     if in_hook:
         return ("hook_storage", "a hook stores a tensor on every call: keep .detach().cpu() copies, or clear the "
                 "store each step")

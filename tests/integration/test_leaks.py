@@ -54,6 +54,7 @@ def marker(name: str) -> int:
 # name: (bytes per step, cause, holder name)
 LEAKS = {
     "losses_with_graph": (512, "graph_in_container", "losses"),
+    "logits_with_graph": (512, "graph_in_container", "logits"),
     "eval_without_no_grad": (None, "no_grad_eval", "outputs"),  # output + saved activations: see below
     "hook_storage": (8192, "hook_storage", "self.store"),
     "cache_by_step": (4096, "cache_by_step", "cache"),
@@ -82,6 +83,14 @@ def test_leak_is_reported_at_the_line_that_keeps_it(reports, name):
     steps, allocated = r["steps"][r["warmup_steps"]:], r["allocated"][r["warmup_steps"]:]
     assert leak["bytes_per_step"] == pytest.approx((allocated[-1] - allocated[0]) / (steps[-1] - steps[0]))
     assert leak["retained_tensors"] >= 20 and leak["hint"]
+
+
+def test_the_hint_fits_what_is_kept(reports):
+    """A kept loss (one element) is told to keep .item(); kept logits (a
+    tensor of 128 elements) to keep .detach(), not loss.item() (issue 37)."""
+    assert "loss.item()" in reports["losses_with_graph"]["leaks"][0]["hint"]
+    hint = reports["logits_with_graph"]["leaks"][0]["hint"]
+    assert "t.detach()" in hint and "loss.item()" not in hint and "`logits`" in hint
 
 
 def test_a_workspace_made_at_the_forward_line_is_not_the_graphs(reports):

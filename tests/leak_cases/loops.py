@@ -46,6 +46,24 @@ def losses_with_graph(allocator=None):
     return check
 
 
+def logits_with_graph(allocator=None):
+    """Training loop that keeps each step's logits (16x8 float32: 512 B, with
+    their autograd graph, whose saved tensors backward freed)."""
+    m, logits = model(), []
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x, y = batch()
+    with memalloc.leak_check(allocator=allocator) as check:
+        for _ in range(STEPS):
+            out = m(x)
+            loss = torch.nn.functional.mse_loss(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            logits.append(out)  # LEAK:logits_with_graph
+            memalloc.step()
+    return check
+
+
 def eval_without_no_grad(allocator=None):
     """Evaluation that keeps outputs with their graphs (activations saved)."""
     m, outputs = model(), []
@@ -272,6 +290,6 @@ def bounded_deque(allocator=None):
     return check
 
 
-LEAKS = [losses_with_graph, eval_without_no_grad, hook_storage, cache_by_step, leak_in_helper, nested_module,
+LEAKS = [logits_with_graph, losses_with_graph, eval_without_no_grad, hook_storage, cache_by_step, leak_in_helper, nested_module,
          auto_step_loss_list, eval_with_a_lazy_workspace]
 NOT_LEAKS = [training_with_item, cache_heavy, one_iteration_retention, warmup_then_flat, gc_delayed, bounded_deque]

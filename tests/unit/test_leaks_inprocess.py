@@ -97,3 +97,24 @@ def test_step_tracker_on_an_allocator_records_in_step_peaks(allocator):
     assert rows[1]["peak_allocated"] == 64 * KiB             # gone by step 2
     assert tracker.to_dict()["backend"] == "host"
     del kept
+
+
+def test_first_step_is_numbered_as_the_steps_sampled(allocator):
+    """A leak that starts in the 4th iteration (the one that ends at the 4th
+    boundary) reports first_step 4, in the numbering of ``steps`` (the
+    boundaries sampled), and the text says so (issue 37: a report said
+    "since step 0" beside "sampled (1..20)")."""
+    kept = []
+    start = memalloc.steps()
+    with memalloc.leak_check(allocator=allocator, warmup_steps=1) as check:
+        for i in range(1, 13):
+            if i >= 4:
+                kept.append(torch.from_dlpack(allocator.host_buffer(4 * KiB)))
+            memalloc.step()
+    (leak,) = check.leaks
+    steps = check.report.steps
+    assert steps[0] == start + 1 and steps[-1] == start + 12
+    assert leak.first_step == start + 4
+    assert leak.retained_tensors == 9 and leak.retained_bytes == 9 * 4 * KiB
+    assert f"since step {start + 4}" in check.to_text()
+    del kept
