@@ -31,8 +31,23 @@ forward left allocated):
 - checkpointing + bf16: the two applied to activations and temporaries in
   turn;
 - del + empty_cache each step: reserved bytes between steps fall to what
-  stays allocated (parameters, optimizer state, other);
+  stays allocated: the larger of the bytes the run held allocated at the
+  last step boundary (the profile reads them there; a run holds its
+  gradients, outputs and anything it keeps across it) and parameters,
+  optimizer state and other at the peak plus what the known leaks held at
+  the last boundary;
 - optimizer state: an 8-bit or sharded optimizer (not measured here).
+
+Only what applies is listed: DDP needs a second GPU, so it is left out of a
+run on the host backend (a CPU) or with fewer than 2 CUDA devices.
+
+A leak makes every other figure wrong (its tensors count as activations at
+the peak, and it grows every step), so when the leak report of the same run
+is given (``advise(..., leaks=report)``: memalloc/features/leaks.py), each
+leak comes first ("fix the leak at file:line: +X per step") and the bytes it
+held when the peak's step began are taken out of the activations (A above)
+before any saving is estimated (a leak of parameter groups, cause
+``optimizer_state``, holds no activations and is not taken out).
 
 tests/integration/test_advisor.py checks the estimates against the table measured on
 the GPU (docs/strategies.md) and against the tiny model's on the host
@@ -49,7 +64,7 @@ import torch
 from torch import nn
 
 from memalloc import _C
-from memalloc.core import _hooks, _state
+from memalloc.core import _hooks, _state, iteration
 from memalloc.features import phases
 from memalloc.core._format import fmt_bytes
 from memalloc.features.breakdown import MemoryBreakdown
@@ -61,8 +76,10 @@ CAST_WEIGHTS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttentio
 @dataclasses.dataclass(frozen=True)
 class Advice:
     """One strategy: the peak allocated bytes it would save (an estimate,
-    ``saves``; for ``del_empty_cache``, reserved bytes between steps), what
-    the estimate rests on, and what it costs."""
+    ``saves``; for ``del_empty_cache``, reserved bytes between steps; for
+    ``fix_leak``, the bytes the leak held when the peak's step began, and
+    it grows every step), what the estimate rests on, and what it costs
+    (for ``fix_leak``: the leak report's hint)."""
 
     strategy: str
     saves: int
@@ -82,13 +99,17 @@ class Profile:
     parent_bytes: int                    # kept by parent modules' own code (residual sums...)
     cast_weight_bytes: int               # fp32 weights of linear/convolution layers autocast would copy
     trainable_bytes: int                 # bytes of parameters that require grad
+    # bytes allocated at the last step boundary the profile saw: what the run
+    # held across it (None: no boundary seen, or a profile written before it was read)
+    held_between_steps: Optional[int] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] if f.default is dataclasses.MISSING else d.get(f.name, f.default)
+                      for f in dataclasses.fields(cls)})
 
 
 FEATURE = "advisor's forward profile"  # its name in hook warnings (memalloc.core._hooks)
@@ -98,8 +119,11 @@ class ForwardProfile:
     """Watches the forward of every training step (global module hooks, so
     only for diagnostic runs: each module call reads the allocator twice) and
     keeps, for the last forward before a backward, the bytes each module's
-    forward left allocated and the size of its input. ``start()`` /
-    ``stop()``; :meth:`profile` summarises the last forward."""
+    forward left allocated and the size of its input; at every step boundary
+    (:func:`memalloc.step`, or ``optimizer.step()`` where boundaries are
+    marked by it) it reads the allocated bytes (``held_between_steps``, the
+    last boundary's). ``start()`` / ``stop()``; :meth:`profile` summarises
+    the last forward."""
 
     def __init__(self, allocator: Optional[_C.Allocator] = None, device: int = 0) -> None:
         self._allocator = allocator
@@ -110,18 +134,25 @@ class ForwardProfile:
         self._current: dict[int, list] = {}  # id(module) -> [weakref, kept bytes, input bytes, calls]
         self._last: dict[int, list] = {}
         self._roots: _hooks.IdentityRegistry[nn.Module] = _hooks.IdentityRegistry()  # by identity
+        self.held_between_steps: Optional[int] = None  # bytes allocated at the last step boundary
 
     def start(self) -> "ForwardProfile":
         self._a = _state.allocator_or_installed(self._allocator)
         _hooks.subscribe(_hooks.MODULE_FORWARD_PRE, FEATURE, self._pre)
         _hooks.subscribe(_hooks.MODULE_FORWARD, FEATURE, self._post)
         phases.add_backward_listener(self._backward_started)
+        iteration.add_step_listener(self._boundary)
         return self
 
     def stop(self) -> None:
         _hooks.unsubscribe(_hooks.MODULE_FORWARD_PRE, FEATURE)
         _hooks.unsubscribe(_hooks.MODULE_FORWARD, FEATURE)
         phases.remove_backward_listener(self._backward_started)
+        iteration.remove_step_listener(self._boundary)
+
+    def _boundary(self, step: int) -> None:
+        if self._a is not None:
+            self.held_between_steps = self._allocated()
 
     def _allocated(self) -> int:
         assert self._a is not None
@@ -174,7 +205,7 @@ class ForwardProfile:
         cast = sum(p.untyped_storage().nbytes() for m in root.modules() if isinstance(m, CAST_WEIGHTS)
                    for p in m.parameters(recurse=False) if p.dtype == torch.float32)
         trainable = sum(p.untyped_storage().nbytes() for p in root.parameters() if p.requires_grad)
-        return Profile(blocks, leaf, max(0, parent), cast, trainable)
+        return Profile(blocks, leaf, max(0, parent), cast, trainable, self.held_between_steps)
 
 
 def repeated_blocks(root: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -193,26 +224,95 @@ def repeated_blocks(root: nn.Module) -> list[tuple[str, nn.Module]]:
     return best if len(best) >= 2 else []
 
 
+def visible_gpus() -> int:
+    """How many GPUs this run could train on: 0 on the host backend (the
+    device is simulated in CPU memory), else torch.cuda.device_count()
+    (0 without CUDA). Does not initialise CUDA."""
+    if _state.enabled_backend() == "host":
+        return 0
+    try:
+        return int(torch.cuda.device_count()) if torch.version.cuda is not None else 0
+    except Exception:  # a broken driver: no GPU to advise
+        return 0
+
+
+def _leaks_of(leaks: Any) -> tuple[list, list]:
+    """(the leaks, the steps sampled) of a LeakReport, or of a list of Leak."""
+    if leaks is None:
+        return [], []
+    if hasattr(leaks, "leaks"):
+        return list(leaks.leaks), list(getattr(leaks, "steps", []))
+    return list(leaks), []
+
+
+def _held_at(leak: Any, steps: list, step: Optional[int]) -> int:
+    """Bytes the leak's site held at boundary ``step`` (its sample there; the
+    peak's step began at boundary ``peak_step - 1``); without that sample,
+    at its second-to-last sample (the report's last step began there)."""
+    series = list(leak.series or [])
+    if step is not None and step in steps and len(steps) == len(series):
+        return int(series[steps.index(step)])
+    return int(series[-2]) if len(series) >= 2 else 0
+
+
 def advise(breakdown: MemoryBreakdown, profile: Optional[Profile] = None,
-           reserved_after: Optional[int] = None) -> list[Advice]:
-    """The strategies that apply, largest saving first (bytes). ``profile``
-    adds checkpointing and sharpens the mixed-precision estimate;
-    ``reserved_after``: reserved bytes between steps (del + empty_cache)."""
+           reserved_after: Optional[int] = None, *, leaks: Any = None, gpus: Optional[int] = None,
+           held_between_steps: Optional[int] = None) -> list[Advice]:
+    """The strategies that apply, the run's leaks first, then largest saving
+    first (bytes). ``profile`` adds checkpointing and sharpens the
+    mixed-precision estimate; ``reserved_after``: reserved bytes between
+    steps (del + empty_cache); ``leaks``: the same run's leak report
+    (:class:`memalloc.LeakReport`, or a list of its :class:`Leak`): each
+    leak is advised first and the bytes it held when the peak's step began
+    are not counted as activations; ``gpus``: the GPUs the run could use
+    (default :func:`visible_gpus`; DDP is advised from 2);
+    ``held_between_steps``: bytes allocated at the last step boundary
+    (default: the profile's)."""
     b = breakdown.peak
     act, tmp, grads = b["activations"], b["temporaries"], b["gradients"]
     params = profile.trainable_bytes if profile is not None else b["parameters"]
+    if gpus is None:
+        gpus = visible_gpus()
+    if held_between_steps is None and profile is not None:
+        held_between_steps = profile.held_between_steps
+    found, steps = _leaks_of(leaks)
+    first: list[Advice] = []
+    leaked_at_peak = leaked_at_end = 0  # bytes of activations the leaks held (peak's step start; last boundary)
+    begun = breakdown.peak_step - 1 if breakdown.peak_step is not None else None
+    for leak in found:
+        holds_activations = leak.cause != "optimizer_state"  # a parameter-group leak holds parameters and state
+        at_peak = _held_at(leak, steps, begun) if holds_activations else 0
+        if holds_activations:
+            leaked_at_peak += at_peak
+            leaked_at_end += int(leak.series[-1]) if leak.series else int(leak.retained_bytes)
+        holder = leak.holder
+        held_by = f", held by {holder['kind']} `{holder['name']}`" if holder else ""
+        if holds_activations:
+            counted = (f"it held {fmt_bytes(at_peak)} when the peak's step began, counted as activations there "
+                       "and left out of the estimates below")
+        else:
+            counted = "its bytes are parameters, gradients and optimizer state, not activations"
+        first.append(Advice(
+            "fix_leak", at_peak,
+            f"fix the leak at {leak.where()}: +{fmt_bytes(leak.bytes_per_step)} per step "
+            f"({fmt_bytes(leak.retained_bytes)} in {leak.retained_tensors} tensors since step {leak.first_step}"
+            f"{held_by}); {counted}",
+            leak.hint or "look for references kept across steps (lists, dicts, attributes, closures)"))
+    act = max(0, act - leaked_at_peak)
     varying = act + tmp
+    leak_note = f" (less {fmt_bytes(leaked_at_peak)} the leaks held)" if leaked_at_peak else ""
     out: list[Advice] = []
     if varying > 0:
         out.append(Advice("half_batch", varying // 2,
-                          f"activations {fmt_bytes(act)} and temporaries {fmt_bytes(tmp)} at the peak scale "
-                          "with the batch", "half the samples per step"))
+                          f"activations {fmt_bytes(act)}{leak_note} and temporaries {fmt_bytes(tmp)} at the peak "
+                          "scale with the batch", "half the samples per step"))
         out.append(Advice("grad_accumulation", max(0, varying // 2 - max(0, params - grads)),
                           "half the activations per micro-batch; every gradient is live in the second one",
                           "the same samples per optimizer step; two forward/backward passes each"))
-        out.append(Advice("ddp", max(0, varying // 2 - params),
-                          "each of 2 GPUs trains half the batch; DDP adds gradient buckets the size of the "
-                          "trainable parameters", "a second GPU"))
+        if gpus >= 2:
+            out.append(Advice("ddp", max(0, varying // 2 - params),
+                              "each of 2 GPUs trains half the batch; DDP adds gradient buckets the size of the "
+                              "trainable parameters", "a second GPU"))
     ckpt = mixed = None
     if profile is not None and profile.blocks:
         kept = sum(k for _, k, _ in profile.blocks)
@@ -244,23 +344,30 @@ def advise(breakdown: MemoryBreakdown, profile: Optional[Profile] = None,
             out.append(Advice("checkpointing_bf16", both, "checkpointing, then autocast on what is left",
                               "the recomputation of checkpointing"))
     if reserved_after is not None:
-        stays = b["parameters"] + b["optimizer_state"] + b["other"]
+        stays = b["parameters"] + b["optimizer_state"] + b["other"] + leaked_at_end
+        what = "parameters, optimizer state and other" + (" and the leaks" if leaked_at_end else "")
+        if held_between_steps is not None and held_between_steps >= stays:
+            stays, what = held_between_steps, "what the run held allocated at the last step boundary"
         out.append(Advice("del_empty_cache", max(0, reserved_after - stays),
-                          f"between steps only parameters, optimizer state and other ({fmt_bytes(stays)}) "
-                          f"need to stay reserved, not {fmt_bytes(reserved_after)}",
+                          f"between steps only {what} ({fmt_bytes(stays)}) must stay reserved, "
+                          f"not {fmt_bytes(reserved_after)}",
                           "the peak is unchanged; every step allocates its memory from the device again"))
     if b["optimizer_state"] > varying:
         out.append(Advice("optimizer_state", b["optimizer_state"] * 3 // 4,
                           f"optimizer state ({fmt_bytes(b['optimizer_state'])}) is more than the activations",
                           "an 8-bit optimizer (3/4 of it) or one sharded over GPUs (FSDP/ZeRO); not measured"))
-    return sorted(out, key=lambda a: -a.saves)
+    return first + sorted(out, key=lambda a: -a.saves)
 
 
 def to_text(advice: list[Advice], breakdown: MemoryBreakdown) -> str:
-    """The advice as lines, largest saving first."""
+    """The advice as lines, in :func:`advise`'s order: the leaks first ("fix
+    the leak at file:line: +X per step"), then largest saving first."""
     total = breakdown.peak_total
     lines = [f"memalloc advice (peak allocated {fmt_bytes(total)}; the largest part: {breakdown.largest()}):"]
     for a in advice:
+        if a.strategy == "fix_leak":
+            lines.append(f"  {a.strategy:<20} {a.why}; hint: {a.cost}")
+            continue
         if a.strategy == "del_empty_cache":
             what = "reserved between steps"
         else:

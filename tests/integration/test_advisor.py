@@ -32,7 +32,7 @@ def by_name(advice):
 
 def test_the_rules_on_made_up_figures():
     b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20, other=7)
-    got = by_name(advisor.advise(b))
+    got = by_name(advisor.advise(b, gpus=2))
     assert got["half_batch"] == 60                        # (A + T) / 2
     assert got["grad_accumulation"] == 60 - (30 - 5)      # ... less the gradients not live at the peak
     assert got["ddp"] == 60 - 30                          # ... less DDP's buckets
@@ -40,7 +40,7 @@ def test_the_rules_on_made_up_figures():
     assert "checkpointing" not in got and "del_empty_cache" not in got
     profile = advisor.Profile(blocks=[("b1", 40, 10), ("b2", 40, 10)], leaf_bytes=70, parent_bytes=10,
                               cast_weight_bytes=8, trainable_bytes=30)
-    got = by_name(advisor.advise(b, profile, reserved_after=200))
+    got = by_name(advisor.advise(b, profile, reserved_after=200, gpus=2))
     assert got["checkpointing"] == 80 - max(10 + 40, 20 + 40, 20)  # block 2 recomputed: both inputs + 40
     assert got["bf16_autocast"] == 35 + 10 - 4                     # leaves / 2 + T / 2 - weights / 2
     assert got["del_empty_cache"] == 200 - (30 + 60 + 7)
@@ -78,7 +78,7 @@ def compare(advice_file: dict, results: list[dict], model: str, skip=()) -> dict
     """estimate / measured - 1 for every strategy both have."""
     b = MemoryBreakdown.from_dict(advice_file["breakdown"])
     p = advisor.Profile.from_dict(advice_file["profile"])
-    estimates = by_name(advisor.advise(b, p, advice_file["reserved_after"]))
+    estimates = by_name(advisor.advise(b, p, advice_file["reserved_after"], gpus=2))  # the table's DDP: 2 devices
     measured = measured_savings(results, model)
     return {s: estimates[s] / measured[s] - 1 for s in measured if s in estimates and s not in skip}
 
