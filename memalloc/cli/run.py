@@ -24,6 +24,12 @@ matplotlib is installed.
 An out-of-memory error in the script writes its report (memalloc/features/oom.py) to
 DIR as well, with or without these flags.
 
+In a job of several ranks (``torchrun ... -m memalloc run``: torchrun's
+``RANK`` and ``WORLD_SIZE``, the latter above 1) each rank writes these
+files in its own folder, ``DIR/rank<RANK>/`` (``DIR/rank0/steps.csv``,
+``DIR/rank1/steps.csv``, ...), so that no rank overwrites another's; one
+process writes them in DIR itself. The paths written are printed.
+
 With ``--fit BUDGET`` (the script's batch size argument written
 ``{batch}``): the batch planner first (memalloc/cli/fit.py: one probe
 process per small batch, then the plan printed), then the script at the
@@ -32,7 +38,11 @@ planned batch; ``--fit-only`` stops after the plan.
 The flight recorder is on (memalloc/features/flight.py): the event rings go
 into a file in DIR/flight that a SIGKILL, segfault or abort leaves behind,
 for ``python -m memalloc postmortem DIR/flight``; so does an exception out
-of the script (an OOM, Ctrl-C, SIGTERM); a clean end removes it.
+of the script (an OOM, Ctrl-C, SIGTERM). A clean end removes it in a single
+process; in a job of several ranks every rank's file stays (marked exited)
+for ``python -m memalloc report DIR``, which merges the ranks. The config
+key ``flight_recorder_keep`` says otherwise when given (True: keep it in a
+single process too; False: remove it in a job as well).
 ``--no-flight-recorder`` turns it off; a ``flight_recorder:`` config entry
 chooses the folder instead.
 """
@@ -46,6 +56,7 @@ import signal
 import sys
 from typing import Any, Optional
 
+from memalloc import _C
 from memalloc.core import _state, iteration
 from memalloc.features import advisor, flight, oom, stats
 from memalloc.integration import host
@@ -70,7 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-flight-recorder", action="store_true",
                    help="do not keep the event rings in a file that outlives the process (DIR/flight)")
     p.add_argument("--out", default="memalloc-report",
-                   help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports")
+                   help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports "
+                        "(in a job of several ranks: OUT/rank<RANK>/ for each rank's) and the flight recorder "
+                        "(OUT/flight)")
     p.add_argument("--fit", metavar="BUDGET", default=None,
                    help="find the largest batch that fits BUDGET (bytes, 7GiB, 512MiB or 'free') before running: "
                         "the script's batch size argument is written {batch} (memalloc/cli/fit.py)")
@@ -124,10 +137,13 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"memalloc: no such script: {args.script}")
     if args.warmup_steps < 0:
         raise SystemExit("memalloc: --warmup-steps must be >= 0")
+    rank, world = job_rank()
+    # this process's reports: OUT itself, or OUT/rank<N> in a job of several ranks (a probe: --fit's folder)
+    out = args.out if probing else rank_folder(args.out, rank, world)
     try:  # leak reports and OOM reports go there
-        os.makedirs(args.out, exist_ok=True)
+        os.makedirs(out, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"memalloc: cannot create the report folder {args.out!r}: {e}") from None
+        raise SystemExit(f"memalloc: cannot create the report folder {out!r}: {e}") from None
     records = _fit_first(args, probes) if planning else None
     backend = enable_or_exit(args.backend, args.config)
     if backend == "host":
@@ -148,11 +164,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"memalloc: running {args.script} {' '.join(args.script_args)}", file=sys.stderr, flush=True)
         if backend == "host":
             host.use_for_cpu_tensors()
-    oom.set_oom_report(directory=args.out)  # an OOM writes its report next to the leak report
+    oom.set_oom_report(directory=out)  # an OOM writes its report next to the leak report
     flight_dir = None
+    keep_flight = False
     if not args.no_flight_recorder and flight.current() is None:
-        flight_dir = os.path.join(args.out, "flight")
-        flight.start(flight_dir, keep=config_value(_state.installed_config(), "flight_recorder_keep") == "True")
+        flight_dir = os.path.join(args.out, "flight")  # every rank's file in one folder, for `report`
+        keep_flight = _keep_flight(args.config, world)
+        flight.start(flight_dir, keep=keep_flight)
     if args.leaks or args.steps or args.advise:
         _start_boundaries(backend)
     tracker = _start_leaks(args.warmup_steps) if args.leaks else None
@@ -176,11 +194,11 @@ def main(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         if step_tracker is not None:
-            _write_steps(step_tracker, args.out)
+            _write_steps(step_tracker, out)
         if tracker is not None:
-            _write_leaks(tracker, args.out)
+            _write_leaks(tracker, out)
         if advice is not None:
-            _write_advice(*advice, args.out)
+            _write_advice(*advice, out)
         _print_totals(backend)
         del script_globals
         if flight_dir is not None:
@@ -191,7 +209,38 @@ def main(args: argparse.Namespace) -> int:
                 os.rmdir(flight_dir)
             except OSError:
                 pass
+            if clean and keep_flight:
+                how = f"rank {rank} of {world}: " if world > 1 else ""
+                print(f"memalloc: {how}the flight recorder file stays in {flight_dir} "
+                      f"(python -m memalloc report {args.out})", file=sys.stderr)
     return 0
+
+
+def job_rank() -> tuple[int, int]:
+    """(rank, world size) of this process from torchrun's ``RANK`` and
+    ``WORLD_SIZE``; (0, 1) outside a job (or when they are not numbers)."""
+    try:
+        return int(os.environ.get("RANK", "0")), max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 0, 1
+
+
+def rank_folder(out: str, rank: int, world: int) -> str:
+    """Where this process writes its reports: ``out`` for a single process,
+    ``out/rank<rank>`` in a job of several ranks (each rank its own files)."""
+    return out if world <= 1 else os.path.join(out, f"rank{rank}")
+
+
+def _keep_flight(config: Optional[str], world: int) -> bool:
+    """Whether the flight recorder file stays at a clean end: as
+    ``flight_recorder_keep`` says when MEMALLOC_CONF or --config gives it,
+    otherwise in a job of several ranks (``report OUT`` merges them) and not
+    in a single process."""
+    given = any(key == "flight_recorder_keep" for text in (os.environ.get("MEMALLOC_CONF", ""), config or "")
+                for key, _ in _C.config_entries(text))
+    if given:
+        return config_value(_state.installed_config(), "flight_recorder_keep") == "True"
+    return world > 1
 
 
 def _start_boundaries(backend: str) -> None:
@@ -260,7 +309,8 @@ def _write_leaks(tracker, out: str) -> None:
     print(report.to_text(), file=sys.stderr)
     report.to_json(os.path.join(out, "leaks.json"))
     report.to_html(os.path.join(out, "leaks.html"))
-    print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and leaks.html", file=sys.stderr)
+    print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and {os.path.join(out, 'leaks.html')}",
+          file=sys.stderr)
 
 
 def _print_totals(backend: str) -> None:

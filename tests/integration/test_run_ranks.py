@@ -1,0 +1,108 @@
+"""``python -m memalloc run`` in a job of several ranks (issue 37): under
+``torchrun --nproc_per_node 2 -m memalloc run --steps --leaks --out D`` on
+the CPU (gloo, host backend) each rank writes its own files in
+``D/rank<N>/`` (no rank overwrites another's), each holding that rank's own
+rows; a clean job keeps every rank's flight file, so ``python -m memalloc
+report D`` merges them. A single process keeps its paths (``D/steps.csv``)
+and, ending cleanly, leaves no flight file: ``report D`` then says why,
+truly (the folder holds none), and points at the leak report that is there.
+
+The truth is the script's: rank r takes 3 + r steps and holds one more
+tensor of (r + 1) * 64 KiB from the start.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memtest_helpers import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
+from flight_checks import env, memalloc_cli  # noqa: E402
+
+from memalloc.trace import flight_files as ff  # noqa: E402
+
+SCRIPT = """\
+import torch
+import torch.distributed as dist
+import memalloc
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+held = torch.ones((rank + 1) * 16 * 1024)  # (rank + 1) * 64 KiB, float32
+for step in range(4):  # the same collectives on every rank
+    x = torch.ones(1024)
+    dist.all_reduce(x)
+    if step < 3 + rank:  # rank r: 3 + r steps
+        memalloc.step()
+dist.barrier()
+dist.destroy_process_group()
+"""
+HELD = {r: (r + 1) * 64 * 1024 for r in (0, 1)}
+STEPS = {r: 3 + r for r in (0, 1)}
+
+
+def steps_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ranks")
+    script = d / "train.py"
+    script.write_text(SCRIPT)
+    out = d / "out"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "memalloc", "run", "--backend", "host", "--steps", "--leaks", "--out", str(out),
+                        str(script)], env=env(), capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out, p
+
+
+def test_each_rank_writes_its_own_files(job):
+    out, p = job
+    for name in ("steps.csv", "steps.json", "leaks.json", "leaks.html"):
+        assert not (out / name).exists(), name  # nothing shared that a rank could overwrite
+        for r in (0, 1):
+            assert (out / f"rank{r}" / name).is_file(), (r, name)
+    for r in (0, 1):
+        rows = steps_csv(out / f"rank{r}" / "steps.csv")
+        doc = json.loads((out / f"rank{r}" / "steps.json").read_text())
+        assert [int(row["step"]) for row in rows] == list(range(1, STEPS[r] + 1)), (r, rows)
+        assert [row["step"] for row in doc["rows"]] == list(range(1, STEPS[r] + 1))
+        assert f"wrote steps.csv and steps.json" in p.stderr and f"to {out / f'rank{r}'}" in p.stderr, p.stderr
+    # the same loop on both ranks: what differs at the last step is the tensor each rank holds
+    last = {r: int(steps_csv(out / f"rank{r}" / "steps.csv")[-1]["allocated"]) for r in (0, 1)}
+    assert last[1] - last[0] == HELD[1] - HELD[0], last
+
+
+def test_report_merges_the_ranks_of_a_clean_job(job):
+    out, p = job
+    files = [ff.read(f) for f in ff.files_in(out / "flight")]
+    assert sorted((f.rank, f.world_size, f.state) for f in files) == [(0, 2, "exited"), (1, 2, "exited")]
+    assert sorted((f.rank, f.step) for f in files) == [(r, STEPS[r]) for r in (0, 1)]
+    r = memalloc_cli("report", str(out))  # the --out folder itself: its flight folder is found
+    assert r.returncode == 0, r.stderr
+    assert "2 rank(s)" in r.stdout and "rank 0 (pid" in r.stdout and "rank 1 (pid" in r.stdout, r.stdout
+
+
+def test_a_single_clean_process_keeps_its_paths_and_report_says_why_no_flight_files(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch, memalloc\nkept = []\nfor step in range(4):\n"
+                      "    kept.append(torch.ones(1024))\n    memalloc.step()\n")
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "memalloc", "run", "--backend", "host", "--steps", "--leaks",
+                        "--out", str(out), str(script)], env=env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(steps_csv(out / "steps.csv")) == 4 and (out / "leaks.json").is_file()
+    assert not list(out.glob("rank*")) and not (out / "flight").exists()
+    r = memalloc_cli("report", str(out))
+    assert r.returncode != 0
+    assert "ends cleanly in a single process" in r.stderr and "flight_recorder_keep:True" in r.stderr, r.stderr
+    assert "was the job run with" not in r.stderr  # the configuration is not to blame
+    assert f"python -m memalloc report {out / 'leaks.json'}" in r.stderr, r.stderr
