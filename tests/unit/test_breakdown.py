@@ -286,50 +286,6 @@ def test_a_real_model_on_the_host_backend(fresh_python, closure):
     check_model_run(R)
 
 
-FIRST_STEP = """
-memalloc.enable(backend="host", config="host_capacity_mb:256")
-memalloc.host.use_for_cpu_tensors()
-from memalloc.trace import sites
-a = memalloc.installed_allocator()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 16))
-x = torch.randn(1024, 128)
-with torch.no_grad():
-    model(x[:8])  # an evaluation before training: no step begins, its output is gone
-R["phase_after_no_grad"] = a.phase()
-saved = []
-def pack(t):
-    saved.append(t)
-    return t
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-    loss = model(x).square().mean()
-sizes = {blk[0]: blk[2] for blk in sites.live_blocks(0)}  # requested bytes
-params = {p.data_ptr() for p in model.parameters()}
-mine = {t.untyped_storage().data_ptr() for t in saved + [loss]} - params - {x.data_ptr()}
-R["expected"] = sum(sizes[p] for p in mine)
-b = memalloc.memory_breakdown()
-R["now"], R["peak"], R["peak_step"] = b.now, b.peak, b.peak_step
-R["x"] = sizes[x.data_ptr()]
-R["params"] = sum(sizes[p] for p in params)
-R["hooked"] = memalloc.core._hooks.subscribed(memalloc.core._hooks.MODULE_FORWARD_PRE, memalloc.phases.FIRST_FORWARD)
-"""
-
-
-def test_the_first_steps_forward_is_activations_before_any_step_ends(fresh_python):
-    """The first step's forward (before any step has ended: a first-step
-    OOM's report) counts what autograd saved and the loss as activations,
-    to the byte; setup (the model, the data, a no_grad evaluation) is not
-    training; the forward hook comes off after the first forward (issue 37:
-    'other 99% (no step ended)')."""
-    _, R, _ = fresh_python.code("", FIRST_STEP)
-    assert R["phase_after_no_grad"] == "idle" and R["peak_step"] is None
-    assert R["now"]["activations"] == R["expected"] > 0
-    assert R["now"]["parameters"] == R["params"]
-    assert 0 <= R["now"]["other"] - R["x"] < R["expected"] // 100  # the rest of other: blocks' rounding
-    # the peak so far is the training forward's: activations, not other, hold most of it
-    assert R["peak"]["activations"] > R["peak"]["other"] - R["x"] and not R["hooked"]
-
-
 WORKSPACE = """
 memalloc.enable(backend="host", config="host_capacity_mb:256")
 memalloc.host.use_for_cpu_tensors()
