@@ -29,7 +29,8 @@ PRODUCT_DEFAULTS = "expandable_segments:True"
 STACK_MODES: dict[str, int] = dict(_C.STACK_MODES)
 
 
-def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = "") -> str:
+def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = "",
+                base_source: str = "memalloc's base config") -> str:
     """Returns the canonical config text: ``base`` (raw config text, e.g.
     :data:`PRODUCT_DEFAULTS`) first, then ``$MEMALLOC_CONF``, then ``config``
     (a ``key:value,...`` string or a mapping), later keys winning; all parsed
@@ -38,11 +39,12 @@ def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = 
 
     Raises ValueError (``memalloc.InvalidArgumentError``) naming an unknown
     key or a malformed value, with the valid keys, and where it came from
-    (the ``config`` argument, ``$MEMALLOC_CONF``, or torch's
-    ``PYTORCH_CUDA_ALLOC_CONF`` in ``base``); in a mapping, a key or value
-    containing ',' or ':' is malformed (it would set other keys).
+    (the ``config`` argument, ``$MEMALLOC_CONF``, or ``base``, named by
+    ``base_source``: enable() names torch's ``PYTORCH_CUDA_ALLOC_CONF`` when
+    its keys are in it); in a mapping, a key or value containing ',' or ':'
+    is malformed (it would set other keys).
     """
-    layers = [(_base_source, base)]
+    layers = [(lambda: base_source, base)]
     if use_env and os.environ.get(ENV_VAR):
         layers.append((lambda: ENV_VAR, os.environ[ENV_VAR]))
     if isinstance(config, Mapping):
@@ -78,20 +80,6 @@ def _blamed(error: Exception, layers: list) -> Exception:
                 message = message[len(_CORE_PREFIX):]
             return type(error)(f"{source()}: {message}")
     return error
-
-
-def _base_source() -> str:
-    """Who wrote ``base`` (enable(): memalloc's defaults, then the shared
-    keys of torch's settings variable, memalloc/core/_settings.py): the
-    variable when it is set and its keys fail alone."""
-    from memalloc.core import _settings  # (imports torch: only for an error's message)
-    name, text = _settings.torch_env_text()
-    if name:
-        try:
-            _C.parse_config(_settings.split(text)[0])
-        except (_C.InvalidArgumentError, ValueError):
-            return f"{name} (its keys memalloc shares with torch)"
-    return "memalloc's base config"
 
 
 def config_value(text: str, key: str) -> Optional[str]:

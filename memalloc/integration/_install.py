@@ -60,7 +60,10 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     """
     # memalloc's defaults first (expandable segments), then torch's own
     # variable (its shared keys), then MEMALLOC_CONF, then config: later keys win.
-    text = config_text(config, base=",".join(p for p in (PRODUCT_DEFAULTS, _settings.startup_text()) if p))
+    torch_var, _ = _settings.torch_env_text()  # memalloc's defaults never fail: a bad base is torch's variable's
+    text = config_text(config, base=",".join(p for p in (PRODUCT_DEFAULTS, _settings.startup_text()) if p),
+                       base_source=f"{torch_var} (its keys memalloc shares with torch)" if torch_var
+                       else "memalloc's base config")
     chosen = _state.resolve_backend(backend, text)
     with _state.lock:
         if _state.is_enabled():
