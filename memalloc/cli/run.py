@@ -195,10 +195,9 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         if step_tracker is not None:
             _write_steps(step_tracker, out)
-        if tracker is not None:
-            _write_leaks(tracker, out)
+        leak_report = _write_leaks(tracker, out) if tracker is not None else None
         if advice is not None:
-            _write_advice(*advice, out)
+            _write_advice(*advice, out, leak_report)  # the leaks come first, not counted as activations
         _print_totals(backend)
         del script_globals
         if flight_dir is not None:
@@ -273,12 +272,12 @@ def _start_advice() -> tuple[advisor.ForwardProfile, dict]:
     return advisor.ForwardProfile(device=device).start(), seen
 
 
-def _write_advice(profile: advisor.ForwardProfile, seen: dict, out: str) -> None:
+def _write_advice(profile: advisor.ForwardProfile, seen: dict, out: str, leaks: Any = None) -> None:
     profile.stop()
     iteration.remove_step_listener(seen["listener"])
     b = memory_breakdown(seen["device"])
     p = profile.profile()
-    advice = advisor.advise(b, p, seen["reserved_after"])
+    advice = advisor.advise(b, p, seen["reserved_after"], leaks=leaks)
     print(advisor.to_text(advice, b), file=sys.stderr)
     path = os.path.join(out, "advice.json")
     with open(path, "w") as f:
@@ -302,7 +301,7 @@ def _write_steps(tracker, out: str) -> None:
     print(f"memalloc: {len(tracker.rows)} steps recorded; wrote {written} to {out}", file=sys.stderr)
 
 
-def _write_leaks(tracker, out: str) -> None:
+def _write_leaks(tracker, out: str) -> Any:
     tracker.stop()
     print(f"memalloc: analysing {len(tracker.samples)} steps for leaks ...", file=sys.stderr, flush=True)
     report = tracker.report()
@@ -311,6 +310,7 @@ def _write_leaks(tracker, out: str) -> None:
     report.to_html(os.path.join(out, "leaks.html"))
     print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and {os.path.join(out, 'leaks.html')}",
           file=sys.stderr)
+    return report
 
 
 def _print_totals(backend: str) -> None:

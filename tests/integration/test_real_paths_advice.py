@@ -203,8 +203,6 @@ def test_the_leak_comes_first_and_is_not_counted_as_activations(api_run):
     assert [a["saves"] for a in advice[1:]] == sorted((a["saves"] for a in advice[1:]), reverse=True)
 
 
-@pytest.mark.xfail(strict=True, reason="memalloc/cli/run.py does not give the leak report to advise() yet "
-                   "(issue 37 item 4: pass it, then remove this mark)")
 def test_run_leaks_advise_puts_the_leak_first(tmp_path, fresh_python):
     script = tmp_path / "train.py"
     script.write_text(LOOP + TRUTH_OUT)
