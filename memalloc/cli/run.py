@@ -7,9 +7,13 @@ With ``--leaks``: iteration boundaries come from every ``optimizer.step()``
 (memalloc.auto_step) and from any ``memalloc.step()`` the script calls; a
 leak tracker samples each one; at exit (normal, exception, Ctrl-C or
 SIGTERM) the leak report is printed and written to DIR as ``leaks.json``
-and ``leaks.html``. On the host backend torch's CPU tensors come from the
-simulated device (memalloc.host.use_for_cpu_tensors), so a CPU script is
-tracked too.
+and ``leaks.html``.
+
+On the host backend, with or without flags, torch's CPU tensors come from
+the simulated device (memalloc.host.use_for_cpu_tensors), so a CPU script
+is recorded, tracked and reported like a GPU one; the simulated device's
+capacity (``host_capacity_mb``, 1 GiB by default: ``--config
+host_capacity_mb:N`` for more) then bounds the script's CPU tensors.
 
 With ``--advise``: a forward profile (memalloc.advisor.ForwardProfile:
 what each module's forward keeps) and, at exit, the strategies that would
