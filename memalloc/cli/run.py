@@ -156,8 +156,6 @@ def main(args: argparse.Namespace) -> int:
         # (its capacity, host_capacity_mb, then bounds the script's CPU tensors).
         host.use_for_cpu_tensors()
     if probing:
-        if backend == "host":
-            host.use_for_cpu_tensors()  # a CPU script's tensors on the simulated device, as --fit plans them
         fit.start_probe(args.fit_probe_batch, args.fit_steps, args.fit_probe_out)
     if records is not None:
         plan = fit.plan_of(records, budget, args.fit_max)
@@ -166,8 +164,6 @@ def main(args: argparse.Namespace) -> int:
             return 0
         args.script_args = fit.with_batch(args.script_args, plan.batch)
         print(f"memalloc: running {args.script} {' '.join(args.script_args)}", file=sys.stderr, flush=True)
-        if backend == "host":
-            host.use_for_cpu_tensors()
     oom.set_oom_report(directory=out)  # an OOM writes its report next to the leak report
     flight_dir = None
     keep_flight = False
@@ -176,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
         keep_flight = _keep_flight(args.config, world)
         flight.start(flight_dir, keep=keep_flight)
     if args.leaks or args.steps or args.advise:
-        _start_boundaries(backend)
+        iteration.auto_step()  # a boundary after every optimizer.step()
     tracker = _start_leaks(args.warmup_steps) if args.leaks else None
     step_tracker = _start_steps() if args.steps else None
     advice = _start_advice() if args.advise else None
@@ -244,14 +240,6 @@ def _keep_flight(config: Optional[str], world: int) -> bool:
     if given:
         return config_value(_state.installed_config(), "flight_recorder_keep") == "True"
     return world > 1
-
-
-def _start_boundaries(backend: str) -> None:
-    """A boundary after every optimizer.step(); on the host backend, torch's
-    CPU tensors from the simulated device (so a CPU script is measured)."""
-    if backend == "host":
-        host.use_for_cpu_tensors()
-    iteration.auto_step()
 
 
 def _start_leaks(warmup_steps: int):
