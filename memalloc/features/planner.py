@@ -23,7 +23,10 @@ pattern (its recording starts where the model's training does), every
 size scaled to that batch, on the host backend under the
 allocator's own policy (memalloc/features/replay.py) with a simulated device
 of the budget's size: the blocks live at the start, then the recorded steps
-in their order. It fits when no allocation of the replay runs out of memory
+in their order, then the last recorded step REPEATS times more (a training
+run's fragmentation builds up over its steps: a batch that runs the
+probes' three steps can run out of memory in its sixth; the probe notes
+where its steps end, ProbeRecord.step_allocs). It fits when no allocation of the replay runs out of memory
 (the replay, like the allocator, frees its cache and retries first), so
 fragmentation is in the prediction rather than a guessed margin. The search
 doubles the batch from the largest probe while it fits, then bisects.
@@ -87,6 +90,7 @@ UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 2
          "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
 BUDGET_FORMS = "bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'"
 DEFAULT_PROBES = (2, 4, 8)
+REPEATS = 16  # times the replay runs the probes' last step again after the recorded steps (_ops_at)
 RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
 # (backend, capacity, recording, call sites) are the replay's own business.
@@ -167,25 +171,31 @@ class ProbeRecord:
     order (``ops``: ("alloc", key, requested bytes) or ("free", key)), with
     the peaks the recording itself gives (allocated: block sizes; reserved:
     the allocator's reserved bytes when recording began plus its segments
-    since)."""
+    since). ``step_allocs``: the number of allocations (alloc ops) made by
+    the end of each recorded step, when the recorder knew where steps end
+    (:func:`run_probe`); empty otherwise (the steps are then found in the
+    ops: :func:`_last_step`)."""
 
     batch: int
     live: tuple[tuple[Key, int], ...]
     ops: tuple[tuple, ...]
     peak_allocated: int
     peak_reserved: int
+    step_allocs: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "live": [[list(k), n] for k, n in self.live],
                 "ops": [[op[0], list(op[1]), *op[2:]] for op in self.ops],
-                "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved}
+                "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+                "step_allocs": list(self.step_allocs)}
 
     @staticmethod
     def from_json(d: dict) -> "ProbeRecord":
         try:
             return ProbeRecord(int(d["batch"]), tuple((tuple(k), int(n)) for k, n in d["live"]),
                                tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
-                               int(d["peak_allocated"]), int(d["peak_reserved"]))
+                               int(d["peak_allocated"]), int(d["peak_reserved"]),
+                               tuple(int(n) for n in d.get("step_allocs", ())))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise PlannerError(f"not a probe record of memalloc's batch planner ({e!r}): "
                                "write it with ProbeRecord.to_json") from None
@@ -275,7 +285,17 @@ class ProbeRecording:
         self.allocator, self.device, self.ring = allocator, device, ring
         self.live = live_blocks(device, allocator)
         self.reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
+        self.allocs = self._allocations()
+        self.step_allocs: list[int] = []
         recording.record_memory_history(max_entries=ring, stacks="python", device=device, allocator=allocator)
+
+    def _allocations(self) -> int:
+        return self.allocator.stats(self.device)["allocation"]["all"]["allocated"]
+
+    def step_ended(self) -> None:
+        """Notes that a step ended here (the allocations made so far), so
+        the replay knows the last step, the one it repeats."""
+        self.step_allocs.append(self._allocations() - self.allocs)
 
     def stop(self) -> None:
         recording.record_memory_history(enabled=False, device=self.device, allocator=self.allocator)
@@ -288,7 +308,13 @@ class ProbeRecording:
             events = recording.events(self.device, allocator=self.allocator) if not lost else []
         finally:
             self.stop()
-        return (None, lost) if lost else (probe_record(batch, self.live, events, self.reserved), 0)
+        if lost:
+            return None, lost
+        record = probe_record(batch, self.live, events, self.reserved)
+        allocs = sum(op[0] == "alloc" for op in record.ops)
+        if self.step_allocs and self.step_allocs[-1] == allocs:  # the counts name the recorded allocations
+            record = dataclasses.replace(record, step_allocs=tuple(self.step_allocs))
+        return record, 0
 
 
 def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int,
@@ -302,6 +328,7 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
     try:
         for _ in range(1 + steps):
             step(batch)
+            rec.step_ended()
     except torch.OutOfMemoryError as e:
         rec.stop()
         raise PlannerError(f"the probe at batch {batch} ran out of memory already "
@@ -463,21 +490,91 @@ class _Scaler:
         return len(pts) > 1 and pts[-1][1] > pts[0][1]
 
 
-def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> list[tuple]:
-    """A probe's pattern with every size at ``batch``, as replay ops."""
+def _step_starts(record: ProbeRecord) -> list[int]:
+    """Where each recorded step begins, as the number of alloc ops before
+    it: from ``step_allocs`` when the recorder noted them, else found in
+    the ops (:func:`_period`: the last step's length, its copies counted
+    back from the end, the rest one first step). Empty when no step repeats."""
+    allocs = [op[1][:3] for op in record.ops if op[0] == "alloc"]
+    if len(record.step_allocs) >= 2:
+        return [0, *record.step_allocs[:-1]]
+    m = _period(allocs)
+    if not m:
+        return []
+    starts = list(range(len(allocs) - m, -1, -m))[::-1]
+    return starts if starts[0] == 0 else [0, *starts]
+
+
+def _period(sites: list) -> int:
+    """The length of the last step when the ops do not say where steps end:
+    the longest tail of allocation sites that its predecessor repeats (a
+    step's layers repeat within it too: the longest tail is the whole
+    step); 0 when there is none."""
+    for m in range(len(sites) // 2, 0, -1):
+        if sites[-m:] == sites[-2 * m:-m]:
+            return m
+    return 0
+
+
+def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int, repeats: int = 0) -> list[tuple]:
+    """A probe's pattern with every size at ``batch``, as replay ops, with
+    its last step then run ``repeats`` more times: a step's fragmentation
+    builds up over many steps (blocks kept from one step to the next, the
+    gradients and the optimizer's temporaries, land where the previous
+    step's free blocks were), and a batch that runs the probes' few steps
+    can run out of memory in a later one. A repeated step frees what the
+    step it copies freed, counted in steps back: a block the last step
+    freed that its own j-th allocation made is the copy's j-th, one the step
+    before made is the previous copy's, and so on."""
     index: dict[Key, int] = {}  # live key -> the replay's key (the k-th alloc op makes key k)
     ops: list[tuple] = []
     for k, _ in record.live:
         index[k] = len(ops)
         ops.append(("alloc", scaler.size(k, batch)))
     allocs = len(ops)
+    ordinal: dict[Key, int] = {}  # an allocation's place among the record's allocations
+    replay_key: list[int] = []    # ... and its key in the replay
+    live: set[int] = set(range(allocs))
+    last: list[tuple] = []
+    starts = _step_starts(record) if repeats else []
+    begin = starts[-1] if starts else None
     for op in record.ops:
         if op[0] == "alloc":
+            ordinal[op[1]] = len(replay_key)
+            if begin is not None and len(replay_key) >= begin:
+                last.append(("alloc", scaler.size(op[1], batch)))
+            replay_key.append(allocs)
             index[op[1]] = allocs
+            live.add(allocs)
             allocs += 1
             ops.append(("alloc", scaler.size(op[1], batch)))
         elif op[1] in index:
-            ops.append(("free", index.pop(op[1])))
+            if begin is not None and len(replay_key) >= begin:
+                o = ordinal.get(op[1], -1)
+                if o >= 0:  # (steps back, its place in that step)
+                    t = bisect.bisect_right(starts, o) - 1
+                    last.append(("free", len(starts) - 1 - t, o - starts[t]))
+            key = index.pop(op[1])
+            live.discard(key)
+            ops.append(("free", key))
+    if not last:
+        return ops
+    steps = [replay_key[a:b] for a, b in zip(starts, [*starts[1:], len(replay_key)])]
+    for _ in range(repeats):
+        made: list[int] = []
+        for op in last:
+            if op[0] == "alloc":
+                made.append(allocs)
+                live.add(allocs)
+                allocs += 1
+                ops.append(op)
+                continue
+            back, j = op[1], op[2]
+            source = made if back == 0 else steps[-back] if back <= len(steps) else []
+            if j < len(source) and source[j] in live:
+                live.discard(source[j])
+                ops.append(("free", source[j]))
+        steps.append(made)
     return ops
 
 
@@ -540,7 +637,8 @@ def policy_config(allocator: _C.Allocator) -> str:
     return ",".join(f"{k}:{v}" for k, v in items if k in POLICY_KEYS)
 
 
-def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_batch: int = 1 << 16) -> BatchPlan:
+def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_batch: int = 1 << 16,
+         repeats: Optional[int] = None) -> BatchPlan:
     """The largest batch predicted to fit ``budget`` bytes from the probes'
     records (ascending batch sizes, at least two), replayed under the
     policy ``config`` (:func:`policy_config` of the allocator)."""
@@ -552,11 +650,12 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
         raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, not {budget!r}")
     base, largest = records[0], records[-1]
     scaler = _Scaler(base, records[1:])
+    repeats = REPEATS if repeats is None else repeats
     tried: dict[int, Prediction] = {}
 
     def judge(batch: int) -> Prediction:
         if batch not in tried:
-            r = replay_ops(_ops_at(base, scaler, batch), config, host_capacity_mb=budget // MiB,
+            r = replay_ops(_ops_at(base, scaler, batch, repeats), config, host_capacity_mb=budget // MiB,
                            name=f"batch {batch}").devices[0]
             tried[batch] = Prediction(batch, r.ooms == 0, r.peak_allocated, r.peak_reserved)
         return tried[batch]

@@ -46,6 +46,22 @@ def make_cnn() -> Step:
     return step
 
 
+def make_wide_cnn() -> Step:
+    """Issue 37, item 5's CNN: 3 conv (with bias) + batch norm, 48 channels
+    wide, AdamW; on a 100 MiB device the batch planner planned one that ran
+    out of memory in a later step than its probes' (fragmentation)."""
+    torch.manual_seed(0)
+
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+    model = nn.Sequential(block(3, 48), block(48, 96), block(96, 192), nn.Flatten(), nn.Linear(192 * 4 * 4, 10))
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(b: int) -> None:
+        optimize(opt, nn.functional.cross_entropy(model(torch.randn(b, 3, 32, 32)), torch.randint(0, 10, (b,))))
+    return step
+
+
 def make_gpt2() -> Step:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -61,4 +77,4 @@ def make_gpt2() -> Step:
     return step
 
 
-MODELS = {"transformer": make_transformer, "cnn": make_cnn, "gpt2": make_gpt2}
+MODELS = {"transformer": make_transformer, "cnn": make_cnn, "wide_cnn": make_wide_cnn, "gpt2": make_gpt2}

@@ -1,0 +1,47 @@
+"""The batch planner's plan runs (issue 37, item 5): in a fresh interpreter
+as a user runs it (tests/planner_cases/fresh_run.py), the batch
+memalloc.largest_batch plans trains STEPS steps without running out of
+memory, later steps' fragmentation included, and is within 5% of the
+largest batch that does, found by a real search (benchmarks/plan_vs_search's
+doubling and bisection, each trial a fresh process training STEPS steps).
+
+Before the fix the wide CNN (3 conv + batch norm, 48 channels, AdamW) on a
+100 MiB device planned 97, which ran out of memory in its second step, 96
+in its sixth; 95 runs 40 steps. The replay ran only the probes' three
+recorded steps; it now runs the last one again (planner.REPEATS) as a
+training run does, so the fragmentation that builds up over the steps is
+in the prediction."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import plan_vs_search
+
+RUN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "planner_cases", "fresh_run.py")
+STEPS = 12
+
+
+def fresh(*args) -> dict:
+    out = subprocess.run([sys.executable, RUN, *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fits(model: str, capacity_mb: int, batch: int, seen: dict) -> bool:
+    if batch not in seen:
+        seen[batch] = fresh("trial", model, capacity_mb, batch, STEPS)
+    return seen[batch]["fits"]
+
+
+@pytest.mark.parametrize("model,capacity_mb", [("wide_cnn", 100)])
+def test_the_planned_batch_trains_and_is_within_5_percent_of_the_largest_that_does(model, capacity_mb):
+    planned = fresh("plan", model, capacity_mb)["batch"]
+    seen: dict = {}
+    truth = plan_vs_search.largest_that_fits(lambda b: fits(model, capacity_mb, b, seen), planned)
+    assert fits(model, capacity_mb, planned, seen), (planned, seen[planned], truth)
+    assert truth - planned <= 0.05 * truth, (planned, truth)

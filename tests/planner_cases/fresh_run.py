@@ -1,0 +1,46 @@
+"""A planner case in a fresh interpreter, as a user runs it: memalloc
+enabled on the host backend with a capacity, torch's CPU tensors routed to
+it (memalloc.host.use_for_cpu_tensors), a fresh model of models.py.
+
+    python fresh_run.py plan MODEL CAPACITY_MB           -> {"batch": planned, "seconds": ...}
+    python fresh_run.py trial MODEL CAPACITY_MB BATCH N  -> {"fits": bool, "oom_step": i or None}
+
+A trial trains N steps at BATCH and says whether (and in which step) it ran
+out of memory."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, HERE)
+
+
+def main(argv: list[str]) -> dict:
+    import torch
+
+    import memalloc
+    from models import MODELS
+
+    mode, model, capacity = argv[0], argv[1], int(argv[2])
+    memalloc.enable(backend="host", config=f"host_capacity_mb:{capacity}")
+    memalloc.host.use_for_cpu_tensors()
+    step = MODELS[model]()
+    if mode == "plan":
+        t0 = time.perf_counter()
+        p = memalloc.largest_batch(step)
+        return {"batch": p.batch, "seconds": time.perf_counter() - t0}
+    batch, steps = int(argv[3]), int(argv[4])
+    for i in range(steps):
+        try:
+            step(batch)
+        except torch.OutOfMemoryError:
+            return {"fits": False, "oom_step": i}
+    return {"fits": True, "oom_step": None}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))
