@@ -38,7 +38,11 @@ def fits(model: str, capacity_mb: int, batch: int, seen: dict) -> bool:
     return seen[batch]["fits"]
 
 
-@pytest.mark.parametrize("model,capacity_mb", [("wide_cnn", 100)])
+@pytest.mark.parametrize("model,capacity_mb", [
+    ("wide_cnn", 100),
+    pytest.param("cnn", 100, marks=pytest.mark.slow),          # planned 288: 288 runs 12 steps, 289 OOMs in its first
+    pytest.param("transformer", 128, marks=pytest.mark.slow),  # planned 108: 108 runs 12 steps, 109 OOMs in its 7th
+])
 def test_the_planned_batch_trains_and_is_within_5_percent_of_the_largest_that_does(model, capacity_mb):
     planned = fresh("plan", model, capacity_mb)["batch"]
     seen: dict = {}
