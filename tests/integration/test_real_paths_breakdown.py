@@ -187,7 +187,11 @@ LIBRARY = {"lightning_automatic": "lightning", "lightning_manual": "lightning", 
            "accelerate": "accelerate"}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The frameworks' loops (each imports its library in a fresh interpreter:
+# 5-10 s) run in the slow tier, which CI runs too; the plain loops stay in
+# the fast one.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in LIBRARY else c
+                                  for c in sorted(CASES)])
 def test_optimizer_state_and_parameters_are_what_the_optimizer_and_model_hold(fresh_python, case):
     if case in LIBRARY:
         require_library(LIBRARY[case])
