@@ -64,89 +64,67 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.
 x, y = torch.randn(512, 64), torch.randn(512, 16)
 """
 
-CASES = {
-    "adam_closure": MLP + """
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+CLOSURE = """
 def closure():
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
     return loss
-for _ in range(3):
+"""
+
+# A LightningModule trained 4 steps by Lightning's Trainer; the two cases
+# differ in automatic_optimization and training_step.
+LIGHTNING = """
+import lightning as L
+
+class Module(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = {automatic}
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+
+    def training_step(self, batch, i):{training_step}
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+module = Module()
+data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 16))
+trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=16))
+finish(module, trainer.optimizers[0])
+"""
+
+CASES = {
+    "adam_closure": MLP + """
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+""" + CLOSURE + """for _ in range(3):
     opt.step(closure)
 finish(model, opt)
 """,
     "adam_closure_keyword": MLP + """
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-def closure():
-    opt.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    return loss
-for _ in range(3):
+""" + CLOSURE + """for _ in range(3):
     opt.step(closure=closure)
 finish(model, opt)
 """,
     "lbfgs": MLP + """
 opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4, history_size=3)
-def closure():
-    opt.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    return loss
-for _ in range(3):
+""" + CLOSURE + """for _ in range(3):
     opt.step(closure)
 finish(model, opt)
 """,
-    "lightning_automatic": """
-import lightning as L
-
-class Module(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
-
-    def training_step(self, batch, i):
+    "lightning_automatic": LIGHTNING.format(automatic=True, training_step="""
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=1e-3)
-
-module = Module()
-data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 16))
-trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False)
-trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=16))
-finish(module, trainer.optimizers[0])
-""",
-    "lightning_manual": """
-import lightning as L
-
-class Module(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
-
-    def training_step(self, batch, i):
+        return torch.nn.functional.mse_loss(self.net(x), y)"""),
+    "lightning_manual": LIGHTNING.format(automatic=False, training_step="""
         opt = self.optimizers()
         opt.zero_grad()
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.manual_backward(loss)
-        opt.step()
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=1e-3)
-
-module = Module()
-data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 16))
-trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False)
-trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=16))
-finish(module, trainer.optimizers[0])
-""",
+        opt.step()"""),
     "hf_trainer": """
 import tempfile
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
