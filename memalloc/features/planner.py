@@ -70,6 +70,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -201,10 +202,27 @@ class ProbeRecord:
                                "write it with ProbeRecord.to_json") from None
 
 
+# torch.nn.Module's call dispatch: the line of these frames says whether any
+# forward hook is registered (torch's fast path calls forward from another
+# line than the path that runs hooks), not where the memory is allocated.
+_DISPATCH_FILE = os.path.join("torch", "nn", "modules", "module.py")
+_DISPATCH = ("_call_impl", "_wrapped_call_impl")
+
+
+def _dispatch_frame(f: recording.Frame) -> bool:
+    """A frame of the dispatch or of a function inside it (the hook path's ``inner``)."""
+    return f.filename.endswith(_DISPATCH_FILE) and any(part in _DISPATCH for part in f.name.split("."))
+
+
 class _Sites:
     """A process-independent name for an allocation's origin: a short hash
     of its call stack's frames (stack ids are this process's own) and its
-    tag path, looked up once per stack."""
+    tag path, looked up once per stack. The frames of torch.nn.Module's call
+    dispatch (_DISPATCH) are left out: a global forward hook that comes off
+    after the first forward (the memory breakdown's first-forward hook does)
+    changes their lines between a probe's first step and the next ones, and
+    the allocations of those steps would not match (issue 37: a wide CNN's
+    plan went from 95 to 97, which runs out of memory in its second step)."""
 
     def __init__(self) -> None:
         self.names = _C.tag_names()
@@ -212,7 +230,8 @@ class _Sites:
 
     def stack(self, stack_id: int) -> str:
         if stack_id not in self.cache:
-            text = "|".join(f"{f.filename}:{f.line}" for f in recording.stack(stack_id)) if stack_id else ""
+            frames = recording.stack(stack_id) if stack_id else ()
+            text = "|".join(f"{f.filename}:{f.line}" for f in frames if not _dispatch_frame(f))
             self.cache[stack_id] = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
         return self.cache[stack_id]
 

@@ -50,3 +50,18 @@ def test_the_planned_batch_trains_and_is_within_5_percent_of_the_largest_that_do
     truth = plan_vs_search.largest_that_fits(lambda b: fits(model, capacity_mb, b, seen), planned)
     assert fits(model, capacity_mb, planned, seen), (planned, seen[planned], truth)
     assert truth - planned <= 0.05 * truth, (planned, truth)
+
+
+
+@pytest.mark.slow
+def test_a_forward_hook_that_comes_off_in_the_first_forward_does_not_change_the_plan():
+    """The wide CNN case's flake (issue 37): a global forward pre-hook that
+    comes off in the first forward (the memory breakdown's first-forward
+    hook, in the tree for a while) made the plan 97, which runs out of
+    memory in its second step, where 95 is planned without it
+    (torch.nn.Module's dispatch runs forward from other lines while a hook
+    is registered, so the probe's first step was recorded as other sites;
+    tests/unit/test_planner_probes.py). With the hook the plan trains."""
+    planned = fresh("plan", "wide_cnn", 100, "hook")["batch"]
+    assert fits("wide_cnn", 100, planned, {}), planned
+    assert planned >= 0.95 * 95  # the largest that trains 12 steps (the search of the case above)

@@ -2,11 +2,13 @@
 enabled on the host backend with a capacity, torch's CPU tensors routed to
 it (memalloc.host.use_for_cpu_tensors), a fresh model of models.py.
 
-    python fresh_run.py plan MODEL CAPACITY_MB           -> {"batch": planned, "seconds": ...}
+    python fresh_run.py plan MODEL CAPACITY_MB [hook]    -> {"batch": planned, "seconds": ...}
     python fresh_run.py trial MODEL CAPACITY_MB BATCH N  -> {"fits": bool, "oom_step": i or None}
 
 A trial trains N steps at BATCH and says whether (and in which step) it ran
-out of memory."""
+out of memory. ``hook``: a global forward pre-hook that takes itself off in
+the first forward is registered before the plan (as the memory breakdown's
+first-forward hook is)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +32,8 @@ def main(argv: list[str]) -> dict:
     memalloc.host.use_for_cpu_tensors()
     step = MODELS[model]()
     if mode == "plan":
+        if argv[3:] == ["hook"]:
+            handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: handle.remove())
         t0 = time.perf_counter()
         p = memalloc.largest_batch(step)
         return {"batch": p.batch, "seconds": time.perf_counter() - t0}
