@@ -36,6 +36,10 @@
 //               freed before
 //   mark()      parameters (or any category), at any time: the Python layer
 //               marks the storages of nn.Parameters.
+//   The first step's end: its kForward blocks still live (resolved as
+//               activations) become other (recategorize(), at the peak too):
+//               made by the first forward and kept past it, they are
+//               workspaces and caches made on first use, not activations.
 // A report of "now" shows an unresolved block as the category its phase
 // resolves to if the block survives (provisional()); the peak of a finished
 // step is fully resolved: a block live at the peak and freed before its

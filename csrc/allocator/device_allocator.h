@@ -239,7 +239,10 @@ class DeviceAllocator {
   void resolve(Phase phase, Category cat);
   // The step ended: resolves every unresolved block (optimizer state,
   // gradients, other), keeps the window's peak as last(), starts the next
-  // window at the current split, and enters kForward.
+  // window at the current split, and enters kForward. At the first step's
+  // end (no window ended before), the forward's activations still live are
+  // other, at the peak too: what the first forward made and outlives the
+  // step (library workspaces, caches made on first use) is no activation.
   void end_step(uint32_t step);
   // Gives the live block holding `ptr` (its start or an interior address)
   // the final category `cat`. Returns its bytes (0: no live block holds
@@ -332,6 +335,9 @@ class DeviceAllocator {
   }
   // Sets the category of every live unresolved block of `phase` to `cat`.
   void resolve_locked(Phase phase, Category cat);
+  // Every live block of `phase` whose category is `from` (final) becomes
+  // `to`, in the current split and, if live then, at the window's peak.
+  void recategorize_locked(Phase phase, Category from, Category to);
   void validate_breakdown_locked();  // validate.cpp
   void trace_locked(const Event& e) noexcept;
   FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }

@@ -17,6 +17,15 @@ void DeviceAllocator::resolve_locked(Phase phase, Category cat) {
   breakdown_.resolve(phase, cat);
 }
 
+void DeviceAllocator::recategorize_locked(Phase phase, Category from, Category to) {
+  for (auto& kv : live_) {
+    Block* b = kv.second;
+    if (b->prov.phase != phase || b->prov.category != from) continue;
+    breakdown_.recategorize(static_cast<int64_t>(b->requested), phase, from, to, b->prov.seq);
+    b->prov.category = to;
+  }
+}
+
 void DeviceAllocator::enter_phase(Phase phase) {
   std::lock_guard<std::mutex> lock(mu_);
   if (phase == Phase::kBackward) resolve_locked(Phase::kForward, Category::kActivations);
@@ -39,6 +48,9 @@ void DeviceAllocator::end_step(uint32_t step) {
   resolve_locked(Phase::kOptimizer, Category::kOptimizerState);
   resolve_locked(Phase::kBackward, Category::kGradients);
   resolve_locked(Phase::kForward, Category::kOther);
+  // The first step (its forward began at the first training forward, not at
+  // a step's end): what its forward made and still holds is other.
+  if (!breakdown_.has_last()) recategorize_locked(Phase::kForward, Category::kActivations, Category::kOther);
   breakdown_.end_window(alloc_seq_, step);
   phase_ = Phase::kForward;
 }

@@ -28,9 +28,13 @@ to a power-of-two division, a cached block handed out whole because too
 little of it would be left to split), counts as ``other``. The categories
 add up to the allocated bytes.
 
-The first training step is a warm-up: what its forward allocated counts as
-``other`` when no step boundary has been seen yet (the allocator learns
-where a step begins from the previous one's end).
+Before the first step: what setup allocates (the model, the data, an
+evaluation under ``torch.no_grad()``) is ``other``; the first forward of a
+module with trainable parameters under grad begins the first step, so a
+first-step out-of-memory report splits its forward into activations and
+temporaries like any step's. What the first forward made and still holds
+when the first step ends (a library's workspace made on first use, as
+cuBLAS's on a GPU) is ``other`` from then on, at that step's peak too.
 """
 from __future__ import annotations
 

@@ -24,6 +24,10 @@ landmarks of a training step, with no change to the user's code:
   manual optimization and mixed precision pass a closure that does nothing
   more), the step is one without a closure. The closure is never wrapped:
   the optimizer gets the user's own object;
+- torch's global module forward pre-hook, until the first forward of a
+  module with trainable parameters under grad: the first step's forward
+  begins there (before it, the ``idle`` phase: setup is ``other``), so a
+  first step's activations count as activations before any step ends;
 - a step ends (what is left resolves, and the step's peak split is kept)
   at each boundary of :mod:`memalloc.core.iteration` (``memalloc.step()``, and
   ``optimizer.step()`` when boundaries come from it); when none are marked,
@@ -60,6 +64,7 @@ CATEGORIES: tuple[str, ...] = tuple(_C.CATEGORIES)  # as the core defines them (
 PHASES: tuple[str, ...] = tuple(_C.PHASES)
 
 FEATURE = "memory breakdown"  # its name in hook warnings (memalloc.core._hooks)
+FIRST_FORWARD = "memory breakdown (first forward)"  # the hook that comes off after the first training forward
 
 _lock = threading.Lock()
 
@@ -99,6 +104,7 @@ def install(allocator: Optional[_C.Allocator] = None) -> None:
     _hooks.subscribe(_hooks.OPTIMIZER_STEP_POST, FEATURE, _after_optimizer_step)
     _hooks.subscribe(_hooks.PARAMETER_REGISTRATION, FEATURE, _parameter_registered)
     _hooks.subscribe(_hooks.BACKWARD, FEATURE, _backward_begins, _backward_ends)
+    _hooks.subscribe(_hooks.MODULE_FORWARD_PRE, FIRST_FORWARD, _first_forward)
     iteration.add_step_listener(_end_step)
 
 
@@ -115,6 +121,7 @@ def uninstall() -> None:
     for point in (_hooks.OPTIMIZER_STEP_PRE, _hooks.OPTIMIZER_STEP_POST, _hooks.PARAMETER_REGISTRATION,
                   _hooks.BACKWARD):
         _hooks.unsubscribe(point, FEATURE)
+    _hooks.unsubscribe(_hooks.MODULE_FORWARD_PRE, FIRST_FORWARD)
     iteration.remove_step_listener(_end_step)
     a.enter_phase("idle")
 
@@ -122,6 +129,22 @@ def uninstall() -> None:
 def installed() -> bool:
     """Whether the landmark hooks are installed."""
     return _marks.allocator is not None
+
+
+def _first_forward(module: Any, args: Any) -> None:
+    """Before the first forward of a module with trainable parameters, with
+    grad enabled: the first step's forward begins (the allocator leaves the
+    idle phase), so what it allocates is activations or temporaries, not
+    other, before any step has ended (a first-step OOM's split). Then the
+    hook comes off: torch calls global forward hooks on every module."""
+    a = _marks.allocator
+    if a is None or not torch.is_grad_enabled():
+        return
+    if not any(p.requires_grad for p in module.parameters()):
+        return
+    _hooks.unsubscribe(_hooks.MODULE_FORWARD_PRE, FIRST_FORWARD)
+    if a.phase() == "idle":
+        a.enter_phase("forward")
 
 
 def _backward_begins() -> Optional[_C.Allocator]:

@@ -153,6 +153,46 @@ def test_run_executes_script_with_memalloc_enabled(tmp_path, memalloc_cli):
                      f"other {fmt_bytes(info['peak'])} (100%)"], p.stderr
 
 
+FIRST_STEP_OOM = """
+import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(512, 512), torch.nn.ReLU())])
+x = torch.randn(4096, 512)
+saved = {}
+def pack(t):
+    saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return t
+try:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum().backward()  # the first step's forward runs out of memory
+except torch.OutOfMemoryError:
+    params = {p.data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    activations = sum(n for ptr, n in saved.items() if ptr not in params and ptr != x.data_ptr())
+    print("TRUTH " + json.dumps({"params": sum(params.values()), "activations": activations,
+                                 "x": x.untyped_storage().nbytes(), "largest": 4096 * 512 * 4}))
+"""
+
+
+def test_a_first_step_oom_splits_its_forward_into_activations(tmp_path, memalloc_cli):
+    """A script that runs out of memory in its first step's forward (no step
+    has ended): run's split of the peak names what the forward saved as
+    activations, not 'other 99% (no step ended)' (issue 37)."""
+    script = tmp_path / "first_oom.py"
+    script.write_text(FIRST_STEP_OOM)
+    p = memalloc_cli("run", "--config", "host_capacity_mb:64", str(script))
+    assert p.returncode == 0, p.stderr
+    truth = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("TRUTH "))[6:])
+    line = next(l for l in p.stderr.splitlines() if l.startswith("memalloc by category (host, device 0)"))
+    assert "(no step ended)" in line, line
+    split = {m[0]: m[1] for m in re.findall(r"(\w+) ([\d.]+ \w?i?B) \(", line.split("ended): ")[1])}
+    from memalloc.core._format import fmt_bytes
+    assert split["parameters"] == fmt_bytes(truth["params"]), line
+    assert list(split)[0] == "activations", line  # the largest part: what the forward saved
+    # what autograd saved, plus at most the one output in flight when the device filled
+    acts = float(split["activations"].split()[0]) * {"MiB": 1 << 20, "KiB": 1 << 10}[split["activations"].split()[1]]
+    assert truth["activations"] * 0.99 <= acts <= (truth["activations"] + truth["largest"]) * 1.01, (line, truth)
+
+
 def test_run_passes_option_like_arguments_to_the_script(tmp_path, memalloc_cli):
     script = tmp_path / "args.py"
     script.write_text("import sys, memalloc\nprint('ARGV', sys.argv[1:], memalloc.is_enabled())\n")

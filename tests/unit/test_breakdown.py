@@ -113,6 +113,7 @@ def test_a_category_holds_what_was_asked_for_and_the_blocks_rounding_is_other(ho
     assert a.mark(small, "parameters") == sb  # mark() returns the block's bytes
     assert a.mark(whole, "parameters") == wb
     assert split(a) == {"parameters": 1000 + 15 * MiB + 512 * 1024, "other": fb + rounding}
+    a.end_step()  # a first step, empty (what the first forward keeps past its step is other): the next is a later one
     a.enter_phase("forward")
     act, ab = alloc(a, 3 * MiB + 100)         # a forward block: activations hold the 3 MiB + 100 asked for
     assert split(a)["activations"] == 3 * MiB + 100
@@ -204,6 +205,10 @@ class Reference:
     def end_step(self) -> None:
         for p, c in self.END:
             self.resolve(p, c)
+        if self.last is None:  # the first step's end: its forward's live activations are other
+            for b in self.blocks.values():
+                if b["live"] and b["phase"] == "forward" and b["cat"] == "activations":
+                    b["cat"] = "other"
         self.last = self.split(self.peak_ids)
         self.peak_total = self.total()
         self.peak_ids = {i for i, b in self.blocks.items() if b["live"]}
@@ -284,6 +289,98 @@ def test_a_real_model_on_the_host_backend(fresh_python, closure):
     backward (Adam's state was ``other`` under a closure before)."""
     _, R, _ = fresh_python.code("", model_script("host", closure=closure))
     check_model_run(R)
+
+
+FIRST_STEP = """
+memalloc.enable(backend="host", config="host_capacity_mb:256")
+memalloc.host.use_for_cpu_tensors()
+from memalloc.trace import sites
+a = memalloc.installed_allocator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 16))
+x = torch.randn(1024, 128)
+with torch.no_grad():
+    model(x[:8])  # an evaluation before training: no step begins, its output is gone
+R["phase_after_no_grad"] = a.phase()
+saved = []
+def pack(t):
+    saved.append(t)
+    return t
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    loss = model(x).square().mean()
+sizes = {blk[0]: blk[2] for blk in sites.live_blocks(0)}  # requested bytes
+params = {p.data_ptr() for p in model.parameters()}
+mine = {t.untyped_storage().data_ptr() for t in saved + [loss]} - params - {x.data_ptr()}
+R["expected"] = sum(sizes[p] for p in mine)
+b = memalloc.memory_breakdown()
+R["now"], R["peak"], R["peak_step"] = b.now, b.peak, b.peak_step
+R["x"] = sizes[x.data_ptr()]
+R["params"] = sum(sizes[p] for p in params)
+R["hooked"] = memalloc.core._hooks.subscribed(memalloc.core._hooks.MODULE_FORWARD_PRE, memalloc.phases.FIRST_FORWARD)
+"""
+
+
+def test_the_first_steps_forward_is_activations_before_any_step_ends(fresh_python):
+    """The first step's forward (before any step has ended: a first-step
+    OOM's report) counts what autograd saved and the loss as activations,
+    to the byte; setup (the model, the data, a no_grad evaluation) is not
+    training; the forward hook comes off after the first forward (issue 37:
+    'other 99% (no step ended)')."""
+    _, R, _ = fresh_python.code("", FIRST_STEP)
+    assert R["phase_after_no_grad"] == "idle" and R["peak_step"] is None
+    assert R["now"]["activations"] == R["expected"] > 0
+    assert R["now"]["parameters"] == R["params"]
+    assert 0 <= R["now"]["other"] - R["x"] < R["expected"] // 100  # the rest of other: blocks' rounding
+    # the peak so far is the training forward's: activations, not other, hold most of it
+    assert R["peak"]["activations"] > R["peak"]["other"] - R["x"] and not R["hooked"]
+
+
+FORWARD_WORKSPACE = """
+memalloc.enable(backend="host", config="host_capacity_mb:256")
+memalloc.host.use_for_cpu_tensors()
+from memalloc.trace import sites
+cache = {}
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        if "workspace" not in cache:  # made by the first forward, kept (as cuBLAS keeps its workspace)
+            cache["workspace"] = torch.empty(1 << 20, dtype=torch.uint8)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 256)
+R["peaks"] = []
+for _ in range(3):
+    opt.zero_grad(set_to_none=True)
+    Scale.apply(model(x)).sum().backward()
+    opt.step()
+    R["peaks"].append(memalloc.memory_breakdown().peak)
+sizes = {blk[0]: blk[1] for blk in sites.live_blocks(0)}
+R["now"] = memalloc.memory_breakdown().now
+R["workspace"] = sizes[cache["workspace"].data_ptr()]
+R["x"] = sizes[x.data_ptr()]
+memalloc.installed_allocator().validate(0)
+"""
+
+
+def test_what_the_first_forward_keeps_past_its_step_is_other(fresh_python):
+    """The first step's forward counts as activations while it runs (above);
+    what it made and still holds when the step ends (a library's workspace,
+    made on first use and kept: cuBLAS's on a GPU) is other from then on,
+    at that step's peak too, not an activation of every later step."""
+    _, R, _ = fresh_python.code("", FORWARD_WORKSPACE)
+    assert R["now"]["activations"] == 0  # nothing of a forward is live between steps here
+    assert R["now"]["other"] == R["workspace"] + R["x"]
+    for peak in R["peaks"]:  # live at every step's peak (in the backward), never as an activation
+        assert peak["other"] >= R["workspace"] + R["x"]
+        assert 0 < peak["activations"] < R["workspace"]
 
 
 WORKSPACE = """
