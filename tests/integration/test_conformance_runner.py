@@ -10,6 +10,9 @@ import textwrap
 
 import pytest
 
+# the slow tier (CI runs it, `-m slow`): the runner on torch-like test files in fresh processes (~30 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = pytest.mark.slow
+
 from benchmarks import conformance
 
 FAKE = textwrap.dedent('''

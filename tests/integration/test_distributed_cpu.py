@@ -16,6 +16,9 @@ import pytest
 
 from memtest_helpers import REPO
 
+# the slow tier (CI runs it, `-m slow`): three torchrun jobs of two ranks (~40 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = pytest.mark.slow
+
 SCRIPT = REPO / "tests" / "libraries" / "dist_cases.py"
 sys.path.insert(0, str(SCRIPT.parent))
 from dist_cases import MODES, check_memalloc_held_the_memory, check_same_as_native, run_jobs  # noqa: E402

@@ -171,6 +171,8 @@ def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_w
     assert f"{script}:4 in <module>" in p.stdout.split("live memory at the end by line")[1], p.stdout
 
 
+# the slow tier (CI runs it, `-m slow`): a live process watched from outside (~18 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_top_once_shows_a_live_process_from_outside(tmp_path):
     check_top(tmp_path, "host")
 
@@ -182,6 +184,8 @@ def job(tmp_path_factory):
     return run_job(tmp_path_factory.mktemp("job") / "out", "host")
 
 
+# the slow tier (CI runs it, `-m slow`): a torchrun job of two ranks (~15 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
     """Each rank writes its own file; report DIR names rank 1 as standing out
     (1 MiB held more, at its line) and rank 0's leak (16 KiB per step, at its

@@ -20,6 +20,8 @@ import memalloc
 from memtest_helpers import REPO
 
 pytest.importorskip("transformers")
+# the slow tier (CI runs it, `-m slow`): GPT-2, BERT and T5 trained loop after loop (~35 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(REPO / "tests" / "leak_cases"))
 import real_models  # noqa: E402  (tests/leak_cases, put on the path above)

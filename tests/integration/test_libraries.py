@@ -28,7 +28,8 @@ _missing = [m for m in LIBRARIES if importlib.util.find_spec(m) is None]
 if _missing and os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") == "1":
     raise RuntimeError(f"MEMALLOC_REQUIRE_LIBRARIES=1 but {', '.join(_missing)} not installed: "
                        f"pip install {' '.join(LIBRARIES)}")
-pytestmark = pytest.mark.skipif(bool(_missing), reason=f"not installed: {', '.join(_missing)}")
+# the slow tier (CI runs it, `-m slow`): seven library loops, native and memalloc side by side (~30 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = [pytest.mark.skipif(bool(_missing), reason=f"not installed: {', '.join(_missing)}"), pytest.mark.slow]
 
 
 def _result(p) -> dict:

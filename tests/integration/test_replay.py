@@ -438,6 +438,8 @@ def test_smallest_capacity_is_the_boundary_between_an_oom_and_none(config):
     assert replay.replay_source("random:3000", config, host_capacity_mb=mb - 4).devices[0].ooms > 0
 
 
+# the slow tier (CI runs it, `-m slow`): every GPU workload replayed at shrinking capacities (~14 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_expandable_segments_run_the_gpu_workloads_on_smaller_devices():
     """Issue 14's fit-more figure, on the CPU and guarded to the MiB: the
     smallest simulated device (to 8 MiB) that replays the variable-length
