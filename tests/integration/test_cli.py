@@ -16,6 +16,7 @@ import pytest
 from memtest_helpers import REPO, CONFIG_KEYS
 
 from memalloc import _C, load_trace, recording, replay, save_trace
+from memalloc.features.breakdown import CATEGORIES
 
 KEYS = CONFIG_KEYS
 
@@ -179,7 +180,7 @@ def test_a_first_step_oom_splits_its_forward_into_activations(tmp_path, memalloc
     activations, not 'other 99% (no step ended)' (issue 37)."""
     script = tmp_path / "first_oom.py"
     script.write_text(FIRST_STEP_OOM)
-    p = memalloc_cli("run", "--config", "host_capacity_mb:64", str(script))
+    p = memalloc_cli("run", "--config", "host_capacity_mb:64", "--out", str(tmp_path / "r"), str(script))
     assert p.returncode == 0, p.stderr
     truth = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("TRUTH "))[6:])
     line = next(l for l in p.stderr.splitlines() if l.startswith("memalloc by category (host, device 0)"))
@@ -191,6 +192,11 @@ def test_a_first_step_oom_splits_its_forward_into_activations(tmp_path, memalloc
     # what autograd saved, plus at most the one output in flight when the device filled
     acts = float(split["activations"].split()[0]) * {"MiB": 1 << 20, "KiB": 1 << 10}[split["activations"].split()[1]]
     assert truth["activations"] * 0.99 <= acts <= (truth["activations"] + truth["largest"]) * 1.01, (line, truth)
+    # the OOM report's table by category, as the OOM left it: the forward's activations lead there too
+    report = next((tmp_path / "r").glob("oom-*.txt")).read_text()
+    table = report.split("memory by category")[1].split("\n\n")[0].splitlines()
+    now = {r.split()[0]: float(r.split()[3].rstrip("%")) for r in table if r.split() and r.split()[0] in CATEGORIES}
+    assert max(now, key=now.get) == "activations" and now["activations"] > 50, report
 
 
 def test_run_passes_option_like_arguments_to_the_script(tmp_path, memalloc_cli):
