@@ -37,7 +37,8 @@ other blocks and pages than the run advised. ``optimizer_state`` (an 8-bit
 or sharded optimizer) says it is not measured and is not: neither is
 installed here.
 
-Each path's runs take 40-90 s on two busy cores: the slow tier."""
+Each path's runs take 25-55 s on two busy cores (forked from one process
+that has imported torch and lightning once): the slow tier."""
 from __future__ import annotations
 
 import json
