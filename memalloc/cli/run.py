@@ -18,7 +18,11 @@ host_capacity_mb:N`` for more) then bounds the script's CPU tensors.
 With ``--advise``: a forward profile (memalloc.advisor.ForwardProfile:
 what each module's forward keeps) and, at exit, the strategies that would
 save memory, each with its estimated saving (memalloc/features/advisor.py), printed
-and written to DIR as ``advice.json``.
+and written to DIR as ``advice.json``. A leak tracker runs with it, with or
+without ``--leaks``: the advice reads the same run as the leak report (a
+leak is advised first, and the bytes it keeps are not counted as
+activations that a smaller batch would save); ``leaks.json`` is written
+only with ``--leaks``.
 
 With ``--steps``: a :class:`memalloc.StepTracker` row per boundary
 (allocated, reserved, peaks within the step, device use, OOMs), written at
@@ -173,7 +177,8 @@ def main(args: argparse.Namespace) -> int:
         flight.start(flight_dir, keep=keep_flight)
     if args.leaks or args.steps or args.advise:
         iteration.auto_step()  # a boundary after every optimizer.step()
-    tracker = _start_leaks(args.warmup_steps) if args.leaks else None
+    # --advise tracks leaks too: the advice must not count a leak as activations
+    tracker = _start_leaks(args.warmup_steps) if args.leaks or args.advise else None
     step_tracker = _start_steps() if args.steps else None
     advice = _start_advice() if args.advise else None
     sys.argv = [args.script, *args.script_args]
@@ -195,7 +200,9 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         if step_tracker is not None:
             _write_steps(step_tracker, out)
-        leak_report = _write_leaks(tracker, out) if tracker is not None else None
+        leak_report = None
+        if tracker is not None:
+            leak_report = _write_leaks(tracker, out) if args.leaks else _leaks_for_advice(tracker)
         if advice is not None:
             _write_advice(*advice, out, leak_report)  # the leaks come first, not counted as activations
         _print_totals(backend)
@@ -303,6 +310,13 @@ def _write_leaks(tracker, out: str) -> Any:
     print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and {os.path.join(out, 'leaks.html')}",
           file=sys.stderr)
     return report
+
+
+def _leaks_for_advice(tracker) -> Any:
+    """--advise without --leaks: the leak report the advice reads, not
+    printed or written (the advice names each leak first)."""
+    tracker.stop()
+    return tracker.report()
 
 
 def _print_totals(backend: str) -> None:
