@@ -3,8 +3,8 @@ file per rank, memalloc/trace/flight_files.py) merged: per rank and step the
 peak allocated bytes, reserved bytes at the step's end and the peak's split
 by category (each file's history), the rank whose peak stands out (more than
 10% above the median of the ranks' peaks) with the lines that make the
-difference (its live memory by line at its last checkpoint against the
-median rank's), and per rank the lines whose live memory grew at every step
+difference (its live memory by line at its end against the median rank's:
+:func:`_sites`), and per rank the lines whose live memory grew at every step
 the ring covers (leaks). Text (:func:`to_text`) and a self-contained HTML
 page with a per-rank memory-over-steps chart (:func:`to_html`).
 """
@@ -43,7 +43,7 @@ def merge(files: list[FlightFile]) -> dict:
             "reserved": [max(h["reserved"] for h in per_step[s]) for s in steps],
             "split": [per_step[s][0]["split"] for s in steps],
             "peak": max(peaks, default=0),
-            "sites": _checkpoint_sites(f),
+            "sites": _sites(f),
             "leaks": leaks_of(f),
         })
     median = statistics.median([r["peak"] for r in ranks]) if ranks else 0
@@ -62,10 +62,31 @@ def merge(files: list[FlightFile]) -> dict:
     return out
 
 
-def _checkpoint_sites(f: FlightFile) -> dict[tuple, int]:
-    """Live bytes by line at the file's last checkpoint, all devices."""
+def _sites(f: FlightFile) -> dict[tuple, int]:
+    """Live bytes by line at the end, all devices: where a device's ring
+    holds every record since the recorder started, its blocks allocated and
+    not freed (those of a process that ended cleanly by its last step
+    boundary, before the program's objects went at exit; of one killed or
+    raising, by its last record, as postmortem lists them); otherwise the
+    call sites of the last checkpoint that named them. (The checkpoint's
+    call sites alone go stale: a heartbeat names them again only when that
+    costs under 0.5% of the run's time, so a fast loop keeps its first
+    steps' and a rank's lines that grew since are missing.)"""
     sites: dict[tuple, int] = collections.defaultdict(int)
+    whole = [not seqs or seqs[0] == 1 for seqs in f.sequences]
+    for d, ring in enumerate(f.rings):
+        if not whole[d]:
+            continue
+        live: dict = {}
+        for e in ring:
+            if f.state == "exited" and e.step >= f.step:
+                break  # the records after the last boundary: the exit's frees
+            replay(live, e)
+        for e in live.values():
+            sites[f.site(e.stack_id)] += e.size
     for dev in (f.checkpoint or {}).get("devices", []):
+        if dev["device"] < len(whole) and whole[dev["device"]]:
+            continue
         for h in dev.get("top", []):
             sites[(h.get("filename"), h.get("line"), h.get("function"))] += int(h["bytes"])
     return dict(sites)

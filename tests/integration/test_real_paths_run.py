@@ -399,6 +399,12 @@ def test_report_reads_every_rank_of_a_killed_job(killed_job, memalloc_cli_here):
         assert r.returncode == 0, r.stderr
         assert "2 rank(s)" in r.stdout and "rank 0 (pid" in r.stdout and "rank 1 (pid" in r.stdout, r.stdout
         assert f"rank 1 leaks: {script}:{keep} in <module> grows by 32.00 KiB per step" in r.stdout, r.stdout
+        # rank 1 stands out by its line: at their ends (rank 0 raised in the collective rank 1 never
+        # joined) each rank kept KILLED_AFTER tensors there, rank 1's twice as large
+        ours, theirs = KILLED_AFTER * 32 * 1024, KILLED_AFTER * 16 * 1024
+        stands = r.stdout.split("rank 1 stands out")[1].splitlines()
+        assert stands[1].strip() == (f"+{fmt_bytes(ours - theirs)}  {script}:{keep} in <module>  "
+                                     f"({fmt_bytes(ours)} against {fmt_bytes(theirs)})"), r.stdout
     page = d / "job.html"
     r = memalloc_cli_here("report", str(out), "--html", str(page))
     assert r.returncode == 0 and 'polyline class="series rank-1"' in page.read_text()
