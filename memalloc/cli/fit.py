@@ -12,6 +12,10 @@ planner then predicts the largest batch that fits BUDGET, prints it, and
 runs the script with ``{batch}`` replaced by it (``--fit-only``: print and
 stop).
 
+A probe is planner.ProbeRecording, as in memalloc.largest_batch: the child
+notes where each step ends (its boundaries) and stops after ``1 +
+--fit-steps``, so the replay knows the step it repeats in both.
+
 BUDGET: bytes the allocator may reserve: an int of bytes, or a number with
 a unit (``7GiB``, ``7.5G``, ``512MiB``, ``500MB``), or ``free`` (the
 device's free memory when the plan is made); planner.parse_size reads it, as
@@ -66,18 +70,17 @@ def check_placeholder(script_args: Sequence[str]) -> None:
 
 # ---- the child: one probe ---------------------------------------------------------
 def start_probe(batch: int, steps: int, out: str) -> None:
-    """In the probe's process, after enable(): the ring on from now, and at
-    the (1 + steps)-th boundary the record written to ``out`` and the
+    """In the probe's process, after enable(): the probe
+    (planner.ProbeRecording) records from now, each boundary is a step's
+    end, and at the (1 + steps)-th the record is written to ``out`` and the
     process ended (exit 0)."""
-    rec = planner.ProbeRecording(_state.installed_allocator(), 0, PROBE_RING)
+    rec = planner.ProbeRecording(_state.installed_allocator(), 0, PROBE_RING, batch, steps)
     iteration.auto_step()
-    seen = [0]
 
     def at_boundary(step: int) -> None:
-        seen[0] += 1
-        if seen[0] < 1 + steps:
+        if not rec.step_ended():
             return
-        record, lost = rec.finish(batch)
+        record, lost = rec.finish()
         if record is None:
             print(f"memalloc: the probe at batch {batch} lost {lost} events (more than {PROBE_RING} recorded): "
                   "give --fit-steps 1 or smaller --fit-probes", file=sys.stderr)

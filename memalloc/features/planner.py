@@ -290,18 +290,22 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
 
 
 class ProbeRecording:
-    """The event ring of one device on for one probe, from now: the blocks
-    live and the bytes reserved at the start are noted, the ring (``ring``
-    records, Python stacks) is started; :meth:`finish` reads it back and
-    turns it off. Used in-process by :func:`run_probe` and in a probe's own
-    process by ``memalloc run --fit`` (memalloc/cli/fit.py)."""
+    """One probe of ``1 + steps`` steps at ``batch``, recorded from now: the
+    blocks live and the bytes reserved at the start are noted and the event
+    ring of one device (``ring`` records, Python stacks) is started; the
+    caller calls :meth:`step_ended` where each step ends, which says when
+    the probe has its steps; :meth:`finish` then reads the ring back, turns
+    it off and gives the record. The one way a probe is taken: in-process
+    by :func:`run_probe` (a step ends when ``step(batch)`` returns) and in a
+    probe's own process by ``memalloc run --fit`` (memalloc/cli/fit.py: at
+    each ``optimizer.step()`` or ``memalloc.step()``)."""
 
-    def __init__(self, allocator: _C.Allocator, device: int, ring: int) -> None:
+    def __init__(self, allocator: _C.Allocator, device: int, ring: int, batch: int, steps: int) -> None:
         if recording.history_on(device, allocator):
             raise PlannerError(f"device {device} is recording (memalloc.record_memory_history): the planner needs "
                                "the event ring for its probes; stop the history first "
                                "(memalloc.record_memory_history(enabled=False))")
-        self.allocator, self.device, self.ring = allocator, device, ring
+        self.allocator, self.device, self.ring, self.batch, self.steps = allocator, device, ring, batch, steps
         self.live = live_blocks(device, allocator)
         self.reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
         self.allocs = self._allocations()
@@ -311,15 +315,17 @@ class ProbeRecording:
     def _allocations(self) -> int:
         return self.allocator.stats(self.device)["allocation"]["all"]["allocated"]
 
-    def step_ended(self) -> None:
+    def step_ended(self) -> bool:
         """Notes that a step ended here (the allocations made so far), so
-        the replay knows the last step, the one it repeats."""
+        the replay knows the last step, the one it repeats; True once the
+        probe's ``1 + steps`` steps have ended (then :meth:`finish`)."""
         self.step_allocs.append(self._allocations() - self.allocs)
+        return len(self.step_allocs) >= 1 + self.steps
 
     def stop(self) -> None:
         recording.record_memory_history(enabled=False, device=self.device, allocator=self.allocator)
 
-    def finish(self, batch: int) -> tuple[Optional[ProbeRecord], int]:
+    def finish(self) -> tuple[Optional[ProbeRecord], int]:
         """(the record, 0), or (None, events lost) when the ring overflowed;
         the ring is off afterwards either way."""
         try:
@@ -329,7 +335,7 @@ class ProbeRecording:
             self.stop()
         if lost:
             return None, lost
-        record = probe_record(batch, self.live, events, self.reserved)
+        record = probe_record(self.batch, self.live, events, self.reserved)
         allocs = sum(op[0] == "alloc" for op in record.ops)
         if self.step_allocs and self.step_allocs[-1] == allocs:  # the counts name the recorded allocations
             record = dataclasses.replace(record, step_allocs=tuple(self.step_allocs))
@@ -343,11 +349,12 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
     into being in it, between the batch's tensors, as in a fresh run). A
     ring of ``ring`` records that overflows is taken again, 8 times larger
     (up to the most a ring holds), with the steps run again."""
-    rec = ProbeRecording(allocator, device, ring)
+    rec = ProbeRecording(allocator, device, ring, batch, steps)
     try:
-        for _ in range(1 + steps):
+        done = False
+        while not done:
             step(batch)
-            rec.step_ended()
+            done = rec.step_ended()
     except torch.OutOfMemoryError as e:
         rec.stop()
         raise PlannerError(f"the probe at batch {batch} ran out of memory already "
@@ -356,7 +363,7 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
     except BaseException:
         rec.stop()
         raise
-    record, lost = rec.finish(batch)
+    record, lost = rec.finish()
     if record is not None:
         return record
     if ring < _C.max_trace_records():
