@@ -21,7 +21,12 @@ a unit (``7GiB``, ``7.5G``, ``512MiB``, ``500MB``), or ``free`` (the
 device's free memory when the plan is made); planner.parse_size reads it, as
 it reads memalloc.largest_batch's budget. A budget larger than the device
 can give (its total memory, the host backend's capacity, under the memory
-fraction) is refused with the most it can.
+fraction) is refused with the most it can: by the first probe's process,
+before the script runs in it (run_probes(..., budget) passes the budget to
+each probe in MEMALLOC_FIT_BUDGET: the parent does not touch the device
+before its probes), and again by the parent before it plans. (Until
+memalloc/cli/run.py's _fit_first passes the budget to run_probes, only the
+parent's check after the probes refuses it.)
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ from memalloc.core import _state, iteration
 from memalloc.features import planner
 
 PLACEHOLDER = "{batch}"
+BUDGET_ENV = "MEMALLOC_FIT_BUDGET"  # the budget in bytes, for a probe's process to check before the script runs
+REFUSED = 4  # a probe's exit status: the budget is more than its device can give (the message on stderr)
 PROBE_RING = 1 << 20  # records (64 MiB): the probe child records from the start, model creation included
 
 
@@ -70,11 +77,20 @@ def check_placeholder(script_args: Sequence[str]) -> None:
 
 # ---- the child: one probe ---------------------------------------------------------
 def start_probe(batch: int, steps: int, out: str) -> None:
-    """In the probe's process, after enable(): the probe
-    (planner.ProbeRecording) records from now, each boundary is a step's
-    end, and at the (1 + steps)-th the record is written to ``out`` and the
-    process ended (exit 0)."""
-    rec = planner.ProbeRecording(_state.installed_allocator(), 0, PROBE_RING, batch, steps)
+    """In the probe's process, after enable(): a budget in MEMALLOC_FIT_BUDGET
+    that is more than the device can give is refused first (exit REFUSED,
+    the message on stderr); the probe (planner.ProbeRecording) records from
+    now, each boundary is a step's end, and at the (1 + steps)-th the record
+    is written to ``out`` and the process ended (exit 0)."""
+    a = _state.installed_allocator()
+    budget = os.environ.get(BUDGET_ENV)
+    if budget:
+        try:
+            planner.check_budget(a, 0, int(budget), default="--fit free")
+        except planner.PlannerError as e:
+            print(f"memalloc: {e}", file=sys.stderr, flush=True)
+            os._exit(REFUSED)
+    rec = planner.ProbeRecording(a, 0, PROBE_RING, batch, steps)
     iteration.auto_step()
 
     def at_boundary(step: int) -> None:
@@ -101,14 +117,24 @@ def probe_ended_early(steps: int) -> None:
 
 
 # ---- the parent: probes, plan, run ------------------------------------------------
-def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[int]) -> list[planner.ProbeRecord]:
-    """One child process per probe (``argv_for(batch, record path, report folder)``)."""
+def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[int],
+               budget: Optional[int] = None) -> list[planner.ProbeRecord]:
+    """One child process per probe (``argv_for(batch, record path, report
+    folder)``). ``budget`` (bytes; None: ``free``) goes to each child, which
+    refuses one larger than its device can give before the script runs:
+    SystemExit with its message, no probe taken."""
     records = []
+    env = {k: v for k, v in os.environ.items() if k != BUDGET_ENV}
+    if budget is not None:
+        env[BUDGET_ENV] = str(budget)
     with tempfile.TemporaryDirectory(prefix="memalloc-fit-") as tmp:
         for b in sorted(set(probes)):
             out = os.path.join(tmp, f"probe-{b}.json")
             print(f"memalloc: probing batch {b} ...", file=sys.stderr, flush=True)
-            p = subprocess.run(argv_for(b, out, tmp), capture_output=True, text=True)
+            p = subprocess.run(argv_for(b, out, tmp), capture_output=True, text=True, env=env)
+            if p.returncode == REFUSED:
+                refusal = [line for line in (p.stderr or "").splitlines() if line.startswith("memalloc: budget ")]
+                raise SystemExit(refusal[-1] if refusal else f"memalloc: the probe at batch {b} refused the budget")
             if p.returncode != 0 or not os.path.exists(out):
                 tail = "\n".join((p.stderr or "").strip().splitlines()[-15:])
                 raise SystemExit(f"memalloc: the probe at batch {b} failed (exit {p.returncode}):\n{tail}")
