@@ -22,8 +22,12 @@ landmarks of a training step, with no change to the user's code:
   closure's forward is the step's forward and what the update allocates is
   optimizer state. When a backward already ran in the step (Lightning's
   manual optimization and mixed precision pass a closure that does nothing
-  more), the step is one without a closure. The closure is never wrapped:
-  the optimizer gets the user's own object;
+  more), the optimizer phase begins before the closure; should the closure
+  run a backward after all (two micro-batches: Lightning's automatic
+  optimization with ``accumulate_grad_batches``), what it allocated before
+  that backward is its forward's (activations if still live) and the
+  optimizer phase begins again when that backward returns. The closure is
+  never wrapped: the optimizer gets the user's own object;
 - torch's global module forward pre-hook, until the first forward of a
   module with trainable parameters under grad: the first step's forward
   begins there (before it, the ``idle`` phase: setup is ``other``), so a
@@ -83,9 +87,10 @@ class _Landmarks:
         self.first: Optional[weakref.ref] = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
         self.depth = 0  # backward calls in progress (one inside another: reentrant checkpointing)
-        # optimizer.step() calls in progress, innermost last: (optimizer,
-        # whether its optimizer phase waits for a backward in its closure).
-        self.stepping: list[tuple[Any, bool]] = []
+        # optimizer.step() calls in progress, innermost last: [optimizer,
+        # whether it was given a closure, whether its optimizer phase waits
+        # for a backward in its closure].
+        self.stepping: list[list[Any]] = []
         self.backward_in_step = False  # a backward returned since the last step ended
 
 
@@ -162,6 +167,16 @@ def _backward_begins() -> Optional[_C.Allocator]:
             mark_parameters(a)
         for listener in list(_marks.backward_listeners):
             listener()
+        with _lock:
+            frame = _marks.stepping[-1] if _marks.stepping else None
+            in_closure = frame is not None and frame[1] and not frame[2]
+            if in_closure:
+                frame[2] = True  # the update comes after this backward returns
+        if in_closure:
+            # A closure step entered after a backward (two micro-batches) runs
+            # one more forward and backward: what it made so far is that
+            # forward's, activations if still live now.
+            a.resolve("optimizer", "activations")
         a.enter_phase("backward")
     return a
 
@@ -174,7 +189,7 @@ def _backward_ends(a: Optional[_C.Allocator]) -> None:
         done = _marks.depth == 0
         if done:
             _marks.backward_in_step = True
-        closure_of = _marks.stepping[-1][0] if done and _marks.stepping and _marks.stepping[-1][1] else None
+        closure_of = _marks.stepping[-1][0] if done and _marks.stepping and _marks.stepping[-1][2] else None
     if closure_of is not None:
         _enter_optimizer(a, closure_of)  # the backward of a step's closure: the update comes next
     elif done:
@@ -215,11 +230,17 @@ def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if a is None:
         return
     with _lock:
-        waits = _has_closure(optimizer, args, kwargs) and not _marks.backward_in_step
+        closure = _has_closure(optimizer, args, kwargs)
+        waits = closure and not _marks.backward_in_step
         # An optimizer does not step inside its own step: a frame of it still
         # here is one whose step raised (its post-step hook never ran).
         _marks.stepping = [f for f in _marks.stepping if f[0] is not optimizer]
-        _marks.stepping.append((optimizer, waits))
+        _marks.stepping.append([optimizer, closure, waits])
+    if closure and not waits:
+        # Its closure may run a forward and backward after all (see
+        # _backward_begins), whose blocks would then leave the optimizer
+        # phase: what an earlier optimizer's step left live is its state.
+        a.resolve("optimizer", "optimizer_state")
     if not waits:
         _enter_optimizer(a, optimizer)
 

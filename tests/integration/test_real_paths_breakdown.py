@@ -8,9 +8,10 @@ the model by the test (the distinct storages of their tensors), not off
 memalloc.
 
 The loops: a plain ``opt.step(closure)`` with Adam (zero_grad inside the
-closure), LBFGS (several closure evaluations per step), Lightning's
-automatic optimization (its closure runs training_step and backward inside
-``optimizer.step``) and manual optimization (``manual_backward`` then
+closure), LBFGS (several closure evaluations per step), a closure step
+after a backward (two micro-batches), Lightning's automatic optimization
+(its closure runs training_step and backward inside ``optimizer.step``;
+with ``accumulate_grad_batches=2`` after the first micro-batch's backward) and manual optimization (``manual_backward`` then
 ``opt.step()``, which Lightning gives a do-nothing closure), HF Trainer and
 accelerate (``AcceleratedOptimizer`` around AdamW)."""
 from __future__ import annotations
@@ -115,9 +116,28 @@ opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4, history_size=3)
     opt.step(closure)
 finish(model, opt)
 """,
+    # Two micro-batches per step: the first's backward before the step, the
+    # second's forward and backward in the closure (Lightning's automatic
+    # optimization with accumulate_grad_batches=2 calls the optimizer so).
+    "adam_closure_after_backward": MLP + """
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def closure():
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+for _ in range(3):
+    closure()
+    opt.step(closure)
+    opt.zero_grad()
+finish(model, opt)
+""",
     "lightning_automatic": LIGHTNING.format(automatic=True, training_step="""
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)"""),
+    "lightning_automatic_accumulating": LIGHTNING.format(automatic=True, training_step="""
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)""").replace(
+        "enable_model_summary=False", "enable_model_summary=False, accumulate_grad_batches=2"),
     "lightning_manual": LIGHTNING.format(automatic=False, training_step="""
         opt = self.optimizers()
         opt.zero_grad()
@@ -161,7 +181,8 @@ finish(model, opt)
 """,
 }
 
-LIBRARY = {"lightning_automatic": "lightning", "lightning_manual": "lightning", "hf_trainer": "transformers",
+LIBRARY = {"lightning_automatic": "lightning", "lightning_automatic_accumulating": "lightning",
+           "lightning_manual": "lightning", "hf_trainer": "transformers",
            "accelerate": "accelerate"}
 
 

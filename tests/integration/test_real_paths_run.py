@@ -127,17 +127,9 @@ def runs(tmp_path_factory, fresh_python):
 # ran in the step) and enters the optimizer phase before the closure: the forward's blocks still
 # live (the kept tensor) become optimizer_state, and Adam's state, allocated after the closure's
 # backward returned to the forward phase, is activations. Open (phases.py is not this suite's).
-CLOSURE_AFTER_BACKWARD = pytest.mark.xfail(
-    strict=True, reason="phases.py: optimizer.step(closure) after a backward in the same step "
-                        "(Lightning automatic optimization with accumulate_grad_batches)")
-
-
-def by_loop(breakdown: bool = False):
-    """Parametrizes over the loops; ``breakdown``: the test checks the
-    breakdown's optimizer_state, which CLOSURE_AFTER_BACKWARD gets wrong."""
-    return pytest.mark.parametrize("loop", [pytest.param(l, marks=CLOSURE_AFTER_BACKWARD)
-                                            if breakdown and l == "lightning_automatic" else l
-                                            for l in sorted(LOOPS)])
+def by_loop():
+    """Parametrizes over the loops."""
+    return pytest.mark.parametrize("loop", sorted(LOOPS))
 
 
 # ---- the script's own truths agree with the framework --------------------------------------
@@ -162,7 +154,7 @@ def totals(stderr: str) -> dict:
 
 
 @pytest.mark.parametrize("mode", list(FLAGS))
-@by_loop(breakdown=True)
+@by_loop()
 def test_the_totals_at_exit_name_the_last_step_and_the_model_and_optimizer(runs, loop, mode):
     r = runs(loop, mode)
     got = totals(r.p.stderr)
@@ -204,7 +196,7 @@ def steps_rows(path: Path) -> list[dict]:
         return [{k: float(v) if k == "time_s" else int(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-@by_loop(breakdown=True)
+@by_loop()
 def test_steps_has_a_row_per_optimizer_step_with_the_model_optimizer_and_leak(runs, loop):
     r = runs(loop, "steps")
     rows = steps_rows(r.out / "steps.csv")
@@ -275,7 +267,7 @@ def test_advise_agrees_with_the_leak_report_of_the_same_script(runs, loop):
                                    f"({fmt_bytes(leak['retained_bytes'])} in {leak['retained_tensors']} tensors"), first
 
 
-@by_loop(breakdown=True)
+@by_loop()
 def test_advise_figures_are_true_of_the_run(runs, loop):
     r = runs(loop, "advise")
     data, got = advice_of(r)
