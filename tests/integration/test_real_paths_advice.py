@@ -132,12 +132,14 @@ def test_ddp_needs_a_second_gpu():
     assert {a.strategy: a.saves for a in advisor.advise(b, gpus=2)}["ddp"] == 60 - 30
 
 
+@pytest.mark.slow  # a training script in a fresh process (the rules themselves: the fast tests above)
 def test_no_ddp_on_a_cpu_run(cli_run):
     assert "ddp" not in by_name(cli_run["advice"]["advice"]) and "ddp " not in cli_run["stderr"]
     assert "a second GPU" not in cli_run["stderr"]
 
 
 # ---- 2. del + empty_cache: what must stay reserved is at least what the run holds -------------
+@pytest.mark.slow  # a training script in a fresh process (the rules themselves: the fast tests above)
 def test_del_empty_cache_keeps_what_the_run_holds_between_steps(cli_run):
     t, data = cli_run["truth"], cli_run["advice"]
     # at every boundary after the first the script holds these (zero_grad(set_to_none=True)
@@ -184,6 +186,7 @@ def test_leaked_bytes_are_not_activations_on_made_up_figures():
     assert {a.strategy: a.saves for a in advisor.advise(b, leaks=report)}["half_batch"] == (100 + 20) // 2
 
 
+@pytest.mark.slow  # a training script in a fresh process (the rules themselves: the fast tests above)
 def test_the_leak_comes_first_and_is_not_counted_as_activations(api_run):
     t, advice = api_run["truth"], api_run["advice"]
     (leak,) = api_run["leaks"]["leaks"]
@@ -214,6 +217,7 @@ def test_the_leak_comes_first_and_is_not_counted_as_activations(api_run):
     assert [a["saves"] for a in advice[1:]] == sorted((a["saves"] for a in advice[1:]), reverse=True)
 
 
+@pytest.mark.slow  # a training script in a fresh process (the rules themselves: the fast tests above)
 def test_run_leaks_advise_puts_the_leak_first(tmp_path, fresh_python):
     script = tmp_path / "train.py"
     script.write_text(LOOP + TRUTH_OUT)

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from memalloc.trace import flight_files as ff
 from memtest_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
 from flight_checks import env, memalloc_cli  # noqa: E402
+
+# the slow tier (CI runs it, `-m slow`): two training scripts killed in fresh processes (~17 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = pytest.mark.slow
 
 KEPT_BYTES = 65536 * 4  # one float32 tensor of 65,536 elements kept per step
 STEPS_BEFORE_KILL = 7

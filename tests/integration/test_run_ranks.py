@@ -26,6 +26,9 @@ from flight_checks import env, memalloc_cli  # noqa: E402
 
 from memalloc.trace import flight_files as ff  # noqa: E402
 
+# the slow tier (CI runs it, `-m slow`): a torchrun job of two ranks and single runs under `run` (~18 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = pytest.mark.slow
+
 SCRIPT = """\
 import torch
 import torch.distributed as dist
