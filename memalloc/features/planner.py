@@ -21,15 +21,26 @@ it appears, and never below its size there.
 A candidate batch is judged by replaying the smallest probe's allocation
 pattern (its recording starts where the model's training does), every
 size scaled to that batch, on the host backend under the
-allocator's own policy (memalloc/features/replay.py) with a simulated device
-of the budget's size: the blocks live at the start, then the recorded steps
-in their order, then the last recorded step REPEATS times more (a training
-run's fragmentation builds up over its steps: a batch that runs the
-probes' three steps can run out of memory in its sixth; the probe notes
-where its steps end, ProbeRecord.step_allocs). It fits when no allocation of the replay runs out of memory
-(the replay, like the allocator, frees its cache and retries first), so
-fragmentation is in the prediction rather than a guessed margin. The search
-doubles the batch from the largest probe while it fits, then bisects.
+allocator's own policy (a fresh host allocator, as memalloc/features/replay.py
+replays) with a simulated device of the budget's size: the blocks live at
+the start, then the recorded steps in their order, then the last recorded
+step again and again (the probe notes where its steps end,
+ProbeRecord.step_allocs) until the replay is steady: a training run's
+fragmentation builds up over its steps (a batch that runs the probes'
+three steps can run out of memory in its sixth, or its thirty-first), so
+the replay goes on until the allocator is in a state it was in at the end
+of an earlier step (every segment and block, and which allocation of
+which step, counted back, each block in use holds). From there the same
+steps make the same states again: no later step reserves more or runs out
+of memory (tests/planner_cases' wide CNN on 100 MiB settles after 17 to 48
+repeats at batches 32 to 95: the fixed 16 repeats before were not a proof).
+A replay that has not settled after MAX_REPEATS (64) stops there and the
+plan says so (BatchPlan.steady). A batch fits when no allocation of the replay runs out
+of memory (the replay, like the allocator, frees its cache and retries
+first), so fragmentation is in the prediction rather than a guessed margin.
+The search doubles the batch from the largest probe while it fits, then
+bisects (where fragmentation makes fitting non-monotonic in the batch, a
+larger batch than the one found may run too).
 
 What it assumes, and what breaks it:
 - The step's allocations are the same in number and order at every batch
@@ -80,7 +91,6 @@ from memalloc import _C
 from memalloc.core import _hooks, _state
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._format import fmt_bytes
-from memalloc.features.replay import replay_ops
 from memalloc.trace import recording, tags
 from memalloc.trace.sites import live_blocks
 
@@ -91,7 +101,7 @@ UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 2
          "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
 BUDGET_FORMS = "bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'"
 DEFAULT_PROBES = (2, 4, 8)
-REPEATS = 16  # times the replay runs the probes' last step again after the recorded steps (_ops_at)
+MAX_REPEATS = 64  # the most times a replay runs the probes' last step again, looking for a steady state (_replay)
 RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
 # (backend, capacity, recording, call sites) are the replay's own business.
@@ -542,16 +552,28 @@ def _period(sites: list) -> int:
     return 0
 
 
-def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int, repeats: int = 0) -> list[tuple]:
-    """A probe's pattern with every size at ``batch``, as replay ops, with
-    its last step then run ``repeats`` more times: a step's fragmentation
-    builds up over many steps (blocks kept from one step to the next, the
-    gradients and the optimizer's temporaries, land where the previous
-    step's free blocks were), and a batch that runs the probes' few steps
-    can run out of memory in a later one. A repeated step frees what the
-    step it copies freed, counted in steps back: a block the last step
-    freed that its own j-th allocation made is the copy's j-th, one the step
-    before made is the previous copy's, and so on."""
+@dataclasses.dataclass
+class _Pattern:
+    """A probe's pattern with every size at one batch: ``ops``, the blocks
+    live when recording began and the recorded steps, as replay ops
+    (("alloc", bytes), ("free", key), the k-th alloc op making key k);
+    ``steps``, the keys each recorded step made, in order; ``last``, the
+    last recorded step as the step a training run repeats: ("alloc", bytes)
+    and ("free", steps back, place in that step), a free of a block made
+    that many steps before the step doing it (0: by itself) as its j-th
+    allocation (empty when the record's steps are not known)."""
+
+    ops: list[tuple]
+    steps: list[list[int]]
+    last: list[tuple]
+
+
+def _pattern_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> _Pattern:
+    """The base probe's record at ``batch`` (see _Pattern). A repeated step
+    frees what the step it copies freed, counted in steps back: a block the
+    last step freed that its own j-th allocation made is the copy's j-th,
+    one the step before made is the previous copy's, and so on (frees of
+    blocks live before recording began are not repeated)."""
     index: dict[Key, int] = {}  # live key -> the replay's key (the k-th alloc op makes key k)
     ops: list[tuple] = []
     for k, _ in record.live:
@@ -560,9 +582,8 @@ def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int, repeats: int = 0) 
     allocs = len(ops)
     ordinal: dict[Key, int] = {}  # an allocation's place among the record's allocations
     replay_key: list[int] = []    # ... and its key in the replay
-    live: set[int] = set(range(allocs))
     last: list[tuple] = []
-    starts = _step_starts(record) if repeats else []
+    starts = _step_starts(record)
     begin = starts[-1] if starts else None
     for op in record.ops:
         if op[0] == "alloc":
@@ -571,7 +592,6 @@ def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int, repeats: int = 0) 
                 last.append(("alloc", scaler.size(op[1], batch)))
             replay_key.append(allocs)
             index[op[1]] = allocs
-            live.add(allocs)
             allocs += 1
             ops.append(("alloc", scaler.size(op[1], batch)))
         elif op[1] in index:
@@ -580,38 +600,117 @@ def _ops_at(record: ProbeRecord, scaler: _Scaler, batch: int, repeats: int = 0) 
                 if o >= 0:  # (steps back, its place in that step)
                     t = bisect.bisect_right(starts, o) - 1
                     last.append(("free", len(starts) - 1 - t, o - starts[t]))
-            key = index.pop(op[1])
-            live.discard(key)
-            ops.append(("free", key))
-    if not last:
-        return ops
+            ops.append(("free", index.pop(op[1])))
     steps = [replay_key[a:b] for a, b in zip(starts, [*starts[1:], len(replay_key)])]
-    for _ in range(repeats):
+    return _Pattern(ops, steps, last)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    fits: bool
+    peak_allocated: int
+    peak_reserved: int
+    repeats: int
+    steady: bool
+
+
+def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _Run:
+    """``pattern`` replayed on a fresh host allocator of ``budget`` bytes
+    (whole MiB) under the policy ``config``, as the allocator runs it (an
+    allocation that does not fit frees the cache and retries first), then
+    its last step again and again until the allocator is in a state it was
+    in at the end of an earlier step, or ``max_repeats`` times. The state
+    is every segment and block (address, size, free or in use) and, for a
+    block in use, which allocation of which step made it, counted back from
+    the step just ended: from a state seen before, the same steps make the
+    same states again, so no later step of the run reserves more or runs
+    out of memory (``steady``). Stops at the first allocation that runs out
+    of memory (not ``fits``)."""
+    a = _C.Allocator("host", ",".join(part for part in (config, "host_devices:1",
+                                                        f"host_capacity_mb:{budget // MiB}") if part))
+    ptrs: list[int] = []
+    step_of: list[int] = []      # each key's step (-1: live before recording began) ...
+    place_of: list[int] = []     # ... and its place among that step's allocations
+    live: dict[int, int] = {}    # pointer -> key
+    made_in: dict[int, tuple[int, int]] = {k: (s, j) for s, made in enumerate(pattern.steps)
+                                           for j, k in enumerate(made)}
+
+    def run(repeats: int, steady: bool, fits: bool = True) -> _Run:
+        st = a.stats(0)
+        return _Run(fits, st["allocated_bytes"]["all"]["peak"], st["reserved_bytes"]["all"]["peak"], repeats, steady)
+
+    def alloc(size: int, step: int, place: int) -> bool:
+        try:
+            ptr = a.malloc(size, 0, 0)
+        except torch.OutOfMemoryError:
+            return False
+        live[ptr] = len(ptrs)
+        ptrs.append(ptr)
+        step_of.append(step)
+        place_of.append(place)
+        return True
+
+    def free(key: int) -> None:
+        a.free(ptrs[key], 0)
+        del live[ptrs[key]]
+
+    for op in pattern.ops:
+        if op[0] == "alloc":
+            s, j = made_in.get(len(ptrs), (-1, len(ptrs)))
+            if not alloc(op[1], s, j):
+                return run(0, False, fits=False)
+        else:
+            free(op[1])
+    if not pattern.last:
+        return run(0, False)
+
+    # a block made more than `reach` steps back is freed by no later step: it is kept where it is (the
+    # optimizer state, made in the first step), named by its own step, not counted back
+    reach = max((op[1] for op in pattern.last if op[0] == "free"), default=0)
+
+    def state(steps: int) -> tuple:
+        roles = {ptr: (steps - step_of[k], place_of[k]) if 0 <= steps - step_of[k] <= reach else (-1, k)
+                 for ptr, k in live.items()}
+        return tuple((seg["address"], seg["total_size"],
+                      tuple((b["address"], b["size"], b["state"], roles.get(b["address"])) for b in seg["blocks"]))
+                     for seg in a.segments(0))
+
+    steps = [list(made) for made in pattern.steps]
+    seen = {state(len(steps))}
+    for n in range(1, max_repeats + 1):
         made: list[int] = []
-        for op in last:
+        for op in pattern.last:
             if op[0] == "alloc":
-                made.append(allocs)
-                live.add(allocs)
-                allocs += 1
-                ops.append(op)
+                made.append(len(ptrs))
+                if not alloc(op[1], len(steps), len(made) - 1):
+                    return run(n, False, fits=False)
                 continue
             back, j = op[1], op[2]
             source = made if back == 0 else steps[-back] if back <= len(steps) else []
-            if j < len(source) and source[j] in live:
-                live.discard(source[j])
-                ops.append(("free", source[j]))
+            if j < len(source) and ptrs[source[j]] in live and live[ptrs[source[j]]] == source[j]:
+                free(source[j])
         steps.append(made)
-    return ops
+        now = state(len(steps))
+        if now in seen:
+            return run(n, True)
+        seen.add(now)
+    return run(max_repeats, False)
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """What the replay of one batch size gave (bytes)."""
+    """What the replay of one batch size gave (bytes): whether it fits, its
+    peaks (up to its first allocation that ran out of memory, when one
+    did), the times it ran the last step again, and whether it was then
+    steady (in a state it had been in at an earlier step's end: every later
+    step repeats one already replayed)."""
 
     batch: int
     fits: bool
     peak_allocated: int
     peak_reserved: int
+    repeats: int = 0
+    steady: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -628,7 +727,11 @@ class BatchPlan:
     allocated, peak reserved) as measured; ``growing_share``: the share of
     the smallest probe's allocations (the pattern replayed) whose size grows
     with the batch; ``matched_share``: the share of them found again in
-    another probe; ``predictions``: every batch the search tried."""
+    another probe; ``predictions``: every batch the search tried;
+    ``steady``: whether the replay at ``batch`` came back to a state it had
+    been in (every later step repeats one replayed), after running the last
+    step ``repeats`` more times; when not, the plan holds for that many
+    steps (``print(plan)`` says so)."""
 
     batch: int
     budget: int
@@ -642,6 +745,8 @@ class BatchPlan:
     matched_share: float
     predictions: tuple[Prediction, ...]
     capped: bool = False  # the search reached max_batch
+    steady: bool = True   # the replay at ``batch`` reached a steady state (Prediction.steady) ...
+    repeats: int = 0      # ... after running the last step again this many times
 
     def __str__(self) -> str:
         limit = "no limit (nothing grows with the batch)" if self.limit is None else f"{self.limit}"
@@ -651,7 +756,9 @@ class BatchPlan:
                 f"  the peak: {fmt_bytes(self.fixed_bytes)} that does not grow with the batch, "
                 f"{fmt_bytes(self.per_sample_bytes)} per sample; a perfect allocator would fit {limit}\n"
                 f"  probes (batch: peak allocated / reserved): "
-                + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes))
+                + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes)
+                + ("" if self.steady else f"\n  not steady: the replay ran the last step {self.repeats} more times "
+                   "without coming back to a state it had been in; the plan is for that many steps"))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -667,7 +774,9 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
          repeats: Optional[int] = None) -> BatchPlan:
     """The largest batch predicted to fit ``budget`` bytes from the probes'
     records (ascending batch sizes, at least two), replayed under the
-    policy ``config`` (:func:`policy_config` of the allocator)."""
+    policy ``config`` (:func:`policy_config` of the allocator), the last
+    recorded step repeated until the replay is steady, at most ``repeats``
+    times (default MAX_REPEATS)."""
     records = sorted(records, key=lambda r: r.batch)
     if len(records) < 2 or len({r.batch for r in records}) != len(records):
         raise PlannerError(f"the planner needs probes at two or more different batch sizes, got "
@@ -676,14 +785,13 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
         raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, not {budget!r}")
     base, largest = records[0], records[-1]
     scaler = _Scaler(base, records[1:])
-    repeats = REPEATS if repeats is None else repeats
+    repeats = MAX_REPEATS if repeats is None else repeats
     tried: dict[int, Prediction] = {}
 
     def judge(batch: int) -> Prediction:
         if batch not in tried:
-            r = replay_ops(_ops_at(base, scaler, batch, repeats), config, host_capacity_mb=budget // MiB,
-                           name=f"batch {batch}").devices[0]
-            tried[batch] = Prediction(batch, r.ooms == 0, r.peak_allocated, r.peak_reserved)
+            r = _replay(_pattern_at(base, scaler, batch), config, budget, repeats)
+            tried[batch] = Prediction(batch, r.fits, r.peak_allocated, r.peak_reserved, r.repeats, r.steady)
         return tried[batch]
 
     lo = largest.batch
@@ -713,7 +821,8 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
         probes=tuple((r.batch, r.peak_allocated, r.peak_reserved) for r in records),
         growing_share=sum(scaler.growing(k) for k in scaler.keys) / max(1, len(scaler.keys)),
         matched_share=scaler.matched,
-        predictions=tuple(sorted(tried.values(), key=lambda p: p.batch)), capped=hi is None and lo == max_batch)
+        predictions=tuple(sorted(tried.values(), key=lambda p: p.batch)), capped=hi is None and lo == max_batch,
+        steady=best.steady, repeats=best.repeats)
 
 
 def default_budget(allocator: _C.Allocator, device: int) -> int:

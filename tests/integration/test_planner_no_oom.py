@@ -8,9 +8,9 @@ doubling and bisection, each trial a fresh process training STEPS steps).
 Before the fix the wide CNN (3 conv + batch norm, 48 channels, AdamW) on a
 100 MiB device planned 97, which ran out of memory in its second step, 96
 in its sixth; 95 runs 40 steps. The replay ran only the probes' three
-recorded steps; it now runs the last one again (planner.REPEATS) as a
-training run does, so the fragmentation that builds up over the steps is
-in the prediction."""
+recorded steps; it now runs the last one again, as a training run does,
+until the replay is steady (planner._replay), so the fragmentation that
+builds up over the steps is in the prediction."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,7 @@
 enabled on the host backend with a capacity, torch's CPU tensors routed to
 it (memalloc.host.use_for_cpu_tensors), a fresh model of models.py.
 
-    python fresh_run.py plan MODEL CAPACITY_MB [hook]    -> {"batch": planned, "seconds": ...}
+    python fresh_run.py plan MODEL CAPACITY_MB [hook]    -> {"batch": planned, "seconds", "steady", "repeats"}
     python fresh_run.py trial MODEL CAPACITY_MB BATCH N  -> {"fits": bool, "oom_step": i or None}
 
 A trial trains N steps at BATCH and says whether (and in which step) it ran
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> dict:
             handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: handle.remove())
         t0 = time.perf_counter()
         p = memalloc.largest_batch(step)
-        return {"batch": p.batch, "seconds": time.perf_counter() - t0}
+        return {"batch": p.batch, "seconds": time.perf_counter() - t0, "steady": p.steady, "repeats": p.repeats}
     batch, steps = int(argv[3]), int(argv[4])
     for i in range(steps):
         try:
