@@ -57,6 +57,14 @@ What it assumes, and what breaks it:
   more than the device can give (its total memory, the host backend's
   capacity, under the memory fraction), which is refused. Memory outside the
   allocator (the CUDA context, other processes) is not in it.
+- The policy is the allocator's (policy_config: expandable segments,
+  max_split_size_mb, rounding, garbage collection), and the plan is for
+  it: memalloc.enable() turns expandable segments on unless told
+  otherwise, a ``memalloc.Allocator(backend, config)`` takes its config as
+  given. The same model plans differently on the two (the wide CNN of
+  tests/planner_cases on 100 MiB: 95 under enable(), 85 on
+  ``Allocator("host", "host_capacity_mb:100")``), and each is the largest
+  that trains on its allocator.
 - Steady state: the first step at a new size, which creates the optimizer
   state after the backward pass has freed the activations, peaks lower than
   the steps after it for the usual optimizers.

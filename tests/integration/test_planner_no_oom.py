@@ -65,3 +65,47 @@ def test_a_forward_hook_that_comes_off_in_the_first_forward_does_not_change_the_
     planned = fresh("plan", "wide_cnn", 100, "hook")["batch"]
     assert fits("wide_cnn", 100, planned, {}), planned
     assert planned >= 0.95 * 95  # the largest that trains 12 steps (the search of the case above)
+
+
+def in_process(config: str, batch=None, steps: int = STEPS):
+    """wide_cnn on a memalloc.Allocator("host", config) of this process: its
+    plan (batch None), or whether ``batch`` trains ``steps`` steps."""
+    import gc
+
+    import torch
+
+    import memalloc
+    from memalloc import host
+    from models import MODELS
+
+    a = memalloc.Allocator("host", config)
+    with host.cpu_tensors_from(a):
+        step = MODELS["wide_cnn"]()
+        try:
+            if batch is None:
+                return memalloc.largest_batch(step, allocator=a).batch
+            try:
+                for _ in range(steps):
+                    step(batch)
+                return True
+            except torch.OutOfMemoryError:
+                return False
+        finally:
+            del step
+            gc.collect()
+
+
+@pytest.mark.slow
+def test_in_process_and_fresh_process_plans_differ_only_by_the_allocators_policy():
+    """Issue 37: the wide CNN planned 85 in-process (tests/integration/
+    test_planner.py's way: memalloc.Allocator("host", "host_capacity_mb:100"))
+    and 95 in a fresh process under memalloc.enable(). Each is right for its
+    allocator: enable() turns expandable_segments on (memalloc's default),
+    a memalloc.Allocator takes its config as given (off), and the planner
+    replays the allocator's own policy (planner.policy_config). Under one
+    policy the two agree; without expandable segments 85 trains and 86 does
+    not, in this process as in the plan."""
+    sys.path.insert(0, os.path.dirname(RUN))
+    assert in_process("host_capacity_mb:100,expandable_segments:True") == fresh("plan", "wide_cnn", 100)["batch"]
+    planned = in_process("host_capacity_mb:100")
+    assert in_process("host_capacity_mb:100", planned) and not in_process("host_capacity_mb:100", planned + 1, 3)
