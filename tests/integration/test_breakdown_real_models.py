@@ -24,6 +24,8 @@ import pytest
 from breakdown_real_models import MODELS, STEPS, misses, runner_script, table
 
 pytest.importorskip("transformers")
+# the slow tier (CI runs it, `-m slow`): four transformers models trained in fresh processes (~10 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

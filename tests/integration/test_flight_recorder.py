@@ -93,6 +93,8 @@ def test_postmortem_names_the_line_holding_the_most_memory(killed):
     check_postmortem(killed)
 
 
+# the slow tier (CI runs it, `-m slow`): four processes ending each way (~7 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_a_clean_exit_removes_the_file_or_keeps_it_marked(tmp_path):
     assert run_loop("clean", tmp_path / "a").returncode == 0
     assert os.listdir(tmp_path / "a") == []
@@ -145,6 +147,8 @@ def test_the_config_key_needs_a_directory():
     assert "flight_recorder:/tmp/x" in _C.parse_config("flight_recorder:/tmp/x")
 
 
+# the slow tier (CI runs it, `-m slow`): two runs of a script under `run` (~12 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_well(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import os, torch, memalloc\n"
@@ -193,6 +197,8 @@ def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
     check_job(*job)
 
 
+# the slow tier (CI runs it, `-m slow`): the torchrun job above and a browser (~25 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_the_job_page_in_headless_chromium(job, tmp_path):
     sys.path.insert(0, str(REPO))
     from benchmarks import screenshot_report

@@ -129,6 +129,8 @@ def check_against_search(model: str, capacity_mb: int) -> None:
     assert trial_fits(a, MODELS[model], p.batch) == (p.batch <= truth)
 
 
+# the slow tier (CI runs it, `-m slow`): a search that trains every batch it tries (~6 s alone), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_planner_finds_what_the_search_finds_on_a_cnn():
     check_against_search("cnn", 32)
 

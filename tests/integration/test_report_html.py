@@ -244,6 +244,8 @@ def browser() -> str:
     return found
 
 
+# the slow tier (CI runs it, `-m slow`): a headless browser (~8 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 def test_report_in_headless_chromium(browser, tmp_path):
     report = sample_report()
     html_path = tmp_path / "report.html"
