@@ -12,7 +12,11 @@ Models (``tiny`` on the host backend, where the CPU runs them):
   fit     the fit benchmark's transformer (benchmarks/fit_more.py: 6 layers,
           512 wide, bf16 autocast, AdamW, long-tailed lengths 64..4096; the
           trial trains its lengths, the planner's step runs the longest, as
-          the planner's docs ask for variable shapes)
+          the planner's docs ask for variable shapes, or with --plan-steps
+          the job's steps in order; tiny: 2 layers, 64 wide, 8 lengths
+          64..256)
+  transformer  the same transformer at one length, 1024 tokens (tiny: 2
+          layers, 128 wide, 64 tokens)
   resnet  torchvision ResNet-50, 224x224, SGD with momentum, fp32 (CUDA only;
           on the host a 3-block CNN with batch norm)
   gpt2    transformers GPT-2 from a config (12 layers, 768 wide, 512 tokens,
@@ -31,7 +35,8 @@ import time
 from typing import Callable, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ("fit", "resnet", "gpt2")
+MODELS = ("fit", "transformer", "resnet", "gpt2")
+LENGTHS = {False: 30, True: 8}  # the fit model's lengths, one per step in turn: on CUDA, tiny (the host)
 MiB = 1 << 20
 
 
@@ -63,13 +68,22 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
         from benchmarks.fit_more import CLASSES, VOCAB, lengths, model_step
 
         vocab = 512 if tiny else VOCAB
-        lens = lengths(30, max_len=256 if tiny else 4096)
+        lens = lengths(LENGTHS[device == "cpu"], max_len=256 if tiny else 4096)
         train = (model_step(device, width=64, layers=2, vocab=vocab, bf16=False) if tiny
                  else model_step(device))
 
         def step(b: int, i: Optional[int]) -> None:
             n = max(lens) if i is None else lens[i % len(lens)]
             train(torch.randint(0, vocab, (b, n), device=device), torch.randint(0, CLASSES, (b,), device=device))
+        return step
+    if model == "transformer":
+        from benchmarks.fit_more import CLASSES, model_step
+
+        vocab, seq = (512, 64) if tiny else (8192, 1024)
+        train = model_step(device, width=128, layers=2, vocab=vocab, bf16=False) if tiny else model_step(device)
+
+        def step(b: int, i: Optional[int]) -> None:
+            train(torch.randint(0, vocab, (b, seq), device=device), torch.randint(0, CLASSES, (b,), device=device))
         return step
     if model == "resnet":
         if tiny:
@@ -126,16 +140,33 @@ def worker_trial(model: str, batch: int, steps: int, backend: str, budget_mb: in
         return {"batch": batch, "ok": False, "error": str(e).splitlines()[0][:300]}
 
 
-def worker_plan(model: str, backend: str, budget_mb: int) -> dict:
+def plan_step(step: Callable[[int, Optional[int]], None], plan_steps: Optional[int]) -> Callable[[int], None]:
+    """The step the planner is given: the worst case (``step(b, None)``), or
+    with ``plan_steps`` the job's own steps in order, 0 to ``plan_steps``,
+    at each probe (the planner runs 1 + steps per probe, and each probe must
+    see the same shapes in the same order)."""
+    if plan_steps is None:
+        return lambda b: step(b, None)
+    calls = [0]
+
+    def in_order(b: int) -> None:
+        i = calls[0] % (plan_steps + 1)
+        calls[0] += 1
+        step(b, i)
+    return in_order
+
+
+def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[int] = None) -> dict:
     import memalloc
 
     step = make_model(model, setup(backend, budget_mb))
     t0 = time.perf_counter()
-    p = memalloc.largest_batch(lambda b: step(b, None))
+    p = memalloc.largest_batch(plan_step(step, plan_steps), steps=plan_steps or 2)
     return {"batch": p.batch, "plan_s_in_process": time.perf_counter() - t0, "budget": p.budget,
             "peak_reserved": p.peak_reserved, "peak_allocated": p.peak_allocated, "fixed_bytes": p.fixed_bytes,
             "per_sample_bytes": p.per_sample_bytes, "limit": p.limit, "probes": p.probes,
-            "matched_share": p.matched_share, "growing_share": p.growing_share, "text": str(p)}
+            "matched_share": p.matched_share, "growing_share": p.growing_share, "steady": p.steady,
+            "repeats": p.repeats, "text": str(p)}
 
 
 # ---- the driver -----------------------------------------------------------------
@@ -207,6 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
     p.add_argument("--budget-mb", type=int, default=7168)
     p.add_argument("--steps", type=int, default=None, help="steps per trial (default: 30 for fit, 10 otherwise)")
+    p.add_argument("--plan-steps", type=int, default=None,
+                   help="the planner's steps per probe, each the job's own step in order (default: 2, each the "
+                        "worst case)")
     p.add_argument("--start", type=int, default=16, help="the search's first batch")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -215,7 +249,7 @@ def main(argv=None) -> int:
         if kind == "trial":
             r = worker_trial(model, int(rest[0]), args.steps or 10, args.backend, args.budget_mb)
         else:
-            r = worker_plan(model, args.backend, args.budget_mb)
+            r = worker_plan(model, args.backend, args.budget_mb, args.plan_steps)
         print(json.dumps(r))
         return 0
     steps = args.steps or (30 if args.model == "fit" else 10)
