@@ -19,23 +19,25 @@ extrapolated linearly in the batch from the two largest probes in which
 it appears, and never below its size there.
 
 A candidate batch is judged by replaying the smallest probe's allocation
-pattern (its recording starts where the model's training does), every
-size scaled to that batch, on the host backend under the
-allocator's own policy (a fresh host allocator, as memalloc/features/replay.py
-replays) with a simulated device of the budget's size: the blocks live at
-the start, then the recorded steps in their order, then the last recorded
-step again and again (the probe notes where its steps end,
+pattern (its recording starts where the model's training does), every size
+scaled to that batch, on the host backend under the allocator's own policy
+(a fresh host allocator, as memalloc/features/replay.py replays) with a
+simulated device of the budget's size: the blocks live at the start where
+they are (each segment's blocks in address order, the holes between them,
+which the model's construction left, made and freed again:
+ProbeRecord.layout), then the recorded steps in their order, then the last
+recorded step again and again (the probe notes where its steps end,
 ProbeRecord.step_allocs) until the replay is steady: a training run's
-fragmentation builds up over its steps (a batch that runs the probes'
-three steps can run out of memory in its sixth, or its thirty-first), so
-the replay goes on until the allocator is in a state it was in at the end
-of an earlier step (every segment and block, and which allocation of
-which step, counted back, each block in use holds). From there the same
-steps make the same states again: no later step reserves more or runs out
-of memory (tests/planner_cases' wide CNN on 100 MiB settles after 17 to 48
-repeats at batches 32 to 95: the fixed 16 repeats before were not a proof).
-A replay that has not settled after MAX_REPEATS (64) stops there and the
-plan says so (BatchPlan.steady). A batch fits when no allocation of the replay runs out
+fragmentation builds up over its steps (a batch that runs the probes' three
+steps can run out of memory in its sixth, or its thirty-first), so the
+replay goes on until the allocator is in a state it was in at the end of an
+earlier step (every segment and block, and which allocation of which step,
+counted back, each block in use holds). From there the same steps make the
+same states again: no later step reserves more or runs out of memory
+(tests/planner_cases' wide CNN on 100 MiB settles after 17 to 48 repeats at
+batches 32 to 95: the fixed 16 repeats before were not a proof). A replay
+that has not settled after MAX_REPEATS (64) stops there and the plan says so
+(BatchPlan.steady). A batch fits when no allocation of the replay runs out
 of memory (the replay, like the allocator, frees its cache and retries
 first), so fragmentation is in the prediction rather than a guessed margin.
 The search doubles the batch from the largest probe while it fits, then
@@ -193,7 +195,11 @@ class ProbeRecord:
     since). ``step_allocs``: the number of allocations (alloc ops) made by
     the end of each recorded step, when the recorder knew where steps end
     (:func:`run_probe`); empty otherwise (the steps are then found in the
-    ops: :func:`_last_step`)."""
+    ops: :func:`_step_starts`). ``layout``: the device's segments when
+    recording began, each its blocks in address order as (the live block's
+    key, or None for a free block; block bytes), so that the replay starts
+    from where the blocks live then are, the holes between them included
+    (empty: the live blocks are replayed one after another)."""
 
     batch: int
     live: tuple[tuple[Key, int], ...]
@@ -201,12 +207,14 @@ class ProbeRecord:
     peak_allocated: int
     peak_reserved: int
     step_allocs: tuple[int, ...] = ()
+    layout: tuple[tuple[tuple[Optional[Key], int], ...], ...] = ()
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "live": [[list(k), n] for k, n in self.live],
                 "ops": [[op[0], list(op[1]), *op[2:]] for op in self.ops],
                 "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "step_allocs": list(self.step_allocs)}
+                "step_allocs": list(self.step_allocs),
+                "layout": [[[None if k is None else list(k), n] for k, n in seg] for seg in self.layout]}
 
     @staticmethod
     def from_json(d: dict) -> "ProbeRecord":
@@ -214,7 +222,9 @@ class ProbeRecord:
             return ProbeRecord(int(d["batch"]), tuple((tuple(k), int(n)) for k, n in d["live"]),
                                tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
                                int(d["peak_allocated"]), int(d["peak_reserved"]),
-                               tuple(int(n) for n in d.get("step_allocs", ())))
+                               tuple(int(n) for n in d.get("step_allocs", ())),
+                               tuple(tuple((None if k is None else tuple(k), int(n)) for k, n in seg)
+                                     for seg in d.get("layout", ())))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise PlannerError(f"not a probe record of memalloc's batch planner ({e!r}): "
                                "write it with ProbeRecord.to_json") from None
@@ -258,12 +268,13 @@ class _Sites:
 
 
 def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.Event],
-                 reserved_at_start: int) -> ProbeRecord:
+                 reserved_at_start: int, segments: Sequence[dict] = ()) -> ProbeRecord:
     """A ProbeRecord from the blocks live when recording began (live_blocks
-    tuples: addr, size, requested, stack_id, tag_id, step) and the events
-    recorded after (one device's, in order). A key is (origin, call stack,
-    tag path, k): the k-th block of that origin from that stack and tag
-    (live blocks counted by size, allocations in event order)."""
+    tuples: addr, size, requested, stack_id, tag_id, step), the device's
+    segments then (the allocator's ``segments(device)``: its layout) and
+    the events recorded after (one device's, in order). A key is (origin,
+    call stack, tag path, k): the k-th block of that origin from that stack
+    and tag (live blocks counted by size, allocations in event order)."""
     sites = _Sites()
     counts: dict[tuple, int] = {}
 
@@ -303,8 +314,12 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
             peak_reserved = max(peak_reserved, reserved)
         elif e.action in ("segment_free", "segment_unmap"):
             reserved -= e.size
+    key_at = {b[0]: k for b, k in zip(live, live_keys)}
+    layout = tuple(tuple((key_at.get(b["address"]) if b["state"] == "active_allocated" else None, b["size"])
+                         for b in sorted(seg["blocks"], key=lambda b: b["address"]))
+                   for seg in sorted(segments, key=lambda seg: seg["address"]))
     return ProbeRecord(batch, tuple((k, b[2]) for b, k in zip(live, live_keys)), tuple(ops),
-                       peak_allocated, peak_reserved)
+                       peak_allocated, peak_reserved, layout=layout)
 
 
 class ProbeRecording:
@@ -325,6 +340,7 @@ class ProbeRecording:
                                "(memalloc.record_memory_history(enabled=False))")
         self.allocator, self.device, self.ring, self.batch, self.steps = allocator, device, ring, batch, steps
         self.live = live_blocks(device, allocator)
+        self.segments = allocator.segments(device)
         self.reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
         self.allocs = self._allocations()
         self.step_allocs: list[int] = []
@@ -353,7 +369,7 @@ class ProbeRecording:
             self.stop()
         if lost:
             return None, lost
-        record = probe_record(self.batch, self.live, events, self.reserved)
+        record = probe_record(self.batch, self.live, events, self.reserved, self.segments)
         allocs = sum(op[0] == "alloc" for op in record.ops)
         if self.step_allocs and self.step_allocs[-1] == allocs:  # the counts name the recorded allocations
             record = dataclasses.replace(record, step_allocs=tuple(self.step_allocs))
@@ -563,7 +579,8 @@ def _period(sites: list) -> int:
 @dataclasses.dataclass
 class _Pattern:
     """A probe's pattern with every size at one batch: ``ops``, the blocks
-    live when recording began and the recorded steps, as replay ops
+    live when recording began (where they were: holes made and freed) and
+    the recorded steps, as replay ops
     (("alloc", bytes), ("free", key), the k-th alloc op making key k);
     ``steps``, the keys each recorded step made, in order; ``last``, the
     last recorded step as the step a training run repeats: ("alloc", bytes)
@@ -584,10 +601,24 @@ def _pattern_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> _Pattern:
     blocks live before recording began are not repeated)."""
     index: dict[Key, int] = {}  # live key -> the replay's key (the k-th alloc op makes key k)
     ops: list[tuple] = []
+    holes: list[int] = []
+    # The blocks live at the start where they were: each segment's blocks in
+    # address order, a free block (a hole the model's construction left, the
+    # cache) made and freed again once every segment is built.
+    for seg in record.layout:
+        for k, n in seg:
+            if k is None or k in index:
+                holes.append(len(index) + len(holes))
+                ops.append(("alloc", n))
+            else:
+                index[k] = len(index) + len(holes)
+                ops.append(("alloc", scaler.size(k, batch)))
     for k, _ in record.live:
-        index[k] = len(ops)
-        ops.append(("alloc", scaler.size(k, batch)))
+        if k not in index:  # not in the layout (a record without one): one after another
+            index[k] = len(index) + len(holes)
+            ops.append(("alloc", scaler.size(k, batch)))
     allocs = len(ops)
+    ops.extend(("free", h) for h in holes)
     ordinal: dict[Key, int] = {}  # an allocation's place among the record's allocations
     replay_key: list[int] = []    # ... and its key in the replay
     last: list[tuple] = []

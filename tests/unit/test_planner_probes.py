@@ -64,3 +64,17 @@ def test_a_forward_hook_that_comes_off_in_the_first_forward_leaves_the_sites_as_
     with_hook, without = sites_of_a_probe(True), sites_of_a_probe(False)
     assert with_hook == without
     assert sum(without.values()) > 100  # two steps of a CNN with AdamW
+
+
+def test_a_probe_notes_the_layout_it_starts_from_and_it_round_trips_through_json(tmp_path):
+    """ProbeRecord.layout: each segment's blocks in address order when the
+    probe began, a live block by its key, a free one (a hole) as None."""
+    a = memalloc.Allocator("host", "host_capacity_mb:64,expandable_segments:True")
+    with host.cpu_tensors_from(a):
+        step = MODELS["cnn"]()
+        r = planner.run_probe(step, 2, a, 0, 1)
+    keys = [k for seg in r.layout for k, _ in seg if k is not None]
+    assert sorted(keys) == sorted(k for k, _ in r.live)  # every live block, once
+    assert any(k is None for seg in r.layout for k, _ in seg)  # the construction's holes, the segments' free tails
+    planner.save_records([r], str(tmp_path / "probe.json"))
+    assert planner.load_records(str(tmp_path / "probe.json")) == [r]

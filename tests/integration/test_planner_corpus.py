@@ -1,0 +1,36 @@
+"""benchmarks/planner_corpus.py on the host backend (issue 37): the
+planner faults the corpus found, each on its own, and its arguments."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import planner_corpus
+
+
+@pytest.mark.slow
+def test_the_replay_starts_from_where_the_model_left_its_blocks():
+    """The corpus's transformer on 64 MiB planned 49, which runs out of
+    memory in its fourth step (50 runs: fragmentation is not monotonic in
+    the batch): the replay put the blocks live when the probes began (the
+    parameters) one after another, where the model's construction had left
+    them after a hole (its temporaries, freed), so the replay's layout was
+    not the run's. The probe notes the device's segments
+    (ProbeRecord.layout) and the replay builds them, holes included."""
+    planned = planner_corpus.host_plan("transformer", 64, None)["batch"]
+    assert planner_corpus.host_trial("transformer", 64, planned, 12), planned
+    assert not planner_corpus.host_trial("transformer", 64, planned + 1, 12)
+
+
+def test_a_case_that_is_no_model_and_budget_is_refused():
+    with pytest.raises(SystemExit, match=r"--cases 'bert:64': give MODEL:BUDGET_MB,\.\.\. with MODEL one of fit, "
+                                         r"transformer, resnet, gpt2"):
+        planner_corpus.parse_cases("bert:64")
+    assert planner_corpus.parse_cases("gpt2:64,fit:48") == [("gpt2", 64), ("fit", 48)]
+
+
+def test_cuda_without_a_gpu_says_so(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="--device cuda needs a CUDA GPU"):
+        planner_corpus.corpus("cuda", cases=[("gpt2", 64)])
