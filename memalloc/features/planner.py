@@ -112,6 +112,7 @@ UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 2
 BUDGET_FORMS = "bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'"
 DEFAULT_PROBES = (2, 4, 8)
 MAX_REPEATS = 64  # the most times a replay runs the probes' last step again, looking for a steady state (_replay)
+SMALL = 1 << 20  # the largest allocation of the small pool (csrc/pool/block.h: kSmallSize)
 RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
 # (backend, capacity, recording, call sites) are the replay's own business.
@@ -196,10 +197,11 @@ class ProbeRecord:
     the end of each recorded step, when the recorder knew where steps end
     (:func:`run_probe`); empty otherwise (the steps are then found in the
     ops: :func:`_step_starts`). ``layout``: the device's segments when
-    recording began, each its blocks in address order as (the live block's
-    key, or None for a free block; block bytes), so that the replay starts
-    from where the blocks live then are, the holes between them included
-    (empty: the live blocks are replayed one after another)."""
+    recording began, each as (its pool, "small" or "large"; its blocks in
+    address order as (the live block's key, or None for a free block; block
+    bytes)), so that the replay starts from where the blocks live then
+    are, the holes between them included (empty: the live blocks are
+    replayed one after another)."""
 
     batch: int
     live: tuple[tuple[Key, int], ...]
@@ -207,14 +209,15 @@ class ProbeRecord:
     peak_allocated: int
     peak_reserved: int
     step_allocs: tuple[int, ...] = ()
-    layout: tuple[tuple[tuple[Optional[Key], int], ...], ...] = ()
+    layout: tuple[tuple[str, tuple[tuple[Optional[Key], int], ...]], ...] = ()
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "live": [[list(k), n] for k, n in self.live],
                 "ops": [[op[0], list(op[1]), *op[2:]] for op in self.ops],
                 "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
                 "step_allocs": list(self.step_allocs),
-                "layout": [[[None if k is None else list(k), n] for k, n in seg] for seg in self.layout]}
+                "layout": [[pool, [[None if k is None else list(k), n] for k, n in blocks]]
+                           for pool, blocks in self.layout]}
 
     @staticmethod
     def from_json(d: dict) -> "ProbeRecord":
@@ -223,8 +226,8 @@ class ProbeRecord:
                                tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
                                int(d["peak_allocated"]), int(d["peak_reserved"]),
                                tuple(int(n) for n in d.get("step_allocs", ())),
-                               tuple(tuple((None if k is None else tuple(k), int(n)) for k, n in seg)
-                                     for seg in d.get("layout", ())))
+                               tuple((str(pool), tuple((None if k is None else tuple(k), int(n)) for k, n in blocks))
+                                     for pool, blocks in d.get("layout", ())))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise PlannerError(f"not a probe record of memalloc's batch planner ({e!r}): "
                                "write it with ProbeRecord.to_json") from None
@@ -315,8 +318,9 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
         elif e.action in ("segment_free", "segment_unmap"):
             reserved -= e.size
     key_at = {b[0]: k for b, k in zip(live, live_keys)}
-    layout = tuple(tuple((key_at.get(b["address"]) if b["state"] == "active_allocated" else None, b["size"])
-                         for b in sorted(seg["blocks"], key=lambda b: b["address"]))
+    layout = tuple((seg["segment_type"],
+                    tuple((key_at.get(b["address"]) if b["state"] == "active_allocated" else None, b["size"])
+                          for b in sorted(seg["blocks"], key=lambda b: b["address"])))
                    for seg in sorted(segments, key=lambda seg: seg["address"]))
     return ProbeRecord(batch, tuple((k, b[2]) for b, k in zip(live, live_keys)), tuple(ops),
                        peak_allocated, peak_reserved, layout=layout)
@@ -604,12 +608,16 @@ def _pattern_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> _Pattern:
     holes: list[int] = []
     # The blocks live at the start where they were: each segment's blocks in
     # address order, a free block (a hole the model's construction left, the
-    # cache) made and freed again once every segment is built.
-    for seg in record.layout:
-        for k, n in seg:
+    # cache) made and freed again once every segment is built, in pieces that
+    # stay in its pool (a small segment's free tail can be larger than a small
+    # allocation; a hole of small size in a large segment is left out).
+    for pool, blocks in record.layout:
+        for k, n in blocks:
             if k is None or k in index:
-                holes.append(len(index) + len(holes))
-                ops.append(("alloc", n))
+                pieces = [SMALL] * (n // SMALL) + [n % SMALL] if pool == "small" else [n] if n > SMALL else []
+                for piece in (p for p in pieces if p):
+                    holes.append(len(index) + len(holes))
+                    ops.append(("alloc", piece))
             else:
                 index[k] = len(index) + len(holes)
                 ops.append(("alloc", scaler.size(k, batch)))

@@ -67,14 +67,16 @@ def test_a_forward_hook_that_comes_off_in_the_first_forward_leaves_the_sites_as_
 
 
 def test_a_probe_notes_the_layout_it_starts_from_and_it_round_trips_through_json(tmp_path):
-    """ProbeRecord.layout: each segment's blocks in address order when the
-    probe began, a live block by its key, a free one (a hole) as None."""
+    """ProbeRecord.layout: each segment's pool and its blocks in address
+    order when the probe began, a live block by its key, a free one (a
+    hole) as None."""
     a = memalloc.Allocator("host", "host_capacity_mb:64,expandable_segments:True")
     with host.cpu_tensors_from(a):
         step = MODELS["cnn"]()
         r = planner.run_probe(step, 2, a, 0, 1)
-    keys = [k for seg in r.layout for k, _ in seg if k is not None]
+    keys = [k for _, blocks in r.layout for k, _ in blocks if k is not None]
     assert sorted(keys) == sorted(k for k, _ in r.live)  # every live block, once
-    assert any(k is None for seg in r.layout for k, _ in seg)  # the construction's holes, the segments' free tails
+    assert any(k is None for _, blocks in r.layout for k, _ in blocks)  # the construction's holes, free tails
+    assert {pool for pool, _ in r.layout} <= {"small", "large"}
     planner.save_records([r], str(tmp_path / "probe.json"))
     assert planner.load_records(str(tmp_path / "probe.json")) == [r]
