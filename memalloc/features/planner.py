@@ -25,18 +25,21 @@ scaled to that batch, on the host backend under the allocator's own policy
 simulated device of the budget's size: the blocks live at the start where
 they are (each segment's blocks in address order, the holes between them,
 which the model's construction left, made and freed again:
-ProbeRecord.layout), then the recorded steps in their order, then the last
-recorded step again and again (the probe notes where its steps end,
-ProbeRecord.step_allocs) until the replay is steady: a training run's
-fragmentation builds up over its steps (a batch that runs the probes' three
-steps can run out of memory in its sixth, or its thirty-first), so the
-replay goes on until the allocator is in a state it was in at the end of an
-earlier step (every segment and block, and which allocation of which step,
-counted back, each block in use holds). From there the same steps make the
-same states again: no later step reserves more or runs out of memory
-(tests/planner_cases' wide CNN on 100 MiB settles after 17 to 48 repeats at
-batches 32 to 95: the fixed 16 repeats before were not a proof). A replay
-that has not settled after MAX_REPEATS (64) stops there and the plan says so
+ProbeRecord.layout), then the recorded steps in their order, then the
+recorded steps after the first again and again, in turn, as a training run
+goes on (the probe notes where its steps end, ProbeRecord.step_allocs; for
+a step that runs the same shapes every time this is its last step over and
+over, for one whose shapes change it is their cycle) until the replay is
+steady: a training run's fragmentation builds up over its steps (a batch
+that runs the probes' three steps can run out of memory in its sixth, or
+its thirty-first), so the replay goes on until, at the end of a turn, the
+allocator is in a state it was in at the end of an earlier one (every
+segment and block, and which allocation of which step, counted back, each
+block in use holds). From there the same steps make the same states again:
+no later step reserves more or runs out of memory (tests/planner_cases'
+wide CNN on 100 MiB settles after 17 to 48 steps at batches 32 to 95: the
+fixed 16 repeats before were not a proof). A replay that has not settled
+after MAX_REPEATS (64) steps stops there and the plan says so
 (BatchPlan.steady). A batch fits when no allocation of the replay runs out
 of memory (the replay, like the allocator, frees its cache and retries
 first), so fragmentation is in the prediction rather than a guessed margin.
@@ -48,10 +51,16 @@ What it assumes, and what breaks it:
 - The step's allocations are the same in number and order at every batch
   size, only their sizes changing (a step whose loop runs once per sample
   breaks this; allocations found in one probe only keep their size).
-- Variable shapes: the planner sees the shapes the step function runs. Give
-  it the worst case (the longest sequence); a step function that runs the
-  shapes the job will see, longest included, puts their mix's fragmentation
-  in the prediction too.
+- Variable shapes: the planner sees the shapes the step function runs.
+  Either give it the worst case (the longest sequence) at every step, or
+  the shapes the job runs, longest included, in the same order at every
+  probe (``steps=len(shapes)``: the probe runs ``1 + steps`` steps, and
+  the replay repeats the steps after the first in turn, so their mix's
+  fragmentation is in the prediction). The worst case at every step is
+  not the mix: benchmarks/planner_corpus.py's workload of 8 lengths
+  (64..256 tokens) planned 26 where 25 is the most that trains them three
+  times, and 20 where it is 18, given the longest at every step; given its
+  lengths, 25 and 18.
 - The budget is memory the allocator may reserve (bytes; an int, or a size
   string such as ``"20GiB"``, as ``memalloc run --fit`` takes it): by
   default the device's free memory plus what the allocator holds now (its
@@ -111,7 +120,7 @@ UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 2
          "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
 BUDGET_FORMS = "bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'"
 DEFAULT_PROBES = (2, 4, 8)
-MAX_REPEATS = 64  # the most times a replay runs the probes' last step again, looking for a steady state (_replay)
+MAX_REPEATS = 64  # the most steps a replay runs after the recorded ones, looking for a steady state (_replay)
 SMALL = 1 << 20  # the largest allocation of the small pool (csrc/pool/block.h: kSmallSize)
 RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
@@ -355,7 +364,7 @@ class ProbeRecording:
 
     def step_ended(self) -> bool:
         """Notes that a step ended here (the allocations made so far), so
-        the replay knows the last step, the one it repeats; True once the
+        the replay knows the steps it repeats; True once the
         probe's ``1 + steps`` steps have ended (then :meth:`finish`)."""
         self.step_allocs.append(self._allocations() - self.allocs)
         return len(self.step_allocs) >= 1 + self.steps
@@ -580,29 +589,36 @@ def _period(sites: list) -> int:
     return 0
 
 
+Site = tuple  # (origin, call stack, tag path): where an allocation comes from
+
+
 @dataclasses.dataclass
 class _Pattern:
     """A probe's pattern with every size at one batch: ``ops``, the blocks
     live when recording began (where they were: holes made and freed) and
-    the recorded steps, as replay ops
-    (("alloc", bytes), ("free", key), the k-th alloc op making key k);
-    ``steps``, the keys each recorded step made, in order; ``last``, the
-    last recorded step as the step a training run repeats: ("alloc", bytes)
-    and ("free", steps back, place in that step), a free of a block made
-    that many steps before the step doing it (0: by itself) as its j-th
-    allocation (empty when the record's steps are not known)."""
+    the recorded steps, as replay ops (("alloc", bytes), ("free", key), the
+    k-th alloc op making key k); ``steps``, per recorded step the keys it
+    made, in order, and ``sites``, its allocations by (site, rank: the r-th
+    from that site in the step) -> key; ``cycle``, the recorded steps after
+    the first, the steps a training run goes on repeating in turn: per
+    step ("alloc", bytes, site) and ("free", steps back, site, rank), a free
+    of the block that the step so many steps before (0: the step itself)
+    made as the rank-th from that site (empty when the record's steps are
+    not known, or there is one)."""
 
     ops: list[tuple]
     steps: list[list[int]]
-    last: list[tuple]
+    sites: list[dict[tuple[Site, int], int]]
+    cycle: list[list[tuple]]
 
 
 def _pattern_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> _Pattern:
-    """The base probe's record at ``batch`` (see _Pattern). A repeated step
-    frees what the step it copies freed, counted in steps back: a block the
-    last step freed that its own j-th allocation made is the copy's j-th,
-    one the step before made is the previous copy's, and so on (frees of
-    blocks live before recording began are not repeated)."""
+    """The base probe's record at ``batch`` (see _Pattern). A step of the
+    cycle frees, in every turn, what it freed when recorded, counted in
+    steps back and named by site and rank within its step, so that the
+    steps of a cycle may differ (sequence lengths that change from step to
+    step: the shapes a job runs); frees of blocks live before recording
+    began are not repeated."""
     index: dict[Key, int] = {}  # live key -> the replay's key (the k-th alloc op makes key k)
     ops: list[tuple] = []
     holes: list[int] = []
@@ -627,29 +643,38 @@ def _pattern_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> _Pattern:
             ops.append(("alloc", scaler.size(k, batch)))
     allocs = len(ops)
     ops.extend(("free", h) for h in holes)
-    ordinal: dict[Key, int] = {}  # an allocation's place among the record's allocations
-    replay_key: list[int] = []    # ... and its key in the replay
-    last: list[tuple] = []
     starts = _step_starts(record)
-    begin = starts[-1] if starts else None
+    steps: list[list[int]] = [[] for _ in starts]
+    sites: list[dict] = [{} for _ in starts]
+    cycle: list[list[tuple]] = [[] for _ in starts[1:]]
+    made_at: dict[Key, tuple[int, Site, int]] = {}  # a recorded allocation's (step, site, rank)
+    ranks: list[dict[Site, int]] = [{} for _ in starts]  # per step, the allocations from each site so far
+    n = 0  # the record's allocations so far
     for op in record.ops:
+        t = bisect.bisect_right(starts, n) - 1  # the step an op is in (-1: no steps known)
         if op[0] == "alloc":
-            ordinal[op[1]] = len(replay_key)
-            if begin is not None and len(replay_key) >= begin:
-                last.append(("alloc", scaler.size(op[1], batch)))
-            replay_key.append(allocs)
+            size = scaler.size(op[1], batch)
+            if t >= 0:
+                site = op[1][:3]
+                rank = ranks[t].get(site, 0)
+                ranks[t][site] = rank + 1
+                made_at[op[1]] = (t, site, rank)
+                sites[t][site, rank] = allocs
+                steps[t].append(allocs)
+                if t >= 1:
+                    cycle[t - 1].append(("alloc", size, site))
             index[op[1]] = allocs
             allocs += 1
-            ops.append(("alloc", scaler.size(op[1], batch)))
+            n += 1
+            ops.append(("alloc", size))
         elif op[1] in index:
-            if begin is not None and len(replay_key) >= begin:
-                o = ordinal.get(op[1], -1)
-                if o >= 0:  # (steps back, its place in that step)
-                    t = bisect.bisect_right(starts, o) - 1
-                    last.append(("free", len(starts) - 1 - t, o - starts[t]))
+            if t >= 1 and op[1] in made_at:
+                t0, site, rank = made_at[op[1]]
+                cycle[t - 1].append(("free", t - t0, site, rank))
             ops.append(("free", index.pop(op[1])))
-    steps = [replay_key[a:b] for a, b in zip(starts, [*starts[1:], len(replay_key)])]
-    return _Pattern(ops, steps, last)
+    if len(record.step_allocs) < 2:  # steps found in the ops (_period): only the last is sure to be one
+        cycle = cycle[-1:]
+    return _Pattern(ops, steps, sites, [c for c in cycle if c] if len(starts) >= 2 else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -665,14 +690,16 @@ def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _R
     """``pattern`` replayed on a fresh host allocator of ``budget`` bytes
     (whole MiB) under the policy ``config``, as the allocator runs it (an
     allocation that does not fit frees the cache and retries first), then
-    its last step again and again until the allocator is in a state it was
-    in at the end of an earlier step, or ``max_repeats`` times. The state
-    is every segment and block (address, size, free or in use) and, for a
-    block in use, which allocation of which step made it, counted back from
-    the step just ended: from a state seen before, the same steps make the
-    same states again, so no later step of the run reserves more or runs
-    out of memory (``steady``). Stops at the first allocation that runs out
-    of memory (not ``fits``)."""
+    its cycle of steps again and again until, at the end of a turn, the
+    allocator is in a state it was in at the end of an earlier one, or
+    ``max_repeats`` steps have been run. The state is every segment and
+    block (address, size, free or in use) and, for a block in use, which
+    allocation of which step made it, counted back from the step just ended
+    (blocks that no later step frees, by their own step): from a state seen
+    before, the same steps make the same states again, so no later step of
+    the run reserves more or runs out of memory (``steady``). Stops at the
+    first allocation that runs out of memory (not ``fits``). ``repeats``:
+    the steps run after the recorded ones."""
     a = _C.Allocator("host", ",".join(part for part in (config, "host_devices:1",
                                                         f"host_capacity_mb:{budget // MiB}") if part))
     ptrs: list[int] = []
@@ -708,12 +735,11 @@ def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _R
                 return run(0, False, fits=False)
         else:
             free(op[1])
-    if not pattern.last:
+    if not pattern.cycle:
         return run(0, False)
-
     # a block made more than `reach` steps back is freed by no later step: it is kept where it is (the
     # optimizer state, made in the first step), named by its own step, not counted back
-    reach = max((op[1] for op in pattern.last if op[0] == "free"), default=0)
+    reach = max((op[1] for step in pattern.cycle for op in step if op[0] == "free"), default=0)
 
     def state(steps: int) -> tuple:
         roles = {ptr: (steps - step_of[k], place_of[k]) if 0 <= steps - step_of[k] <= reach else (-1, k)
@@ -722,35 +748,43 @@ def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _R
                       tuple((b["address"], b["size"], b["state"], roles.get(b["address"])) for b in seg["blocks"]))
                      for seg in a.segments(0))
 
-    steps = [list(made) for made in pattern.steps]
-    seen = {state(len(steps))}
-    for n in range(1, max_repeats + 1):
-        made: list[int] = []
-        for op in pattern.last:
-            if op[0] == "alloc":
-                made.append(len(ptrs))
-                if not alloc(op[1], len(steps), len(made) - 1):
-                    return run(n, False, fits=False)
-                continue
-            back, j = op[1], op[2]
-            source = made if back == 0 else steps[-back] if back <= len(steps) else []
-            if j < len(source) and ptrs[source[j]] in live and live[ptrs[source[j]]] == source[j]:
-                free(source[j])
-        steps.append(made)
-        now = state(len(steps))
+    sites = list(pattern.sites)
+    seen = {state(len(sites))}
+    repeats = 0
+    while True:
+        for template in pattern.cycle:
+            if repeats >= max_repeats:
+                return run(repeats, False)
+            made: dict[tuple[Site, int], int] = {}
+            ranks: dict[Site, int] = {}
+            sites.append(made)
+            for op in template:
+                if op[0] == "alloc":
+                    key = len(ptrs)
+                    if not alloc(op[1], len(sites) - 1, len(made)):
+                        return run(repeats + 1, False, fits=False)
+                    rank = ranks.get(op[2], 0)
+                    ranks[op[2]] = rank + 1
+                    made[op[2], rank] = key
+                    continue
+                back, site, rank = op[1], op[2], op[3]
+                key = sites[-1 - back].get((site, rank)) if back < len(sites) else None
+                if key is not None and ptrs[key] in live and live[ptrs[key]] == key:
+                    free(key)
+            repeats += 1
+        now = state(len(sites))
         if now in seen:
-            return run(n, True)
+            return run(repeats, True)
         seen.add(now)
-    return run(max_repeats, False)
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """What the replay of one batch size gave (bytes): whether it fits, its
     peaks (up to its first allocation that ran out of memory, when one
-    did), the times it ran the last step again, and whether it was then
-    steady (in a state it had been in at an earlier step's end: every later
-    step repeats one already replayed)."""
+    did), the steps it ran after the recorded ones, and whether it was then
+    steady (in a state it had been in at the end of an earlier turn of the
+    repeated steps: every later step repeats one already replayed)."""
 
     batch: int
     fits: bool
@@ -776,8 +810,8 @@ class BatchPlan:
     with the batch; ``matched_share``: the share of them found again in
     another probe; ``predictions``: every batch the search tried;
     ``steady``: whether the replay at ``batch`` came back to a state it had
-    been in (every later step repeats one replayed), after running the last
-    step ``repeats`` more times; when not, the plan holds for that many
+    been in (every later step repeats one replayed), after ``repeats``
+    steps beyond the recorded ones; when not, the plan holds for that many
     steps (``print(plan)`` says so)."""
 
     batch: int
@@ -793,7 +827,7 @@ class BatchPlan:
     predictions: tuple[Prediction, ...]
     capped: bool = False  # the search reached max_batch
     steady: bool = True   # the replay at ``batch`` reached a steady state (Prediction.steady) ...
-    repeats: int = 0      # ... after running the last step again this many times
+    repeats: int = 0      # ... after this many steps beyond the recorded ones
 
     def __str__(self) -> str:
         limit = "no limit (nothing grows with the batch)" if self.limit is None else f"{self.limit}"
@@ -804,8 +838,8 @@ class BatchPlan:
                 f"{fmt_bytes(self.per_sample_bytes)} per sample; a perfect allocator would fit {limit}\n"
                 f"  probes (batch: peak allocated / reserved): "
                 + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes)
-                + ("" if self.steady else f"\n  not steady: the replay ran the last step {self.repeats} more times "
-                   "without coming back to a state it had been in; the plan is for that many steps"))
+                + ("" if self.steady else f"\n  not steady: the replay ran {self.repeats} more steps without coming "
+                   "back to a state it had been in; the plan is for that many steps"))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -901,7 +935,10 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int | str] = None
             free memory plus what the allocator reserves now, under the
             memory fraction when one is set.
         probes: small batch sizes to run, at least two different ones (ints >= 1).
-        steps: recorded steps per probe (after one warm-up step).
+        steps: recorded steps per probe after its first. A step whose
+            shapes change (sequence lengths) may run the job's shapes, in
+            the same order at each probe: ``steps`` = their number; the
+            replay repeats the steps after the first in turn.
         max_batch: the largest batch the search considers.
         device: the device (default: the current one).
         allocator: the allocator to plan for (default: the installed one).

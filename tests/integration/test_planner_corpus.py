@@ -21,6 +21,19 @@ def test_the_replay_starts_from_where_the_model_left_its_blocks():
     assert not planner_corpus.host_trial("transformer", 64, planned + 1, 12)
 
 
+@pytest.mark.slow
+def test_steps_of_varying_lengths_are_replayed_in_turn():
+    """The fit workload's 8 lengths, in order, on 64 MiB: given those steps
+    (largest_batch(steps=8)), the replay repeated only the last of them and
+    planned 27, which runs out of memory in its second step (26 in its
+    17th: the third pass over the lengths); it now repeats the steps after
+    the first in turn (their mix's fragmentation) and plans 25, which
+    trains them three times."""
+    plan = planner_corpus.host_plan("fit", 64, 8)
+    assert planner_corpus.host_trial("fit", 64, plan["batch"], 24), plan
+    assert plan["batch"] >= 0.95 * 25
+
+
 def test_a_case_that_is_no_model_and_budget_is_refused():
     with pytest.raises(SystemExit, match=r"--cases 'bert:64': give MODEL:BUDGET_MB,\.\.\. with MODEL one of fit, "
                                          r"transformer, resnet, gpt2"):

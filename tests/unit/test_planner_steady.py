@@ -88,8 +88,8 @@ def test_a_replay_cut_off_at_the_cap_says_so():
     says for how many steps it holds."""
     p = planner.plan([record(b) for b in (1, 2, 4)], BUDGET_MB * MiB, repeats=1)
     assert not p.steady and p.repeats == 1
-    assert str(p).endswith("not steady: the replay ran the last step 1 more times without coming back to a state "
-                           "it had been in; the plan is for that many steps")
+    assert str(p).endswith("not steady: the replay ran 1 more steps without coming back to a state it had been "
+                           "in; the plan is for that many steps")
 
 
 @pytest.mark.parametrize("repeats", [0, 16])
