@@ -166,7 +166,16 @@ def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[i
             "peak_reserved": p.peak_reserved, "peak_allocated": p.peak_allocated, "fixed_bytes": p.fixed_bytes,
             "per_sample_bytes": p.per_sample_bytes, "limit": p.limit, "probes": p.probes,
             "matched_share": p.matched_share, "growing_share": p.growing_share, "steady": p.steady,
-            "repeats": p.repeats, "text": str(p)}
+            "repeats": p.repeats, "text": str(p), "device": device_words(backend)}
+
+
+def device_words(backend: str) -> str:
+    """The device a worker ran on, in words (the driver never touches CUDA)."""
+    import torch
+
+    if backend == "cuda":
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return f"host backend (a simulated device on the CPU), torch {torch.__version__}, {os.cpu_count()} CPUs"
 
 
 # ---- the driver -----------------------------------------------------------------

@@ -72,7 +72,7 @@ MiB = 1 << 20
 WITHIN = 0.05  # the planned batch may be at most 5% below the largest that runs
 # (model, budget MiB) per device. Host budgets are small: the CPU trains every trial.
 CASES = {
-    "cpu": [("resnet", 32), ("resnet", 64), ("transformer", 48), ("transformer", 96), ("gpt2", 48),
+    "cpu": [("resnet", 32), ("resnet", 64), ("transformer", 48), ("transformer", 96), ("gpt2", 64),
             ("gpt2", 96), ("fit", 48), ("fit", 64)],
     "cuda": [("resnet", 6144), ("resnet", 12288), ("transformer", 8192), ("transformer", 16384), ("gpt2", 8192),
              ("gpt2", 16384), ("fit", 7168), ("fit", 14336)],
@@ -126,7 +126,8 @@ def host_plan(model: str, budget_mb: int, plan_steps: Optional[int]) -> dict:
         finally:
             del step
             gc.collect()
-    return {"batch": p.batch, "steady": p.steady, "repeats": p.repeats, "text": str(p)}
+    return {"batch": p.batch, "steady": p.steady, "repeats": p.repeats, "text": str(p),
+            "device": plan_vs_search.device_words("host")}
 
 
 # ---- fresh processes: plan_vs_search's workers ----------------------------------------
@@ -139,7 +140,8 @@ def fresh_trial(model: str, budget_mb: int, batch: int, steps: int, backend: str
 def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: Optional[int]) -> dict:
     r = plan_vs_search.run_worker(["plan", model, "--backend", backend, "--budget-mb", str(budget_mb),
                                    *(["--plan-steps", str(plan_steps)] if plan_steps else [])])
-    return {"batch": r["batch"], "steady": r.get("steady"), "repeats": r.get("repeats"), "text": r["text"]}
+    return {"batch": r["batch"], "steady": r["steady"], "repeats": r["repeats"], "text": r["text"],
+            "device": r["device"]}
 
 
 # ---- one case -----------------------------------------------------------------------
@@ -175,7 +177,7 @@ def run_case(model: str, budget_mb: int, device: str, steps: int, start: Optiona
             "planned_runs": planned_runs, "ok": bool(planned_runs and ratio is not None and ratio >= 1 - WITHIN),
             "steady": planned["steady"], "repeats": planned["repeats"], "trials": trials, "tried": tried,
             "search_start": start or "plan", "steps": steps, "plan_steps": plan_steps or 2,
-            "plan_text": planned["text"]}
+            "plan_text": planned["text"], "device": planned["device"]}
 
 
 def corpus(device: str = "cpu", cases: Optional[list] = None, steps: Optional[int] = None,
@@ -187,16 +189,15 @@ def corpus(device: str = "cpu", cases: Optional[list] = None, steps: Optional[in
     if device == "cuda":
         import torch
 
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available():  # (no CUDA context here: only the workers use the device)
             raise SystemExit("planner_corpus: --device cuda needs a CUDA GPU")
-    else:
-        import memalloc  # noqa: F401  (the host backend is built in)
-    doc = {"device": device_name(device), "rows": [], "command": command}
+    doc: dict = {"device": None, "rows": [], "command": command}
     for model, budget_mb in cases or CASES[device]:
         n = steps or STEPS[device].get(model, 10 if device == "cuda" else 12)
         plan_steps = PLAN_STEPS[device].get(model) if fit_plan == "steps" else None
         row = run_case(model, budget_mb, device, n, start, fresh, plan_steps)
         doc["rows"].append(row)
+        doc["device"] = row["device"]
         log(f"{model} {budget_mb} MiB: planned {row['planned']}, largest that runs {row['largest_that_runs']} "
             f"(ratio {row['ratio']:.3f}), planned runs {row['planned_runs']}, plan {row['plan_s']:.1f} s, "
             f"search {row['search_s']:.1f} s ({row['trials']} trials), steady {row['steady']} "
@@ -206,14 +207,6 @@ def corpus(device: str = "cpu", cases: Optional[list] = None, steps: Optional[in
             with open(out, "w") as f:
                 json.dump(doc, f, indent=1)
     return doc
-
-
-def device_name(device: str) -> str:
-    import torch
-
-    if device == "cuda":
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"host backend (simulated device on the CPU), torch {torch.__version__}, {os.cpu_count()} CPUs"
 
 
 def parse_cases(text: str) -> list[tuple[str, int]]:
