@@ -45,6 +45,8 @@ def leak_line() -> int:
     return next(i for i, l in enumerate(LEAKY.splitlines(), 1) if l.endswith("# the leak"))
 
 
+# the slow tier (CI runs it, `-m slow`): a script under `run --leaks` per way of ending (~5 s each); the real-paths matrix runs it too, over the README's fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
 @pytest.mark.parametrize("ending,rc", [("normal", 0), ("raise", 1), ("sigterm", 128 + 15)])
 def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc, run):
     script = tmp_path / "train.py"
@@ -67,6 +69,7 @@ def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc, run):
         assert "RuntimeError: the script failed" in p.stderr
 
 
+@pytest.mark.slow  # a script under `run --steps` (~5 s)
 def test_run_steps_writes_one_row_per_optimizer_step(tmp_path, run):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)
@@ -145,6 +148,7 @@ PYTEST_FILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # pytest in a fresh process (~5 s)
 def test_pytest_fixture_fails_the_leaking_test_only(tmp_path, fresh_python):
     (tmp_path / "test_loop.py").write_text(PYTEST_FILE)
     p = fresh_python.run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_loop.py"], cwd=tmp_path)

@@ -404,6 +404,7 @@ def test_a_gz_trace_reads_back_the_same_and_a_damaged_one_is_named(tmp_path):
         load_trace(tmp_path / "bad.gz")
 
 
+@pytest.mark.slow  # every host workload recorded, then replayed (~5 s)
 def test_record_traces_on_the_host_replays_to_the_runs_own_peaks(tmp_path):
     """benchmarks/record_traces.py (the GPU traces' recorder) on the host
     backend: a training loop's trace replays to the peaks the run had."""
