@@ -855,9 +855,9 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
          repeats: Optional[int] = None) -> BatchPlan:
     """The largest batch predicted to fit ``budget`` bytes from the probes'
     records (ascending batch sizes, at least two), replayed under the
-    policy ``config`` (:func:`policy_config` of the allocator), the last
-    recorded step repeated until the replay is steady, at most ``repeats``
-    times (default MAX_REPEATS)."""
+    policy ``config`` (:func:`policy_config` of the allocator), the
+    recorded steps after the first repeated in turn until the replay is
+    steady, at most ``repeats`` steps (default MAX_REPEATS)."""
     records = sorted(records, key=lambda r: r.batch)
     if len(records) < 2 or len({r.batch for r in records}) != len(records):
         raise PlannerError(f"the planner needs probes at two or more different batch sizes, got "
