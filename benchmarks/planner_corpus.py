@@ -44,13 +44,22 @@ How each side runs, as benchmarks/plan_vs_search.py runs it:
   minutes on two cores; ``--fresh`` runs the host's trials and plan in
   fresh processes too.
 When the search never tried the planned batch, it is tried on its own.
+The planner plans for a run as long as its replay (the probe's 3 steps and
+up to 64 more), longer than a trial, and a batch that runs a trial can run
+out of memory later (the host's GPT-2 at 48 MiB: 20 runs 12 steps and runs
+out of memory in step 49, where the plan was 19). So where the largest
+that runs is above the plan, the batches between them are tried again over
+``--long-steps`` (67; fit's lengths three times): the largest of them that
+runs that long is ``largest_that_runs_long``.
 
 Writes JSON: {"device", "command", "steps", "rows": [...]}, a row per case:
 {model, budget (MiB), planned, largest_that_runs, ratio (planned /
 largest_that_runs), plan_s, search_s (wall seconds, process starts
 included on CUDA), planned_runs, ok (planned_runs and ratio >= 0.95),
 steady, repeats (the plan's replay: BatchPlan.steady, .repeats), trials,
-tried ([batch, ran] in order), search_start}.
+tried ([batch, ran] in order), search_start; where the long runs were
+tried: long_steps, largest_that_runs_long, planned_runs_long, ratio_long,
+tried_long}.
 """
 from __future__ import annotations
 
@@ -74,14 +83,18 @@ WITHIN = 0.05  # the planned batch may be at most 5% below the largest that runs
 CASES = {
     "cpu": [("resnet", 32), ("resnet", 64), ("transformer", 48), ("transformer", 96), ("gpt2", 64),
             ("gpt2", 96), ("fit", 48), ("fit", 64)],
-    "cuda": [("resnet", 6144), ("resnet", 12288), ("transformer", 8192), ("transformer", 16384), ("gpt2", 8192),
-             ("gpt2", 16384), ("fit", 7168), ("fit", 14336)],
+    "cuda": [("resnet", 6144), ("resnet", 12288), ("transformer", 8192), ("transformer", 16384), ("gpt2", 16384),
+             ("gpt2", 32768), ("fit", 7168), ("fit", 14336)],
 }
 # Steps per trial: 12 (host) or 10 (cuda), as the other planner checks; for fit, its lengths three times on
 # the host (8 lengths) and twice on CUDA (30): its second pass can run out of memory where the first did not
 STEPS = {"cpu": {"fit": 3 * plan_vs_search.LENGTHS[True]}, "cuda": {"fit": 2 * plan_vs_search.LENGTHS[False]}}
 # The planner's steps per probe, the job's own in order: fit's lengths once (others: 2, all alike)
 PLAN_STEPS = {"cpu": {"fit": plan_vs_search.LENGTHS[True]}, "cuda": {"fit": plan_vs_search.LENGTHS[False]}}
+# Steps of the long run that checks a largest batch above the plan: the planner's horizon, its probe's
+# 3 steps and the replay's 64 (planner.MAX_REPEATS); fit's lengths 3 times
+LONG_STEPS = {"cpu": {"fit": 3 * plan_vs_search.LENGTHS[True]}, "cuda": {"fit": 3 * plan_vs_search.LENGTHS[False]}}
+LONG_DEFAULT = 3 + 64
 HOST_POLICY = "expandable_segments:True"  # memalloc.enable()'s default; a memalloc.Allocator takes none
 
 
@@ -146,10 +159,13 @@ def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: Optional[in
 
 # ---- one case -----------------------------------------------------------------------
 def run_case(model: str, budget_mb: int, device: str, steps: int, start: Optional[int], fresh: bool,
-             plan_steps: Optional[int] = None) -> dict:
+             plan_steps: Optional[int] = None, long_steps: Optional[int] = None) -> dict:
     """One row: the plan, then the search (from ``start``, None: from the
     planned batch), then the planned batch on its own if the search did not
-    try it."""
+    try it. Where the largest that runs is above the plan and ``long_steps``
+    is more than ``steps``: the largest batch between them that runs
+    ``long_steps`` (the planner plans for a run longer than a trial: a
+    batch that runs a short trial can run out of memory later)."""
     backend = "cuda" if device == "cuda" else "host"
     in_process = device != "cuda" and not fresh
     t0 = time.perf_counter()
@@ -172,17 +188,39 @@ def run_case(model: str, budget_mb: int, device: str, steps: int, start: Optiona
     trials = len(tried)
     planned_runs = runs(planned["batch"])  # tried already when the search started there
     ratio = planned["batch"] / largest if largest else None
+    long: dict = {}
+    if long_steps and long_steps > steps and planned_runs and largest > planned["batch"]:
+        long_seen: dict[int, bool] = {}
+
+        def runs_long(batch: int) -> bool:
+            if batch not in long_seen:
+                long_seen[batch] = (host_trial(model, budget_mb, batch, long_steps) if in_process
+                                    else fresh_trial(model, budget_mb, batch, long_steps, backend))
+            return long_seen[batch]
+
+        lo, hi = planned["batch"], largest + 1  # the largest below hi that runs long_steps, bisected
+        if not runs_long(lo):
+            lo = 0
+        elif runs_long(largest):
+            lo = largest
+        else:
+            hi = largest
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if runs_long(mid) else (lo, mid)
+        long = {"long_steps": long_steps, "largest_that_runs_long": lo, "planned_runs_long": long_seen[planned["batch"]],
+                "ratio_long": planned["batch"] / lo if lo else None, "tried_long": sorted(long_seen.items())}
     return {"model": model, "budget": budget_mb, "planned": planned["batch"], "largest_that_runs": largest,
             "ratio": ratio, "plan_s": round(plan_s, 3), "search_s": round(search_s, 3),
             "planned_runs": planned_runs, "ok": bool(planned_runs and ratio is not None and ratio >= 1 - WITHIN),
             "steady": planned["steady"], "repeats": planned["repeats"], "trials": trials, "tried": tried,
             "search_start": start or "plan", "steps": steps, "plan_steps": plan_steps or 2,
-            "plan_text": planned["text"], "device": planned["device"]}
+            "plan_text": planned["text"], "device": planned["device"], **long}
 
 
 def corpus(device: str = "cpu", cases: Optional[list] = None, steps: Optional[int] = None,
            start: Optional[int] = None, fresh: bool = False, out: Optional[str] = None, fit_plan: str = "steps",
-           command: Optional[str] = None,
+           command: Optional[str] = None, long_steps: Optional[int] = None,
            log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """Every case's row (CASES[device] unless ``cases`` names them), the
     JSON written to ``out`` after each row (a run cut short keeps its rows)."""
@@ -195,13 +233,16 @@ def corpus(device: str = "cpu", cases: Optional[list] = None, steps: Optional[in
     for model, budget_mb in cases or CASES[device]:
         n = steps or STEPS[device].get(model, 10 if device == "cuda" else 12)
         plan_steps = PLAN_STEPS[device].get(model) if fit_plan == "steps" else None
-        row = run_case(model, budget_mb, device, n, start, fresh, plan_steps)
+        long_n = long_steps if long_steps is not None else LONG_STEPS[device].get(model, LONG_DEFAULT)
+        row = run_case(model, budget_mb, device, n, start, fresh, plan_steps, long_n)
         doc["rows"].append(row)
         doc["device"] = row["device"]
         log(f"{model} {budget_mb} MiB: planned {row['planned']}, largest that runs {row['largest_that_runs']} "
             f"(ratio {row['ratio']:.3f}), planned runs {row['planned_runs']}, plan {row['plan_s']:.1f} s, "
             f"search {row['search_s']:.1f} s ({row['trials']} trials), steady {row['steady']} "
-            f"({row['repeats']} repeats){'' if row['ok'] else '  <-- FAILS'}" if row["ratio"] is not None else
+            f"({row['repeats']} repeats){'' if row['ok'] else '  <-- FAILS'}"
+            + (f"; over {row['long_steps']} steps the largest that runs is {row['largest_that_runs_long']}, planned "
+               f"runs {row['planned_runs_long']}" if "long_steps" in row else "") if row["ratio"] is not None else
             f"{model} {budget_mb} MiB: nothing runs ({row['tried']})")
         if out:
             with open(out, "w") as f:
@@ -231,6 +272,9 @@ def main(argv=None) -> int:
     p.add_argument("--start", default=None, help="the search's first batch: a number, or 'plan' (default: 16 on "
                                                  "CUDA, the planned batch on the host)")
     p.add_argument("--fresh", action="store_true", help="host: trials and the plan in fresh processes")
+    p.add_argument("--long-steps", type=int, default=None,
+                   help="steps of the long run that checks a largest batch above the plan (default: 67, the "
+                        "planner's horizon; fit's lengths 3 times; 0: none)")
     p.add_argument("--fit-plan", choices=("steps", "longest"), default="steps",
                    help="what the planner's step runs for fit: the job's lengths in order (default), or the "
                         "longest at every step")
@@ -238,7 +282,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     start = args.start or ("16" if args.device == "cuda" else "plan")
     doc = corpus(args.device, args.cases, args.steps, None if start == "plan" else int(start), args.fresh, args.out,
-                 args.fit_plan, "python -m benchmarks.planner_corpus " + " ".join(sys.argv[1:] if argv is None else argv))
+                 args.fit_plan, "python -m benchmarks.planner_corpus " + " ".join(sys.argv[1:] if argv is None else argv),
+                 args.long_steps)
     failed = [r for r in doc["rows"] if not r["ok"]]
     print(json.dumps([{k: r[k] for k in ("model", "budget", "planned", "largest_that_runs", "ratio", "plan_s",
                                          "search_s", "planned_runs", "steady")} for r in doc["rows"]], indent=1))
