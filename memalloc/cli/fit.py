@@ -24,9 +24,8 @@ can give (its total memory, the host backend's capacity, under the memory
 fraction) is refused with the most it can: by the first probe's process,
 before the script runs in it (run_probes(..., budget) passes the budget to
 each probe in MEMALLOC_FIT_BUDGET: the parent does not touch the device
-before its probes), and again by the parent before it plans. (Until
-memalloc/cli/run.py's _fit_first passes the budget to run_probes, only the
-parent's check after the probes refuses it.)
+before its probes; memalloc/cli/run.py's _fit_first passes it), and again
+by the parent before it plans.
 """
 from __future__ import annotations
 

@@ -119,9 +119,10 @@ def _check_fit(args: argparse.Namespace) -> tuple[Optional[int], tuple[int, ...]
     return budget, probes
 
 
-def _fit_first(args: argparse.Namespace, probes: tuple[int, ...]) -> list:
+def _fit_first(args: argparse.Namespace, probes: tuple[int, ...], budget: Optional[int]) -> list:
     """--fit's probes, each a child ``memalloc run`` of the script (before
-    this process touches the device)."""
+    this process touches the device); each child refuses a ``budget``
+    (bytes) larger than its device before the script runs."""
     config = ["--config", args.config] if args.config else []
 
     def argv_for(batch: int, out: str, folder: str) -> list[str]:
@@ -129,7 +130,7 @@ def _fit_first(args: argparse.Namespace, probes: tuple[int, ...]) -> list:
                 "--out", folder, "--fit-probe-out", out, "--fit-probe-batch", str(batch),
                 "--fit-steps", str(args.fit_steps), args.script, *fit.with_batch(args.script_args, batch)]
 
-    return fit.run_probes(argv_for, probes)
+    return fit.run_probes(argv_for, probes, budget)
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -152,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
         raise SystemExit(f"memalloc: cannot create the report folder {out!r}: {e}") from None
-    records = _fit_first(args, probes) if planning else None
+    records = _fit_first(args, probes, budget) if planning else None
     backend = enable_or_exit(args.backend, args.config)
     if backend == "host":
         # With or without flags, a CPU script's tensors come from the simulated

@@ -105,8 +105,6 @@ def test_run_probes_stops_at_the_first_probes_refusal(script, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="memalloc/cli/run.py's _fit_first does not pass the budget to "
-                                       "fit.run_probes yet (fit.run_probes(argv_for, probes, budget))")
 def test_run_fit_refuses_a_budget_larger_than_the_device_before_any_probe(fresh_python, script, tmp_path):
     """Issue 37, item 5, through the CLI: ``run --fit 20GB`` on a 64 MiB
     device says so before the script runs in a probe."""
