@@ -111,6 +111,7 @@ def test_a_crowd_steps_every_process_once_per_round_pair_by_pair_in_abba_order(t
     assert all(p["ratios"] == [1.0] * 4 and p["steps"] == 4 for p in pairs)
 
 
+@pytest.mark.slow  # crowds of worker processes (~5 s)
 def test_pooled_crowds_give_each_pair_its_own_ratio():
     r = lockstep.pooled({"one": worker("--work", "20"), "three": worker("--work", "60")}, process_pairs=5, steps=9,
                         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), alive=2)

@@ -85,6 +85,7 @@ def plan_for(a: memalloc.Allocator, make) -> tuple[planner.BatchPlan, float]:
     return p, seconds
 
 
+@pytest.mark.slow  # a plan with its probes and replay (~4 s alone)
 def test_the_planner_leaves_torch_as_it_found_it():
     """Its probes record with Python stacks, which wraps torch.autograd.backward
     (memalloc.trace.tags): the wrapper goes when the plan is made."""

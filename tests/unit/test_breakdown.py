@@ -282,6 +282,7 @@ def test_memory_breakdown_reads_an_allocator_it_is_given(host_allocator):
     a.free(p)
 
 
+@pytest.mark.slow  # a model trained in a fresh process per case (~4 s each); the real-paths breakdown suite keeps a closure case in the fast tier
 @pytest.mark.parametrize("closure", [False, True], ids=["step", "closure"])
 def test_a_real_model_on_the_host_backend(fresh_python, closure):
     """The same checks whether the loop calls ``opt.step()`` after its
