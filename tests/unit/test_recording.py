@@ -928,19 +928,24 @@ def snap(tmp_path_factory):
                           if e["action"] == "oom"]
 
         # the C++ conversion against the definition, written out from events()
-        def reference(e):
-            entry = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream,
-                     "time_us": e.time_ns // 1000, "frames": recording.frames_json(e.stack_id),
-                     "requested_size": e.requested, "tag": e.tag, "step": e.step, "thread": e.thread}
-            if e.action == "oom":
-                entry["device_free"], entry["addr"] = e.addr, 0
-            return entry
-
-        torch_actions = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
-        R["reference_same"] = snapshots.snapshot(allocator=a)["device_traces"][0] == [
-            reference(e) for e in recording.events(allocator=a) if e.action in torch_actions]
+        R["reference_same"] = snapshots.snapshot(allocator=a)["device_traces"][0] == reference_trace(a)
         del small, tagged
     return jsonable(R)
+
+
+def reference_trace(a) -> list[dict]:
+    """torch's trace entries of ``a``'s recorded events, written out in
+    Python from recording.events(): the definition trace_export.cpp builds."""
+    def entry_of(e):
+        entry = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream,
+                 "time_us": e.time_ns // 1000, "frames": recording.frames_json(e.stack_id),
+                 "requested_size": e.requested, "tag": e.tag, "step": e.step, "thread": e.thread}
+        if e.action == "oom":
+            entry["device_free"], entry["addr"] = e.addr, 0
+        return entry
+
+    torch_actions = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
+    return [entry_of(e) for e in recording.events(allocator=a) if e.action in torch_actions]
 
 
 SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size",
@@ -1037,6 +1042,38 @@ def test_snapshot_traces_equal_the_events_written_out_in_python(snap):
     assert snap["reference_same"] is True
 
 
+def test_snapshot_traces_equal_the_reference_where_each_field_changes_alone():
+    """trace_export.cpp copies each entry from the one before and sets only
+    the fields whose record differs: a trace where each field changes on
+    its own between neighbours (stream, tag, step, thread, stack, size),
+    with ooms back to back and entries after them (an oom entry has one key
+    more), is still the definition, entry for entry."""
+    with owned_recording() as a:
+        recording.record_memory_history(stacks="python", allocator=a)
+        kept = [a.malloc(1000)]
+        kept.append(a.malloc(1000, 0, 7))          # another stream
+        with memalloc.tag("other"):
+            kept.append(a.malloc(1000))            # another tag
+        memalloc.step()
+        kept.append(a.malloc(1000))                # another step
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            kept.append(pool.submit(a.malloc, 1000).result())  # another thread
+        kept.append(user_code.alloc_a(1000, a).data_ptr() and a.malloc(1000))  # another stack
+        kept.append(a.malloc(3000))                # another size
+        for _ in range(2):                          # two ooms in a row, then an allocation
+            err(lambda: a.malloc(200 * MiB))
+        kept.append(a.malloc(1000))
+        for p in kept[::2]:
+            a.free(p)
+        got = snapshots.snapshot(allocator=a)["device_traces"][0]
+        want = reference_trace(a)
+        for p in kept[1::2]:
+            a.free(p)
+    assert [e["action"] for e in got].count("oom") == 2
+    assert [sorted(e) for e in got] == [sorted(e) for e in want]
+    assert got == want
+
+
 def test_snapshot_of_a_million_events_takes_under_a_second():
     with owned_recording() as a:
         recording.record_memory_history(max_entries=1_000_000, stacks="python", allocator=a)
@@ -1050,22 +1087,34 @@ def test_snapshot_of_a_million_events_takes_under_a_second():
                 alloc_site(i)
         gc_was = gc.isenabled()
         seconds = []
+        s = None
         for _ in range(5):
             # CPU time of this (single-threaded) work: other processes on the
             # machine do not inflate it the way they inflate wall-clock time; time
             # the hypervisor steals from the virtual CPU does (seen here: 0.87 to
             # 2.9 s within one run while a neighbour was busy, 0.45 - 0.6 s
-            # otherwise), so the cost is the best of five.
+            # otherwise), so the cost is the best of five. The previous snapshot
+            # is freed first (0.15 s for a million dicts): not the snapshot's cost.
+            del s
             t0 = time.process_time()
             s = snapshots.snapshot(allocator=a)
             seconds.append(time.process_time() - t0)
+            # the first allocations after it do not collect a million entries (0.15 s when they did)
+            t1 = time.process_time()
+            made = [[] for _ in range(1000)]
+            seconds[-1] += time.process_time() - t1
+            del made
         n_events = len(recording.events_array(allocator=a))
     tr = s["device_traces"][0]
     assert n_events == len(tr) == 1_000_000  # the ring is full: every entry is a torch action
-    # Issue #5's target, on this 2-core machine: < 1 s (measured ~0.5 s of CPU
-    # time): the best of five; and no run takes more than 4 s even on a busy machine.
+    # Issue #5's target, on this 2-core machine: < 1 s of CPU time, the best of five
+    # (0.52 - 0.64 s on 2026-12-03's CPU, which runs Python ~2.5x slower than earlier
+    # sessions' and read 1.0 - 1.1 s before trace_export.cpp copied each entry from the
+    # one before and left the entries untracked); no run over 4 s even on a busy machine.
     assert min(seconds) < 1.0 and max(seconds) < 4.0, seconds
     assert gc.isenabled() == gc_was
+    # the entries are not the cyclic collector's: no later collection walks a million dicts
+    assert not any(gc.is_tracked(e) for e in tr)
     # one frames list per distinct stack (a loop has one allocation site), not per entry
     allocs = [e["frames"] for e in tr if e["action"] == "alloc"]
     assert len({id(f) for f in allocs}) == 1

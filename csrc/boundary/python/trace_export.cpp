@@ -13,9 +13,22 @@
 //
 // The cyclic garbage collector is paused while the entries are built: a
 // million new dicts would otherwise trigger a collection every 700 of them
-// over a growing young generation (1.6 s instead of 0.5 s per million). Each
-// dict is copied from a prototype that already holds every key, so setting
-// the values never resizes it.
+// over a growing young generation (1.6 s instead of 0.5 s per million). And
+// each entry is untracked by the collector: tracked, the first allocation
+// after the pause would collect a young generation of a million dicts
+// (0.15 s), and every later full collection would walk them again. CPython
+// untracks a dict that holds only atomic values; an entry refers to
+// strings, integers and its stack's frames list (of dicts of strings and
+// integers), so no cycle runs through the entries as built (a cycle a user
+// makes by storing an entry inside itself is never collected).
+//
+// Each dict is copied from the entry before it (or, next to an oom entry,
+// from a prototype that holds every key), so setting the values never
+// resizes it and only the values that differ are set. A trace repeats few distinct
+// integers (the addresses and sizes of a training loop's blocks, one
+// stream, one thread, one step for many entries), so the integer objects
+// are shared through a small direct-mapped cache: a hit is one compare and
+// an incref instead of a new object (and a free when the entries die).
 //
 // Invariants:
 //   * GIL held throughout; every new reference is owned by a py::object
@@ -63,6 +76,39 @@ class GcPause {
  private:
   int was_enabled_;
 };
+
+// Integer objects by value, direct-mapped (a slot keeps the last value that
+// hashed to it). Owns one reference to each cached object.
+class IntCache {
+ public:
+  IntCache() = default;
+  IntCache(const IntCache&) = delete;
+  IntCache& operator=(const IntCache&) = delete;
+  ~IntCache() {
+    for (Slot& s : slots_) Py_XDECREF(s.object);
+  }
+  // A new reference to an int equal to `value`.
+  PyObject* get(uint64_t value) {
+    Slot& s = slots_[(value * 0x9E3779B97F4A7C15ull) >> (64 - kBits)];
+    if (s.object == nullptr || s.value != value) {
+      PyObject* fresh = PyLong_FromUnsignedLongLong(value);
+      if (fresh == nullptr) throw py::error_already_set();
+      Py_XDECREF(s.object);
+      s.object = fresh;
+      s.value = value;
+    }
+    Py_INCREF(s.object);
+    return s.object;
+  }
+
+ private:
+  static constexpr int kBits = 12;
+  struct Slot {
+    uint64_t value = 0;
+    PyObject* object = nullptr;
+  };
+  Slot slots_[1 << kBits];
+};
 }  // namespace
 
 py::list trace_entries(const py::bytes& raw, const py::sequence& keep, const py::sequence& tags,
@@ -94,8 +140,12 @@ py::list trace_entries(const py::bytes& raw, const py::sequence& keep, const py:
   for (int k = 0; k < kDeviceFree; ++k) prototype[keys[k]] = py::none();
 
   GcPause no_gc;
+  IntCache ints;
   const size_t n = static_cast<size_t>(len) / sizeof(TraceRecord);
   py::list out;
+  PyObject* prev = nullptr;  // the last entry made, and its record
+  TraceRecord p{};
+  bool prev_oom = false;
   for (size_t i = 0; i < n; ++i) {
     TraceRecord r;
     std::memcpy(&r, data + i * sizeof(TraceRecord), sizeof r);
@@ -109,21 +159,29 @@ py::list trace_entries(const py::bytes& raw, const py::sequence& keep, const py:
       tag = &unknown_tags[r.tag_id];
       if (!*tag) *tag = py::str("<tag " + std::to_string(r.tag_id) + ">");
     }
-    py::object entry = py::reinterpret_steal<py::object>(PyDict_Copy(prototype.ptr()));
+    const bool oom = r.action == oom_action;
+    // An entry copied from the one before (same keys: neither is an oom entry) only needs the
+    // values that changed; successive records mostly share stream, thread, step, tag and stack.
+    const bool all = prev == nullptr || oom || prev_oom;
+    py::object entry = py::reinterpret_steal<py::object>(PyDict_Copy(all ? prototype.ptr() : prev));
     if (!entry) throw py::error_already_set();
     PyObject* d = entry.ptr();
-    const bool oom = r.action == oom_action;
-    set_shared(d, keys[kAction].ptr(), actions[r.action]);
-    set_new(d, keys[kAddr].ptr(), PyLong_FromUnsignedLongLong(oom ? 0 : r.addr));
-    set_new(d, keys[kSize].ptr(), PyLong_FromUnsignedLongLong(r.size));
-    set_new(d, keys[kStream].ptr(), PyLong_FromUnsignedLongLong(r.stream));
-    set_new(d, keys[kTimeUs].ptr(), PyLong_FromLongLong(r.time_ns / 1000));
-    set_shared(d, keys[kFrames].ptr(), stack);
-    set_new(d, keys[kRequested].ptr(), PyLong_FromUnsignedLongLong(r.requested));
-    set_shared(d, keys[kTag].ptr(), *tag);
-    set_new(d, keys[kStep].ptr(), PyLong_FromUnsignedLong(r.step));
-    set_new(d, keys[kThread].ptr(), PyLong_FromUnsignedLong(r.thread));
-    if (oom) set_new(d, keys[kDeviceFree].ptr(), PyLong_FromUnsignedLongLong(r.addr));
+    if (all || r.action != p.action) set_shared(d, keys[kAction].ptr(), actions[r.action]);
+    if (all || r.addr != p.addr) set_new(d, keys[kAddr].ptr(), ints.get(oom ? 0 : r.addr));
+    if (all || r.size != p.size) set_new(d, keys[kSize].ptr(), ints.get(r.size));
+    if (all || r.stream != p.stream) set_new(d, keys[kStream].ptr(), ints.get(r.stream));
+    if (all || r.time_ns / 1000 != p.time_ns / 1000)
+      set_new(d, keys[kTimeUs].ptr(), PyLong_FromLongLong(r.time_ns / 1000));
+    if (all || r.stack_id != p.stack_id) set_shared(d, keys[kFrames].ptr(), stack);
+    if (all || r.requested != p.requested) set_new(d, keys[kRequested].ptr(), ints.get(r.requested));
+    if (all || r.tag_id != p.tag_id) set_shared(d, keys[kTag].ptr(), *tag);
+    if (all || r.step != p.step) set_new(d, keys[kStep].ptr(), ints.get(r.step));
+    if (all || r.thread != p.thread) set_new(d, keys[kThread].ptr(), ints.get(r.thread));
+    if (oom) set_new(d, keys[kDeviceFree].ptr(), ints.get(r.addr));
+    PyObject_GC_UnTrack(d);
+    prev = d;  // borrowed: `out` owns it
+    p = r;
+    prev_oom = oom;
     out.append(std::move(entry));
   }
   return out;
