@@ -79,6 +79,13 @@ What it assumes, and what breaks it:
 - Steady state: the first step at a new size, which creates the optimizer
   state after the backward pass has freed the activations, peaks lower than
   the steps after it for the usual optimizers.
+- A step that leaks (keeps memory that no later step frees) never comes
+  back to a state it was in: the replay runs MAX_REPEATS (64) steps after
+  the recorded ones and the plan is the largest batch that runs that many
+  (``plan.steady`` is False and ``print(plan)`` says for how many steps).
+  A job that runs fewer steps could take a larger batch, one that runs
+  more runs out of memory later: fix the leak (``memalloc run --leaks``
+  names its line) rather than plan around it.
 - Frees of a block still in use on another stream (``record_stream``) are
   taken as done at once.
 - Tensors that only garbage cycles hold count as the memory they are (the

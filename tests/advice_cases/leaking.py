@@ -11,37 +11,32 @@ OUT.json gets what the run measured over the steps after the first two:
 peak allocated and peak reserved, and reserved after the last step."""
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
+import os
+import sys
 
 import torch
 from torch import nn
 
 import memalloc
 
-p = argparse.ArgumentParser()
-p.add_argument("out")
-p.add_argument("--batch", type=int, default=128)
-p.add_argument("--micro", type=int, default=1)
-p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
-p.add_argument("--empty-cache", action="store_true")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # strategies.py
+from strategies import cpu_autocast, grad_scaler, optimizer_step, parser, write_measurement  # noqa: E402
+
+p = parser(batch=128, steps=12)
 p.add_argument("--no-leak", action="store_true")
-p.add_argument("--steps", type=int, default=12)
 args = p.parse_args()
 
 torch.set_num_threads(1)  # two cores shared: one thread is ten times faster than two
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1000))
 opt = torch.optim.Adam(model.parameters())
-dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
-scaler = torch.amp.GradScaler("cpu") if args.autocast == "fp16" else None
+scaler = grad_scaler(args)
 kept = []
 for step in range(args.steps):
     x = torch.randn(args.batch, 64)
     y = torch.randint(0, 1000, (args.batch,))
     for i, (xs, ys) in enumerate(zip(x.chunk(args.micro), y.chunk(args.micro))):
-        with torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext():
+        with cpu_autocast(args):
             logits = model(xs)
             if not args.no_leak:
                 kept.append(logits)  # the leak
@@ -49,17 +44,11 @@ for step in range(args.steps):
         if i == 0:
             opt.zero_grad(set_to_none=True)
         (scaler.scale(loss) if scaler is not None else loss).backward()
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
+    optimizer_step(opt, scaler)
     if args.empty_cache:
         del x, y, xs, ys, logits, loss
         memalloc.empty_cache()
     if step == 1:  # Adam's state exists from the first step on: measure the steps after the second
         memalloc.reset_peak_memory_stats()
 
-json.dump({"peak_allocated": memalloc.max_memory_allocated(), "peak_reserved": memalloc.max_memory_reserved(),
-           "reserved_after": memalloc.memory_reserved(), "allocated_after": memalloc.memory_allocated()},
-          open(args.out, "w"))
+write_measurement(args.out)

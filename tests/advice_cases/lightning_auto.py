@@ -17,32 +17,24 @@ first two: peak allocated and peak reserved, and reserved after the last
 step."""
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plain_model.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plain_model.py, strategies.py
 import lightning as L  # noqa: E402
 
 import memalloc  # noqa: E402
+from plain_model import CLASSES, TOKENS, WIDTH, Net  # noqa: E402
+from strategies import parser, write_measurement  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("out")
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--micro", type=int, default=1)
+p = parser(batch=32, steps=5)
 p.add_argument("--checkpoint", action="store_true")
-p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
-p.add_argument("--empty-cache", action="store_true")
-p.add_argument("--steps", type=int, default=5)
 args = p.parse_args()
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)  # two cores shared: one thread is ten times faster than two
-
-from plain_model import CLASSES, TOKENS, WIDTH, Net  # noqa: E402
 
 
 class Module(L.LightningModule):
@@ -67,10 +59,7 @@ class Measure(L.Callback):
             memalloc.reset_peak_memory_stats()
 
     def on_train_end(self, trainer, module):
-        json.dump({"peak_allocated": memalloc.max_memory_allocated(),
-                   "peak_reserved": memalloc.max_memory_reserved(),
-                   "reserved_after": memalloc.memory_reserved(), "allocated_after": memalloc.memory_allocated(),
-                   "optimizer_steps": trainer.global_step}, open(args.out, "w"))
+        write_measurement(args.out, optimizer_steps=trainer.global_step)
 
 
 torch.manual_seed(0)

@@ -109,3 +109,29 @@ def test_in_process_and_fresh_process_plans_differ_only_by_the_allocators_policy
     assert in_process("host_capacity_mb:100,expandable_segments:True") == fresh("plan", "wide_cnn", 100)["batch"]
     planned = in_process("host_capacity_mb:100")
     assert in_process("host_capacity_mb:100", planned) and not in_process("host_capacity_mb:100", planned + 1, 3)
+
+
+@pytest.mark.slow
+def test_a_leaking_step_is_planned_for_the_steps_the_plan_names():
+    """A step that keeps 1 KiB per sample every step never comes back to a
+    state it was in: the plan says so (not steady, after MAX_REPEATS steps
+    beyond the probes') and is the largest batch that runs its own first
+    step, the probes' two recorded steps and those MAX_REPEATS steps, within
+    5% (a search of fresh processes each training that many steps)."""
+    from memalloc.features import planner
+
+    plan = fresh("plan", "leaky_mlp", 64)
+    assert not plan["steady"] and plan["repeats"] == planner.MAX_REPEATS, plan
+    horizon = 1 + 2 + planner.MAX_REPEATS  # largest_batch's default steps=2 after the first
+    seen: dict = {}
+
+    def trial(batch: int) -> bool:
+        if batch not in seen:
+            seen[batch] = fresh("trial", "leaky_mlp", 64, batch, horizon)
+        return seen[batch]["fits"]
+
+    truth = plan_vs_search.largest_that_fits(trial, plan["batch"])
+    assert trial(plan["batch"]), (plan, seen)
+    assert truth - plan["batch"] <= 0.05 * truth, (plan, truth)
+    # the leak is what limits it: the same batch's growth over 12 steps leaves room for a larger one
+    assert fresh("trial", "leaky_mlp", 64, truth + truth // 4, 12)["fits"], truth

@@ -299,8 +299,9 @@ def test_advise_reads_what_the_run_held_as_steps_csv_does(runs, loop):
 
 # ---- --fit: the planned batch runs within the budget -----------------------------------------
 # The plain loop without its leak: with one, the plan leaves room for the leak's growth over more
-# steps than the script takes (the planner replays the last step 16 more times), so it is not
-# within 5% of the largest batch that runs the script's own 6 steps.
+# steps than the script takes (a leaking step never settles, so the planner replays MAX_REPEATS
+# steps beyond its probes': test_planner_no_oom's leaking case), so it is not within 5% of the
+# largest batch that runs the script's own 6 steps.
 FIT_BUDGET = 4 << 20
 
 

@@ -77,4 +77,20 @@ def make_gpt2() -> Step:
     return step
 
 
-MODELS = {"transformer": make_transformer, "cnn": make_cnn, "wide_cnn": make_wide_cnn, "gpt2": make_gpt2}
+def make_leaky_mlp() -> Step:
+    """An MLP whose step keeps its output (1 KiB per sample) in a list that
+    grows every step: a leak the planner cannot plan away."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+    opt = torch.optim.AdamW(model.parameters())
+    kept = []
+
+    def step(b: int) -> None:
+        out = model(torch.randn(b, 256))
+        kept.append(out.detach().clone())  # the leak
+        optimize(opt, out.square().mean())
+    return step
+
+
+MODELS = {"transformer": make_transformer, "cnn": make_cnn, "wide_cnn": make_wide_cnn, "gpt2": make_gpt2,
+          "leaky_mlp": make_leaky_mlp}

@@ -1,0 +1,62 @@
+"""What the advice case scripts (plain.py, leaking.py, lightning_auto.py)
+share: their command line (each of the advisor's strategies as a flag) and
+the measurement each writes at its end. Nothing here allocates a tensor:
+the scripts' allocations stay at their own lines, where the advisor and the
+leak report name them."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from typing import Any, ContextManager, Optional
+
+import torch
+
+import memalloc
+
+
+def parser(batch: int, steps: int) -> argparse.ArgumentParser:
+    """OUT.json, then the strategies' flags: --batch (the baseline's
+    ``batch``), --micro N (micro-batches per optimizer step), --autocast
+    bf16|fp16 (fp16 with a GradScaler), --empty-cache, --steps (the
+    baseline's ``steps``)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--micro", type=int, default=1)
+    p.add_argument("--autocast", choices=("bf16", "fp16"), default=None)
+    p.add_argument("--empty-cache", action="store_true")
+    p.add_argument("--steps", type=int, default=steps)
+    return p
+
+
+def autocast_dtype(args: argparse.Namespace) -> Optional[torch.dtype]:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
+
+
+def cpu_autocast(args: argparse.Namespace) -> ContextManager[Any]:
+    """torch.autocast on the CPU at --autocast's dtype (nothing without it)."""
+    dtype = autocast_dtype(args)
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def grad_scaler(args: argparse.Namespace) -> Optional[torch.amp.GradScaler]:
+    """fp16's GradScaler (None otherwise)."""
+    return torch.amp.GradScaler("cpu") if args.autocast == "fp16" else None
+
+
+def optimizer_step(opt: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler]) -> None:
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+
+
+def write_measurement(path: str, **extra: int) -> None:
+    """Peak allocated and peak reserved since the last reset (bytes), and
+    reserved and allocated now, with ``extra``, as JSON at ``path``."""
+    with open(path, "w") as f:
+        json.dump({"peak_allocated": memalloc.max_memory_allocated(), "peak_reserved": memalloc.max_memory_reserved(),
+                   "reserved_after": memalloc.memory_reserved(), "allocated_after": memalloc.memory_allocated(),
+                   **extra}, f)
