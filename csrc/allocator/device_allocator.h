@@ -124,6 +124,7 @@ struct SegmentInfo {
   PoolId owner;  // kDefaultPool or the private pool that owns it
   bool expandable;  // a mapped run of an expandable segment (vm_arena.h)
   std::vector<BlockInfo> blocks;
+  size_t page = 0;  // expandable: the bytes its reservation maps and unmaps at a time (0: plain)
 };
 
 class DeviceAllocator {
@@ -196,11 +197,12 @@ class DeviceAllocator {
   // native's cacheInfo counts them too).
   size_t largest_free_block();
   // The segment holding the live block at ptr: {base, bytes} (in an
-  // expandable segment: its mapped run, and *expandable = true), and the
-  // block's own size in *block_bytes when asked; false when no live block
-  // of this device starts at ptr.
+  // expandable segment: its mapped run, which starts on a page of it,
+  // *expandable = true and its page size in *page), and the block's own
+  // size in *block_bytes when asked; false when no live block of this
+  // device starts at ptr.
   bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr,
-                  size_t* block_bytes = nullptr);
+                  size_t* block_bytes = nullptr, size_t* page = nullptr);
   // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction();
@@ -368,7 +370,7 @@ class DeviceAllocator {
   // (the caller falls back to a plain segment).
   Block* grow_vm_locked(size_t rounded, Stream stream, bool* no_vm);
   // A new reservation in vm_, entered in segments_ (nullptr: none).
-  VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool);
+  VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool, bool large);
   // Maps the room the arena found (within the memory fraction), merges it
   // with its free neighbours into the free list; nullptr when refused.
   Block* map_room_locked(VmSegment& seg, const VmRoom& room);

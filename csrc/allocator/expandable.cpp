@@ -31,9 +31,9 @@ void add_split(Event& e, const Block* b, int sign) {
 // A reservation of the device's whole capacity (as native) in the arena,
 // entered in the segment table. nullptr (and plain segments from then on)
 // when the backend has no virtual memory or no address space left.
-VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool) {
+VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool, bool large) {
   VmSegment* seg = vm_.reserve(
-      stream, pool,
+      stream, pool, large,
       [this] {
         if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
         return capacity_;
@@ -65,14 +65,24 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
 Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_vm) {
   *no_vm = false;
   const PoolKind pool = pool_kind_for(rounded);
+  // A large request on a large device grows in large pages (vm_arena.h); a
+  // capacity that cannot be read is left to the reservation to report.
+  bool large = false;
+  if (pool == PoolKind::kLarge && rounded >= VmArena::kLargeRequest) {
+    try {
+      if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
+      large = VmArena::large_pages(pool, rounded, capacity_);
+    } catch (const DriverError&) {
+    }
+  }
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
   // the free pages a room would have joined: rooms are looked for after it).
   if (gc_threshold_ > 0.0 && !pools_.any_route() && !vm_.empty())
-    maybe_collect_locked(round_up(rounded, vm_.page()));
+    maybe_collect_locked(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
   VmRoom room;
-  VmSegment* seg = vm_.find_room(stream, pool, rounded, &room);
+  VmSegment* seg = vm_.find_room(stream, pool, large, rounded, &room);
   if (seg == nullptr) {
-    seg = new_vm_segment_locked(stream, pool);
+    seg = new_vm_segment_locked(stream, pool, large);
     if (seg == nullptr) {
       *no_vm = true;
       return nullptr;
@@ -83,13 +93,13 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   const DeviceStats& s = accounting_.stats();
   const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
   const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
-  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, alloc_seq_);
+  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, alloc_seq_, seg->page);
   if (config_.reuse_free_pages && !pools_.any_route() && over > 0) {
     // Keep reserved bytes under the ceiling: give back free pages for the
     // part of this mapping above it (below it, pages are mapped without a
     // stream synchronisation, so a steady loop stops moving pages).
     if (unmap_free_pages_locked(stream, over, room.hole->prev, room.hole->next) > 0)
-      seg = vm_.find_room(stream, pool, rounded, &room);
+      seg = vm_.find_room(stream, pool, large, rounded, &room);
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
   }
   return map_room_locked(*seg, room);

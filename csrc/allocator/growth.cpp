@@ -337,7 +337,8 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
          ++it) {
       const Block* b = it->second;
       if (info == nullptr || (expandable && b->addr != end)) {
-        out.push_back(SegmentInfo{b->addr, 0, b->stream, b->pool, owner, expandable, {}});
+        out.push_back(SegmentInfo{b->addr, 0, b->stream, b->pool, owner, expandable, {},
+                                  expandable ? seg.second.vm->page : 0});
         info = &out.back();
       }
       const char* state = b->allocated ? "active_allocated"

@@ -88,7 +88,7 @@ size_t DeviceAllocator::largest_free_block() {
 }
 
 bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable,
-                                 size_t* block_bytes) {
+                                 size_t* block_bytes, size_t* page) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   auto live = live_.find(addr);
@@ -97,6 +97,7 @@ bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes,
   if (expandable != nullptr) *expandable = b->vm != nullptr;
   if (block_bytes != nullptr) *block_bytes = b->size;
   if (b->vm != nullptr) {  // its mapped run
+    if (page != nullptr) *page = b->vm->page;
     const Block* first = b;
     while (first->prev != nullptr && first->prev->mapped) first = first->prev;
     *base = first->addr;

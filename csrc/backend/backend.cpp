@@ -35,7 +35,7 @@ namespace {
 }  // namespace
 
 size_t Backend::vm_page_size(int) { no_vm(*this); }
-void* Backend::vm_reserve(int, size_t) { no_vm(*this); }
+void* Backend::vm_reserve(int, size_t, size_t) { no_vm(*this); }
 bool Backend::vm_map(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_unmap(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_free(int, void*) { no_vm(*this); }

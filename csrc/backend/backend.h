@@ -21,9 +21,11 @@
 //     page, exported once, closed when the page is unmapped); the host
 //     backend has none and throws DriverError.
 //   * Virtual memory (expandable segments, vm_arena.h):
-//     vm_reserve() takes address space only; vm_map() backs whole pages
-//     (vm_page_size() bytes) inside a reservation with device memory and
-//     returns false exactly when the device is out of memory; vm_unmap()
+//     vm_reserve() takes address space only, in pages of its own size (a
+//     multiple of the granularity, vm_page_size()); vm_map() backs whole
+//     pages of a reservation with device memory, one physical allocation
+//     per page (the driver's calls per byte mapped fall as the page grows),
+//     and returns false exactly when the device is out of memory; vm_unmap()
 //     gives them back; vm_free() ends a reservation whose pages are all
 //     unmapped. Mapped bytes count as device memory in use
 //     (mem_get_info), reserved address space does not. A backend without
@@ -94,7 +96,7 @@ class Backend {
   // Unmaps what ipc_open returned.
   virtual void ipc_close(int device, void* ptr) noexcept;
   // POSIX descriptors, in this process, of the mapped pages of
-  // [addr, addr + bytes) (page-aligned, inside one reservation).
+  // [addr, addr + bytes) (whole pages of one reservation).
   virtual std::vector<int> vm_share(int device, void* addr, size_t bytes);
   // Maps another process's pages, in order, into a new address range of
   // this one; returns its start.
@@ -104,13 +106,16 @@ class Backend {
   virtual void vm_close_shared(int device, void* base) noexcept;
 
   // ---- virtual memory (see the invariants above) ----------------------------
-  // Granularity of vm_map / vm_unmap, bytes.
+  // The granularity of virtual memory, bytes: every reservation's page is
+  // a multiple of it.
   virtual size_t vm_page_size(int device);
-  // `bytes` (a multiple of the page size) of address space; nullptr when the
-  // address space is exhausted.
-  virtual void* vm_reserve(int device, size_t bytes);
-  // Backs [addr, addr + bytes) (page-aligned, inside one reservation, not
-  // mapped) with device memory; false when the device is out of memory.
+  // `bytes` (a multiple of `page`) of address space, mapped later in pages
+  // of `page` bytes (a positive multiple of vm_page_size()); nullptr when
+  // the address space is exhausted.
+  virtual void* vm_reserve(int device, size_t bytes, size_t page);
+  // Backs [addr, addr + bytes) (whole pages of one reservation, not mapped)
+  // with device memory, one physical allocation per page; false when the
+  // device is out of memory.
   virtual bool vm_map(int device, void* addr, size_t bytes);
   // Unmaps [addr, addr + bytes) (mapped pages of one reservation).
   virtual void vm_unmap(int device, void* addr, size_t bytes);
@@ -147,9 +152,9 @@ class HostBackend : public Backend {
   // Completes all work queued on `stream` (the simulation's only clock).
   void synchronize_stream(int device, Stream stream) override;
 
-  // Pages of 2 MiB, reservations in the device's one address range.
+  // A granularity of 2 MiB, reservations in the device's one address range.
   size_t vm_page_size(int device) override;
-  void* vm_reserve(int device, size_t bytes) override;
+  void* vm_reserve(int device, size_t bytes, size_t page) override;
   bool vm_map(int device, void* addr, size_t bytes) override;
   void vm_unmap(int device, void* addr, size_t bytes) override;
   void vm_free(int device, void* base) override;
@@ -182,6 +187,15 @@ class HostBackend : public Backend {
   void set_fault_rates(int device, double allocate_rate, double release_rate, uint64_t seed);
   // Faults injected so far on `device`: {allocate, release}.
   std::pair<size_t, size_t> faults_injected(int device);
+
+  // The CUDA driver calls the virtual memory of `device` would have made
+  // so far (backend_cuda.cpp's, call for call): cuMemCreate and cuMemMap
+  // per page mapped, cuMemSetAccess per vm_map, cuMemUnmap per vm_unmap,
+  // cuMemRelease per page unmapped.
+  struct VmCalls {
+    uint64_t create = 0, map = 0, set_access = 0, unmap = 0, release = 0;
+  };
+  VmCalls vm_calls(int device);
 
  private:
   struct State;

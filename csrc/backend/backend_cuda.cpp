@@ -20,9 +20,9 @@
 //     ipc_handle/ipc_open then throw DriverError.
 //   * Virtual memory entry points (cuMemAddressReserve, cuMemCreate,
 //     cuMemMap, ...) are optional the same way. A mapped page is one
-//     cuMemCreate handle of vm_page_size() bytes (the device's recommended
-//     granularity), mapped read-write for its device; vm_unmap unmaps and
-//     releases the handles; the reservations (vm_reservations.h: their
+//     cuMemCreate handle of its reservation's page size (a multiple of
+//     vm_page_size(), the device's recommended granularity), mapped
+//     read-write for its device; vm_unmap unmaps and releases the handles; the reservations (vm_reservations.h: their
 //     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
 //     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
@@ -331,14 +331,12 @@ class CudaBackend final : public Backend {
     return vm_pages_[device];
   }
 
-  void* vm_reserve(int device, size_t bytes) override {
-    const size_t page = vm_page_size(device);
-    MEMALLOC_EXPECTS(bytes > 0 && bytes % page == 0,
-                     "vm_reserve: the size must be a positive multiple of the page size (" + std::to_string(page) +
-                         " bytes)");
+  void* vm_reserve(int device, size_t bytes, size_t page) override {
+    const size_t granularity = vm_page_size(device);
+    VmReservations<CUmemGenericAllocationHandle>::check_reserve(bytes, page, granularity);
     ScopedContext ctx(this, device);
     CUdeviceptr p = 0;
-    CUresult r = api_->cuMemAddressReserve(&p, bytes, page, 0, 0);
+    CUresult r = api_->cuMemAddressReserve(&p, bytes, granularity, 0, 0);
     if (r == kErrorOutOfMemory) return nullptr;
     check(r, "cuMemAddressReserve");
     std::lock_guard<std::mutex> g(vm_mu_);
@@ -347,10 +345,11 @@ class CudaBackend final : public Backend {
   }
 
   bool vm_map(int device, void* addr, size_t bytes) override {
-    const size_t page = vm_page_size(device);
+    require_vm();
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
-    const auto pages = vm_.run(device, addr, bytes, page);
+    const auto pages = vm_.run(device, addr, bytes);
+    const size_t page = pages.page;
     pages.expect(false, "vm_map: a page of the range is already mapped");
     CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
@@ -390,10 +389,10 @@ class CudaBackend final : public Backend {
   }
 
   void vm_unmap(int device, void* addr, size_t bytes) override {
-    const size_t page = vm_page_size(device);
+    require_vm();
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
-    const auto pages = vm_.run(device, addr, bytes, page);
+    const auto pages = vm_.run(device, addr, bytes);
     pages.expect(true, "vm_unmap: a page of the range is not mapped");
     check(api_->cuMemUnmap(reinterpret_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap");
     for (size_t k = 0; k < pages.n; ++k) {
@@ -406,14 +405,13 @@ class CudaBackend final : public Backend {
   // ---- sharing pages between processes (CUDA IPC of expandable segments) ----
   std::vector<int> vm_share(int device, void* addr, size_t bytes) override {
     require_vm();
-    const size_t page = vm_page_size(device);
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
     if (!not_shared_.empty())
       throw DriverError("cannot share this CUDA tensor with another process: it lives in an expandable segment "
                         "whose pages were not created exportable (" + not_shared_ +
                         "). Or share from a process with MEMALLOC_CONF=expandable_segments:False");
-    const auto pages = vm_.run(device, addr, bytes, page);
+    const auto pages = vm_.run(device, addr, bytes);
     pages.expect(true, "vm_share: a page of the range is not mapped");
     std::vector<int> fds(pages.n, -1);
     for (size_t k = 0; k < pages.n; ++k) {

@@ -26,7 +26,8 @@
 //   device (kVmFactor x capacity, so reservations never take the segments'
 //   address space); its pages are committed (mprotect) and counted in
 //   used[d] only while mapped:
-//   used[d] == live segment bytes + mapped vm pages * kVmPage.
+//   used[d] == live segment bytes + the bytes of the mapped vm pages.
+//   vm_calls[d] counts the driver calls backend_cuda.cpp would have made.
 //   Simulated graph capture (tests): node k (k >= 1, its handle the integer
 //   k) depends only on nodes < k; a stream is in at most one capture, and
 //   its frontier names nodes of that capture only.
@@ -51,7 +52,7 @@ namespace {
 constexpr size_t kPage = size_t{4} << 10;      // mprotect granularity
 constexpr size_t kReserveRound = size_t{2} << 20;
 constexpr size_t kReserveFactor = 4;  // address space per byte of capacity
-constexpr size_t kVmPage = size_t{2} << 20;  // vm_map granularity, as CUDA's usual one
+constexpr size_t kVmGranularity = size_t{2} << 20;  // as CUDA's usual one
 constexpr size_t kVmFactor = 8;              // vm address space per byte of capacity
 
 
@@ -165,6 +166,7 @@ struct HostBackend::State {
   VmReservations<unsigned char> reservations;  // a page is 1 while mapped
   std::vector<std::map<Stream, StreamClock>> streams;
   std::vector<Faults> faults;
+  std::vector<HostBackend::VmCalls> vm_calls;
   std::vector<Captures> captures;
 
   void check_device(int device) const {
@@ -183,6 +185,7 @@ HostBackend::HostBackend(const Config& config) : state_(new State) {
   state_->vm_spaces.resize(config.host_devices);
   state_->streams.resize(config.host_devices);
   state_->faults.resize(config.host_devices);
+  state_->vm_calls.resize(config.host_devices);
   state_->captures.resize(config.host_devices);
 }
 
@@ -235,27 +238,25 @@ bool HostBackend::release(int device, void* ptr, size_t size) noexcept {
 
 size_t HostBackend::vm_page_size(int device) {
   state_->check_device(device);
-  return kVmPage;
+  return kVmGranularity;
 }
 
-void* HostBackend::vm_reserve(int device, size_t bytes) {
+void* HostBackend::vm_reserve(int device, size_t bytes, size_t page) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
-  MEMALLOC_EXPECTS(bytes > 0 && bytes % kVmPage == 0,
-                   "vm_reserve: the size must be a positive multiple of the page size (" +
-                       std::to_string(kVmPage) + " bytes)");
+  VmReservations<unsigned char>::check_reserve(bytes, page, kVmGranularity);
   AddressSpace& space = state_->vm_spaces[device];
   space.reserve(device, state_->capacity, kVmFactor);
   char* p = space.take(bytes);
   if (p == nullptr) return nullptr;
-  state_->reservations.add(device, reinterpret_cast<std::uintptr_t>(p), bytes, kVmPage);
+  state_->reservations.add(device, reinterpret_cast<std::uintptr_t>(p), bytes, page);
   return p;
 }
 
 bool HostBackend::vm_map(int device, void* addr, size_t bytes) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
-  const auto pages = state_->reservations.run(device, addr, bytes, kVmPage);
+  const auto pages = state_->reservations.run(device, addr, bytes);
   pages.expect(false, "vm_map: a page of the range is already mapped");
   Faults& f = state_->faults[device];
   if (Faults::take(f.alloc_skip, f.alloc_count, f.alloc_rate, f.rng)) {
@@ -263,23 +264,37 @@ bool HostBackend::vm_map(int device, void* addr, size_t bytes) {
     if (f.alloc_driver_error) throw DriverError("host backend: injected device error on vm_map");
     return false;
   }
-  if (bytes > state_->capacity - state_->used[device]) return false;
+  VmCalls& calls = state_->vm_calls[device];
+  if (bytes > state_->capacity - state_->used[device]) {
+    // CUDA creates and maps page after page until one does not fit, then undoes them
+    const size_t fit = (state_->capacity - state_->used[device]) / pages.page;
+    calls.create += fit + 1;
+    calls.map += fit;
+    calls.unmap += fit;
+    calls.release += fit;
+    return false;
+  }
   if (::mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0)
     throw DriverError("host backend: the host itself is out of memory");
   for (size_t k = 0; k < pages.n; ++k) pages[k] = 1;
   state_->used[device] += bytes;
+  calls.create += pages.n;
+  calls.map += pages.n;
+  calls.set_access += 1;
   return true;
 }
 
 void HostBackend::vm_unmap(int device, void* addr, size_t bytes) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
-  const auto pages = state_->reservations.run(device, addr, bytes, kVmPage);
+  const auto pages = state_->reservations.run(device, addr, bytes);
   pages.expect(true, "vm_unmap: a page of the range is not mapped");
   ::madvise(addr, bytes, MADV_DONTNEED);
   ::mprotect(addr, bytes, PROT_NONE);
   for (size_t k = 0; k < pages.n; ++k) pages[k] = 0;
   state_->used[device] -= bytes;
+  state_->vm_calls[device].unmap += 1;
+  state_->vm_calls[device].release += pages.n;
 }
 
 void HostBackend::vm_free(int device, void* base) {
@@ -445,6 +460,12 @@ std::pair<size_t, size_t> HostBackend::faults_injected(int device) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
   return {state_->faults[device].alloc_injected, state_->faults[device].release_injected};
+}
+
+HostBackend::VmCalls HostBackend::vm_calls(int device) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  return state_->vm_calls[device];
 }
 
 }  // namespace memalloc

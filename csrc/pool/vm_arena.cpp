@@ -29,9 +29,9 @@ VmArena::~VmArena() {
   }
 }
 
-size_t VmArena::page() {
-  if (page_ == 0) page_ = backend_.vm_page_size(device_);
-  return page_;
+size_t VmArena::granularity() {
+  if (granularity_ == 0) granularity_ = backend_.vm_page_size(device_);
+  return granularity_;
 }
 
 void VmArena::report_unavailable(const char* why) {
@@ -41,7 +41,7 @@ void VmArena::report_unavailable(const char* why) {
 }
 
 VmRoom VmArena::find_room(const VmSegment& seg, size_t rounded) {
-  const size_t pg = page();
+  const size_t pg = seg.page;
   VmRoom best;
   size_t best_bytes = std::numeric_limits<size_t>::max();
   auto offer = [&](Block* hole, std::uintptr_t lo, size_t bytes) {
@@ -67,12 +67,12 @@ VmRoom VmArena::find_room(const VmSegment& seg, size_t rounded) {
   return best;
 }
 
-VmSegment* VmArena::find_room(Stream stream, PoolKind pool, size_t rounded, VmRoom* room) {
+VmSegment* VmArena::find_room(Stream stream, PoolKind pool, bool large, size_t rounded, VmRoom* room) {
   VmSegment* seg = nullptr;
   *room = VmRoom{};
   size_t best = std::numeric_limits<size_t>::max();
   for (auto& s : segments_) {
-    if (s->stream != stream || s->pool != pool) continue;
+    if (s->stream != stream || s->pool != pool || s->large_pages != large) continue;
     VmRoom r = find_room(*s, rounded);
     if (r.hole != nullptr && r.bytes < best) {
       seg = s.get();
@@ -83,7 +83,8 @@ VmSegment* VmArena::find_room(Stream stream, PoolKind pool, size_t rounded, VmRo
   return seg;
 }
 
-size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at) {
+size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at,
+                             size_t pg) {
   allocated_hwm_ = std::max(allocated_hwm_, allocated + rounded);
   const auto over = [&] {
     const size_t ceiling = allocated_hwm_ + allocated_hwm_ / slack_divisor_;
@@ -94,7 +95,6 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
   // the same request: its size exactly, bytes allocated and the high-water
   // mark within a page (a loop that keeps a small tensor every step is
   // still the same loop)
-  const size_t pg = page();
   const auto near = [pg](size_t a, size_t b) { return (a > b ? a - b : b - a) <= pg; };
   auto same = std::find_if(triggers_.begin(), triggers_.end(), [&](const Trigger& t) {
     return t.rounded == rounded && near(t.allocated, allocated) && near(t.hwm, allocated_hwm_);
@@ -121,12 +121,13 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
 
 std::vector<VmArena::Run> VmArena::free_runs(std::initializer_list<const FreeList*> lists, Stream stream,
                                              const Block* keep_a, const Block* keep_b) {
-  const size_t pg = page();
   std::vector<Run> found;
   for (const FreeList* list : lists) {
     for (Block* b : list->blocks()) {
       if (b->vm == nullptr || b->stream != stream || b == keep_a || b == keep_b) continue;
-      const std::uintptr_t lo = round_up(b->addr, pg), hi = (b->addr + b->size) / pg * pg;
+      // whole pages of its segment, which count from the segment's base
+      const std::uintptr_t base = b->vm->base, pg = b->vm->page;
+      const std::uintptr_t lo = base + round_up(b->addr - base, pg), hi = base + (b->addr + b->size - base) / pg * pg;
       if (hi > lo) found.push_back(Run{b, lo, hi});
     }
   }

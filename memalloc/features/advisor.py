@@ -44,7 +44,7 @@ forward left allocated):
   turn;
 - del + empty_cache each step: reserved bytes between steps fall to what
   empty_cache() keeps at the last step boundary: the segments, under
-  expandable segments the 2 MiB pages, that hold a live block there (the
+  expandable segments the pages, that hold a live block there (the
   profile reads them: :func:`kept_by_empty_cache`), and at least the bytes
   the run held allocated there, or parameters, optimizer state and other at
   the peak plus what the known leaks held at the last boundary;
@@ -299,12 +299,6 @@ def _profiled_below(module: nn.Module, profiled: dict) -> list[nn.Module]:
     return out
 
 
-# The granularity at which empty_cache() unmaps the free pages of an
-# expandable segment: CUDA's usual one, and the host backend's
-# (csrc/backend/backend_host.cpp, kVmPage).
-PAGE = 2 << 20
-
-
 def kept_by_empty_cache(allocator: _C.Allocator, device: int) -> int:
     """The reserved bytes of ``device`` that ``empty_cache()`` called now
     would keep: every segment holding a live block (one in use, or freed
@@ -318,12 +312,13 @@ def kept_by_empty_cache(allocator: _C.Allocator, device: int) -> int:
             kept += seg["total_size"]
         elif live and not seg["is_expandable"]:
             kept += seg["total_size"]
-        elif live:
+        elif live:  # the pages it unmaps at a time (pool/vm_arena.h): a mapped run starts on one
+            page = seg["page_size"]
             pages: set[int] = set()
             for address, size in live:
-                first = (address - seg["address"]) // PAGE
-                pages.update(range(first, (address - seg["address"] + size - 1) // PAGE + 1))
-            kept += min(seg["total_size"], len(pages) * PAGE)
+                first = (address - seg["address"]) // page
+                pages.update(range(first, (address - seg["address"] + size - 1) // page + 1))
+            kept += min(seg["total_size"], len(pages) * page)
     return kept
 
 

@@ -137,7 +137,7 @@ def test_misuse_is_refused_with_the_rule_and_changes_nothing(backend):
         T.vm_map(a, base, 2 * page)
     with pytest.raises(memalloc.InvalidArgumentError, match="not mapped"):
         T.vm_unmap(a, base, 2 * page)
-    with pytest.raises(memalloc.InvalidArgumentError, match="multiples of the page size"):
+    with pytest.raises(memalloc.InvalidArgumentError, match="whole pages of the reservation"):
         T.vm_map(a, base + page + 4096, page)
     with pytest.raises(memalloc.InvalidArgumentError, match="in no reservation"):
         T.vm_map(a, base + 4 * page, page)
@@ -150,7 +150,57 @@ def test_misuse_is_refused_with_the_rule_and_changes_nothing(backend):
         T.vm_free(a, base)
 
 
+def test_a_reservation_maps_and_unmaps_in_its_own_pages(backend):
+    """A reservation of pages three times the granularity (one physical
+    allocation each: the large pool's pages, pool/vm_arena.h): whole pages
+    map, are memory in use and usable, and unmap; a range that cuts a page
+    is refused and changes nothing; so are page sizes that are not
+    multiples of the granularity."""
+    a, gran = backend.allocator, backend.page
+    page = 3 * gran
+    with pytest.raises(memalloc.InvalidArgumentError, match="positive multiple of the granularity"):
+        T.vm_reserve(a, 4 * page, page=gran + 4096)
+    with pytest.raises(memalloc.InvalidArgumentError, match="positive multiple of the page size"):
+        T.vm_reserve(a, 4 * page + gran, page=page)
+    base = T.vm_reserve(a, 4 * page, page=page)
+    before = backend.free()
+    for start, n in [(base, gran), (base + gran, page), (base + page, 2 * gran)]:  # cuts a page
+        with pytest.raises(memalloc.InvalidArgumentError, match="whole pages of the reservation"):
+            T.vm_map(a, start, n)
+    assert backend.dropped_by(before, 0) if backend.exact else backend.free() >= before - gran
+    assert T.vm_map(a, base + page, 2 * page) is True
+    assert backend.dropped_by(before, 2 * page)
+    assert backend.fill(base + page, 2 * page, 5) == [5, 5]
+    with pytest.raises(memalloc.InvalidArgumentError, match="whole pages of the reservation"):
+        T.vm_unmap(a, base + page, gran)
+    T.vm_unmap(a, base + 2 * page, page)  # the second page alone
+    assert backend.dropped_by(before, page) if backend.exact else backend.free() > before - 2 * page
+    assert backend.fill(base + page, page, 6) == [6, 6]
+    T.vm_unmap(a, base + page, page)
+    T.vm_free(a, base)
+
+
 # ---- host backend only -------------------------------------------------------
+def test_host_counts_the_driver_calls_cuda_would_make():
+    """The host backend's count of CUDA's virtual-memory calls
+    (backend_cuda.cpp's, call for call): cuMemCreate and cuMemMap per page,
+    cuMemSetAccess per map, cuMemUnmap per unmap and cuMemRelease per page;
+    a map beyond the device creates and maps pages until one does not fit,
+    then undoes each."""
+    a = memalloc.Allocator("host", "host_capacity_mb:16")
+    base = T.vm_reserve(a, 32 * MiB, page=4 * MiB)
+    assert T.vm_calls(a) == dict(create=0, map=0, set_access=0, unmap=0, release=0)
+    assert T.vm_map(a, base, 8 * MiB)
+    assert T.vm_calls(a) == dict(create=2, map=2, set_access=1, unmap=0, release=0)
+    T.vm_unmap(a, base, 8 * MiB)
+    assert T.vm_calls(a) == dict(create=2, map=2, set_access=1, unmap=1, release=2)
+    assert T.vm_map(a, base, 4 * MiB)
+    assert T.vm_map(a, base + 4 * MiB, 16 * MiB) is False  # 12 MiB free: three pages fit, the fourth does not
+    assert T.vm_calls(a) == dict(create=3 + 4, map=3 + 3, set_access=2, unmap=1 + 3, release=2 + 3)
+    T.vm_unmap(a, base, 4 * MiB)
+    T.vm_free(a, base)
+    a.validate()
+
 def test_host_segments_share_the_device_with_mappings_and_never_land_in_a_reservation():
     """(Host only: on CUDA it would fill the whole GPU with mappings.)"""
     a = memalloc.Allocator("host", "host_capacity_mb:16")

@@ -119,7 +119,7 @@ void validate_reports_a_broken_owner_count_and_expandable_owner() {
   EXPECT(p.size() == 1 && p[0] == "a private pool's segment count differs from its segments");
   f.a.segments = 1;
   VALID(f.table);
-  VmSegment vm(0x100000, 0x100000, 0, PoolKind::kLarge, &f.mr);
+  VmSegment vm(0x100000, 0x100000, 0x100000, 0, PoolKind::kLarge, &f.mr);
   EXPECT(f.table.insert(vm.base, Segment{vm.size, &f.b, &vm}));  // a pool's expandable segment: refused by validate
   p = problems(f.table);
   EXPECT(p.size() == 1 && p[0] == "a private pool has an expandable segment");

@@ -34,15 +34,16 @@ struct NoVmBackend : HostBackend {
     ++asked;
     return Backend::vm_page_size(device);
   }
-  void* vm_reserve(int device, size_t bytes) override {
+  void* vm_reserve(int device, size_t bytes, size_t page) override {
     ++asked;
-    return Backend::vm_reserve(device, bytes);
+    return Backend::vm_reserve(device, bytes, page);
   }
 };
 
 template <class B = HostBackend>
 struct Fixture {
-  Config config = parse_config("backend:host,host_capacity_mb:64");
+  explicit Fixture(const char* conf = "backend:host,host_capacity_mb:64") : config(parse_config(conf)) {}
+  Config config;
   B backend{config};
   std::pmr::unsynchronized_pool_resource mr;
   std::vector<std::unique_ptr<Block>> blocks;  // every block made; absorbed ones stay here, unlinked
@@ -72,9 +73,10 @@ struct Fixture {
       ++absorbed;
     };
   }
-  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity) {
-    VmSegment* seg = arena.reserve(stream, pool, [capacity] { return capacity; }, make());
-    if (seg != nullptr) page = arena.page();
+  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity,
+                     bool large = false) {
+    VmSegment* seg = arena.reserve(stream, pool, large, [capacity] { return capacity; }, make());
+    if (seg != nullptr) page = seg->page;
     return seg;
   }
   // Maps the room for `rounded` in seg (a room that needs pages).
@@ -261,14 +263,14 @@ void the_reuse_ceiling_follows_the_high_water_mark() {
   Fixture<> f;
   const size_t d = VmArena::kReuseSlackDivisor;
   // 20 MiB allocated at most: ceiling 21 MiB (20 + 20 / d).
-  EXPECT(f.arena.over_ceiling(0, 0, 20 * MiB, 20 * MiB, 0) == 0 && f.arena.allocated_hwm() == 20 * MiB);
+  EXPECT(f.arena.over_ceiling(0, 0, 20 * MiB, 20 * MiB, 0, 2 * MiB) == 0 && f.arena.allocated_hwm() == 20 * MiB);
   const size_t ceiling = 20 * MiB + 20 * MiB / d;
-  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 4 * MiB, 1) == 24 * MiB - ceiling);
+  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 4 * MiB, 1, 2 * MiB) == 24 * MiB - ceiling);
   EXPECT(f.arena.allocated_hwm() == 20 * MiB);  // 0 + 4 MiB is below it: unchanged
-  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 0, 2) == 0);  // no pages to map
-  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB, 3) == 2 * MiB);  // all of it above: capped at the room
+  EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 0, 2, 2 * MiB) == 0);  // no pages to map
+  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB, 3, 2 * MiB) == 2 * MiB);  // all of it above: capped at the room
   // A larger peak raises the ceiling: 40 + 2 MiB allocated.
-  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB, 4) == 0 && f.arena.allocated_hwm() == 42 * MiB);
+  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB, 4, 2 * MiB) == 0 && f.arena.allocated_hwm() == 42 * MiB);
   EXPECT(f.arena.slack_divisor() == d);  // no request went over twice
 }
 
@@ -281,25 +283,25 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   Fixture<> f;
   const size_t d = VmArena::kReuseSlackDivisor;
   const size_t hwm = 100 * MiB, allocated = 60 * MiB, reserved = 104 * MiB, rounded = 40 * MiB;
-  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0) == 0 && f.arena.allocated_hwm() == hwm);
+  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0, 2 * MiB) == 0 && f.arena.allocated_hwm() == hwm);
   // 104 + 8 MiB of room over a ceiling of 105 MiB: 7 MiB over, at allocations 1000 and 2000
   const size_t over = reserved + 8 * MiB - (hwm + hwm / d);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1000) == over);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000) == over);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000) == over);  // a retry: not a third time
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1000, 2 * MiB) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000, 2 * MiB) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000, 2 * MiB) == over);  // a retry: not a third time
   // a request's first time and its retry (no spacing yet) are not a loop either
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100) == over);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100, 2 * MiB) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100, 2 * MiB) == over);
   EXPECT(f.arena.slack_divisor() == d);
   // other requests in between change nothing: another allocated figure, another size
-  EXPECT(f.arena.over_ceiling(allocated - 8 * MiB, reserved, rounded, 8 * MiB, 2500) == over);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600) == over);
+  EXPECT(f.arena.over_ceiling(allocated - 8 * MiB, reserved, rounded, 8 * MiB, 2500, 2 * MiB) == over);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600, 2 * MiB) == over);
   // uneven: 1499 after, not 1000 (no common period); then 1499 again: a loop, the slack doubles
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3499) == over && f.arena.slack_divisor() == d);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 4998) == reserved + 8 * MiB - (hwm + hwm / (d / 2)));
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3499, 2 * MiB) == over && f.arena.slack_divisor() == d);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 4998, 2 * MiB) == reserved + 8 * MiB - (hwm + hwm / (d / 2)));
   EXPECT(f.arena.slack_divisor() == d / 2);
   // under the wider ceiling (110 MiB) 6 MiB of room maps without giving any back
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 6 * MiB, 6000) == 0);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 6 * MiB, 6000, 2 * MiB) == 0);
 }
 
 // A loop whose request goes over the ceiling at the same point of its step,
@@ -311,8 +313,8 @@ void a_loop_going_over_every_few_steps_is_a_loop() {
   const size_t hwm = 100 * MiB, allocated = 60 * MiB, reserved = 104 * MiB, rounded = 40 * MiB;
   const auto times = [&](std::initializer_list<uint64_t> steps) {
     Fixture<> f;
-    EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0) == 0);
-    for (uint64_t s : steps) f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1208 * s + 7);
+    EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0, 2 * MiB) == 0);
+    for (uint64_t s : steps) f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1208 * s + 7, 2 * MiB);
     return f.arena.slack_divisor();
   };
   EXPECT(times({1, 6}) == d);            // twice: not yet
@@ -329,10 +331,10 @@ void a_loop_keeping_a_little_more_each_step_is_still_a_loop() {
   Fixture<> f;
   const size_t d = VmArena::kReuseSlackDivisor;
   const size_t hwm = 100 * MiB, allocated = 60 * MiB, rounded = 40 * MiB;
-  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0) == 0);
+  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 0, 2 * MiB) == 0);
   for (size_t k = 1; k <= 3; ++k) {
     const size_t more = k * 512;  // allocated + rounded = hwm + more: the mark follows
-    EXPECT(f.arena.over_ceiling(allocated + more, 104 * MiB, rounded, 8 * MiB, 1000 * k) > 0);
+    EXPECT(f.arena.over_ceiling(allocated + more, 104 * MiB, rounded, 8 * MiB, 1000 * k, 2 * MiB) > 0);
     EXPECT(f.arena.allocated_hwm() == hwm + more);
   }
   EXPECT(f.arena.slack_divisor() == d / 2);
@@ -350,13 +352,13 @@ void rooms_are_searched_per_stream_and_pool() {
   Block* s = f.map(*other_stream, 4 * MiB);  // the same on stream 2
   if (m == nullptr || s == nullptr) return EXPECT(false);
   VmRoom room;
-  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 5 * MiB, &room) == b && room.bytes == f.page);
-  EXPECT(f.arena.find_room(2, PoolKind::kLarge, 5 * MiB, &room) == other_stream && room.bytes == f.page);
-  EXPECT(f.arena.find_room(1, PoolKind::kSmall, 5 * MiB, &room) == small && room.bytes == 3 * f.page);
-  EXPECT(f.arena.find_room(3, PoolKind::kLarge, 5 * MiB, &room) == nullptr && room.hole == nullptr);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, false, 5 * MiB, &room) == b && room.bytes == f.page);
+  EXPECT(f.arena.find_room(2, PoolKind::kLarge, false, 5 * MiB, &room) == other_stream && room.bytes == f.page);
+  EXPECT(f.arena.find_room(1, PoolKind::kSmall, false, 5 * MiB, &room) == small && room.bytes == 3 * f.page);
+  EXPECT(f.arena.find_room(3, PoolKind::kLarge, false, 5 * MiB, &room) == nullptr && room.hole == nullptr);
   // Tie (both fresh for stream 1 after m is live): the oldest.
   m->allocated = true;
-  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 5 * MiB, &room) == a && room.bytes == 3 * f.page);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, false, 5 * MiB, &room) == a && room.bytes == 3 * f.page);
   f.validate();
 }
 
@@ -440,7 +442,7 @@ void a_backend_without_virtual_memory_is_asked_once() {
   // A capacity that cannot be read counts as no virtual memory too.
   Fixture<> g;
   auto broken = []() -> size_t { throw DriverError("mem_get_info failed"); };
-  EXPECT(g.arena.reserve(1, PoolKind::kLarge, broken, g.make()) == nullptr && g.arena.unavailable());
+  EXPECT(g.arena.reserve(1, PoolKind::kLarge, false, broken, g.make()) == nullptr && g.arena.unavailable());
   f.validate();
 }
 
@@ -450,6 +452,47 @@ void exhausted_address_space_is_refused_but_not_for_good() {
   EXPECT(f.reserve(1, PoolKind::kLarge, size_t{1} << 44) == nullptr);
   EXPECT(!f.arena.unavailable() && f.arena.empty() && f.blocks.empty());
   EXPECT(f.reserve(1) != nullptr);
+  f.validate();
+}
+
+void large_requests_on_a_large_device_use_natives_large_page() {
+  const size_t from = VmArena::kLargePagesFrom, req = VmArena::kLargeRequest;
+  EXPECT(VmArena::large_pages(PoolKind::kLarge, req, from));
+  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req - 1, from));   // a smaller request: fine pages
+  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req, from - 1));   // a smaller device: fine pages
+  EXPECT(!VmArena::large_pages(PoolKind::kSmall, req, from));       // the small pool: fine pages
+  EXPECT(VmArena::large_page(2 * MiB) == 20 * MiB && VmArena::large_page(8 * MiB) == 24 * MiB);
+}
+
+void a_large_pages_reservation_maps_and_gives_back_whole_large_pages() {
+  Fixture<> f("backend:host,host_capacity_mb:16384");
+  const size_t big = size_t{16} << 30, p = 20 * MiB;
+  VmSegment* fine = f.reserve(1, PoolKind::kLarge, big);
+  VmSegment* seg = f.reserve(1, PoolKind::kLarge, big, true);
+  if (seg == nullptr || fine == nullptr) return EXPECT(false);
+  EXPECT(fine->page == 2 * MiB && !fine->large_pages && seg->page == p && seg->large_pages);
+  EXPECT(seg->size >= big && seg->size % p == 0 && seg->size - big < p);
+  // rooms are searched among the reservations of the request's kind
+  VmRoom room;
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, true, 25 * MiB, &room) == seg && room.bytes == 2 * p);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, false, 25 * MiB, &room) == fine && room.bytes == 26 * MiB);
+  // 25 MiB rounds up to two 20 MiB pages, each one physical allocation.
+  const auto before = f.backend.vm_calls(0);
+  Block* m = f.map(*seg, 25 * MiB);
+  if (m == nullptr) return EXPECT(false);
+  const auto after = f.backend.vm_calls(0);
+  EXPECT(m->size == 2 * p && seg->mapped == 2 * p && f.device_free() == big - 2 * p);
+  EXPECT(after.create - before.create == 2 && after.map - before.map == 2 && after.set_access - before.set_access == 1);
+  f.validate();
+  // A free run gives back only the whole pages of its segment: [2 MiB, 40 MiB) holds one (the top).
+  Block* low = f.split()(m, 2 * MiB);  // m keeps [0, 2 MiB), live
+  m->allocated = true;
+  FreeList list(&f.mr);
+  list.insert(low);
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> done;
+  const size_t got = f.arena.unmap_free_pages({&list}, 1, SIZE_MAX, nullptr, nullptr, f.unmap_in(list, &done));
+  EXPECT(got == p && done.size() == 1 && done[0].first == seg->base + p && done[0].second == seg->base + 2 * p);
+  EXPECT(seg->mapped == p && f.device_free() == big - p);
   f.validate();
 }
 }  // namespace
@@ -470,5 +513,7 @@ int main() {
   the_arena_gives_everything_back_when_destroyed();
   a_backend_without_virtual_memory_is_asked_once();
   exhausted_address_space_is_refused_but_not_for_good();
+  large_requests_on_a_large_device_use_natives_large_page();
+  a_large_pages_reservation_maps_and_gives_back_whole_large_pages();
   return part_test::finish();
 }

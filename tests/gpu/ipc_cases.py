@@ -9,8 +9,8 @@ PARENT and CHILD are ``native`` or ``memalloc``; CONFIG is ``plain`` or
 ``expandable`` and applies to both processes (native: ``PYTORCH_CUDA_ALLOC_CONF``;
 memalloc: ``MEMALLOC_CONF``; set here before either process touches CUDA).
 The parent sends three tensors: two small ones that share a page (so one
-block is shared at an offset inside it) and one of 48 MiB that spans several
-pages. The child checks their values, adds 1 to each in place, and sends
+block is shared at an offset inside it) and one of 288 MiB that spans several
+pages (memalloc's 20 MiB pages of requests of 256 MiB or more: pool/vm_arena.h). The child checks their values, adds 1 to each in place, and sends
 back one tensor of its own; the parent checks that it sees the child's
 writes in its own tensors and the child's tensor's values, then tells the
 child to exit. Prints one JSON object (its last stdout line): what each
@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 SMALL = 1000          # float32: 4000 bytes, small pool
-BIG = 12 * (1 << 20)  # float32: 48 MiB, several pages of either allocator
+BIG = 72 * (1 << 20)  # float32: 288 MiB, several 20 MiB pages of either allocator
 
 
 def handle_form(numel: int) -> str:

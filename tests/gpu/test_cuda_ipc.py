@@ -43,7 +43,7 @@ def run_pair(parent: str, config: str, child: str) -> dict:
 
 
 def expected_form(mode: str, config: str) -> str:
-    """What a sender writes for a 48 MiB block: plain segments go as a
+    """What a sender writes for a 288 MiB block: plain segments go as a
     cudaIpcMemHandle (memalloc: the legacy 64 bytes; native: 'c' with its
     version), expandable ones as 'e' with the installed torch's version."""
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])

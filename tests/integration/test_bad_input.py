@@ -306,8 +306,14 @@ add(A, 'memalloc._C._testing.vm_page_size(None)', "None allocator", "TypeError",
 add(A, 'memalloc._C._testing.vm_reserve(a, 3)', "not a page multiple", "InvalidArgumentError",
     "positive multiple of the page size")
 add(A, 'memalloc._C._testing.vm_reserve(a, -1)', "negative size", "InvalidArgumentError", "negative size -1")
-add(A, 'memalloc._C._testing.vm_map(a, 4096, 2 << 20)', "unaligned address", "InvalidArgumentError",
-    "multiples of the page size")
+add(A, 'memalloc._C._testing.vm_reserve(a, 8 << 20, page=3)', "a page that is no granularity multiple",
+    "InvalidArgumentError", "positive multiple of the granularity (2097152 bytes), not 3")
+add(A, 'memalloc._C._testing.vm_reserve(a, 6 << 20, page=4 << 20)', "not a multiple of its page",
+    "InvalidArgumentError", "positive multiple of the page size (4194304 bytes)")
+add(A, 'memalloc._C._testing.vm_map(a, memalloc._C._testing.vm_reserve(a, 8 << 20) + 4096, 2 << 20)',
+    "unaligned address", "InvalidArgumentError", "whole pages of the reservation (2097152 bytes)")
+add(A, 'memalloc._C._testing.vm_calls(a, 99)', "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(A, 'memalloc._C._testing.vm_calls(None)', "None allocator", "TypeError", "allocator must be")
 add(A, 'memalloc._C._testing.vm_map(a, 0, 2 << 20)', "address in no reservation", "InvalidArgumentError",
     "in no reservation")
 add(A, 'memalloc._C._testing.vm_map(a, -1, 2 << 20)', "negative address", "ValueError", "-1")

@@ -13,6 +13,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "boundary/python/bind.h"
 #include "common/errors.h"
 #include "boundary/python/pyargs.h"
@@ -66,13 +68,29 @@ void bind_testing(py::module_& m) {
   // segments; backend.h): addresses are ints ----------------------------------
   auto at = [](PtrArg addr) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)); };
   t.def("vm_page_size", [](AllocatorArg a, Device device) { return a->backend().vm_page_size(device); },
-        py::arg("allocator"), py::arg("device") = 0, "Granularity of vm_map / vm_unmap, bytes.");
+        py::arg("allocator"), py::arg("device") = 0, "The granularity of virtual memory, bytes: every reservation's page is a multiple of it.");
   t.def("vm_reserve",
-        [](AllocatorArg a, NBytesArg bytes, Device device) {
-          return reinterpret_cast<std::uintptr_t>(a->backend().vm_reserve(device, bytes));
+        [](AllocatorArg a, NBytesArg bytes, Device device, std::optional<size_t> page) {
+          void* p = a->backend().vm_reserve(device, bytes, page ? *page : a->backend().vm_page_size(device));
+          return reinterpret_cast<std::uintptr_t>(p);
         },
-        py::arg("allocator"), py::arg("nbytes"), py::arg("device") = 0,
-        "Reserves nbytes of address space (no memory); its address, 0 when exhausted.");
+        py::arg("allocator"), py::arg("nbytes"), py::arg("device") = 0, py::arg("page") = py::none(),
+        "Reserves nbytes of address space (no memory), mapped later in pages of `page` bytes (default: the "
+        "granularity); its address, 0 when exhausted.");
+  t.def("vm_calls",
+        [](AllocatorArg a, Device device) {
+          const HostBackend::VmCalls c = host_backend(a).vm_calls(device);
+          py::dict out;
+          out["create"] = c.create;
+          out["map"] = c.map;
+          out["set_access"] = c.set_access;
+          out["unmap"] = c.unmap;
+          out["release"] = c.release;
+          return out;
+        },
+        py::arg("allocator"), py::arg("device") = 0,
+        "The CUDA driver calls of virtual memory the host backend's device would have made so far: "
+        "{create, map, set_access, unmap, release}.");
   t.def("vm_map",
         [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
           return a->backend().vm_map(device, at(addr), bytes);

@@ -101,6 +101,7 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
     sd["segment_type"] = s.pool == PoolKind::kSmall ? "small" : "large";
     sd["segment_pool_id"] = py::make_tuple(s.owner.first, s.owner.second);
     sd["is_expandable"] = s.expandable;
+    sd["page_size"] = s.page;
     sd["blocks"] = blocks;
     out.append(sd);
   }

@@ -295,9 +295,9 @@ class TorchCudaAllocator final : public Pluggable {
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
     for (int d = 0; d < core_->device_count(); ++d) {
       std::uintptr_t base = 0;
-      size_t bytes = 0, block = 0;
+      size_t bytes = 0, block = 0, page = 0;
       bool expandable = false;
-      if (!core_->device(d).segment_of(ptr, &base, &bytes, &expandable, &block)) continue;
+      if (!core_->device(d).segment_of(ptr, &base, &bytes, &expandable, &block, &page)) continue;
       cca::ShareableHandle h;
       const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
       if (!expandable) {
@@ -306,8 +306,9 @@ class TorchCudaAllocator final : public Pluggable {
         return h;
       }
       guard([&] {
-        const size_t page = core_->backend().vm_page_size(d);
-        const std::uintptr_t lo = addr / page * page, hi = (addr + block + page - 1) / page * page;
+        // the block's whole pages, which count from its mapped run's start (the segment's pages)
+        const std::uintptr_t lo = base + (addr - base) / page * page;
+        const std::uintptr_t hi = base + (addr + block - base + page - 1) / page * page;
         const std::vector<int> fds = core_->backend().vm_share(d, reinterpret_cast<void*>(lo), hi - lo);
         h.offset = static_cast<ptrdiff_t>(addr - lo);
         h.handle = ipc_wire::encode_expandable(ipc_wire::version_for_torch(MEMALLOC_TORCH_MAJOR, MEMALLOC_TORCH_MINOR),
