@@ -22,7 +22,8 @@
 //     cuMemMap, ...) are optional the same way. A mapped page is one
 //     cuMemCreate handle of its reservation's page size (a multiple of
 //     vm_page_size(), the device's recommended granularity), mapped
-//     read-write for its device; vm_unmap unmaps and releases the handles; the reservations (vm_reservations.h: their
+//     read-write for its device; vm_unmap unmaps and releases the handles;
+//     the reservations (vm_reservations.h: their page size and their
 //     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
 //     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py

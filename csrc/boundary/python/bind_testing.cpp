@@ -68,7 +68,8 @@ void bind_testing(py::module_& m) {
   // segments; backend.h): addresses are ints ----------------------------------
   auto at = [](PtrArg addr) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)); };
   t.def("vm_page_size", [](AllocatorArg a, Device device) { return a->backend().vm_page_size(device); },
-        py::arg("allocator"), py::arg("device") = 0, "The granularity of virtual memory, bytes: every reservation's page is a multiple of it.");
+        py::arg("allocator"), py::arg("device") = 0,
+        "The granularity of virtual memory, bytes: every reservation's page is a multiple of it.");
   t.def("vm_reserve",
         [](AllocatorArg a, NBytesArg bytes, Device device, std::optional<size_t> page) {
           void* p = a->backend().vm_reserve(device, bytes, page ? *page : a->backend().vm_page_size(device));
