@@ -17,10 +17,9 @@ import sys
 import torch
 from torch import nn
 
-import memalloc
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # strategies.py
-from strategies import cpu_autocast, grad_scaler, optimizer_step, parser, write_measurement  # noqa: E402
+from strategies import (backward, cpu_autocast, end_step, grad_scaler, optimizer_step, parser,  # noqa: E402
+                        write_measurement)
 
 p = parser(batch=128, steps=12)
 p.add_argument("--no-leak", action="store_true")
@@ -43,12 +42,10 @@ for step in range(args.steps):
             loss = nn.functional.cross_entropy(logits, ys) / args.micro
         if i == 0:
             opt.zero_grad(set_to_none=True)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        backward(loss, scaler)
     optimizer_step(opt, scaler)
     if args.empty_cache:
         del x, y, xs, ys, logits, loss
-        memalloc.empty_cache()
-    if step == 1:  # Adam's state exists from the first step on: measure the steps after the second
-        memalloc.reset_peak_memory_stats()
+    end_step(args, step)
 
 write_measurement(args.out)

@@ -21,11 +21,10 @@ import sys
 import torch
 from torch import nn
 
-import memalloc
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plain_model.py, strategies.py
 from plain_model import CLASSES, TOKENS, WIDTH, Net  # noqa: E402
-from strategies import cpu_autocast, grad_scaler, optimizer_step, parser, write_measurement  # noqa: E402
+from strategies import (backward, cpu_autocast, end_step, grad_scaler, optimizer_step, parser,  # noqa: E402
+                        write_measurement)
 
 p = parser(batch=32, steps=5)
 p.add_argument("--checkpoint", action="store_true")
@@ -44,12 +43,10 @@ for step in range(args.steps):
         with cpu_autocast(args):
             logits = model(xs)
             loss = nn.functional.cross_entropy(logits.flatten(0, 1), ys.flatten()) / args.micro
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        backward(loss, scaler)
     optimizer_step(opt, scaler)
     if args.empty_cache:
         del x, y, xs, ys, logits, loss
-        memalloc.empty_cache()
-    if step == 1:  # Adam's state exists from the first step on: measure the steps after the second
-        memalloc.reset_peak_memory_stats()
+    end_step(args, step)
 
 write_measurement(args.out)

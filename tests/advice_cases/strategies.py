@@ -45,12 +45,28 @@ def grad_scaler(args: argparse.Namespace) -> Optional[torch.amp.GradScaler]:
     return torch.amp.GradScaler("cpu") if args.autocast == "fp16" else None
 
 
+def backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+    """loss.backward(), through fp16's GradScaler when there is one."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
 def optimizer_step(opt: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler]) -> None:
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
     else:
         opt.step()
+
+
+def end_step(args: argparse.Namespace, step: int) -> None:
+    """After a step: memalloc.empty_cache() with --empty-cache (the caller
+    has deleted its step's tensors first), and after the second step the
+    peaks reset (Adam's state exists from the first step on: the
+    measurement is of the steps after the second)."""
+    if args.empty_cache:
+        memalloc.empty_cache()
+    if step == 1:
+        memalloc.reset_peak_memory_stats()
 
 
 def write_measurement(path: str, **extra: int) -> None:
