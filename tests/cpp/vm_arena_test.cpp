@@ -410,7 +410,7 @@ void the_arena_gives_everything_back_when_destroyed() {
   std::uintptr_t base = 0;
   {
     VmArena arena{backend, 0, &mr};
-    VmSegment* seg = arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make);
+    VmSegment* seg = arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make);
     if (seg == nullptr) return EXPECT(false);
     base = seg->base;
     // Two mapped runs around a hole, and an unmapped tail.
@@ -424,7 +424,7 @@ void the_arena_gives_everything_back_when_destroyed() {
   EXPECT(backend.mem_get_info(0).free == kCapacity);
   // The reservation ended too: the same address space is handed out again.
   VmArena arena{backend, 0, &mr};
-  VmSegment* seg = arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make);
+  VmSegment* seg = arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make);
   EXPECT(seg != nullptr && seg->base == base);
 }
 
@@ -435,9 +435,9 @@ void a_backend_without_virtual_memory_is_asked_once() {
     ++made;
     return f.make()();
   };
-  EXPECT(f.arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make) == nullptr);
+  EXPECT(f.arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make) == nullptr);
   EXPECT(f.arena.unavailable() && f.arena.empty() && made == 0 && f.backend.asked == 1);
-  EXPECT(f.arena.reserve(1, PoolKind::kLarge, [] { return kCapacity; }, make) == nullptr);
+  EXPECT(f.arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make) == nullptr);
   EXPECT(f.backend.asked == 1 && made == 0);  // not asked again
   // A capacity that cannot be read counts as no virtual memory too.
   Fixture<> g;
