@@ -353,6 +353,8 @@ class DeviceAllocator {
                             bool* from_cache);
   Block* grow_locked(size_t rounded, Stream stream, PrivatePool* owner);
   void maybe_collect_locked(size_t bytes);
+  // The device's total bytes (capacity_, read from the backend once).
+  size_t capacity_locked();
   // Releases the fully free segments of `only` (a private pool), or of the
   // default pool and every freeable private pool when `only` is nullptr.
   size_t release_cached_locked(PrivatePool* only = nullptr);

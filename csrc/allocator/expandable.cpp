@@ -34,10 +34,7 @@ void add_split(Event& e, const Block* b, int sign) {
 VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool, bool large) {
   VmSegment* seg = vm_.reserve(
       stream, pool, large,
-      [this] {
-        if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
-        return capacity_;
-      },
+      [this] { return capacity_locked(); },
       [this] { return new_block(); });
   if (seg != nullptr && !segments_.insert(seg->base, Segment{seg->size, nullptr, seg}))
     throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
@@ -70,8 +67,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   bool large = false;
   if (pool == PoolKind::kLarge && rounded >= VmArena::kLargeRequest) {
     try {
-      if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
-      large = VmArena::large_pages(pool, rounded, capacity_);
+      large = VmArena::large_pages(pool, rounded, capacity_locked());
     } catch (const DriverError&) {
     }
   }

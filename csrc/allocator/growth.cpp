@@ -64,10 +64,14 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   return b;
 }
 
+size_t DeviceAllocator::capacity_locked() {
+  if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
+  return capacity_;
+}
+
 // The "threshold" empty-cache policy (see set_gc_threshold).
 void DeviceAllocator::maybe_collect_locked(size_t bytes) {
-  if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
-  const size_t limit = fraction_ >= 0.0 ? allowed_max_ : capacity_;
+  const size_t limit = fraction_ >= 0.0 ? allowed_max_ : capacity_locked();
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
   if (static_cast<double>(reserved + bytes) <= gc_threshold_ * static_cast<double>(limit)) return;
   Event e;

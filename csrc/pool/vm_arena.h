@@ -395,18 +395,18 @@ void VmArena::validate(Check&& check) const {
   check(segments_.empty() || granularity_ > 0, "an expandable segment exists but the granularity was never read");
   for (const auto& s : segments_) {
     const VmSegment& seg = *s;
-    const size_t page_ = seg.page;
-    check(page_ == (seg.large_pages ? large_page(granularity_) : granularity_) &&
+    const size_t pg = seg.page;
+    check(pg == (seg.large_pages ? large_page(granularity_) : granularity_) &&
               (!seg.large_pages || seg.pool == PoolKind::kLarge),
           "an expandable segment's page is not its kind's");
-    check(page_ > 0 && page_ % granularity_ == 0 && seg.base % granularity_ == 0 && seg.size % page_ == 0 &&
+    check(pg > 0 && pg % granularity_ == 0 && seg.base % granularity_ == 0 && seg.size % pg == 0 &&
               seg.size > 0,
           "an expandable segment is not whole pages");
     size_t unmapped = 0;
     for (const Block* b : seg.unmapped) {
       check(!b->mapped && !b->allocated && b->event_count == 0 && b->vm == &seg,
             "an expandable segment's unmapped set holds a mapped or used block");
-      check((b->addr - seg.base) % page_ == 0 && b->size % page_ == 0, "an unmapped block is not whole pages");
+      check((b->addr - seg.base) % pg == 0 && b->size % pg == 0, "an unmapped block is not whole pages");
       check(b->addr >= seg.base && b->addr + b->size <= seg.base + seg.size,
             "an unmapped block lies outside its reservation");
       check(b->stream == seg.stream && b->pool == seg.pool, "an unmapped block differs from its segment in stream/pool");
