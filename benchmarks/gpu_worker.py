@@ -418,11 +418,12 @@ def resnet50_step():
     return step
 
 
-def gpt2_step(device: str = "cuda", n_layer: int = 12):
+def gpt2_step(device: str = "cuda", n_layer: int = 12, batch: int = 8, bf16: bool = True):
     """One step of a transformers GPT-2 built from its default config (12
     layers, 768 wide, 124M parameters; ``n_layer`` fewer to run on the CPU),
-    batch 8 x 512 tokens, bf16 autocast, AdamW, on ``device`` (also
-    benchmarks/record_traces.py's gpt2 workloads and
+    ``batch`` x 512 tokens, bf16 autocast (fp32 with ``bf16=False``: a CPU
+    without bf16 instructions takes minutes per bf16 step), AdamW, on
+    ``device`` (also benchmarks/record_traces.py's gpt2 workloads and
     tests/integration/test_expandable_loops.py)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -431,10 +432,10 @@ def gpt2_step(device: str = "cuda", n_layer: int = 12):
     model = GPT2LMHeadModel(GPT2Config(n_positions=512, n_layer=n_layer)).to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 50257, (8, 512), device=device)
+    ids = torch.randint(0, 50257, (batch, 512), device=device)
 
     def step():
-        with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -35,6 +35,7 @@ CASES = ("fresh16", "fresh64x256", "train")
 GiB, MiB = 1 << 30, 1 << 20
 TRAIN_STEPS = 13
 TRAIN_SEED = 0
+DUMP = "MEMALLOC_BENCH_DUMP"
 
 
 def lengths(steps: int = TRAIN_STEPS, seed: int = TRAIN_SEED) -> list[int]:
@@ -80,7 +81,7 @@ def _train(torch) -> dict:
                          num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
     model = LlamaForCausalLM(config).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    step_ms, reserved = [], []
+    step_ms, reserved, maps = [], [], []
     for n in lengths():
         ids = torch.randint(0, config.vocab_size, (8, n), device="cuda")
 
@@ -93,7 +94,8 @@ def _train(torch) -> dict:
         ms, _ = _timed(torch, step)
         step_ms.append(ms)
         reserved.append(torch.cuda.memory_reserved())
-    return {"step_ms": step_ms, "lengths": lengths(), "reserved": reserved,
+        maps.append(torch.cuda.memory_stats().get("num_device_alloc", 0))  # device allocations so far
+    return {"step_ms": step_ms, "lengths": lengths(), "reserved": reserved, "num_device_alloc": maps,
             "peak_reserved": torch.cuda.max_memory_reserved(), "peak_allocated": torch.cuda.max_memory_allocated()}
 
 
@@ -105,7 +107,9 @@ def worker(mode: str, case: str) -> dict:
     if mode == "memalloc":
         import memalloc
 
-        memalloc.enable(backend="cuda")  # expandable segments: memalloc's default
+        # expandable segments: memalloc's default; with MEMALLOC_BENCH_DUMP=DIR the ring keeps a
+        # whole train run, whose trace is written there (replayed on the host: memalloc.replay)
+        memalloc.enable(backend="cuda", config="record_history:2000000" if os.environ.get(DUMP) else None)
     torch.empty(1, device="cuda")  # the context, outside the timings
     if case == "fresh16":
         out = _fresh(torch, [16 * GiB])
@@ -113,6 +117,9 @@ def worker(mode: str, case: str) -> dict:
         out = _fresh(torch, [256 * MiB] * 64)
     else:
         out = _train(torch)
+    trace = os.path.join(os.environ.get(DUMP) or "", "growth-train.mtrace.gz")
+    if mode == "memalloc" and case == "train" and os.environ.get(DUMP) and not os.path.exists(trace):
+        memalloc.save_trace(trace)  # the first process's
     return {"mode": mode, "case": case, **out}
 
 

@@ -126,18 +126,34 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
     raise SystemExit(f"unknown model {model!r}: one of {', '.join(MODELS)}")
 
 
+# MEMALLOC_BENCH_DUMP=DIR: each trial writes its steps' peaks, and each plan
+# its probe records (memalloc.features.planner.save_records), under DIR, so
+# that a plan made on the GPU can be replayed and compared on the host.
+DUMP = "MEMALLOC_BENCH_DUMP"
+
+
 def worker_trial(model: str, batch: int, steps: int, backend: str, budget_mb: int) -> dict:
     import torch
 
+    import memalloc
+
     step = make_model(model, setup(backend, budget_mb))
+    peaks: list = []  # per step: (peak allocated, peak reserved, bytes allocated at its end), bytes
+    out: dict = {"batch": batch, "ok": True}
     try:
         for i in range(steps):
+            memalloc.reset_peak_memory_stats()
             step(batch, i)
+            s = memalloc.memory_stats()
+            peaks.append((s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"], s["allocated_bytes.all.current"]))
         if backend == "cuda":
             torch.cuda.synchronize()
-        return {"batch": batch, "ok": True}
     except torch.OutOfMemoryError as e:
-        return {"batch": batch, "ok": False, "error": str(e).splitlines()[0][:300]}
+        out = {"batch": batch, "ok": False, "error": str(e).splitlines()[0][:300], "failed_step": len(peaks)}
+    if os.environ.get(DUMP):
+        with open(os.path.join(os.environ[DUMP], f"trial-{model}-{budget_mb}-{batch}-{steps}.json"), "w") as f:
+            json.dump({**out, "steps": steps, "peaks": peaks}, f)
+    return out
 
 
 def plan_step(step: Callable[[int, Optional[int]], None], plan_steps: Optional[int]) -> Callable[[int], None]:
@@ -161,6 +177,15 @@ def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[i
 
     step = make_model(model, setup(backend, budget_mb))
     t0 = time.perf_counter()
+    if os.environ.get(DUMP):  # the records the plan is made from, written as plan() receives them
+        from memalloc.features import planner
+
+        plan_from = planner.plan
+
+        def dumped(records, *args, **kwargs):
+            planner.save_records(records, os.path.join(os.environ[DUMP], f"plan-{model}-{budget_mb}.json"))
+            return plan_from(records, *args, **kwargs)
+        planner.plan = dumped
     p = memalloc.largest_batch(plan_step(step, plan_steps), steps=plan_steps or 2)
     return {"batch": p.batch, "plan_s_in_process": time.perf_counter() - t0, "budget": p.budget,
             "peak_reserved": p.peak_reserved, "peak_allocated": p.peak_allocated, "fixed_bytes": p.fixed_bytes,
