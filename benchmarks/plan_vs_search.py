@@ -172,7 +172,8 @@ def plan_step(step: Callable[[int, Optional[int]], None], plan_steps: Optional[i
     return in_order
 
 
-def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[int] = None) -> dict:
+def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[int] = None,
+                probes: Optional[tuple[int, ...]] = None) -> dict:
     import memalloc
 
     step = make_model(model, setup(backend, budget_mb))
@@ -186,7 +187,8 @@ def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[i
             planner.save_records(records, os.path.join(os.environ[DUMP], f"plan-{model}-{budget_mb}.json"))
             return plan_from(records, *args, **kwargs)
         planner.plan = dumped
-    p = memalloc.largest_batch(plan_step(step, plan_steps), steps=plan_steps or 2)
+    p = memalloc.largest_batch(plan_step(step, plan_steps), steps=plan_steps or 2,
+                               **({"probes": probes} if probes else {}))
     return {"batch": p.batch, "plan_s_in_process": time.perf_counter() - t0, "budget": p.budget,
             "peak_reserved": p.peak_reserved, "peak_allocated": p.peak_allocated, "fixed_bytes": p.fixed_bytes,
             "per_sample_bytes": p.per_sample_bytes, "limit": p.limit, "probes": p.probes,
@@ -276,6 +278,7 @@ def main(argv=None) -> int:
                    help="the planner's steps per probe, each the job's own step in order (default: 2, each the "
                         "worst case)")
     p.add_argument("--start", type=int, default=16, help="the search's first batch")
+    p.add_argument("--probes", default=None, help="the planner's probe batches, e.g. 2,4,8,16 (default: its own)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.worker:
@@ -283,7 +286,8 @@ def main(argv=None) -> int:
         if kind == "trial":
             r = worker_trial(model, int(rest[0]), args.steps or 10, args.backend, args.budget_mb)
         else:
-            r = worker_plan(model, args.backend, args.budget_mb, args.plan_steps)
+            r = worker_plan(model, args.backend, args.budget_mb, args.plan_steps,
+                            tuple(int(b) for b in args.probes.split(",")) if args.probes else None)
         print(json.dumps(r))
         return 0
     steps = args.steps or (30 if args.model == "fit" else 10)

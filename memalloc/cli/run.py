@@ -66,7 +66,7 @@ from typing import Any, Optional
 
 from memalloc import _C
 from memalloc.core import _state, iteration
-from memalloc.features import advisor, flight, oom, stats
+from memalloc.features import advisor, flight, oom, planner, stats
 from memalloc.integration import host
 from memalloc.core._config import config_value
 from memalloc.core._format import describe_split, fmt_bytes
@@ -164,6 +164,10 @@ def main(args: argparse.Namespace) -> int:
         fit.start_probe(args.fit_probe_batch, args.fit_steps, args.fit_probe_out)
     if records is not None:
         plan = fit.plan_of(records, budget, args.fit_max)
+        extra = planner.refinement(plan)
+        if extra is not None:  # one more probe, at half the plan (planner.refinement says why)
+            records += _fit_first(args, (extra,), budget)
+            plan = fit.plan_of(records, budget, args.fit_max)
         print(f"memalloc: {plan}", file=sys.stderr, flush=True)
         if args.fit_only:
             return 0

@@ -142,6 +142,38 @@ def test_planner_finds_what_the_search_finds(model, capacity_mb):
     check_against_search(model, capacity_mb)
 
 
+def saturating_workspace():
+    """A step whose workspace grows 1 MiB per sample up to batch 8 and half
+    as fast above (a kernel chosen by shape, as cuBLAS and attention choose
+    theirs), beside two activations of 256 KiB per sample."""
+    def step(b: int) -> None:
+        acts = [torch.empty(b << 18, dtype=torch.uint8) for _ in range(2)]
+        ws = torch.empty(b * MiB if b <= 8 else 4 * MiB + (b << 19), dtype=torch.uint8)
+        del ws, acts
+    return step
+
+
+def test_a_plan_far_above_its_probes_is_made_again_with_a_probe_at_half_of_it():
+    """Issue 37, found on the H200 (planner.refinement): sizes are
+    extrapolated from the two largest probes, and from probes 2, 4 and 8
+    this step takes 1.5 MiB per sample where large batches take 1; the
+    first plan is far from the largest batch that runs. The one more probe,
+    at half the first plan, brings it within 5%, and the planned batch runs."""
+    a = memalloc.Allocator("host", "host_capacity_mb:128")
+    truth = real_search(a, saturating_workspace, start=16)
+    with host.cpu_tensors_from(a):
+        step = saturating_workspace()
+        first = planner.plan([planner.run_probe(step, b, a, 0, 2) for b in planner.DEFAULT_PROBES], 128 * MiB,
+                             planner.policy_config(a))
+        gc.collect()
+    a.empty_cache(0)
+    p, _ = plan_for(a, saturating_workspace)
+    assert first.batch < 0.9 * truth, (first.batch, truth)  # the probes alone: far off
+    assert [b for b, _, _ in p.probes] == [*planner.DEFAULT_PROBES, first.batch // 2]
+    assert abs(p.batch - truth) <= 0.05 * truth, (p.batch, truth, str(p))
+    assert trial_fits(a, saturating_workspace, p.batch) == (p.batch <= truth)
+
+
 # ---- synthetic probes, checked against the exact pattern -------------------------
 PARAMS = [3 * MiB, 1 * MiB, 512 << 10]
 PER_SAMPLE = [96 << 10, 200 << 10, 64 << 10]  # three activations, bytes per sample
