@@ -67,6 +67,10 @@ def test_the_planned_batch_trains_and_five_percent_more_does_not(cli, script, tm
     m = re.search(r"largest batch that fits 64\.00 MiB: (\d+); predicted peak reserved", p.stderr)
     assert m, p.stderr[-3000:]
     batch = int(m.group(1))
+    # the plan is far above the probes: one more probe at half the first plan (planner.refinement), in the plan
+    probed = [int(b) for b in re.findall(r"memalloc: probing batch (\d+) \.\.\.", p.stderr)]
+    assert probed[:3] == [2, 4, 8] and len(probed) == 4 and probed[3] > 16, p.stderr[-3000:]
+    assert f", {probed[3]}: " in p.stderr
     assert f"running {script} --batch-size {batch}" in p.stderr
     assert f"trained batch {batch}" in p.stdout  # the script ran at the planned batch, under the budget
     assert "0 OOMs" in p.stderr
