@@ -17,8 +17,9 @@ counted by the rule torch's ExpandableSegment::map follows (a handle of
 calls where 2 MiB pages made 16,385 and 16,448; reusing mapped memory
 makes none; and reserved bytes stay within one page of allocated bytes
 after each fresh growth. A training loop whose requests are smaller
-(activations of tens to hundreds of MiB) still makes more: its test is an
-expected failure until issue 38 is done.
+(activations of tens to hundreds of MiB: a loop of growing lengths, and
+the H200's trace of a ~1B model trained at varying lengths) still makes
+more: their tests are expected failures until issue 38 is done.
 
 The GPU's side (the time itself, native beside memalloc in fresh
 processes): benchmarks/growth.py."""
@@ -113,8 +114,15 @@ def test_growing_makes_no_more_driver_calls_than_native_expandable(h200, sizes):
         a.free(p)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 38, open: requests under 256 MiB still grow in 2 MiB pages "
-                   "(at length 256, 96 MiB grown: 99 driver calls where native makes 11); pool/vm_arena.h says why")
+# Every large-pool request in 20 MiB pages (native's rule) passes both tests
+# below (the 1B trace: 3,058 pages for a peak of 3,026) but reserves 1.0527
+# per allocated byte on the varlen trace's replay, over issue 14's 1.05
+# (tests/integration/test_replay.py), and large pages from 20 MiB reserve
+# 1.088 on the random workload's (2026-12-03): not landed.
+OPEN = "issue 38, open: the large pool's requests under 256 MiB grow in 2 MiB pages (pool/vm_arena.h says why)"
+
+
+@pytest.mark.xfail(strict=True, reason=OPEN + "; at length 256, 96 MiB grown: 99 driver calls where native makes 11")
 def test_a_training_loop_growing_step_by_step_stays_within_natives_calls(h200):
     """A training loop's growth: activations of lengths that grow step by
     step (the 1B run's new longest sequences: 16 to 512 MiB here), each
@@ -129,3 +137,32 @@ def test_a_training_loop_growing_step_by_step_stays_within_natives_calls(h200):
         assert calls <= native_calls([max(grown, 1)]) + len(step), (length, calls, grown)
         for p in ptrs:
             a.free(p)
+
+
+@pytest.mark.xfail(strict=True, reason=OPEN + "; the 1B trace creates 22,461 pages where its peak holds 3,026 "
+                   "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)")
+def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
+    """The H200's trace of benchmarks/growth.py's train case (a ~1B Llama,
+    lengths 256 to 2048: benchmarks/traces/llama1b_growth.mtrace.gz),
+    replayed on a host device of the H200's size: the pages it creates are
+    no more than 2% above the 20 MiB pages of its peak reserved bytes (no
+    churn, native's page), one access call per mapping, and the peak
+    reserved stays within the reuse ceiling (5% over the peak allocated)."""
+    from memalloc.trace.trace_files import load_trace
+
+    from memtest_helpers import REPO
+
+    events = load_trace(REPO / "benchmarks" / "traces" / "llama1b_growth.mtrace.gz").events[0]
+    a, ptrs = h200, {}
+    for e in events:
+        if e.action == "alloc":
+            ptrs[e.addr] = a.malloc(e.requested, 0, e.stream)
+        elif e.action == "free_requested":
+            a.free(ptrs.pop(e.addr), 0)
+    calls, s = T.vm_calls(a), a.stats(0)
+    peak_reserved, peak_allocated = s["reserved_bytes"]["all"]["peak"], s["allocated_bytes"]["all"]["peak"]
+    assert calls["create"] == calls["map"] <= 1.02 * -(-peak_reserved // NATIVE_HANDLE), calls
+    assert calls["set_access"] == s["num_device_alloc"]
+    assert peak_reserved <= 1.05 * peak_allocated, (peak_reserved, peak_allocated)
+    for p in ptrs.values():
+        a.free(p, 0)
