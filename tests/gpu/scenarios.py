@@ -24,12 +24,16 @@ GiB = 1 << 30
 def setup(mode: str, config: str = "") -> None:
     """native: torch's allocator. memalloc: memalloc.enable(config=config)
     (memalloc's subclass of torch's CUDAPluggableAllocator; its default
-    config has expandable segments). memalloc_c_entry: the route
+    config has expandable segments; memalloc_plain: without them, as
+    native's default). memalloc_c_entry: the route
     for users who load the library by hand: torch's own
     CUDAPluggableAllocator over memalloc's C entry points (memalloc_alloc /
     memalloc_free), with torch's per-allocation map and mutex in front."""
     if mode == "memalloc":
         assert memalloc.enable(backend="cuda", config=config) == "cuda"
+    elif mode == "memalloc_plain":  # without expandable segments: native's plain policy, to compare to the byte
+        plain = ",".join(c for c in ("expandable_segments:False", config) if c)
+        assert memalloc.enable(backend="cuda", config=plain) == "cuda"
     elif mode == "memalloc_c_entry":
         from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
 
@@ -38,7 +42,7 @@ def setup(mode: str, config: str = "") -> None:
         _C.install(_C.Allocator("cuda", ""))
         change_current_allocator(CUDAPluggableAllocator(_C.__file__, "memalloc_alloc", "memalloc_free"))
     elif mode != "native":
-        raise SystemExit(f"mode must be memalloc, memalloc_c_entry or native, not {mode}")
+        raise SystemExit(f"mode must be memalloc, memalloc_plain, memalloc_c_entry or native, not {mode}")
 
 
 def stats(device: int = 0) -> dict:

@@ -174,8 +174,12 @@ def test_pair_cost_informational():
 def test_pair_cost_subclass_against_the_c_entry_route():
     """The subclass skips torch's pluggable per-allocation map and mutex: its
     pair cost is measured against the by-hand C entry route, interleaved
-    (3 rounds each, median per size), and must not be slower."""
-    rounds = {"native": [], "memalloc_c_entry": [], "memalloc": []}
+    (3 rounds each, median per size), and must not be slower. Both under
+    one policy: the C entry route's Allocator("cuda", "") is plain, so the
+    subclass runs without expandable segments too (memalloc_plain; with
+    its default against the plain route, 2026-12-03: 4.00 against 2.89 µs
+    at 512 B, the policies' difference, not the route's)."""
+    rounds = {"native": [], "memalloc_c_entry": [], "memalloc_plain": []}
     for _ in range(3):
         for mode in rounds:
             rounds[mode].append(scenario("pair_cost", mode))
@@ -184,8 +188,8 @@ def test_pair_cost_subclass_against_the_c_entry_route():
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"scenario": "pair_cost_medians", "mode": "all", "result": med}) + "\n")
-    for k in med["memalloc"]:
-        assert med["memalloc"][k] <= med["memalloc_c_entry"][k] * 1.05 + 0.1, (k, med)
+    for k in med["memalloc_plain"]:
+        assert med["memalloc_plain"][k] <= med["memalloc_c_entry"][k] * 1.05 + 0.1, (k, med)
 
 
 def test_c_entry_points_still_work_by_hand():
@@ -208,23 +212,27 @@ def test_recording_a_training_loop_opens_in_memory_viz():
 
 
 def test_hundred_ooms_in_a_training_loop_then_training_continues():
+    """Under memalloc's default (expandable segments) and without them
+    (memalloc_plain, native's policy: its cache to the byte)."""
     native = scenario("oom_loop", "native")
     mem = scenario("oom_loop", "memalloc")
-    for r in (native, mem):
+    plain = scenario("oom_loop", "memalloc_plain")
+    for r in (native, mem, plain):
         assert r["caught"] == 100 and set(r["kinds"].values()) == {25}, r["kinds"]
         assert r["num_ooms"] == 100  # torch.cuda.memory_stats()["num_ooms"], memalloc's under memalloc
         after = r["losses_after"]
         assert all(l == l for l in after) and after[-1] < r["losses_before"][-1]
-    # Nothing leaked: the same bytes are allocated at the same point of a step.
-    assert mem["allocated_after"] == mem["allocated_before"] == native["allocated_before"]
-    # The cache comes back to its steady-state size (native's, to the byte;
-    # within two 2 MiB small segments of where it was before the OOMs, on
-    # both), not one that grows with the number of OOMs.
+        # Nothing leaked: the same bytes are allocated at the same point of a step.
+        assert r["allocated_after"] == r["allocated_before"] == native["allocated_before"]
+        # The cache comes back to its steady-state size (within two 2 MiB
+        # small segments of where it was before the OOMs), not one that
+        # grows with the number of OOMs.
+        assert 0 <= r["reserved_after"] - r["reserved_before"] <= 2 * 2 * MiB
+        # Same training either way.
+        assert r["losses_after"] == pytest.approx(native["losses_after"], rel=1e-4)
+    # Under native's policy, native's cache to the byte.
     for key in ("reserved_before", "reserved_after"):
-        assert mem[key] == native[key]
-    assert 0 <= mem["reserved_after"] - mem["reserved_before"] <= 2 * 2 * MiB
-    # Same training either way.
-    assert mem["losses_after"] == pytest.approx(native["losses_after"], rel=1e-4)
+        assert plain[key] == native[key]
 
 
 def test_ddp_two_ranks_under_memalloc():
@@ -270,7 +278,9 @@ def test_leak_report_of_a_real_model_loop():
         assert leak["bytes_per_step"] == pytest.approx(growth, rel=0.01), mem[name]["text"]
         # retained: every step's graph, the first one's (inside native's first sample) included
         assert leak["retained_bytes"] - (a[-1] - a[0]) == pytest.approx(growth, rel=0.05), mem[name]["text"]
-        assert mem[name]["allocated"] == native[name]["allocated"]
+        # bytes in use per step: native's, less the remainders (up to 1 MiB) that native's plain policy
+        # leaves in a large block and expandable segments (memalloc's default) do not
+        assert all(0 <= n - m <= MiB for n, m in zip(native[name]["allocated"], mem[name]["allocated"]))
     assert mem["eval_tensor"]["report"]["leaks"][0]["cause"] == "no_grad_eval"
     assert mem["train_tensor"]["report"]["leaks"][0]["cause"] == "graph_in_container"
     # the graph of an evaluation step is far bigger than a loss tensor

@@ -1,18 +1,19 @@
 """Expandable segments on a real training loop, live: a transformers GPT-2
-(benchmarks/gpu_worker.gpt2_step with 2 layers: batch 8x512, bf16
-autocast, AdamW) trains on the host backend
+(benchmarks/gpu_worker.gpt2_step with 2 layers: batch 8x512, AdamW, fp32:
+this CPU takes minutes per bf16 step) trains on the host backend
 under ``memalloc.enable(config="expandable_segments:True")``. Its loss asks
-for 786 MiB every step, which under the 5% reuse ceiling alone made every
-step give pages back and map new ones (a stream synchronisation per step on
-a GPU). The live allocator's page moves per step must be those of the
-replay of its own trace (memalloc.replay.replay_steps: the policy is the same
+for 786 MiB every step (the logits), which under the 5% reuse ceiling alone
+made every step give pages back and map new ones (a stream synchronisation
+per step on a GPU). The live allocator's page moves per step must be those
+of the replay of its own trace on a device of the same size
+(memalloc.replay.replay_steps: the policy is the same
 code, deterministic), and stop after the first steps (the loop rule,
 csrc/pool/vm_arena.h). The device has 8,000 MiB: under 8 GiB, where every
 request grows in 2 MiB pages (the 20 MiB pages of larger devices are the
-replays' of benchmarks/traces, test_replay.py). Slow tier: about a minute
-on two cores in earlier sessions; on 2026-12-03's CPU the model's first
-bf16 step alone, without memalloc, took over four minutes, and the test ran
-past its 600 s timeout.
+replays' of benchmarks/traces, test_replay.py). Slow tier: about two
+minutes on two cores (2026-12-03; with bf16 autocast, as the GPU runs it,
+the first step alone took over four minutes on this CPU, and the test ran
+past its 600 s timeout on CI).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ memalloc.enable(backend="host", config="expandable_segments:True,host_capacity_m
                 "record_history:1000000,record_stacks:none,call_sites:False")
 memalloc.host.use_for_cpu_tensors()
 from benchmarks.gpu_worker import gpt2_step
-step = gpt2_step("cpu", n_layer=2)
+step = gpt2_step("cpu", n_layer=2, batch=8, bf16=False)
 R = {"steps": []}
 before = (0, 0)
 for i in range(%d):
@@ -64,7 +65,8 @@ def test_gpt2_stops_moving_pages_and_the_replay_agrees(fresh_python, tmp_path):
     assert any(s["maps"] + s["unmaps"] for s in live[1:]), live  # it moved pages after the first step ...
     assert [(s["maps"], s["unmaps"]) for s in live[5:]] == [(0, 0)] * (STEPS - 5), live  # ... and stopped
     assert live[-1]["peak_reserved"] <= 1.10 * live[-1]["peak_allocated"]
-    replayed = [r.to_dict() for r in replay_steps(trace, "expandable_segments:True")]
+    # on a device of the live one's size (the replay's own default is sized to the trace's requests)
+    replayed = [r.to_dict() for r in replay_steps(trace, "expandable_segments:True", host_capacity_mb=8000)]
     assert [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in replayed] == \
         [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in live]
     # the trace's own segment_map / segment_unmap events say what the live run did, step by step
