@@ -24,6 +24,17 @@
 // every large-pool request in pages of 20 / 32 / 36 MiB: varlen 1.053 /
 // 1.055 / 1.070, random 1.047 / 1.133 / 1.116. Where lifetimes are random,
 // free runs inside large pages cannot be given back.
+// What that costs where requests are mid-sized (2026-12-03): a ~1B Llama
+// trained on the H200 at lengths of 256 to 2048 (benchmarks/growth.py, its
+// trace benchmarks/traces/llama1b_growth.mtrace.gz) made 22,461 physical
+// allocations for 59 GiB, its activations being tens to hundreds of MiB:
+// its first step took 1.5 s against native expandable's 0.85-0.93 s. Every
+// large-pool request in 20 MiB pages (native's rule) makes 3,058 with the
+// same peak reserved, but its replays reserve transformer 1.0450, resnet50
+// 1.0155, varlen 1.0527 (over issue 14's 1.05), random 1.0474; from 20 MiB,
+// 3,430, and random 1.0878. The way out is physical allocations sized to the
+// growth, up to a large page each, in one reservation per pool: native's
+// call count with 2 MiB rounding (issue 38).
 //
 // The arena owns the reservations (VmSegment: address range, mapped bytes,
 // its unmapped blocks), the page size and whether the backend has virtual
