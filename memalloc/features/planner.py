@@ -724,6 +724,13 @@ def _carry_across_turns(cycle: list[list[tuple]], made_at: dict[Key, tuple[int, 
         kept.setdefault((t, site, freed_in.get(key, steps + 1 + t) - t), []).append(rank)
     for ranks in kept.values():
         ranks.sort()
+    lasting: dict[tuple[int, Site, int], list[int]] = {}  # (step, site, n) -> ranks of those kept n steps or more
+
+    def kept_at_least(step: int, site: Site, n: int) -> list[int]:
+        if (step, site, n) not in lasting:
+            lasting[step, site, n] = sorted(r for (t, s, k), rs in kept.items() if t == step and s == site and k >= n
+                                            for r in rs)
+        return lasting[step, site, n]
     for i, template in enumerate(cycle):
         for j, op in enumerate(template):
             if op[0] != "free" or i + 1 - op[1] >= 1:
@@ -734,8 +741,7 @@ def _carry_across_turns(cycle: list[list[tuple]], made_at: dict[Key, tuple[int, 
             if pos == len(ranks) or ranks[pos] != rank:
                 continue
             source = (i - back) % steps + 1  # the recorded step the replay made it in, `back` steps before
-            # its blocks from that site kept at least `back` steps, the unfreed ones at the end of the list
-            there = sorted(r for (t, s, n), rs in kept.items() if t == source and s == site and n >= back for r in rs)
+            there = kept_at_least(source, site, back)  # its blocks from that site kept as long (or never freed)
             if pos < len(there):
                 template[j] = ("free", back, site, there[pos])
 
@@ -1054,7 +1060,7 @@ def refinement(first: BatchPlan) -> Optional[int]:
     kernels, and their workspaces, by shape): the H200's bf16 transformer
     of benchmarks/planner_corpus grows 99.3 MiB per sample from batch 4 to
     8, 89.9 from 8 to 16 and 95-97 above; from probes 2, 4 and 8 it planned
-    70 on 8 GiB where 80 trains 67 steps, with one more at 32, 77."""
+    70 on 8 GiB where 80 trains 67 steps, and with one more at 35, 77."""
     half = first.batch // 2
     return half if half > 2 * max(b for b, _, _ in first.probes) else None
 
