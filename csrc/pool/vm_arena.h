@@ -33,8 +33,12 @@
 // same peak reserved, but its replays reserve transformer 1.0450, resnet50
 // 1.0155, varlen 1.0527 (over issue 14's 1.05), random 1.0474; from 20 MiB,
 // 3,430, and random 1.0878. The way out is physical allocations sized to the
-// growth, up to a large page each, in one reservation per pool: native's
-// call count with 2 MiB rounding (issue 38).
+// growth, in one reservation per pool, split on a grid of large pages of
+// the reservation, a free run giving back the whole ones it covers: in a
+// host prototype (branch proto-chunks) the 1B trace takes 3,618 and the
+// replays reserve transformer 1.0411, resnet50 1.0159, varlen 1.0498, random
+// 1.0474 (chunks from each mapping's start: varlen 1.0503; a grid of 16 /
+// 32 MiB: random 1.0509 / 1.0702). Issue 38's next step.
 //
 // The arena owns the reservations (VmSegment: address range, mapped bytes,
 // its unmapped blocks), the page size and whether the backend has virtual
