@@ -9,9 +9,11 @@ import xml.etree.ElementTree as ET
 from .gpu_suite import machine
 
 
-def outcomes(junit: str) -> dict:
+def outcomes(*junits: str) -> dict:
+    """{test name: {"status", "seconds"}} over every junit file given."""
     result = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    cases = [case for junit in junits for case in ET.parse(junit).getroot().iter("testcase")]
+    for case in cases:
         status = "passed"
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
@@ -22,7 +24,7 @@ def outcomes(junit: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--junit", required=True)
+    p.add_argument("--junit", required=True, nargs="+", help="one or more junit files (a device call's phases)")
     p.add_argument("--scenarios", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--out", required=True)
@@ -33,7 +35,7 @@ def main() -> None:
             scenarios = [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         pass
-    tests = outcomes(args.junit)
+    tests = outcomes(*args.junit)
     doc = {
         "machine": machine(),
         "command": args.command,

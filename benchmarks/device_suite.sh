@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The whole GPU suite in as little device time as it can honestly take:
+#   bash benchmarks/device_suite.sh PHASE...      (OUT=dir; default /tmp/memalloc-out)
+# PHASE is one of (in the order they best run; each phase's junit comes back
+# even when a later one is cut off by the call's limit)
+#   lanes        the tests that check correctness only (no timing, no
+#                reading of the device's free memory): four pytest processes
+#                at once, each a lane of files, on one GPU (the H200's 139 GiB
+#                hold them all; the largest lane takes a few GiB)
+#   cuda         test_cuda.py: fills the device, reads its free memory, times
+#                the C entry points; alone
+#   expandable   expandable segments and zero setup (free memory, OOMs); alone
+#   costs        the flight recorder's costs and the step-time targets; alone
+#   planner      the planner against a search with real OOMs; alone
+#   compat_timing  torch.compile / cudnn.benchmark speed, 8 interleaved
+#                rounds of fresh processes; alone
+# A device call runs what fits its 600 s; $OUT/gpu-results.json joins every
+# junit of the call (python -m benchmarks.collect_gpu_results) with each
+# test's seconds.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/memalloc-out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+
+echo "== build"
+if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"; exit 1
+fi
+export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
+export MEMALLOC_GPU_ARTIFACTS="$OUT/artifacts"; mkdir -p "$MEMALLOC_GPU_ARTIFACTS"
+rc=0
+FLIGHT_COST=tests/gpu/test_cuda_flight.py::test_the_file_backed_ring_costs_within_budget
+FLIGHT_STEP=tests/gpu/test_cuda_flight.py::test_bf16_step_with_the_flight_recorder_within_2pct_of_native
+
+suite() {  # suite NAME pytest-args...: one pytest process, its junit and log in $OUT
+  local name=$1; shift
+  python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider "$@" --junitxml="$OUT/junit-$name.xml" > "$OUT/log-$name.txt" 2>&1
+  local r=$?
+  echo "-- $name: rc=$r $(tail -1 "$OUT/log-$name.txt")"
+  return $r
+}
+
+for phase in "$@"; do
+  start=$(date +%s)
+  echo "== $phase"
+  case "$phase" in
+    lanes)
+      suite lane1 tests/gpu/test_compat.py & p1=$!
+      suite lane2 tests/gpu/test_cuda_leaks_real_models.py tests/gpu/test_cuda_breakdown_real_models.py & p2=$!
+      suite lane3 tests/gpu/test_cuda_libraries.py tests/gpu/test_cuda_breakdown.py tests/gpu/test_parity.py & p3=$!
+      suite lane4 tests/gpu/test_cuda_ipc.py tests/contract tests/gpu/test_cuda_distributed.py \
+        tests/gpu/test_cuda_flight.py --deselect "$FLIGHT_COST" --deselect "$FLIGHT_STEP" & p4=$!
+      for p in $p1 $p2 $p3 $p4; do wait "$p" || rc=1; done ;;
+    cuda) suite cuda tests/gpu/test_cuda.py || rc=1 ;;
+    expandable) suite expandable tests/gpu/test_cuda_expandable.py tests/gpu/test_cuda_zero_setup.py || rc=1 ;;
+    costs) suite costs "$FLIGHT_COST" "$FLIGHT_STEP" tests/gpu/test_cuda_step_time.py || rc=1 ;;
+    planner) suite planner tests/gpu/test_cuda_planner.py || rc=1 ;;
+    compat_timing) suite compat_timing tests/gpu/test_compat_timing.py || rc=1 ;;
+    *) echo "unknown phase $phase (lanes cuda expandable costs planner compat_timing)" >&2; exit 2 ;;
+  esac
+  echo "== $phase took $(( $(date +%s) - start )) s"
+done
+
+# Failures' reports, so that the call's output tail shows them.
+grep -h -A30 "^FAILED\|^ERROR\|= FAILURES =" "$OUT"/log-*.txt 2>/dev/null | head -150
+python3 -m benchmarks.collect_gpu_results --junit "$OUT"/junit-*.xml --scenarios "$MEMALLOC_GPU_RESULTS" \
+  --command "bash benchmarks/device_suite.sh $*" --out "$OUT/gpu-results.json"
+# At most 8 files come back from a device call: the logs, junits and
+# artifacts travel as one archive.
+(cd "$OUT" && tar czf logs.tgz build.log junit-*.xml log-*.txt artifacts && rm -rf junit-*.xml log-*.txt artifacts build.log)
+exit $rc
