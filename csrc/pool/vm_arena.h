@@ -32,13 +32,35 @@
 // large-pool request in 20 MiB pages (native's rule) makes 3,058 with the
 // same peak reserved, but its replays reserve transformer 1.0450, resnet50
 // 1.0155, varlen 1.0527 (over issue 14's 1.05), random 1.0474; from 20 MiB,
-// 3,430, and random 1.0878. The way out is physical allocations sized to the
-// growth, in one reservation per pool, split on a grid of large pages of
-// the reservation, a free run giving back the whole ones it covers: in a
-// host prototype (branch proto-chunks) the 1B trace takes 3,618 and the
-// replays reserve transformer 1.0411, resnet50 1.0159, varlen 1.0498, random
-// 1.0474 (chunks from each mapping's start: varlen 1.0503; a grid of 16 /
-// 32 MiB: random 1.0509 / 1.0702). Issue 38's next step.
+// 3,430, and random 1.0878. Physical allocations sized to the growth (one
+// reservation per pool, split on a 20 MiB grid, a free run giving back the
+// whole ones it covers) would keep both: in a host prototype the 1B trace
+// takes 3,618 and the replays reserve transformer 1.0411, resnet50 1.0159,
+// varlen 1.0498, random 1.0474. But they cannot be shared: a CUDA tensor
+// sent to another process goes as the physical allocations it spans, in
+// torch's 'e' handle, which has one page size (native's receiver maps handle
+// i at i x page), and a physical allocation cannot be cut; a span of mixed
+// sizes could reach only a memalloc receiver, and copying it into uniform
+// pages would unmap memory other threads' kernels may be using. So pages
+// stay uniform per reservation. Uniform rules replayed on the host
+// (2026-12-05; peak reserved / peak allocated for transformer, resnet50,
+// varlen, random; the 1B trace's physical allocations): every large-pool
+// request in 8 / 10 / 12 / 16 MiB pages: 1.0450, 1.0155, 1.0498, 1.0457 /
+// random 1.0545 / random 1.0509 / varlen 1.0608, random 1.0755; 7,586 /
+// 6,076 / 5,072 / 3,813 (8 MiB: a fresh 16 GiB tensor takes 2,048 where
+// native takes 820); 20 MiB from 256 MiB and 4 / 6 / 8 / 10 MiB pages
+// below it: random 1.0790 / 1.0474 / 1.0702 / 1.0545, 11,681 / 8,056 /
+// 6,291 / 5,213; 20 MiB from 32 / 64 / 128 / 192 MiB, 2 MiB below: random
+// 1.0878 / 1.0615 / 1.0720 / 1.0685. Native's rule with the reuse slack at
+// 1/16, 1/25, 1/33, 1/50, 1/100: varlen 1.0620 / 1.0597 / 1.0364 / 1.0538
+// / 1.0655, random 1.0632 / 1.0650 / 1.1159 / 1.0597 / 1.0615 (the 1B
+// trace 1.044 / 1.040 / 1.016 / 1.020 / 1.010). Each replay's peak sits at
+// the reuse ceiling, and where it lands within a page of it moves with no
+// knob monotonically. The likely cause, not yet measured: under coarse
+// pages the free runs the ceiling would give back are rarely whole pages,
+// since best fit places requests across page boundaries. Issue 38's next
+// step is to measure that and, if so, a placement that fills a partly used
+// page before it opens a free one, then native's rule.
 //
 // The arena owns the reservations (VmSegment: address range, mapped bytes,
 // its unmapped blocks), the page size and whether the backend has virtual
