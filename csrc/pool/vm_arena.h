@@ -56,11 +56,15 @@
 // / 1.0655, random 1.0632 / 1.0650 / 1.1159 / 1.0597 / 1.0615 (the 1B
 // trace 1.044 / 1.040 / 1.016 / 1.020 / 1.010). Each replay's peak sits at
 // the reuse ceiling, and where it lands within a page of it moves with no
-// knob monotonically. The likely cause, not yet measured: under coarse
-// pages the free runs the ceiling would give back are rarely whole pages,
-// since best fit places requests across page boundaries. Issue 38's next
-// step is to measure that and, if so, a placement that fills a partly used
-// page before it opens a free one, then native's rule.
+// knob monotonically. Under coarse pages the free memory the ceiling would
+// give back is rarely whole pages: at the varlen replay's peak under
+// native's rule, 177 MiB of the large pool's mapped memory is free and none
+// of it a whole 20 MiB page (transformer: 447 MiB, none); under today's
+// rule 132 of its 163 free MiB are whole 2 MiB pages. Placing a request at
+// whichever end of its free block leaves more whole pages free does not
+// mend it (varlen 1.0538, random 1.0966). Issue 38's next step: choose the
+// free block by the pages it fills (best fit among blocks in partly used
+// pages before a block that opens a free page), then native's rule.
 //
 // The arena owns the reservations (VmSegment: address range, mapped bytes,
 // its unmapped blocks), the page size and whether the backend has virtual
