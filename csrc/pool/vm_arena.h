@@ -14,69 +14,25 @@
 // the large pool's requests of kLargeRequest (256 MiB) or more, which grow
 // in reservations of their own (large_pages()). A fresh 16 GiB tensor takes
 // 820 physical allocations then, as native's, where 2 MiB pages took 8,192.
-// Why not every request in large pages: replayed on the host
-// (benchmarks/traces, H200 captures, and the random workload of e^N(11, 3)
-// bytes up to 512 MiB), peak reserved over peak allocated with large pages
-// for requests from 20 / 40 / 64 / 128 / 256 MiB (in brackets: 2 MiB pages
-// for every request): transformer 1.040 / 1.046 / 1.042 / 1.042 / 1.042 (1.042),
-// resnet50 1.016 / 1.014 / 1.016 / 1.017 / 1.016 (1.016), varlen 1.050
-// throughout (1.050), random 1.088 / 1.081 / 1.062 / 1.072 / 1.047 (1.047);
-// every large-pool request in pages of 20 / 32 / 36 MiB: varlen 1.053 /
-// 1.055 / 1.070, random 1.047 / 1.133 / 1.116. Where lifetimes are random,
-// free runs inside large pages cannot be given back.
-// What that costs where requests are mid-sized (2026-12-03): a ~1B Llama
-// trained on the H200 at lengths of 256 to 2048 (benchmarks/growth.py, its
-// trace benchmarks/traces/llama1b_growth.mtrace.gz) made 22,461 physical
-// allocations for 59 GiB, its activations being tens to hundreds of MiB:
-// its first step took 1.5 s against native expandable's 0.85-0.93 s. Every
-// large-pool request in 20 MiB pages (native's rule) makes 3,058 with the
-// same peak reserved, but its replays reserve transformer 1.0450, resnet50
-// 1.0155, varlen 1.0527 (over issue 14's 1.05), random 1.0474; from 20 MiB,
-// 3,430, and random 1.0878. Physical allocations sized to the growth (one
-// reservation per pool, split on a 20 MiB grid, a free run giving back the
-// whole ones it covers) would keep both: in a host prototype the 1B trace
-// takes 3,618 and the replays reserve transformer 1.0411, resnet50 1.0159,
-// varlen 1.0498, random 1.0474. But they cannot be shared: a CUDA tensor
-// sent to another process goes as the physical allocations it spans, in
-// torch's 'e' handle, which has one page size (native's receiver maps handle
-// i at i x page), and a physical allocation cannot be cut; a span of mixed
-// sizes could reach only a memalloc receiver, and copying it into uniform
-// pages would unmap memory other threads' kernels may be using. So pages
-// stay uniform per reservation. Uniform rules replayed on the host
-// (2026-12-05; peak reserved / peak allocated for transformer, resnet50,
-// varlen, random; the 1B trace's physical allocations): every large-pool
-// request in 8 / 10 / 12 / 16 MiB pages: 1.0450, 1.0155, 1.0498, 1.0457 /
-// random 1.0545 / random 1.0509 / varlen 1.0608, random 1.0755; 7,586 /
-// 6,076 / 5,072 / 3,813 (8 MiB: a fresh 16 GiB tensor takes 2,048 where
-// native takes 820); 20 MiB from 256 MiB and 4 / 6 / 8 / 10 MiB pages
-// below it: random 1.0790 / 1.0474 / 1.0702 / 1.0545, 11,681 / 8,056 /
-// 6,291 / 5,213; 20 MiB from 32 / 64 / 128 / 192 MiB, 2 MiB below: random
-// 1.0878 / 1.0615 / 1.0720 / 1.0685. Native's rule with the reuse slack at
-// 1/16, 1/25, 1/33, 1/50, 1/100: varlen 1.0620 / 1.0597 / 1.0364 / 1.0538
-// / 1.0655, random 1.0632 / 1.0650 / 1.1159 / 1.0597 / 1.0615 (the 1B
-// trace 1.044 / 1.040 / 1.016 / 1.020 / 1.010). Each replay's peak sits at
-// the reuse ceiling, and where it lands within a page of it moves with no
-// knob monotonically. Under coarse pages the free memory the ceiling would
-// give back is rarely whole pages: at the varlen replay's peak under
-// native's rule, 177 MiB of the large pool's mapped memory is free and none
-// of it a whole 20 MiB page (transformer: 447 MiB, none); under today's
-// rule 132 of its 163 free MiB are whole 2 MiB pages. Placing a request at
-// whichever end of its free block leaves more whole pages free does not
-// mend it (varlen 1.0538, random 1.0966), nor does taking, among the 8 or
-// 64 best-fitting free blocks, the one whose request opens the fewest whole
-// free pages (varlen 1.0527, random 1.0632). Open for issue 38: a rule that
-// makes native's page count and keeps every replay within 1.05.
-// Issue 38's bound of 1.01 on the 1B run is the slack itself (the ceiling
-// is hwm x (1 + 1 / divisor)): today's rule with a slack of 1/100 replays
-// transformer 1.0458, resnet50 1.0152, varlen 1.0113, random 1.0316 and
-// the 1B trace 1.0100 (46 unmaps), but loops no longer settle: the eight
-// tests of loops that must stop moving pages (tests/unit/test_expandable.py,
-// tests/integration/test_replay.py, test_expandable_loops.py) fail, each
-// unmap a stream synchronisation every step or few on a GPU. 1/50: random
-// 1.0843. Starting at 1/100 and raising a loop's slack straight to 1/10
-// (what 1/20 reaches at its first loop) settles GPT-2's replay but not the
-// bf16 transformer's: under 1% several requests of a step (24, 48, 132
-// MiB) go over, each a loop to be found on its own.
+// Why not more large pages, and what else was tried (issue 38; every rule
+// replayed on the host: benchmarks/results/2026-12-05-host-page-rules.json):
+// a ~1B Llama trained on the H200 at lengths of 256 to 2048 (its trace
+// benchmarks/traces/llama1b_growth.mtrace.gz) makes 22,461 physical
+// allocations under this rule, its activations being tens to hundreds of
+// MiB, and its first step took 1.5 s against native expandable's 0.85-0.93
+// s. Native's rule (20 MiB pages for the whole large pool) makes 3,058, but
+// the reuse ceiling gives back only whole pages, and under coarse pages the
+// free memory rarely is (at the varlen replay's peak: 177 MiB free, no whole
+// 20 MiB page), so its varlen replay reserves 1.0527 per allocated byte,
+// over issue 14's 1.05 (tests/integration/test_replay.py); no uniform rule
+// tried (8-20 MiB pages, mid-size pages beside 20 MiB ones, other slacks,
+// page-aware placement) keeps every replay within 1.05 at native's page
+// count. Physical allocations sized to the growth keep both in a host
+// prototype, but a CUDA tensor shared with another process goes as the
+// physical allocations it spans, in torch's 'e' handle of one page size
+// (native's receiver maps handle i at i x page): a span of mixed sizes
+// would reach only a memalloc receiver. So pages stay uniform per
+// reservation.
 //
 // The arena owns the reservations (VmSegment: address range, mapped bytes,
 // its unmapped blocks), the page size and whether the backend has virtual
