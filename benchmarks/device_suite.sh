@@ -5,8 +5,8 @@
 # even when a later one is cut off by the call's limit)
 #   lanes        the tests that check correctness only (no timing, no
 #                reading of the device's free memory): four pytest processes
-#                at once, each a lane of files, on one GPU (the H200's 139 GiB
-#                hold them all; the largest lane takes a few GiB)
+#                at once, each a lane of files, on one GPU (no test of them
+#                fills the device or reads its free memory; those are below)
 #   cuda         test_cuda.py: fills the device, reads its free memory, times
 #                the C entry points; alone
 #   expandable   expandable segments and zero setup (free memory, OOMs); alone
