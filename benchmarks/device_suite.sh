@@ -9,7 +9,8 @@
 #                fills the device or reads its free memory; those are below)
 #   cuda         test_cuda.py: fills the device, reads its free memory, times
 #                the C entry points; alone
-#   expandable   expandable segments and zero setup (free memory, OOMs); alone
+#   expandable   expandable segments, zero setup and the backend contract
+#                (free memory, OOMs); alone
 #   costs        the flight recorder's costs and the step-time targets; alone
 #   planner      the planner against a search with real OOMs; alone
 #   compat_timing  torch.compile / cudnn.benchmark speed, 8 interleaved
@@ -49,11 +50,11 @@ for phase in "$@"; do
       suite lane1 tests/gpu/test_compat.py & p1=$!
       suite lane2 tests/gpu/test_cuda_leaks_real_models.py tests/gpu/test_cuda_breakdown_real_models.py & p2=$!
       suite lane3 tests/gpu/test_cuda_libraries.py tests/gpu/test_cuda_breakdown.py tests/gpu/test_parity.py & p3=$!
-      suite lane4 tests/gpu/test_cuda_ipc.py tests/contract tests/gpu/test_cuda_distributed.py \
+      suite lane4 tests/gpu/test_cuda_ipc.py tests/gpu/test_cuda_distributed.py \
         tests/gpu/test_cuda_flight.py --deselect "$FLIGHT_COST" --deselect "$FLIGHT_STEP" & p4=$!
       for p in $p1 $p2 $p3 $p4; do wait "$p" || rc=1; done ;;
     cuda) suite cuda tests/gpu/test_cuda.py || rc=1 ;;
-    expandable) suite expandable tests/gpu/test_cuda_expandable.py tests/gpu/test_cuda_zero_setup.py || rc=1 ;;
+    expandable) suite expandable tests/gpu/test_cuda_expandable.py tests/gpu/test_cuda_zero_setup.py tests/contract || rc=1 ;;
     costs) suite costs "$FLIGHT_COST" "$FLIGHT_STEP" tests/gpu/test_cuda_step_time.py || rc=1 ;;
     planner) suite planner tests/gpu/test_cuda_planner.py || rc=1 ;;
     compat_timing) suite compat_timing tests/gpu/test_compat_timing.py || rc=1 ;;
