@@ -23,6 +23,9 @@ import time
 GiB = 1 << 30
 MiB = 1 << 20
 POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+PROT_READWRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
 
 class Location(ctypes.Structure):
@@ -61,8 +64,8 @@ class Driver:
 
     def prop(self, exportable: bool) -> Prop:
         p = Prop()
-        p.type = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
-        p.location = Location(1, self.device)  # CU_MEM_LOCATION_TYPE_DEVICE
+        p.type = PINNED
+        p.location = Location(LOCATION_DEVICE, self.device)
         p.requestedHandleTypes = POSIX_FD if exportable else 0
         return p
 
@@ -89,7 +92,7 @@ def round_of(d: Driver, size: int, exportable: bool) -> dict:
         d.call("cuMemMap", ctypes.c_ulonglong(base.value + i * size), ctypes.c_size_t(size), ctypes.c_size_t(0),
                ctypes.c_ulonglong(h), ctypes.c_ulonglong(0))
     t2 = time.perf_counter()
-    access = Access(Location(1, d.device), 3)  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    access = Access(Location(LOCATION_DEVICE, d.device), PROT_READWRITE)
     d.call("cuMemSetAccess", ctypes.c_ulonglong(base.value), ctypes.c_size_t(GiB), ctypes.byref(access),
            ctypes.c_size_t(1))
     t3 = time.perf_counter()

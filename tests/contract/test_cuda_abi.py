@@ -81,3 +81,50 @@ def test_driver_abi_matches_cuda_h(tmp_path):
     p = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{include}", f"-I{REPO / 'csrc'}", str(src)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+LAYOUT = r"""
+#include <cstddef>
+#include <cstdio>
+#include <cuda.h>
+#define F(T, FIELD) std::printf(#T "." #FIELD " %zu\n", offsetof(T, FIELD))
+int main() {
+  std::printf("CUmemAllocationProp %zu\nCUmemAccessDesc %zu\n", sizeof(CUmemAllocationProp), sizeof(CUmemAccessDesc));
+  F(CUmemAllocationProp, type); F(CUmemAllocationProp, requestedHandleTypes); F(CUmemAllocationProp, location);
+  F(CUmemAllocationProp, win32HandleMetaData); F(CUmemAllocationProp, allocFlags);
+  F(CUmemAccessDesc, location); F(CUmemAccessDesc, flags);
+  std::printf("POSIX_FD %d\nLOCATION_DEVICE %d\nPINNED %d\nPROT_READWRITE %d\n", (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+              (int)CU_MEM_LOCATION_TYPE_DEVICE, (int)CU_MEM_ALLOCATION_TYPE_PINNED, (int)CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  return 0;
+}
+"""
+
+
+def test_the_driver_cost_benchmark_passes_the_drivers_structs_as_cuda_h_lays_them_out(tmp_path):
+    """benchmarks/vm_driver_costs.py calls the driver through ctypes with
+    its own declarations of CUmemAllocationProp and CUmemAccessDesc: their
+    sizes, offsets and the constants it passes are cuda.h's."""
+    import ctypes
+
+    from benchmarks import vm_driver_costs as v
+
+    include = cuda_include()
+    if include is None:
+        pytest.skip("no CUDA toolkit (cuda.h) on this machine")
+    src, exe = tmp_path / "layout.cpp", tmp_path / "layout"
+    src.write_text(LAYOUT)
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed"
+    p = subprocess.run([cxx, "-std=c++17", f"-I{include}", str(src), "-o", str(exe)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    want = dict(line.rsplit(" ", 1) for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                                  check=True).stdout.splitlines())
+    got = {"CUmemAllocationProp": ctypes.sizeof(v.Prop), "CUmemAccessDesc": ctypes.sizeof(v.Access),
+           "POSIX_FD": v.POSIX_FD, "LOCATION_DEVICE": v.LOCATION_DEVICE, "PINNED": v.PINNED,
+           "PROT_READWRITE": v.PROT_READWRITE}
+    for name in ("type", "requestedHandleTypes", "location", "win32HandleMetaData", "allocFlags"):
+        got[f"CUmemAllocationProp.{name}"] = getattr(v.Prop, name).offset
+    for name in ("location", "flags"):
+        got[f"CUmemAccessDesc.{name}"] = getattr(v.Access, name).offset
+    assert {k: int(x) for k, x in want.items()} == got
