@@ -5,6 +5,7 @@ installed (found through CUDA_HOME, nvcc, or /usr/local/cuda); skipped
 without it."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import vm_driver_costs as v
 from memtest_helpers import REPO
 
 CHECK = r"""
@@ -104,10 +106,6 @@ def test_the_driver_cost_benchmark_passes_the_drivers_structs_as_cuda_h_lays_the
     """benchmarks/vm_driver_costs.py calls the driver through ctypes with
     its own declarations of CUmemAllocationProp and CUmemAccessDesc: their
     sizes, offsets and the constants it passes are cuda.h's."""
-    import ctypes
-
-    from benchmarks import vm_driver_costs as v
-
     include = cuda_include()
     if include is None:
         pytest.skip("no CUDA toolkit (cuda.h) on this machine")
