@@ -1,4 +1,4 @@
-# Sourced by the device scripts (device_fit_default.sh, device_two_gpu.sh)
+# Sourced by the device scripts (device_fit_default.sh, device_two_gpu.sh, device_suite.sh)
 # after they set DEVICE_FIGURES (file names): at most 8 files come back from
 # a device call, so every step writes under OUT=/tmp/memalloc-work (kept
 # across invocations in one call), and at exit the figure files are copied to

@@ -15,20 +15,20 @@
 #   planner      the planner against a search with real OOMs; alone
 #   compat_timing  torch.compile / cudnn.benchmark speed, 8 interleaved
 #                rounds of fresh processes; alone
-# A device call runs what fits its 600 s; $OUT/gpu-results.json joins every
-# junit of the call (python -m benchmarks.collect_gpu_results) with each
-# test's seconds.
+# A device call runs what fits its 600 s; gpu-results.json joins the junits
+# of this invocation's phases (python -m benchmarks.collect_gpu_results) with
+# each test's seconds. It and gpu_scenarios.jsonl come back in $OUT; the
+# logs, junits and artifacts as $OUT/logs.tgz (device_out.sh).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/memalloc-out}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
+DEVICE_FIGURES="gpu-results.json gpu_scenarios.jsonl"
+source "$(dirname "$0")/device_out.sh"
+rm -f "$OUT"/junit-*.xml "$OUT"/log-*.txt "$MEMALLOC_GPU_RESULTS"  # an earlier invocation's, in this call
 
 echo "== build"
 if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"; exit 1
 fi
-export MEMALLOC_GPU_RESULTS="$OUT/gpu_scenarios.jsonl"
 export MEMALLOC_GPU_ARTIFACTS="$OUT/artifacts"; mkdir -p "$MEMALLOC_GPU_ARTIFACTS"
 rc=0
 FLIGHT_COST=tests/gpu/test_cuda_flight.py::test_the_file_backed_ring_costs_within_budget
@@ -67,7 +67,4 @@ done
 grep -h -A30 "^FAILED\|^ERROR\|= FAILURES =" "$OUT"/log-*.txt 2>/dev/null | head -150
 python3 -m benchmarks.collect_gpu_results --junit "$OUT"/junit-*.xml --scenarios "$MEMALLOC_GPU_RESULTS" \
   --command "bash benchmarks/device_suite.sh $*" --out "$OUT/gpu-results.json"
-# At most 8 files come back from a device call: the logs, junits and
-# artifacts travel as one archive.
-(cd "$OUT" && tar czf logs.tgz build.log junit-*.xml log-*.txt artifacts && rm -rf junit-*.xml log-*.txt artifacts build.log)
 exit $rc
