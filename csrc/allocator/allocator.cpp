@@ -19,7 +19,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       vm_(backend, device, &mr_),
       pools_(device, &mr_),
       accounting_(config.max_split_size),
-      gc_threshold_(config.garbage_collection_threshold) {
+      limits_(config.garbage_collection_threshold) {
   live_.reserve(4096);
 }
 

@@ -53,8 +53,8 @@
 //   inactive_split_bytes == bytes of free blocks inside split segments
 //   every segment has one owner (default pool or a PrivatePool); its free
 //   blocks are in that owner's lists only (private_pool.h)
-//   a segment is obtained only while reserved + segment <= allowed_max_
-//   (memory fraction); lowering the fraction later releases nothing.
+//   a segment is obtained only while reserved + segment <= the memory
+//   fraction's cap (limits.h); lowering the fraction later releases nothing.
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
 //   the breakdown's bytes by category (breakdown.h) match the live blocks'
 //   categories and phases and add up to allocated_bytes
@@ -78,6 +78,7 @@
 #include "accounting/breakdown.h"
 #include "common/config.h"
 #include "pool/events.h"
+#include "pool/limits.h"
 #include "pool/node_cache.h"
 #include "pool/private_pool.h"
 #include "pool/private_pools.h"
@@ -352,9 +353,17 @@ class DeviceAllocator {
   Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
                             bool* from_cache);
   Block* grow_locked(size_t rounded, Stream stream, PrivatePool* owner);
+  // The "threshold" policy (limits.h) before reserved bytes grow by `bytes`:
+  // releases the cache when it asks for it (never while a route is open).
   void maybe_collect_locked(size_t bytes);
-  // The device's total bytes (capacity_, read from the backend once).
-  size_t capacity_locked();
+  // The device's total bytes (read from the backend once: limits.h).
+  size_t capacity_locked() {
+    return limits_.capacity([this] { return backend_.mem_get_info(device_).total; });
+  }
+  // May reserved bytes grow by `bytes` within the memory fraction?
+  bool admits_locked(size_t bytes) const {
+    return limits_.admits(static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current), bytes);
+  }
   // Releases the fully free segments of `only` (a private pool), or of the
   // default pool and every freeable private pool when `only` is nullptr.
   size_t release_cached_locked(PrivatePool* only = nullptr);
@@ -435,10 +444,7 @@ class DeviceAllocator {
   int64_t last_record_ns_ = 0;  // the time of the last record pushed
   EventObserver observer_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
-  double fraction_ = -1.0;  // < 0: no limit set
-  size_t allowed_max_ = static_cast<size_t>(-1);
-  double gc_threshold_ = 0.0;  // 0 = policy off
-  size_t capacity_ = 0;        // device total bytes, read once when first needed
+  Limits limits_;  // the memory fraction, the threshold policy, the capacity
 };
 
 // Inline below: the alloc and free paths' hot code (allocator.cpp), also

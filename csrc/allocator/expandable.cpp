@@ -43,8 +43,7 @@ VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool, 
 
 Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   if (room.bytes == 0) return room.fit;  // a free neighbour that fits already
-  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
-  if (room.bytes > allowed_max_ || reserved > allowed_max_ - room.bytes) return nullptr;
+  if (!admits_locked(room.bytes)) return nullptr;
   int runs_delta = 0;
   Block* m = vm_.map(seg, room, [this](Block* b, size_t at) { return split_block_locked(b, at); }, &runs_delta);
   if (m == nullptr) return nullptr;
@@ -73,7 +72,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   }
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
   // the free pages a room would have joined: rooms are looked for after it).
-  if (gc_threshold_ > 0.0 && !pools_.any_route() && !vm_.empty())
+  if (!vm_.empty())
     maybe_collect_locked(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
   VmRoom room;
   VmSegment* seg = vm_.find_room(stream, pool, large, rounded, &room);

@@ -44,9 +44,8 @@ DeviceAllocator::~DeviceAllocator() {
 // the default pool); nullptr when the backend or the memory fraction refuses.
 Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* owner) {
   const size_t bytes = segment_size_for(rounded);
-  if (gc_threshold_ > 0.0 && !pools_.any_route()) maybe_collect_locked(bytes);
-  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
-  if (bytes > allowed_max_ || reserved > allowed_max_ - bytes) return nullptr;
+  maybe_collect_locked(bytes);
+  if (!admits_locked(bytes)) return nullptr;
   void* p = owner != nullptr && owner->source ? owner->source->allocate(bytes, stream)
                                               : backend_.allocate(device_, bytes);
   if (p == nullptr) return nullptr;
@@ -64,16 +63,10 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   return b;
 }
 
-size_t DeviceAllocator::capacity_locked() {
-  if (capacity_ == 0) capacity_ = backend_.mem_get_info(device_).total;
-  return capacity_;
-}
-
-// The "threshold" empty-cache policy (see set_gc_threshold).
 void DeviceAllocator::maybe_collect_locked(size_t bytes) {
-  const size_t limit = fraction_ >= 0.0 ? allowed_max_ : capacity_locked();
+  if (!limits_.collecting() || pools_.any_route()) return;
   const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
-  if (static_cast<double>(reserved + bytes) <= gc_threshold_ * static_cast<double>(limit)) return;
+  if (!limits_.wants_collection(reserved, bytes, [this] { return capacity_locked(); })) return;
   Event e;
   e.action = Action::kGcRelease;
   e.size = release_cached_locked();
@@ -200,13 +193,9 @@ size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
 }
 
 void DeviceAllocator::set_memory_fraction(double fraction) {
-  MEMALLOC_EXPECTS(fraction >= 0.0 && fraction <= 1.0,  // torch's range: 0 allows nothing
-                   "invalid memory fraction " + std::to_string(fraction) +
-                       ": set a value in [0, 1]");
+  Limits{}.set_fraction(fraction, 0);  // its check, before any call to the backend
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t total = backend_.mem_get_info(device_).total;
-  fraction_ = fraction;
-  allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(total));
+  limits_.set_fraction(fraction, backend_.mem_get_info(device_).total);
 }
 
 void DeviceAllocator::apply_settings(const Config& from) {
@@ -216,7 +205,7 @@ void DeviceAllocator::apply_settings(const Config& from) {
   config_.garbage_collection_threshold = from.garbage_collection_threshold;
   config_.expandable_segments = from.expandable_segments;
   config_.graph_capture_record_stream_reuse = from.graph_capture_record_stream_reuse;
-  gc_threshold_ = from.garbage_collection_threshold;
+  limits_.set_gc_threshold(from.garbage_collection_threshold);
   int64_t blocks = 0, segments = 0;
   for (const auto& kv : live_) blocks += Accounting::oversize(kv.second->size, from.max_split_size) ? 1 : 0;
   for (const auto& kv : segments_)  // plain segments: expandable ones count no oversize segment
@@ -230,21 +219,18 @@ Config DeviceAllocator::settings() {
 }
 
 void DeviceAllocator::set_gc_threshold(double threshold) {
-  MEMALLOC_EXPECTS(threshold >= 0.0 && threshold < 1.0,
-                   "invalid garbage_collection_threshold " + std::to_string(threshold) +
-                       ": set a value in (0, 1), or 0 to turn the threshold policy off");
   std::lock_guard<std::mutex> lock(mu_);
-  gc_threshold_ = threshold;
+  limits_.set_gc_threshold(threshold);
 }
 
 double DeviceAllocator::gc_threshold() {
   std::lock_guard<std::mutex> lock(mu_);
-  return gc_threshold_;
+  return limits_.gc_threshold();
 }
 
 double DeviceAllocator::memory_fraction() {
   std::lock_guard<std::mutex> lock(mu_);
-  return fraction_;
+  return limits_.fraction();
 }
 
 std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded) {
@@ -258,9 +244,9 @@ std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded
                     format_bytes(rounded > kMaxRequest ? requested : rounded) + ". " + dev +
                     " has a total capacity of " + format_bytes(info.total) + " of which " +
                     format_bytes(info.free) + " is free. ";
-  if (fraction_ >= 0.0) {
-    msg += "This process has a memory fraction limit of " + format_bytes(allowed_max_) + " (fraction " +
-           std::to_string(fraction_) + "). ";
+  if (limits_.has_fraction()) {
+    msg += "This process has a memory fraction limit of " + format_bytes(limits_.cap()) + " (fraction " +
+           std::to_string(limits_.fraction()) + "). ";
   }
   msg += "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch, and " +
          format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. ";

@@ -7,7 +7,7 @@ allocations at every iteration boundary (:func:`memalloc.step`, a
 code marks none, ``optimizer.step()``: see memalloc/core/iteration.py). Each live
 block carries the interned Python stack that allocated it and the step it
 was allocated in (the allocator records both; stacks are captured without
-the GIL, see csrc/boundary/python/pyframes.cpp), so a sample is a table of live
+the GIL, see csrc/boundary/callers/pyframes.cpp), so a sample is a table of live
 bytes per call site. The report then judges each call site over the steps
 after ``warmup_steps`` (docs/architecture.md, "Leak rules"). A site leaks when all of these hold:
 

@@ -1,5 +1,5 @@
 // pyframes_probe.cpp — a minimal CPython extension (C API only, no torch,
-// no pybind11) around csrc/boundary/python/pyframes.cpp, built by
+// no pybind11) around csrc/boundary/callers/pyframes.cpp, built by
 // tests/test_pyframes.py against every local CPython so that the GIL-free
 // frame walk is checked on each interpreter version it supports.
 //
@@ -8,7 +8,7 @@
 //   supported() -> bool, fast_frames_supported()
 #include <Python.h>
 
-#include "boundary/python/pyframes.h"
+#include "boundary/callers/pyframes.h"
 
 namespace {
 PyObject* walk(PyObject*, PyObject*) {

@@ -138,12 +138,15 @@ def test_imports_go_down_and_sit_at_module_level(path):
 # The C++ folders of csrc/, bottom to top (docs/architecture.md): recorder/
 # (the ring's record, interned stacks, a block's Provenance) needs nothing
 # of the pool, whose blocks carry a Provenance. A file
-# includes only headers of its own folder and of the folders below it;
-# boundary/ (python/, torch/, torch/cuda/) is one layer, the only one that
-# includes torch or Python headers.
+# includes only headers of its own folder and of the folders below it.
+# boundary/, the only folder that includes torch or Python headers, is
+# layered by its sub-folders: callers/ (who is calling: Python frames and
+# stacks), then torch/ (torch's interfaces; torch/cuda/ with it), then
+# python/ (the module memalloc._C, which binds them all).
 CSRC = PACKAGE.parent / "csrc"
 CSRC_LAYERS: list[tuple[str, ...]] = [
-    ("common",), ("backend",), ("recorder",), ("pool",), ("accounting",), ("allocator",), ("boundary",),
+    ("common",), ("backend",), ("recorder",), ("pool",), ("accounting",), ("allocator",),
+    ("boundary/callers",), ("boundary/torch",), ("boundary/python",),
 ]
 CSRC_LAYER = {folder: i for i, folders in enumerate(CSRC_LAYERS) for folder in folders}
 
@@ -152,27 +155,35 @@ def csrc_files():
     return sorted(p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp"))
 
 
+def csrc_folder(parts: tuple[str, ...] | list[str]) -> str:
+    """The layer's name of a path from csrc/: its folder, or boundary/ and
+    its sub-folder."""
+    return "/".join(parts[:2]) if parts[0] == "boundary" and len(parts) > 2 else parts[0]
+
+
 def test_every_csrc_folder_has_a_layer():
-    folders = {p.relative_to(CSRC).parts[0] for p in csrc_files()}
-    assert folders == set(CSRC_LAYER), f"csrc/ folders without a layer: {folders - set(CSRC_LAYER)}"
+    folders = {csrc_folder(p.relative_to(CSRC).parts) for p in csrc_files()}
+    assert folders == set(CSRC_LAYER), f"csrc/ folders without a layer: {folders ^ set(CSRC_LAYER)}"
     assert not [p for p in csrc_files() if len(p.relative_to(CSRC).parts) == 1], "csrc/ keeps files only in folders"
+    assert not [p for p in csrc_files() if p.relative_to(CSRC).parts[0] == "boundary"
+                and len(p.relative_to(CSRC).parts) == 2], "csrc/boundary/ keeps files only in its sub-folders"
 
 
 @pytest.mark.parametrize("path", csrc_files(), ids=lambda p: str(p.relative_to(CSRC)))
 def test_csrc_includes_go_down(path):
-    folder = path.relative_to(CSRC).parts[0]
+    folder = csrc_folder(path.relative_to(CSRC).parts)
     problems = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         stripped = line.strip()
         if stripped.startswith('#include "'):
             target = stripped.split('"')[1]
-            top = target.split("/")[0]
+            top = csrc_folder(target.split("/"))
             if "/" not in target or top not in CSRC_LAYER:
                 problems.append(f"line {n}: {target!r} is not a path from csrc/ (\"pool/block.h\")")
             elif CSRC_LAYER[top] > CSRC_LAYER[folder]:
                 problems.append(f"line {n}: includes {target} (layer {CSRC_LAYER[top]}) from layer "
                                 f"{CSRC_LAYER[folder]}: includes must go down")
-        elif stripped.startswith("#include <") and folder != "boundary":
+        elif stripped.startswith("#include <") and not folder.startswith("boundary/"):
             header = stripped[len("#include <"):].split(">")[0]
             if header.split("/")[0] in ("torch", "c10", "ATen", "pybind11", "Python.h", "cuda.h", "cuda_runtime_api.h"):
                 problems.append(f"line {n}: <{header}> outside csrc/boundary/")

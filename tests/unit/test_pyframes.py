@@ -1,4 +1,4 @@
-"""The GIL-free Python frame walk (csrc/boundary/python/pyframes.cpp) on every
+"""The GIL-free Python frame walk (csrc/boundary/callers/pyframes.cpp) on every
 local CPython it supports (3.11, 3.12, 3.13; the GPU machine runs 3.12).
 
 For each interpreter found (python3.11, python3.12, python3.13 on PATH or
@@ -22,7 +22,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE = os.path.join(REPO, "tests", "cpp", "pyframes_probe.cpp")
-PYFRAMES = os.path.join(REPO, "csrc", "boundary", "python", "pyframes.cpp")
+PYFRAMES = os.path.join(REPO, "csrc", "boundary", "callers", "pyframes.cpp")
 
 CHECK = textwrap.dedent('''
     import sys, threading, traceback

@@ -12,7 +12,7 @@
 #include "allocator/registry.h"
 #include "boundary/torch/cpu_allocator.h"
 #include "boundary/torch/oom_report.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pystacks.h"
 #include "boundary/python/trace_export.h"
 
 namespace py = pybind11;

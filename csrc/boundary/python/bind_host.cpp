@@ -14,7 +14,7 @@
 #include "boundary/python/pyargs.h"
 #include "allocator/registry.h"
 #include "boundary/torch/malloc_entry.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pystacks.h"
 
 #include <cstdio>
 

@@ -21,7 +21,7 @@
 #include "allocator/registry.h"
 #include "backend/backend.h"
 #include "boundary/torch/ipc_wire.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pystacks.h"
 #include "common/clock.h"
 
 #include <exception>

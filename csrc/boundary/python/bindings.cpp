@@ -34,7 +34,7 @@
 #include "boundary/torch/malloc_entry.h"
 #include "boundary/torch/pluggable.h"
 #include "boundary/python/pyargs.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pystacks.h"
 #include "allocator/registry.h"
 #ifdef MEMALLOC_WITH_TORCH_CUDA
 #include "boundary/torch/cuda/torch_allocator.h"

@@ -41,7 +41,7 @@
 #include "common/errors.h"
 #include "boundary/torch/malloc_entry.h"
 #include "boundary/torch/pluggable.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pystacks.h"
 #include "allocator/registry.h"
 
 namespace memalloc {

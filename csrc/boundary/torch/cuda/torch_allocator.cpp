@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
@@ -20,12 +19,12 @@
 #include "boundary/torch/ipc_wire.h"
 #include "boundary/torch/oom_report.h"
 #include "boundary/torch/pluggable.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pystacks.h"
 #include "common/errors.h"
 #include "allocator/registry.h"
 #include "boundary/torch/cuda/torch_allocator.h"
-#include "boundary/torch/cuda/torch_contexts.h"
 #include "boundary/torch/cuda/torch_history.h"
+#include "boundary/torch/cuda/torch_snapshot.h"
 
 namespace memalloc {
 namespace {
@@ -86,21 +85,6 @@ struct PoolCheckpoint final : cca::AllocatorState {
   int device;
   PoolState state;
 };
-
-cda::TraceEntry::Action torch_action(Action a, bool* known) {
-  *known = true;
-  switch (a) {
-    case Action::kAlloc: return cda::TraceEntry::ALLOC;
-    case Action::kFreeRequested: return cda::TraceEntry::FREE_REQUESTED;
-    case Action::kFreeCompleted: return cda::TraceEntry::FREE_COMPLETED;
-    case Action::kSegmentAlloc: return cda::TraceEntry::SEGMENT_ALLOC;
-    case Action::kSegmentFree: return cda::TraceEntry::SEGMENT_FREE;
-    case Action::kSegmentMap: return cda::TraceEntry::SEGMENT_MAP;
-    case Action::kSegmentUnmap: return cda::TraceEntry::SEGMENT_UNMAP;
-    case Action::kOom: return cda::TraceEntry::OOM;
-    default: *known = false; return cda::TraceEntry::ALLOC;
-  }
-}
 
 void copy_stat(const Stat& from, c10::CachingAllocator::Stat& to) {
   to.current = from.current;
@@ -377,30 +361,9 @@ class TorchCudaAllocator final : public Pluggable {
   void setUserMetadata(const std::string& metadata) { history_.set_user_metadata(metadata); }
   std::string getUserMetadata() { return history_.user_metadata(); }
 
-  // Frames: torch's, while torch's history is on (torch_history.h); else
-  // memalloc's interned stacks as torch contexts (torch_contexts.h).
+  // torch.cuda.memory._snapshot() (torch_snapshot.h)
   cca::SnapshotInfo snapshot(c10::MempoolId_t pool, bool include_traces) override {
-    cca::SnapshotInfo out;
-    StackContexts contexts;
-    for (int d = 0; d < core_->device_count(); ++d) {
-      memalloc::DeviceAllocator& dev = core_->device(d);
-      for (const SegmentInfo& s : dev.segments()) {
-        if (pool != kDefaultPool && s.owner != pool) continue;
-        out.segments.push_back(torch_segment(d, s, &contexts));
-      }
-      out.device_traces.emplace_back();
-      if (include_traces && history_.enabled()) {
-        out.device_traces.back() = history_.entries(d);
-      } else if (include_traces) {
-        add_traces(d, &out.device_traces.back(), &contexts);
-      }
-    }
-    const Config settings = core_->device(0).settings();
-    out.config_metadata.garbage_collection_threshold = settings.garbage_collection_threshold;
-    out.config_metadata.max_split_size = settings.max_split_size;
-    out.config_metadata.expandable_segments = settings.expandable_segments;
-    out.config_metadata.last_allocator_settings = settings.to_string();
-    return out;
+    return torch_snapshot(*core_, history_, pool, include_traces);
   }
 
   // ---- OOM observers ------------------------------------------------------------
@@ -506,55 +469,6 @@ class TorchCudaAllocator final : public Pluggable {
     auto source = std::make_shared<PoolAllocatorSource>(device, allocator);
     sources_.push_back(SourceEntry{allocator.get(), device, source});
     return source;
-  }
-
-  cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, StackContexts* contexts) const {
-    cda::SegmentInfo seg;
-    seg.device = static_cast<c10::DeviceIndex>(device);
-    seg.address = s.addr;
-    seg.total_size = s.size;
-    seg.stream = reinterpret_cast<void*>(s.stream);
-    seg.is_large = s.pool == PoolKind::kLarge;
-    seg.is_expandable = s.expandable;
-    seg.owner_private_pool_id = s.owner;
-    std::uintptr_t addr = s.addr;  // the blocks tile the segment
-    for (const BlockInfo& b : s.blocks) {
-      cda::BlockInfo bi;
-      bi.size = b.size;
-      bi.requested_size = b.requested;
-      bi.allocated = std::string(b.state) == "active_allocated";
-      bi.active = std::string(b.state) != "inactive";
-      if (bi.active) {
-        bi.context_when_allocated = history_.enabled() ? history_.block_context(device, addr)
-                                                       : contexts->of(b.prov.stack_id);
-      }
-      addr += b.size;
-      if (bi.allocated) {
-        seg.allocated_size += b.size;
-        seg.requested_size += b.requested;
-      }
-      if (bi.active) seg.active_size += b.size;
-      seg.blocks.push_back(std::move(bi));
-    }
-    return seg;
-  }
-
-  void add_traces(int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) const {
-    uint64_t dropped = 0;
-    const std::vector<TraceRecord> records = core_->device(device).trace(&dropped);
-    const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch()).count();
-    const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
-    for (const TraceRecord& r : records) {
-      bool known = false;
-      const auto action = torch_action(static_cast<Action>(r.action), &known);
-      if (!known) continue;
-      cda::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), r.addr, r.size,
-                         reinterpret_cast<void*>(r.stream), kDefaultPool, 0, contexts->of(r.stack_id));
-      te.time_.t_ = static_cast<time_t>(unix_us - (steady_ns - r.time_ns) / 1000);
-      out->push_back(std::move(te));
-    }
   }
 
   void notify_observers(c10::DeviceIndex device, size_t size) noexcept {

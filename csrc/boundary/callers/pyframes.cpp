@@ -31,7 +31,7 @@
 //     with PyCode_Addr2Line is the same for both capture paths.
 #include <Python.h>
 
-#include "boundary/python/pyframes.h"
+#include "boundary/callers/pyframes.h"
 
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && defined(__has_include)
 #if __has_include(<internal/pycore_frame.h>)

@@ -20,8 +20,8 @@
 //     the process, so the table's raw pointers stay valid for symbolising.
 #include <Python.h>
 
-#include "boundary/python/pyframes.h"
-#include "boundary/python/pystacks.h"
+#include "boundary/callers/pyframes.h"
+#include "boundary/callers/pystacks.h"
 #include "allocator/registry.h"
 
 namespace memalloc {
