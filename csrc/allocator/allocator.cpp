@@ -19,6 +19,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       vm_(backend, device, &mr_),
       pools_(device, &mr_),
       accounting_(config.max_split_size),
+      trace_(device),
       limits_(config.garbage_collection_threshold) {
   live_.reserve(4096);
 }
@@ -111,9 +112,8 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   if (b->owner != nullptr) b->owner->live_blocks -= 1;
   record_locked(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
-    completing_at_once_ = true;
+    EventTrace::AtOnce at_once(trace_);  // both records, one time stamp
     free_block_locked(b);
-    completing_at_once_ = false;
   } else if (pools_.any_route()) {
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {

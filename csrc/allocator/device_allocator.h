@@ -35,7 +35,8 @@
 // graph trees), expandable.cpp the expandable segments' orchestration around
 // VmArena (mapping the room it finds, unmapping the free pages it picks:
 // free lists, segment table, Events), phases.cpp the breakdown by category,
-// recording.cpp the event ring and observer.
+// recording.cpp the event ring (EventTrace, event_trace.h, owns it) and
+// the observer.
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -73,6 +74,7 @@
 #include <vector>
 
 #include "accounting/accounting.h"
+#include "allocator/event_trace.h"
 #include "backend/backend.h"
 #include "pool/block.h"
 #include "accounting/breakdown.h"
@@ -303,8 +305,8 @@ class DeviceAllocator {
   //   breakdown_   bytes by category (breakdown.h): kAlloc and
   //                kFreeRequested, their size, requested bytes and
   //                provenance (phase, category, seq)
-  //   ring_        the trace records (recorder.h), while recording is on:
-  //                action, pool, stream, addr, size, requested, the
+  //   trace_       the trace records (event_trace.h), while recording is
+  //                on: action, pool, stream, addr, size, requested, the
   //                provenance's stack and tag; the call's thread and step
   //                (ctx_)
   //   observer_    the boundary (torch's history), when set: the whole
@@ -313,7 +315,7 @@ class DeviceAllocator {
   void record_locked(const Event& e) {
     accounting_.apply(e);
     breakdown_.apply(e);
-    if (ring_.enabled()) trace_locked(e);
+    if (trace_.enabled()) trace_.take(e, ctx_.thread, ctx_.step);
     if (observer_.fn != nullptr) observe_locked(e);
   }
   void observe_locked(const Event& e) noexcept;  // recording.cpp
@@ -342,7 +344,6 @@ class DeviceAllocator {
   // `to`, in the current split and, if live then, at the window's peak.
   void recategorize_locked(Phase phase, Category from, Category to);
   void validate_breakdown_locked();  // validate.cpp
-  void trace_locked(const Event& e) noexcept;
   FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
   FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
   Block* new_block();
@@ -437,11 +438,7 @@ class DeviceAllocator {
   Breakdown breakdown_;    // bytes by category
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number
-  TraceRing ring_;
-  // A free whose block completes at once stamps both of its records with
-  // one clock reading (recording.cpp): set around that free_block_locked.
-  bool completing_at_once_ = false;
-  int64_t last_record_ns_ = 0;  // the time of the last record pushed
+  EventTrace trace_;  // the event ring (a subscriber of the Events)
   EventObserver observer_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
   Limits limits_;  // the memory fraction, the threshold policy, the capacity

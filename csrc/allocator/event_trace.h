@@ -1,0 +1,93 @@
+// event_trace.h — one subscriber of the allocator's Event stream: the event
+// ring (recorder/recorder.h), in memory or in a flight file. It turns each
+// Event into a 64-byte TraceRecord stamped with the time and the call's
+// thread and step, and keeps the ring's state (its buffer or file, the last
+// time stamped) to itself.
+//
+// Invariants:
+//   * take() runs under the device lock (DeviceAllocator::record_locked),
+//     only while enabled(); it allocates nothing, takes no lock, makes no
+//     system call and cannot throw (push_with's guarantees, and clock.h's
+//     once calibrated).
+//   * The clock is calibrated (clock::calibrate) before a ring is turned on
+//     (reset with capacity > 0, attach), never on the record path.
+//   * Times never go back within a ring; a free that completes at once
+//     (both its records pushed inside one AtOnce scope) stamps its
+//     kFreeCompleted record with the kFreeRequested record's time.
+//   * Capacity is 0 (off) to kMaxTraceRecords per device; reset() and
+//     attach() check it before changing anything.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/errors.h"
+#include "pool/events.h"
+#include "recorder/recorder.h"
+
+namespace memalloc {
+
+class EventTrace {
+ public:
+  explicit EventTrace(int device) : device_(static_cast<uint8_t>(device)) {}
+
+  // A ring of `capacity` records in memory; 0 turns recording off and frees it.
+  void reset(size_t capacity) {
+    MEMALLOC_EXPECTS(capacity <= kMaxTraceRecords,
+                     "recording capacity " + std::to_string(capacity) + " records is too large: at most " +
+                         std::to_string(kMaxTraceRecords) + " (64 bytes each) per device");
+    if (capacity > 0) clock::calibrate();
+    ring_.reset(capacity);
+  }
+  // A ring in a flight file: `capacity` records at `slots`, their sequence
+  // numbers at `seqs`, memory `keep` keeps alive.
+  void attach(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep) {
+    MEMALLOC_EXPECTS(capacity > 0 && capacity <= kMaxTraceRecords,
+                     "flight recorder capacity " + std::to_string(capacity) + " records: use 1 to " +
+                         std::to_string(kMaxTraceRecords) + " per device");
+    clock::calibrate();
+    ring_.attach(slots, seqs, capacity, std::move(keep));
+  }
+  bool enabled() const { return ring_.enabled(); }
+
+  // One Event as a record: the call's `thread` and `step`.
+  void take(const Event& e, uint32_t thread, uint32_t step) noexcept {
+    const int64_t t = at_once_ && e.action == Action::kFreeCompleted ? last_ns_ : clock::now_ns();
+    last_ns_ = t;
+    ring_.push_with([&](TraceRecord& r) {
+      r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, e.prov.stack_id, e.prov.tag_id,
+                      thread, step, static_cast<uint8_t>(e.action), device_, static_cast<uint8_t>(e.pool), {}};
+    });
+  }
+
+  // While one lives, a free's records share one time stamp (a free whose
+  // block completes at once).
+  class AtOnce {
+   public:
+    explicit AtOnce(EventTrace& t) : t_(t) { t_.at_once_ = true; }
+    ~AtOnce() { t_.at_once_ = false; }
+    AtOnce(const AtOnce&) = delete;
+    AtOnce& operator=(const AtOnce&) = delete;
+
+   private:
+    EventTrace& t_;
+  };
+
+  // The stored records oldest first, and how many were overwritten.
+  std::vector<TraceRecord> records() const { return ring_.in_order(); }
+  uint64_t dropped() const { return ring_.dropped(); }
+
+ private:
+  const uint8_t device_;
+  TraceRing ring_;
+  bool at_once_ = false;
+  int64_t last_ns_ = 0;  // the time of the last record pushed
+};
+
+}  // namespace memalloc
