@@ -124,11 +124,11 @@ class Breakdown {
   // their block's provenance; every other action leaves the breakdown alone.
   void apply(const Event& e) {
     if (e.action == Action::kAlloc) {
-      on_alloc(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov.phase, e.prov.category,
-               e.prov.seq);
+      on_alloc(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov->phase, e.prov->category,
+               e.prov->seq);
     } else if (e.action == Action::kFreeRequested) {
-      on_free(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov.phase, e.prov.category,
-              e.prov.seq);
+      on_free(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov->phase, e.prov->category,
+              e.prov->seq);
     }
   }
   // A block of `size` bytes, `held` of them its category's (its requested

@@ -76,10 +76,11 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   }
   b->allocated = true;
   b->requested = requested;
-  b->prov = new_provenance_locked();
+  b->slot = prov_.add(b->addr, b->size, requested, new_provenance_locked());
   live_.emplace(b->addr, b);
   if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);
+  e.prov = &prov_.at(b->slot).prov;
   e.inactive_split_bytes_delta = split_bytes_delta;
   e.inactive_split_count_delta = split_count_delta;
   record_locked(e);
@@ -110,13 +111,17 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   live_.erase(it);
   b->allocated = false;
   if (b->owner != nullptr) b->owner->live_blocks -= 1;
-  record_locked(block_event(Action::kFreeRequested, *b));
+  Event e = block_event(Action::kFreeRequested, *b);
+  e.prov = &prov_.at(b->slot).prov;  // a live block always has its record
+  record_locked(e);
   if (b->stream_uses.empty()) {
     EventTrace::AtOnce at_once(trace_);  // both records, one time stamp
     free_block_locked(b);
   } else if (pools_.any_route()) {
+    prov_.set_pending(b->slot);
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
+    prov_.set_pending(b->slot);
     events_.insert(b);
   }
 }
@@ -125,13 +130,16 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
 void DeviceAllocator::free_block_locked(Block* b) {
   FreeList& list = free_list(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
+  const ProvenanceTable::Slot slot = b->slot;  // a block freed by its caller keeps its record until here
+  e.prov = &prov_.at(slot).prov;
+  b->slot = 0;
   merge_free_neighbours_locked(b, list, e);
   b->requested = 0;
-  b->prov = Provenance{};
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);
   record_locked(e);
+  prov_.remove(slot);
 }
 
 }  // namespace memalloc

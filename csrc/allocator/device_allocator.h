@@ -59,7 +59,10 @@
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
 //   the breakdown's bytes by category (breakdown.h) match the live blocks'
 //   categories and phases and add up to allocated_bytes
-//   a free block's provenance is empty (recorder/provenance.h)
+//   a free block has no provenance record (slot 0); a live block's record
+//   (recorder/provenance_table.h) has its address, bytes and requested
+//   bytes and is not pending; a pending block's is pending; the table holds
+//   no other live record
 // plus the tiling and coalescing invariants of block.h and the parts' own
 // (stream_events.h, segment_table.h, private_pools.h), which validate()
 // checks through each part's validate(check).
@@ -86,6 +89,7 @@
 #include "pool/private_pools.h"
 #include "pool/segment_table.h"
 #include "recorder/provenance.h"
+#include "recorder/provenance_table.h"
 #include "recorder/recorder.h"
 #include "pool/stream_events.h"
 #include "pool/vm_arena.h"
@@ -304,7 +308,8 @@ class DeviceAllocator {
   //                requested, the inactive-split and segment deltas
   //   breakdown_   bytes by category (breakdown.h): kAlloc and
   //                kFreeRequested, their size, requested bytes and
-  //                provenance (phase, category, seq)
+  //                provenance (phase, category, seq: the block's record in
+  //                prov_, copied into the Event)
   //   trace_       the trace records (event_trace.h), while recording is
   //                on: action, pool, stream, addr, size, requested, the
   //                provenance's stack and tag; the call's thread and step
@@ -436,6 +441,7 @@ class DeviceAllocator {
   PrivatePools pools_;  // the private pools and the open routes
   Accounting accounting_;  // the counters
   Breakdown breakdown_;    // bytes by category
+  ProvenanceTable prov_;   // every live and pending block's provenance (Block::slot)
   Phase phase_ = Phase::kIdle;  // stamped on new blocks
   uint64_t alloc_seq_ = 0;      // the last block's sequence number
   EventTrace trace_;  // the event ring (a subscriber of the Events)

@@ -61,7 +61,7 @@ class EventTrace {
     const int64_t t = at_once_ && e.action == Action::kFreeCompleted ? last_ns_ : clock::now_ns();
     last_ns_ = t;
     ring_.push_with([&](TraceRecord& r) {
-      r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, e.prov.stack_id, e.prov.tag_id,
+      r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, e.prov->stack_id, e.prov->tag_id,
                       thread, step, static_cast<uint8_t>(e.action), device_, static_cast<uint8_t>(e.pool), {}};
     });
   }

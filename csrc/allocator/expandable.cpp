@@ -49,7 +49,8 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   if (m == nullptr) return nullptr;
   Event e = block_event(Action::kSegmentMap, *m);
   e.segment_delta = runs_delta;
-  e.prov = call_provenance_locked();
+  const Provenance call = call_provenance_locked();
+  e.prov = &call;
   FreeList& list = free_list(m);
   merge_free_neighbours_locked(m, list, e);
   add_split(e, m, +1);
@@ -106,7 +107,8 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   Event e = block_event(Action::kSegmentUnmap, *f);
   e.addr = lo;
   e.size = hi - lo;
-  e.prov = call_provenance_locked();
+  const Provenance call = call_provenance_locked();
+  e.prov = &call;
   add_split(e, f, -1);
   const VmUnmapped u = vm_.unmap(
       f, lo, hi, [this](Block* b, size_t at) { return split_block_locked(b, at); },

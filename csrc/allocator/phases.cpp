@@ -1,29 +1,29 @@
 // phases.cpp — the breakdown by category of DeviceAllocator (breakdown.h):
 // the training phase stamped on new blocks, the landmarks that resolve
 // unresolved blocks, marking parameters, and the report. Every call takes
-// the device lock; the walks are O(live blocks) and run a few times per
-// training step, never on the malloc/free path. Invariants: breakdown.h.
+// the device lock; the walks go over the provenance table's allocations
+// (provenance_table.h), not the blocks, are O(its slots) and run a few
+// times per training step, never on the malloc/free path. Invariants:
+// breakdown.h.
 #include "allocator/device_allocator.h"
 
 namespace memalloc {
 
 void DeviceAllocator::resolve_locked(Phase phase, Category cat) {
   if (breakdown_.now().unresolved[static_cast<int>(phase)] != 0) {
-    for (auto& kv : live_) {
-      Block* b = kv.second;
-      if (b->prov.category == Category::kUnresolved && b->prov.phase == phase) b->prov.category = cat;
-    }
+    prov_.for_each_allocated([&](ProvenanceRecord& r) {
+      if (r.prov.category == Category::kUnresolved && r.prov.phase == phase) r.prov.category = cat;
+    });
   }
   breakdown_.resolve(phase, cat);
 }
 
 void DeviceAllocator::recategorize_locked(Phase phase, Category from, Category to) {
-  for (auto& kv : live_) {
-    Block* b = kv.second;
-    if (b->prov.phase != phase || b->prov.category != from) continue;
-    breakdown_.recategorize(static_cast<int64_t>(b->requested), phase, from, to, b->prov.seq);
-    b->prov.category = to;
-  }
+  prov_.for_each_allocated([&](ProvenanceRecord& r) {
+    if (r.prov.phase != phase || r.prov.category != from) return;
+    breakdown_.recategorize(static_cast<int64_t>(r.requested), phase, from, to, r.prov.seq);
+    r.prov.category = to;
+  });
 }
 
 void DeviceAllocator::enter_phase(Phase phase) {
@@ -57,26 +57,23 @@ void DeviceAllocator::end_step(uint32_t step) {
 
 size_t DeviceAllocator::mark(std::uintptr_t ptr, Category cat) {
   std::lock_guard<std::mutex> lock(mu_);
-  Block* b = nullptr;
+  ProvenanceRecord* r = nullptr;
   auto it = live_.find(ptr);
   if (it != live_.end()) {
-    b = it->second;
+    r = &prov_.at(it->second->slot);
   } else {
     // An interior pointer (a view into a larger allocation, e.g. a flat
-    // parameter buffer): the live block that spans it.
-    for (auto& kv : live_) {
-      if (kv.first < ptr && ptr < kv.first + kv.second->size) {
-        b = kv.second;
-        break;
-      }
-    }
+    // parameter buffer): the allocation that spans it.
+    prov_.for_each_allocated([&](ProvenanceRecord& x) {
+      if (r == nullptr && x.addr < ptr && ptr < x.addr + x.size) r = &x;
+    });
   }
-  if (b == nullptr) return 0;
-  if (b->prov.category != cat) {
-    breakdown_.recategorize(static_cast<int64_t>(b->requested), b->prov.phase, b->prov.category, cat, b->prov.seq);
-    b->prov.category = cat;
+  if (r == nullptr) return 0;
+  if (r->prov.category != cat) {
+    breakdown_.recategorize(static_cast<int64_t>(r->requested), r->prov.phase, r->prov.category, cat, r->prov.seq);
+    r->prov.category = cat;
   }
-  return b->size;
+  return r->size;
 }
 
 DeviceAllocator::BreakdownState DeviceAllocator::breakdown() {

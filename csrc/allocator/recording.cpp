@@ -51,7 +51,7 @@ std::vector<LiveBlock> DeviceAllocator::live_blocks() {
   out.reserve(live_.size());
   for (const auto& kv : live_) {
     const Block* b = kv.second;
-    out.push_back(LiveBlock::of(b->addr, b->size, b->requested, b->prov));
+    out.push_back(LiveBlock::of(b->addr, b->size, b->requested, prov_.of(b->slot)));
   }
   return out;
 }

@@ -46,20 +46,36 @@ void check_stat(const Stat (&s)[kNumStatTypes], const int64_t (&want)[kNumStatTy
 void DeviceAllocator::validate() {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::uintptr_t, const Block*> blocks;
+  size_t records = 0;  // the provenance records the blocks hold
   for (auto& kv : live_) {
-    check(kv.first == kv.second->addr && kv.second->allocated, "live table entry is not a live block");
-    blocks.emplace(kv.first, kv.second);
+    const Block* b = kv.second;
+    check(kv.first == b->addr && b->allocated, "live table entry is not a live block");
+    blocks.emplace(kv.first, b);
+    const bool has = prov_.is_live(b->slot);
+    check(has, "a live block has no provenance record");
+    if (!has) continue;
+    const ProvenanceRecord& r = prov_.at(b->slot);
+    check(r.addr == b->addr && r.size == b->size && r.requested == b->requested && !r.pending,
+          "a live block's provenance record differs from the block");
+    ++records;
   }
   events_.validate([&](bool ok, const char* what) { check(ok, what); });
-  events_.for_each_waiting([&](const Block* b) { blocks.emplace(b->addr, b); });
+  events_.for_each_waiting([&](const Block* b) {  // a block once per stream it waits for
+    if (!blocks.emplace(b->addr, b).second) return;
+    const bool has = prov_.is_live(b->slot);
+    check(has && prov_.at(b->slot).pending && prov_.at(b->slot).addr == b->addr,
+          "a pending block's provenance record is missing or not pending");
+    records += has ? 1 : 0;
+  });
+  prov_.validate([&](bool ok, const char* what) { check(ok, what); });
+  check(prov_.live() == records, "the provenance table holds records of no live or pending block");
   pools_.validate([&](bool ok, const char* what) { check(ok, what); });
   segments_.validate([&](bool ok, const char* what) { check(ok, what); });
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
     for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
       for (const Block* b : list->blocks()) {
         check(b->is_free(), "free list holds a non-free block");
-        check(b->prov.seq == 0 && b->prov.stack_id == 0 && b->prov.tag_id == 0 && b->prov.step == 0,
-              "a free block keeps an allocation's provenance");
+        check(b->slot == 0, "a free block keeps an allocation's provenance record");
         check(&free_list(b) == list, "free block in the wrong pool's list");
         check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
       }
@@ -149,24 +165,23 @@ void DeviceAllocator::validate() {
   validate_breakdown_locked();
 }
 
-// The invariants of breakdown.h against the live blocks.
+// The invariants of breakdown.h against the allocations' provenance records.
 void DeviceAllocator::validate_breakdown_locked() {
   const Breakdown& bd = breakdown_;
   CategoryBytes want;
-  for (auto& kv : live_) {
-    const Block* b = kv.second;
-    const auto bytes = static_cast<int64_t>(b->requested);  // what its category holds; the rest: other
-    want.live[static_cast<int>(Category::kOther)] += static_cast<int64_t>(b->size) - bytes;
-    if (b->prov.category == Category::kUnresolved) {
-      check(b->prov.phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
-      want.unresolved[static_cast<int>(b->prov.phase)] += bytes;
+  prov_.for_each_allocated([&](const ProvenanceRecord& r) {
+    const auto bytes = static_cast<int64_t>(r.requested);  // what its category holds; the rest: other
+    want.live[static_cast<int>(Category::kOther)] += static_cast<int64_t>(r.size) - bytes;
+    if (r.prov.category == Category::kUnresolved) {
+      check(r.prov.phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
+      want.unresolved[static_cast<int>(r.prov.phase)] += bytes;
     } else {
-      check(static_cast<int>(b->prov.category) < kNumCategories, "breakdown: a block has no valid category");
-      want.live[static_cast<int>(b->prov.category)] += bytes;
+      check(static_cast<int>(r.prov.category) < kNumCategories, "breakdown: a block has no valid category");
+      want.live[static_cast<int>(r.prov.category)] += bytes;
     }
-    check(b->prov.seq >= 1 && b->prov.seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
-    want.total += static_cast<int64_t>(b->size);
-  }
+    check(r.prov.seq >= 1 && r.prov.seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
+    want.total += static_cast<int64_t>(r.size);
+  });
   const CategoryBytes& now = bd.now();
   for (int c = 0; c < kNumCategories; ++c)
     check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +

@@ -16,8 +16,9 @@
 //             `unmapped` set, never in a free list, never coalesced with a
 //             mapped block;
 // every other block is mapped.
-// A live or pending block's `prov` says who allocated it, when, and what it
-// holds (recorder/provenance.h); a free block's is Provenance{}.
+// A live or pending block's `slot` names its record in the profiler's table
+// (recorder/provenance_table.h: who allocated it, when, what it holds); the
+// pool never reads it. A free block's slot is 0.
 // All Block objects and container nodes come from the owning device's
 // NodeCache (node_cache.h): no host allocation in steady state.
 #pragma once
@@ -29,7 +30,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "recorder/provenance.h"
 
 namespace memalloc {
 
@@ -55,7 +55,7 @@ struct Block {
   bool allocated = false;
   bool mapped = true;   // false: an unmapped run of an expandable segment
   int event_count = 0;  // outstanding cross-stream events (pending state)
-  Provenance prov;       // who allocated it, when, what it holds (live and pending blocks)
+  uint32_t slot = 0;     // its ProvenanceTable record (live and pending blocks); 0 = none
   PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
   VmSegment* vm = nullptr;       // its expandable segment; nullptr = a plain segment
   Block* prev = nullptr;

@@ -74,17 +74,18 @@ struct Event {
   int64_t inactive_split_bytes_delta = 0;
   int64_t inactive_split_count_delta = 0;
   int64_t segment_delta = 0;  // kSegmentMap / kSegmentUnmap
-  // Provenance (recorder/provenance.h): block events carry their block's (a
-  // free event the allocation's, category as it is at the free); segment
-  // and OOM events the triggering call's stack, tag and step, the rest empty.
-  Provenance prov;
+  // Provenance (recorder/provenance.h), pointed to, valid while the Event
+  // is being recorded: block events point to their block's record (a free
+  // event the allocation's, category as it is at the free); segment and OOM
+  // events to the triggering call's stack, tag and step, the rest empty.
+  const Provenance* prov = &kNoProvenance;
   // The block of a block event (nullptr for kOom and the counts): for the
   // boundary's observer (its owner). Valid during record_locked() only.
   const Block* block = nullptr;
 };
 
-// An Event about block `b`: pool, stream, address, size, requested bytes and
-// provenance taken from the block (callers adjust what differs).
+// An Event about block `b`: pool, stream, address, size and requested bytes
+// taken from the block (callers add the provenance and adjust what differs).
 inline Event block_event(Action action, const Block& b) {
   Event e;
   e.action = action;
@@ -93,7 +94,6 @@ inline Event block_event(Action action, const Block& b) {
   e.addr = b.addr;
   e.size = b.size;
   e.requested = b.requested;
-  e.prov = b.prov;
   e.block = &b;
   return e;
 }

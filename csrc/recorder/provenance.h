@@ -45,4 +45,7 @@ struct Provenance {
   uint64_t seq = 0;       // when: the allocation's sequence number on its device
 };
 
+// The provenance of nothing: what an Event about no allocation points to.
+inline constexpr Provenance kNoProvenance{};
+
 }  // namespace memalloc

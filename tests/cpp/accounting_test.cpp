@@ -46,7 +46,7 @@ Event block_ev(Action action, PoolKind pool, size_t size, const Provenance& prov
   e.pool = pool;
   e.size = size;
   e.requested = size;
-  e.prov = prov;
+  e.prov = &prov;  // the callers' provenance outlives the Event's use
   return e;
 }
 

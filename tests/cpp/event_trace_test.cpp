@@ -19,6 +19,19 @@ using namespace memalloc;
 
 namespace {
 
+// Provenance the Events point to (stable: reserved up front).
+std::vector<Provenance>& provenances() {
+  static std::vector<Provenance> v = [] {
+    std::vector<Provenance> p(64);
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i].stack_id = static_cast<uint32_t>(10 + i);
+      p[i].tag_id = static_cast<uint32_t>(20 + i);
+    }
+    return p;
+  }();
+  return v;
+}
+
 Event event(Action a, uint64_t i) {
   Event e;
   e.action = a;
@@ -27,14 +40,13 @@ Event event(Action a, uint64_t i) {
   e.addr = 0x7000'0000 + i * 512;
   e.size = 512 * (i + 1);
   e.requested = 500 * (i + 1);
-  e.prov.stack_id = static_cast<uint32_t>(10 + i);
-  e.prov.tag_id = static_cast<uint32_t>(20 + i);
+  e.prov = &provenances().at(i);
   return e;
 }
 
 bool same(const TraceRecord& r, const Event& e, uint32_t thread, uint32_t step, uint8_t device) {
   return r.addr == e.addr && r.size == e.size && r.requested == e.requested && r.stream == e.stream &&
-         r.stack_id == e.prov.stack_id && r.tag_id == e.prov.tag_id && r.thread == thread && r.step == step &&
+         r.stack_id == e.prov->stack_id && r.tag_id == e.prov->tag_id && r.thread == thread && r.step == step &&
          r.action == static_cast<uint8_t>(e.action) && r.device == device &&
          r.pool == static_cast<uint8_t>(e.pool);
 }
