@@ -19,7 +19,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       vm_(backend, device, &mr_),
       pools_(device, &mr_),
       accounting_(config.max_split_size),
-      trace_(device),
+      profile_(device),
       limits_(config.garbage_collection_threshold) {
   live_.reserve(4096);
 }
@@ -76,11 +76,12 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   }
   b->allocated = true;
   b->requested = requested;
-  b->slot = prov_.add(b->addr, b->size, requested, new_provenance_locked());
+  b->slot = profile_.add(b->addr, b->size, requested, ctx_);
+  ++allocations_;
   live_.emplace(b->addr, b);
   if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);
-  e.prov = &prov_.at(b->slot).prov;
+  e.prov = profile_.provenance(b->slot);
   e.inactive_split_bytes_delta = split_bytes_delta;
   e.inactive_split_count_delta = split_count_delta;
   record_locked(e);
@@ -112,16 +113,16 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   b->allocated = false;
   if (b->owner != nullptr) b->owner->live_blocks -= 1;
   Event e = block_event(Action::kFreeRequested, *b);
-  e.prov = &prov_.at(b->slot).prov;  // a live block always has its record
+  e.prov = profile_.provenance(b->slot);  // a live block always has its record
   record_locked(e);
   if (b->stream_uses.empty()) {
-    EventTrace::AtOnce at_once(trace_);  // both records, one time stamp
+    EventTrace::AtOnce at_once(profile_.trace());  // both records, one time stamp
     free_block_locked(b);
   } else if (pools_.any_route()) {
-    prov_.set_pending(b->slot);
+    profile_.set_pending(b->slot);
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
-    prov_.set_pending(b->slot);
+    profile_.set_pending(b->slot);
     events_.insert(b);
   }
 }
@@ -131,7 +132,7 @@ void DeviceAllocator::free_block_locked(Block* b) {
   FreeList& list = free_list(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
   const ProvenanceTable::Slot slot = b->slot;  // a block freed by its caller keeps its record until here
-  e.prov = &prov_.at(slot).prov;
+  e.prov = profile_.provenance(slot);
   b->slot = 0;
   merge_free_neighbours_locked(b, list, e);
   b->requested = 0;
@@ -139,7 +140,7 @@ void DeviceAllocator::free_block_locked(Block* b) {
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);
   record_locked(e);
-  prov_.remove(slot);
+  profile_.remove(slot);
 }
 
 }  // namespace memalloc

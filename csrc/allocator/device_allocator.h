@@ -35,8 +35,9 @@
 // graph trees), expandable.cpp the expandable segments' orchestration around
 // VmArena (mapping the room it finds, unmapping the free pages it picks:
 // free lists, segment table, Events), phases.cpp the breakdown by category,
-// recording.cpp the event ring (EventTrace, event_trace.h, owns it) and
-// the observer.
+// recording.cpp the event ring and the observer; phases.cpp and
+// recording.cpp take the lock and call the Profiler part (profiler.h), which
+// owns every allocation's provenance, the phase, the breakdown and the ring.
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -57,14 +58,14 @@
 //   a segment is obtained only while reserved + segment <= the memory
 //   fraction's cap (limits.h); lowering the fraction later releases nothing.
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
-//   the breakdown's bytes by category (breakdown.h) match the live blocks'
-//   categories and phases and add up to allocated_bytes
+//   the Profiler's breakdown (profiler.h, breakdown.h) adds up to
+//   allocated_bytes, by its allocations' categories and phases
 //   a free block has no provenance record (slot 0); a live block's record
 //   (recorder/provenance_table.h) has its address, bytes and requested
 //   bytes and is not pending; a pending block's is pending; the table holds
 //   no other live record
 // plus the tiling and coalescing invariants of block.h and the parts' own
-// (stream_events.h, segment_table.h, private_pools.h), which validate()
+// (stream_events.h, segment_table.h, private_pools.h, profiler.h), which validate()
 // checks through each part's validate(check).
 #pragma once
 
@@ -77,7 +78,7 @@
 #include <vector>
 
 #include "accounting/accounting.h"
-#include "allocator/event_trace.h"
+#include "allocator/profiler.h"
 #include "backend/backend.h"
 #include "pool/block.h"
 #include "accounting/breakdown.h"
@@ -103,25 +104,6 @@ struct BlockInfo {
   const char* state;  // "active_allocated" | "active_pending_free" | "inactive"
   Provenance prov;    // the block's (empty for an inactive one)
 };
-
-// One live allocation (a block the caller has not freed), for leak tracking.
-// A wire format (memalloc._C.LIVE_FIELDS / LIVE_BYTES; memalloc/trace/sites.py
-// unpacks it): the who and when of the block's Provenance that Python reads,
-// flat, 40 bytes. Holding the whole Provenance would add its phase, category
-// and sequence number (8 bytes) to every record that Python never reads.
-struct LiveBlock {
-  std::uintptr_t addr;
-  size_t size;
-  size_t requested;
-  uint32_t stack_id;  // Provenance::stack_id
-  uint32_t tag_id;    // Provenance::tag_id
-  uint32_t step;      // Provenance::step: step count when it was allocated
-
-  static LiveBlock of(std::uintptr_t addr, size_t size, size_t requested, const Provenance& p) {
-    return LiveBlock{addr, size, requested, p.stack_id, p.tag_id, p.step};
-  }
-};
-static_assert(sizeof(LiveBlock) == 40, "LiveBlock is a 40-byte wire format (LIVE_BYTES)");
 
 struct SegmentInfo {
   std::uintptr_t addr;
@@ -257,12 +239,7 @@ class DeviceAllocator {
   // the final category `cat`. Returns its bytes (0: no live block holds
   // ptr). An interior pointer costs a walk over the live blocks.
   size_t mark(std::uintptr_t ptr, Category cat);
-  struct BreakdownState {
-    CategoryBytes now, peak, last;
-    bool has_last;
-    uint32_t last_step;
-    Phase phase;
-  };
+  using BreakdownState = Profiler::State;
   BreakdownState breakdown();
 
   MemInfo mem_get_info();
@@ -306,49 +283,21 @@ class DeviceAllocator {
   // (each reads only the Event, and what is named here):
   //   accounting_  the counters (accounting.h): action, pool, size,
   //                requested, the inactive-split and segment deltas
-  //   breakdown_   bytes by category (breakdown.h): kAlloc and
-  //                kFreeRequested, their size, requested bytes and
-  //                provenance (phase, category, seq: the block's record in
-  //                prov_, copied into the Event)
-  //   trace_       the trace records (event_trace.h), while recording is
-  //                on: action, pool, stream, addr, size, requested, the
-  //                provenance's stack and tag; the call's thread and step
-  //                (ctx_)
+  //   profile_     the profiler (profiler.h): its breakdown by category
+  //                (kAlloc and kFreeRequested: size, requested bytes, the
+  //                provenance's phase, category and seq) and its event
+  //                ring while recording is on (action, pool, stream, addr,
+  //                size, requested, the provenance's stack and tag; the
+  //                call's thread and step, ctx_)
   //   observer_    the boundary (torch's history), when set: the whole
   //                Event, its block included, and the allocated and
   //                reserved bytes after the counters took it
   void record_locked(const Event& e) {
     accounting_.apply(e);
-    breakdown_.apply(e);
-    if (trace_.enabled()) trace_.take(e, ctx_.thread, ctx_.step);
+    profile_.take(e, ctx_);
     if (observer_.fn != nullptr) observe_locked(e);
   }
   void observe_locked(const Event& e) noexcept;  // recording.cpp
-  // The provenance of a block becoming live now (malloc, restore_pool): the
-  // call's stack, tag and step, the next sequence number, the current phase
-  // and that phase's initial category.
-  Provenance new_provenance_locked() {
-    Provenance p = call_provenance_locked();
-    p.phase = phase_;
-    p.category = initial_category(phase_);
-    p.seq = ++alloc_seq_;
-    return p;
-  }
-  // The public call in progress as a provenance (stack, tag, step; the rest
-  // empty): what segment and OOM events carry.
-  Provenance call_provenance_locked() const {
-    Provenance p;
-    p.stack_id = ctx_.stack_id;
-    p.tag_id = ctx_.tag_id;
-    p.step = ctx_.step;
-    return p;
-  }
-  // Sets the category of every live unresolved block of `phase` to `cat`.
-  void resolve_locked(Phase phase, Category cat);
-  // Every live block of `phase` whose category is `from` (final) becomes
-  // `to`, in the current split and, if live then, at the window's peak.
-  void recategorize_locked(Phase phase, Category from, Category to);
-  void validate_breakdown_locked();  // validate.cpp
   FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
   FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
   Block* new_block();
@@ -440,11 +389,8 @@ class DeviceAllocator {
   VmArena vm_;
   PrivatePools pools_;  // the private pools and the open routes
   Accounting accounting_;  // the counters
-  Breakdown breakdown_;    // bytes by category
-  ProvenanceTable prov_;   // every live and pending block's provenance (Block::slot)
-  Phase phase_ = Phase::kIdle;  // stamped on new blocks
-  uint64_t alloc_seq_ = 0;      // the last block's sequence number
-  EventTrace trace_;  // the event ring (a subscriber of the Events)
+  Profiler profile_;       // every allocation's provenance, the breakdown, the event ring
+  uint64_t allocations_ = 0;  // blocks made live so far (malloc, restore): the arena's clock (vm_arena.h)
   EventObserver observer_;
   CallContext ctx_;  // the public call in progress (valid under mu_)
   Limits limits_;  // the memory fraction, the threshold policy, the capacity

@@ -49,7 +49,7 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   if (m == nullptr) return nullptr;
   Event e = block_event(Action::kSegmentMap, *m);
   e.segment_delta = runs_delta;
-  const Provenance call = call_provenance_locked();
+  const Provenance call = Profiler::call_provenance(ctx_);
   e.prov = &call;
   FreeList& list = free_list(m);
   merge_free_neighbours_locked(m, list, e);
@@ -89,7 +89,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   const DeviceStats& s = accounting_.stats();
   const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
   const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
-  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, alloc_seq_, seg->page);
+  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, allocations_, seg->page);
   if (config_.reuse_free_pages && !pools_.any_route() && over > 0) {
     // Keep reserved bytes under the ceiling: give back free pages for the
     // part of this mapping above it (below it, pages are mapped without a
@@ -107,7 +107,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   Event e = block_event(Action::kSegmentUnmap, *f);
   e.addr = lo;
   e.size = hi - lo;
-  const Provenance call = call_provenance_locked();
+  const Provenance call = Profiler::call_provenance(ctx_);
   e.prov = &call;
   add_split(e, f, -1);
   const VmUnmapped u = vm_.unmap(

@@ -58,7 +58,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   b->pool = pool_kind_for(rounded);
   b->owner = owner;
   Event e = block_event(Action::kSegmentAlloc, *b);
-  const Provenance call = call_provenance_locked();
+  const Provenance call = Profiler::call_provenance(ctx_);
   e.prov = &call;
   record_locked(e);
   return b;
@@ -113,7 +113,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.stream = stream;
   oom.size = rounded;
   oom.requested = requested;
-  const Provenance call = call_provenance_locked();
+  const Provenance call = Profiler::call_provenance(ctx_);
   oom.prov = &call;
   oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
   record_locked(oom);
@@ -136,7 +136,7 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   free_list(b).erase(b);
   segments_.erase(b->addr);
   Event e = block_event(Action::kSegmentFree, *b);
-  const Provenance call = call_provenance_locked();
+  const Provenance call = Profiler::call_provenance(ctx_);
   e.prov = &call;
   record_locked(e);
   delete_block(b);
@@ -336,7 +336,7 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
       }
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, prov_.of(b->slot)});
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, profile_.provenance_of(b->slot)});
       info->size += b->size;
       end = b->addr + b->size;
     }

@@ -123,7 +123,7 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
     SegmentState s{seg.first, seg.second.bytes, first->stream, first->pool, {}};
     for (const Block* b = first; b != nullptr; b = b->next)
       s.blocks.push_back(BlockState{b->addr, b->size, b->allocated ? b->requested : 0, b->allocated,
-                                    b->allocated ? prov_.of(b->slot) : Provenance{}});
+                                    b->allocated ? profile_.provenance_of(b->slot) : Provenance{}});
     state.segments.push_back(std::move(s));
   }
   return state;
@@ -205,10 +205,8 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
     b->allocated = true;
     b->requested = cut[i].requested;
     // Live again now (step, sequence number, phase), allocated by whom it was.
-    Provenance prov = new_provenance_locked();
-    prov.stack_id = cut[i].prov.stack_id;
-    prov.tag_id = cut[i].prov.tag_id;
-    b->slot = prov_.add(b->addr, b->size, b->requested, prov);
+    ++allocations_;
+    b->slot = profile_.add_restored(b->addr, b->size, b->requested, ctx_, cut[i].prov.stack_id, cut[i].prov.tag_id);
     live_.emplace(b->addr, b);
     pool->live_blocks += 1;
     out->allocated.push_back(reinterpret_cast<void*>(b->addr));
@@ -216,7 +214,7 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
   for (size_t i = 0; i < made.size(); ++i) {
     if (!cut[i].allocated) continue;
     Event e = block_event(Action::kAlloc, *made[i]);
-    e.prov = &prov_.at(made[i]->slot).prov;
+    e.prov = profile_.provenance(made[i]->slot);
     if (!deltas_recorded) {
       e.inactive_split_bytes_delta = split_bytes_delta;
       e.inactive_split_count_delta = split_count_delta;

@@ -24,36 +24,30 @@ void DeviceAllocator::set_event_observer(EventObserver observer) {
 void DeviceAllocator::set_recording(size_t capacity) {
   if (capacity > 0) clock::calibrate();  // its first call measures: not under the lock
   std::lock_guard<std::mutex> lock(mu_);
-  trace_.reset(capacity);
+  profile_.trace().reset(capacity);
 }
 
 void DeviceAllocator::set_recording_file(TraceRecord* slots, uint64_t* seqs, size_t capacity,
                                          std::shared_ptr<void> keep) {
   clock::calibrate();  // its first call measures: not under the lock
   std::lock_guard<std::mutex> lock(mu_);
-  trace_.attach(slots, seqs, capacity, std::move(keep));
+  profile_.trace().attach(slots, seqs, capacity, std::move(keep));
 }
 
 bool DeviceAllocator::recording_enabled() {
   std::lock_guard<std::mutex> lock(mu_);
-  return trace_.enabled();
+  return profile_.trace().enabled();
 }
 
 std::vector<TraceRecord> DeviceAllocator::trace(uint64_t* dropped) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (dropped) *dropped = trace_.dropped();
-  return trace_.records();
+  if (dropped) *dropped = profile_.trace().dropped();
+  return profile_.trace().records();
 }
 
 std::vector<LiveBlock> DeviceAllocator::live_blocks() {
-  std::vector<LiveBlock> out;
   std::lock_guard<std::mutex> lock(mu_);
-  out.reserve(live_.size());
-  for (const auto& kv : live_) {
-    const Block* b = kv.second;
-    out.push_back(LiveBlock::of(b->addr, b->size, b->requested, prov_.of(b->slot)));
-  }
-  return out;
+  return profile_.live_blocks();
 }
 
 }  // namespace memalloc

@@ -51,10 +51,10 @@ void DeviceAllocator::validate() {
     const Block* b = kv.second;
     check(kv.first == b->addr && b->allocated, "live table entry is not a live block");
     blocks.emplace(kv.first, b);
-    const bool has = prov_.is_live(b->slot);
+    const bool has = profile_.table().is_live(b->slot);
     check(has, "a live block has no provenance record");
     if (!has) continue;
-    const ProvenanceRecord& r = prov_.at(b->slot);
+    const ProvenanceRecord& r = profile_.table().at(b->slot);
     check(r.addr == b->addr && r.size == b->size && r.requested == b->requested && !r.pending,
           "a live block's provenance record differs from the block");
     ++records;
@@ -62,13 +62,12 @@ void DeviceAllocator::validate() {
   events_.validate([&](bool ok, const char* what) { check(ok, what); });
   events_.for_each_waiting([&](const Block* b) {  // a block once per stream it waits for
     if (!blocks.emplace(b->addr, b).second) return;
-    const bool has = prov_.is_live(b->slot);
-    check(has && prov_.at(b->slot).pending && prov_.at(b->slot).addr == b->addr,
+    const bool has = profile_.table().is_live(b->slot);
+    check(has && profile_.table().at(b->slot).pending && profile_.table().at(b->slot).addr == b->addr,
           "a pending block's provenance record is missing or not pending");
     records += has ? 1 : 0;
   });
-  prov_.validate([&](bool ok, const char* what) { check(ok, what); });
-  check(prov_.live() == records, "the provenance table holds records of no live or pending block");
+  check(profile_.table().live() == records, "the provenance table holds records of no live or pending block");
   pools_.validate([&](bool ok, const char* what) { check(ok, what); });
   segments_.validate([&](bool ok, const char* what) { check(ok, what); });
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
@@ -162,46 +161,8 @@ void DeviceAllocator::validate() {
   const StepWindow& w = accounting_.window();
   check(w.peak_allocated_bytes >= s.allocated_bytes[kStatAll].current, "step window: peak allocated < current");
   check(w.peak_reserved_bytes >= s.reserved_bytes[kStatAll].current, "step window: peak reserved < current");
-  validate_breakdown_locked();
-}
-
-// The invariants of breakdown.h against the allocations' provenance records.
-void DeviceAllocator::validate_breakdown_locked() {
-  const Breakdown& bd = breakdown_;
-  CategoryBytes want;
-  prov_.for_each_allocated([&](const ProvenanceRecord& r) {
-    const auto bytes = static_cast<int64_t>(r.requested);  // what its category holds; the rest: other
-    want.live[static_cast<int>(Category::kOther)] += static_cast<int64_t>(r.size) - bytes;
-    if (r.prov.category == Category::kUnresolved) {
-      check(r.prov.phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
-      want.unresolved[static_cast<int>(r.prov.phase)] += bytes;
-    } else {
-      check(static_cast<int>(r.prov.category) < kNumCategories, "breakdown: a block has no valid category");
-      want.live[static_cast<int>(r.prov.category)] += bytes;
-    }
-    check(r.prov.seq >= 1 && r.prov.seq <= alloc_seq_, "breakdown: a live block's sequence number is out of range");
-    want.total += static_cast<int64_t>(r.size);
-  });
-  const CategoryBytes& now = bd.now();
-  for (int c = 0; c < kNumCategories; ++c)
-    check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +
-                                           std::to_string(now.live[c]) + ", expected " + std::to_string(want.live[c]));
-  for (int p = 0; p < kNumPhases; ++p)
-    check(now.unresolved[p] == want.unresolved[p],
-          std::string("breakdown: unresolved ") + phase_name(p) + " bytes " + std::to_string(now.unresolved[p]) +
-              ", expected " + std::to_string(want.unresolved[p]));
-  check(now.total == accounting_.stats().allocated_bytes[kStatAll].current,
-        "breakdown: total differs from allocated_bytes");
-  const CategoryBytes& peak = bd.peak();
-  int64_t sum = 0;
-  for (int64_t v : peak.live) sum += v;
-  for (int p = 0; p < kNumPhases; ++p) {
-    sum += peak.unresolved[p];
-    check(bd.freed_since_peak()[p] >= 0 && bd.freed_since_peak()[p] <= peak.unresolved[p],
-          std::string("breakdown: freed-since-peak bytes of ") + phase_name(p) + " out of range");
-  }
-  check(sum == peak.total, "breakdown: the peak's categories do not add up to its total");
-  check(peak.total >= now.total, "breakdown: window peak < current total");
+  profile_.validate([](bool ok, const std::string& what) { check(ok, what); },
+                    s.allocated_bytes[kStatAll].current);
 }
 
 }  // namespace memalloc

@@ -1,0 +1,201 @@
+// profiler.h — what memalloc knows of one device's allocations beyond
+// torch's counters, as one part that owns its state: every allocation's
+// provenance (provenance_table.h), the training phase new allocations are
+// stamped with, their sequence numbers, the breakdown by category
+// (breakdown.h) and the event ring (event_trace.h).
+//
+// It is a subscriber of the allocator's Event stream (take(), from
+// DeviceAllocator::record_locked, after the counters) and is told of each
+// allocation's life by the allocator (add() when a block becomes live,
+// set_pending() when its caller frees it while streams still use it,
+// remove() once its memory is free again). Its landmarks (enter_phase,
+// resolve, end_step, mark) walk its own table, never the allocator's blocks.
+//
+// Invariants:
+//   * Called only under the owning device's lock; no lock of its own.
+//   * take() and the record calls allocate no host memory in a steady
+//     state and cannot throw.
+//   * Sequence numbers are 1, 2, ... in the order allocations became live;
+//     every live record's seq is in [1, last_seq()].
+//   * The breakdown's bytes by category and phase equal the sums over the
+//     table's allocations (not pending) of their requested bytes, the rest
+//     of each block being other; its total equals the allocator's
+//     allocated bytes (validate()).
+//   * A record's category moves only from kUnresolved to a final one, or
+//     between final ones (mark, the first step's recategorisation).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "accounting/breakdown.h"
+#include "allocator/event_trace.h"
+#include "pool/events.h"
+#include "recorder/provenance.h"
+#include "recorder/provenance_table.h"
+#include "recorder/recorder.h"
+
+namespace memalloc {
+
+// One live allocation (a block the caller has not freed), for leak tracking.
+// A wire format (memalloc._C.LIVE_FIELDS / LIVE_BYTES; memalloc/trace/sites.py
+// unpacks it): the who and when of the block's Provenance that Python reads,
+// flat, 40 bytes. Holding the whole Provenance would add its phase, category
+// and sequence number (8 bytes) to every record that Python never reads.
+struct LiveBlock {
+  std::uintptr_t addr;
+  size_t size;
+  size_t requested;
+  uint32_t stack_id;  // Provenance::stack_id
+  uint32_t tag_id;    // Provenance::tag_id
+  uint32_t step;      // Provenance::step: step count when it was allocated
+
+  static LiveBlock of(std::uintptr_t addr, size_t size, size_t requested, const Provenance& p) {
+    return LiveBlock{addr, size, requested, p.stack_id, p.tag_id, p.step};
+  }
+};
+static_assert(sizeof(LiveBlock) == 40, "LiveBlock is a 40-byte wire format (LIVE_BYTES)");
+
+class Profiler {
+ public:
+  using Slot = ProvenanceTable::Slot;
+  struct State {  // the breakdown's report
+    CategoryBytes now, peak, last;
+    bool has_last;
+    uint32_t last_step;
+    Phase phase;
+  };
+
+  explicit Profiler(int device) : trace_(device) {}
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  // ---- the Event stream --------------------------------------------------
+  // One Event, after the counters took it: the breakdown, then the ring
+  // (stamped with the call's thread and step) while recording is on.
+  void take(const Event& e, const CallContext& call) noexcept {
+    breakdown_.apply(e);
+    if (trace_.enabled()) trace_.take(e, call.thread, call.step);
+  }
+
+  // ---- an allocation's life ------------------------------------------------
+  // A block became live: a record of the call's stack, tag and step, the
+  // current phase, its initial category and the next sequence number.
+  Slot add(std::uintptr_t addr, size_t size, size_t requested, const CallContext& call) {
+    Provenance p = call_provenance(call);
+    p.phase = phase_;
+    p.category = initial_category(phase_);
+    p.seq = ++seq_;
+    return table_.add(addr, size, requested, p);
+  }
+  // The same for a block a checkpoint's restore makes live again: allocated
+  // by whom it was (`stack_id`, `tag_id`), live again now.
+  Slot add_restored(std::uintptr_t addr, size_t size, size_t requested, const CallContext& call,
+                    uint32_t stack_id, uint32_t tag_id) {
+    const Slot s = add(addr, size, requested, call);
+    table_.at(s).prov.stack_id = stack_id;
+    table_.at(s).prov.tag_id = tag_id;
+    return s;
+  }
+  void set_pending(Slot s) { table_.set_pending(s); }
+  void remove(Slot s) { table_.remove(s); }
+  // The provenance an Event about the allocation of slot `s` points to
+  // (valid until the table changes).
+  const Provenance* provenance(Slot s) const { return &table_.at(s).prov; }
+  // A slot's provenance by value (empty for slot 0).
+  Provenance provenance_of(Slot s) const { return table_.of(s); }
+  // The call as a provenance (stack, tag, step; the rest empty): what
+  // segment and OOM events carry.
+  static Provenance call_provenance(const CallContext& call) {
+    Provenance p;
+    p.stack_id = call.stack_id;
+    p.tag_id = call.tag_id;
+    p.step = call.step;
+    return p;
+  }
+
+  // ---- the landmarks of the breakdown (breakdown.h) -------------------------
+  // New allocations are stamped with `phase`; entering kBackward resolves the
+  // forward's (activations), entering kOptimizer the backward's (gradients).
+  void enter_phase(Phase phase);
+  Phase phase() const { return phase_; }
+  // Every unresolved allocation of `phase` gets the final category `cat`.
+  void resolve(Phase phase, Category cat);
+  // The step ended: see DeviceAllocator::end_step.
+  void end_step(uint32_t step);
+  // Gives the allocation of slot `exact` (0: none known), or else the one
+  // spanning `ptr` (an interior pointer: a walk), the category `cat`.
+  // Returns its bytes (0: no allocation holds ptr).
+  size_t mark(Slot exact, std::uintptr_t ptr, Category cat);
+  State state() const {
+    return State{breakdown_.now(), breakdown_.peak(), breakdown_.last(), breakdown_.has_last(),
+                 breakdown_.last_step(), phase_};
+  }
+
+  // ---- reading --------------------------------------------------------------
+  // Every allocation the callers hold, in no particular order.
+  std::vector<LiveBlock> live_blocks() const;
+  EventTrace& trace() { return trace_; }
+  const EventTrace& trace() const { return trace_; }
+  const ProvenanceTable& table() const { return table_; }
+  uint64_t last_seq() const { return seq_; }
+
+  // check(ok, what) for every invariant above; `allocated_bytes`: the
+  // allocator's current allocated bytes.
+  template <class Check>
+  void validate(Check&& check, int64_t allocated_bytes) const;
+
+ private:
+  // Every allocation of `phase` whose category is `from` (final) becomes
+  // `to`, in the current split and, if live then, at the window's peak.
+  void recategorize(Phase phase, Category from, Category to);
+
+  ProvenanceTable table_;
+  Breakdown breakdown_;
+  Phase phase_ = Phase::kIdle;  // stamped on new allocations
+  uint64_t seq_ = 0;            // the last allocation's sequence number
+  EventTrace trace_;
+};
+
+template <class Check>
+void Profiler::validate(Check&& check, int64_t allocated_bytes) const {
+  table_.validate(check);
+  CategoryBytes want;
+  table_.for_each_allocated([&](const ProvenanceRecord& r) {
+    const auto bytes = static_cast<int64_t>(r.requested);  // what its category holds; the rest: other
+    want.live[static_cast<int>(Category::kOther)] += static_cast<int64_t>(r.size) - bytes;
+    if (r.prov.category == Category::kUnresolved) {
+      check(r.prov.phase != Phase::kIdle, "breakdown: an idle-phase block is unresolved");
+      want.unresolved[static_cast<int>(r.prov.phase)] += bytes;
+    } else {
+      check(static_cast<int>(r.prov.category) < kNumCategories, "breakdown: a block has no valid category");
+      want.live[static_cast<int>(r.prov.category)] += bytes;
+    }
+    check(r.prov.seq >= 1 && r.prov.seq <= seq_, "breakdown: a live block's sequence number is out of range");
+    want.total += static_cast<int64_t>(r.size);
+  });
+  const Breakdown& bd = breakdown_;
+  const CategoryBytes& now = bd.now();
+  for (int c = 0; c < kNumCategories; ++c)
+    check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +
+                                           std::to_string(now.live[c]) + ", expected " + std::to_string(want.live[c]));
+  for (int p = 0; p < kNumPhases; ++p)
+    check(now.unresolved[p] == want.unresolved[p],
+          std::string("breakdown: unresolved ") + phase_name(p) + " bytes " + std::to_string(now.unresolved[p]) +
+              ", expected " + std::to_string(want.unresolved[p]));
+  check(now.total == allocated_bytes, "breakdown: total differs from allocated_bytes");
+  const CategoryBytes& peak = bd.peak();
+  int64_t sum = 0;
+  for (int64_t v : peak.live) sum += v;
+  for (int p = 0; p < kNumPhases; ++p) {
+    sum += peak.unresolved[p];
+    check(bd.freed_since_peak()[p] >= 0 && bd.freed_since_peak()[p] <= peak.unresolved[p],
+          std::string("breakdown: freed-since-peak bytes of ") + phase_name(p) + " out of range");
+  }
+  check(sum == peak.total, "breakdown: the peak's categories do not add up to its total");
+  check(peak.total >= now.total, "breakdown: window peak < current total");
+}
+
+}  // namespace memalloc
