@@ -525,7 +525,7 @@ int mode_callgrind(int argc, char** argv) {
     return usage("unknown callgrind workload");
   }
   uint64_t dropped = 0;
-  o << ", \"recorded\": " << dev.trace(&dropped).size() + dropped;
+  o << ", \"recorded\": " << dev.with_profiler([&](Profiler& p) { return p.records(&dropped); }).size() + dropped;
   check_clean(b, "callgrind " + workload);
   return finish(o.str());
 }

@@ -30,14 +30,16 @@
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
 // growth.cpp the slow path (growth, release, OOM, empty_cache, segments),
 // validate.cpp validate(), stream_uses.cpp record_stream and the
-// StreamEvents part, pool_calls.cpp the private-pool calls (graph capture,
-// MemPool: PrivatePools does their bookkeeping), checkpoints of a pool (CUDA
-// graph trees), expandable.cpp the expandable segments' orchestration around
-// VmArena (mapping the room it finds, unmapping the free pages it picks:
-// free lists, segment table, Events), phases.cpp the breakdown by category,
-// recording.cpp the event ring and the observer; phases.cpp and
-// recording.cpp take the lock and call the Profiler part (profiler.h), which
-// owns every allocation's provenance, the phase, the breakdown and the ring.
+// StreamEvents part, pool_calls.cpp the private pools' work on blocks (the
+// use_on_oom fallback, live-block checks, checkpoints of a pool and their
+// restores: CUDA graph trees), expandable.cpp the expandable segments'
+// orchestration around VmArena (mapping the room it finds, unmapping the
+// free pages it picks: free lists, segment table, Events), phases.cpp
+// mark(), recording.cpp the event ring's switches and the observer.
+// Two parts the boundary drives directly, under this lock (with_pools,
+// with_profiler): PrivatePools (create, routes, release, use counts, flags)
+// and the Profiler (profiler.h: every allocation's provenance, the phase,
+// the breakdown, the ring).
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -149,29 +151,28 @@ class DeviceAllocator {
   // for an unknown pool.
   size_t empty_pool_cache(PoolId pool, const CallContext& ctx = CallContext{});
 
-  // ---- private pools (pool_calls.cpp; torch's MempoolId_t calls) ----------
-  // Creates the pool with use count 1, or adds 1 to its use count. With a
-  // `source`, the pool's new segments come from it instead of the backend
-  // (a pool that exists keeps the source it was created with; InvalidArgument
-  // when another one is given).
-  void create_or_incref_pool(PoolId pool, std::shared_ptr<SegmentSource> source = nullptr);
-  // create_or_incref_pool(pool), then routes allocations whose stream
-  // `filter` accepts to it until end_allocate_to_pool(pool). Throws
-  // InvalidArgument when a route to `pool` is already open.
-  void begin_allocate_to_pool(PoolId pool, PoolFilter filter);
-  // Closes the route to `pool` (InvalidArgument when none is open); blocks
-  // already taken from it still return to it when freed.
-  void end_allocate_to_pool(PoolId pool);
-  // Drops one use; at zero the pool is freeable (private_pool.h).
-  // InvalidArgument for an unknown pool.
-  void release_pool(PoolId pool);
-  // Use count of `pool` (0 for an unknown or freeable pool).
-  int pool_use_count(PoolId pool);
-  void set_pool_use_on_oom(PoolId pool, bool use_on_oom);
-  // The pool's blocks are never split from now on (MemPool(no_split=True)).
-  void set_pool_no_split(PoolId pool);
-  // True while any route is open: a capture (or use_mem_pool) is under way.
-  bool capturing();
+  // ---- the parts the boundary drives directly, under the device lock ------
+  // Each runs f(part) with the lock held and returns what f returns; f must
+  // not call back into this allocator.
+  // The private pools (private_pools.h; torch's MempoolId_t calls): create
+  // or add a use (create_or_incref, with a SegmentSource), routes
+  // (begin_route/end_route: graph capture, use_mem_pool), release, use
+  // counts, the use_on_oom and no_split flags, any_route() ("capturing").
+  template <class F>
+  decltype(auto) with_pools(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return f(pools_);
+  }
+  // The profiler (profiler.h): the breakdown's landmarks (enter_phase,
+  // resolve, end_step) and report (state), the leak view (live_blocks),
+  // the event ring (trace()).
+  template <class F>
+  decltype(auto) with_profiler(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return f(profile_);
+  }
+
+  // ---- private pools' blocks (pool_calls.cpp) --------------------------------
   // True iff the live blocks of `pool` are exactly the pointers in `expected`
   // (torch's checkPoolLiveAllocations). False for an unknown pool.
   bool pool_live_blocks_are(PoolId pool, const std::vector<void*>& expected);
@@ -218,29 +219,11 @@ class DeviceAllocator {
   // reset_accumulated_stats); starts the next window at the current values.
   StepWindow take_window();
 
-  // ---- breakdown by category (phases.cpp; breakdown.h) -------------------
-  // New blocks are stamped with `phase`; entering kBackward resolves the
-  // forward blocks (activations), entering kOptimizer the backward ones
-  // (gradients).
-  void enter_phase(Phase phase);
-  Phase phase();
-  // Every live unresolved block of `phase` gets the final category `cat`
-  // now (the Python layer: what is left of a first backward once the
-  // gradients are marked is not gradients).
-  void resolve(Phase phase, Category cat);
-  // The step ended: resolves every unresolved block (optimizer state,
-  // gradients, other), keeps the window's peak as last(), starts the next
-  // window at the current split, and enters kForward. At the first step's
-  // end (no window ended before), the forward's activations still live are
-  // other, at the peak too: what the first forward made and outlives the
-  // step (library workspaces, caches made on first use) is no activation.
-  void end_step(uint32_t step);
+  // ---- breakdown by category (phases.cpp; profiler.h) ----------------------
   // Gives the live block holding `ptr` (its start or an interior address)
   // the final category `cat`. Returns its bytes (0: no live block holds
   // ptr). An interior pointer costs a walk over the live blocks.
   size_t mark(std::uintptr_t ptr, Category cat);
-  using BreakdownState = Profiler::State;
-  BreakdownState breakdown();
 
   MemInfo mem_get_info();
   std::vector<SegmentInfo> segments();
@@ -249,17 +232,14 @@ class DeviceAllocator {
 
   int device() const { return device_; }
 
-  // Event recording into the ring (recorder.h): capacity 0 turns it off.
-  // Enabling allocates the ring once; recording itself never allocates.
+  // Event recording into the profiler's ring (event_trace.h), the clock
+  // calibrated first, outside the lock: capacity 0 turns it off. Enabling
+  // allocates the ring once; recording itself never allocates. Reading it
+  // back: with_profiler.
   void set_recording(size_t capacity);
   // Recording into a flight file (recorder.h's attach): `capacity` records
   // at `slots`, their sequence numbers at `seqs`, memory `keep` keeps alive.
   void set_recording_file(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep);
-  bool recording_enabled();
-  // Stored records oldest first, and how many were overwritten.
-  std::vector<TraceRecord> trace(uint64_t* dropped);
-  // Every live allocation, in no particular order (copied under the lock).
-  std::vector<LiveBlock> live_blocks();
 
   // One more consumer of every Event, for a boundary (torch's own history
   // format, its profiler): called under the device lock after the counters,

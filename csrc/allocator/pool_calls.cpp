@@ -1,9 +1,8 @@
-// pool_calls.cpp — DeviceAllocator's private-pool calls (torch's
-// MempoolId_t calls): creation and use counts, routes (graph capture,
-// use_mem_pool) and their checks are the PrivatePools part's
-// (private_pools.h), called here under the lock; the work on blocks stays
-// here: the use_on_oom fallback, live-block checks, and checkpoints of a
-// pool and their restores (CUDA graph trees).
+// pool_calls.cpp — DeviceAllocator's private-pool work on blocks: the
+// use_on_oom fallback, live-block checks, and checkpoints of a pool and
+// their restores (CUDA graph trees). Creation and use counts, routes (graph
+// capture, use_mem_pool) and their checks are the PrivatePools part's
+// (private_pools.h), which the boundary drives through with_pools.
 // Invariants: private_pools.h, private_pool.h and device_allocator.h.
 #include <algorithm>
 #include <unordered_set>
@@ -12,46 +11,6 @@
 #include "common/errors.h"
 
 namespace memalloc {
-
-void DeviceAllocator::create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pools_.create_or_incref(id, std::move(source));
-}
-
-void DeviceAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pools_.begin_route(id, std::move(filter));
-}
-
-void DeviceAllocator::end_allocate_to_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pools_.end_route(id);
-}
-
-void DeviceAllocator::release_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pools_.release(id);
-}
-
-int DeviceAllocator::pool_use_count(PoolId id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pools_.use_count(id);
-}
-
-void DeviceAllocator::set_pool_use_on_oom(PoolId id, bool use_on_oom) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pools_.get(id, "set_use_on_oom").use_on_oom = use_on_oom;
-}
-
-void DeviceAllocator::set_pool_no_split(PoolId id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pools_.get(id, "set_no_split").no_split = true;
-}
-
-bool DeviceAllocator::capturing() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pools_.any_route();
-}
 
 // The smallest fitting free block of a use_on_oom pool, for a default-pool
 // allocation that could not grow.

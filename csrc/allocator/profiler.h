@@ -121,9 +121,16 @@ class Profiler {
   // forward's (activations), entering kOptimizer the backward's (gradients).
   void enter_phase(Phase phase);
   Phase phase() const { return phase_; }
-  // Every unresolved allocation of `phase` gets the final category `cat`.
+  // Every unresolved allocation of `phase` gets the final category `cat`
+  // now (the Python layer: what is left of a first backward once the
+  // gradients are marked is not gradients).
   void resolve(Phase phase, Category cat);
-  // The step ended: see DeviceAllocator::end_step.
+  // The step ended: resolves every unresolved allocation (optimizer state,
+  // gradients, other), keeps the window's peak as last(), starts the next
+  // window at the current split, and enters kForward. At the first step's
+  // end (no window ended before), the forward's activations still live are
+  // other, at the peak too: what the first forward made and outlives the
+  // step (library workspaces, caches made on first use) is no activation.
   void end_step(uint32_t step);
   // Gives the allocation of slot `exact` (0: none known), or else the one
   // spanning `ptr` (an interior pointer: a walk), the category `cat`.
@@ -137,6 +144,11 @@ class Profiler {
   // ---- reading --------------------------------------------------------------
   // Every allocation the callers hold, in no particular order.
   std::vector<LiveBlock> live_blocks() const;
+  // The ring's records oldest first, and how many were overwritten.
+  std::vector<TraceRecord> records(uint64_t* dropped) const {
+    if (dropped != nullptr) *dropped = trace_.dropped();
+    return trace_.records();
+  }
   EventTrace& trace() { return trace_; }
   const EventTrace& trace() const { return trace_; }
   const ProvenanceTable& table() const { return table_; }

@@ -34,20 +34,4 @@ void DeviceAllocator::set_recording_file(TraceRecord* slots, uint64_t* seqs, siz
   profile_.trace().attach(slots, seqs, capacity, std::move(keep));
 }
 
-bool DeviceAllocator::recording_enabled() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return profile_.trace().enabled();
-}
-
-std::vector<TraceRecord> DeviceAllocator::trace(uint64_t* dropped) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (dropped) *dropped = profile_.trace().dropped();
-  return profile_.trace().records();
-}
-
-std::vector<LiveBlock> DeviceAllocator::live_blocks() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return profile_.live_blocks();
-}
-
 }  // namespace memalloc

@@ -352,7 +352,7 @@ void reader(CachingAllocator& alloc, std::atomic<bool>& stop, long& reads) {
       }
       if (it % 8 == 0) {
         uint64_t dropped = 0;
-        for (const TraceRecord& r : alloc.device(0).trace(&dropped)) {
+        for (const TraceRecord& r : alloc.device(0).with_profiler([&](Profiler& p) { return p.records(&dropped); })) {
           if (r.device != 0 || r.action >= action_count) {
             fail("trace(): record with device " + std::to_string(r.device) + ", action " + std::to_string(r.action));
             return;
@@ -529,7 +529,7 @@ int main(int argc, char** argv) {
           errors.push_back("ops " + std::to_string(total.ops) + " != threads * ops_per_thread");
         std::printf("device_allocs=%ld\nalloc_retries=%ld\n", device_allocs, retries);
         uint64_t dropped = 0;
-        const size_t records = alloc.device(0).trace(&dropped).size();
+        const size_t records = alloc.device(0).with_profiler([&](Profiler& p) { return p.records(&dropped); }).size();
         std::printf("trace_records=%zu\ntrace_dropped=%" PRIu64 "\n", records, dropped);
       } catch (const std::exception& e) {
         errors.push_back(std::string("final checks: unexpected exception: ") + e.what());

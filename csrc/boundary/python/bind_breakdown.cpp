@@ -78,7 +78,7 @@ void bind_breakdown(AllocatorClass& cls) {
          [](CachingAllocator& a, const PhaseArg& name) {
            const Phase p = phase_of(name);
            py::gil_scoped_release nogil;
-           for (int d = 0; d < a.device_count(); ++d) a.device(d).enter_phase(p);
+           for (int d = 0; d < a.device_count(); ++d) a.device(d).with_profiler([&](Profiler& pr) { pr.enter_phase(p); });
          },
          py::arg("phase"),
          "Stamps new blocks of every device with `phase`; entering 'backward' resolves the live forward blocks "
@@ -91,14 +91,14 @@ void bind_breakdown(AllocatorClass& cls) {
             MEMALLOC_EXPECTS(p != Phase::kIdle,
                              "phase 'idle' has nothing to resolve: its blocks are 'other' at once");
             py::gil_scoped_release nogil;
-            for (int d = 0; d < a.device_count(); ++d) a.device(d).resolve(p, c);
+            for (int d = 0; d < a.device_count(); ++d) a.device(d).with_profiler([&](Profiler& pr) { pr.resolve(p, c); });
           },
           py::arg("phase"), py::arg("category"),
           "Gives every live unresolved block of `phase` (every device) the category now.")
       .def(
           "phase",
           [](CachingAllocator& a, Device device) {
-            return std::string(phase_name(static_cast<int>(a.device(device).phase())));
+            return std::string(phase_name(static_cast<int>(a.device(device).with_profiler([](Profiler& pr) { return pr.phase(); }))));
           },
           py::arg("device") = 0, "The phase new blocks of `device` are stamped with.")
       .def(
@@ -107,7 +107,7 @@ void bind_breakdown(AllocatorClass& cls) {
             const auto step = static_cast<uint32_t>(step_number.is_none() ? AllocatorRegistry::instance().step()
                                                                         : pyargs::load_uint(step_number, kStepNumber));
             py::gil_scoped_release nogil;
-            for (int d = 0; d < a.device_count(); ++d) a.device(d).end_step(step);
+            for (int d = 0; d < a.device_count(); ++d) a.device(d).with_profiler([&](Profiler& pr) { pr.end_step(step); });
           },
           py::arg("step") = py::none(),
           "Step `step` (default: memalloc.steps()) ended on every device: resolves every live block, keeps the "
@@ -129,10 +129,10 @@ void bind_breakdown(AllocatorClass& cls) {
       .def(
           "breakdown",
           [](CachingAllocator& a, Device device) {
-            DeviceAllocator::BreakdownState s;
+            Profiler::State s;
             {
               py::gil_scoped_release nogil;
-              s = a.device(device).breakdown();
+              s = a.device(device).with_profiler([](Profiler& pr) { return pr.state(); });
             }
             py::dict d;
             d["now"] = bytes_dict(s.now);

@@ -128,7 +128,7 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
               source = source_arg.cast<std::shared_ptr<HostSegmentSource>>();
             }
             py::gil_scoped_release nogil;
-            a.device(device).create_or_incref_pool(id, source);
+            a.device(device).with_pools([&](PrivatePools& p) { p.create_or_incref(id, source); });
           },
           py::arg("pool"), py::arg("device") = 0, py::arg("source") = py::none(),
           "Creates the private pool (use count 1) or adds one use; with `source` (a HostSegmentSource) "
@@ -139,7 +139,8 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
              const std::vector<uintptr_t> list = ints(streams, "streams");
              std::unordered_set<Stream> set(list.begin(), list.end());
              py::gil_scoped_release nogil;
-             a.device(device).begin_allocate_to_pool(id, [set](Stream s) { return set.count(s) != 0; });
+             a.device(device).with_pools(
+                 [&](PrivatePools& p) { p.begin_route(id, [set](Stream s) { return set.count(s) != 0; }); });
            },
            py::arg("pool"), py::arg("streams"), py::arg("device") = 0,
            "Adds a use of the pool and sends allocations on `streams` to it until end_allocate_to_pool.")
@@ -147,21 +148,21 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
            [](CachingAllocator& a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             a.device(device).end_allocate_to_pool(id);
+             a.device(device).with_pools([&](PrivatePools& p) { p.end_route(id); });
            },
            py::arg("pool"), py::arg("device") = 0)
       .def("release_pool",
            [](CachingAllocator& a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             a.device(device).release_pool(id);
+             a.device(device).with_pools([&](PrivatePools& p) { p.release(id); });
            },
            py::arg("pool"), py::arg("device") = 0, "Drops one use; at zero the pool's free segments may be released.")
       .def("pool_use_count",
            [](CachingAllocator& a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             return a.device(device).pool_use_count(id);
+             return a.device(device).with_pools([&](PrivatePools& p) { return p.use_count(id); });
            },
            py::arg("pool"), py::arg("device") = 0)
       .def("set_pool_use_on_oom",
@@ -169,7 +170,7 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
              const PoolId id = pool_id(pool);
              const bool flag = use_on_oom;
              py::gil_scoped_release nogil;
-             a.device(device).set_pool_use_on_oom(id, flag);
+             a.device(device).with_pools([&](PrivatePools& p) { p.get(id, "set_use_on_oom").use_on_oom = flag; });
            },
            py::arg("pool"), py::arg("use_on_oom"), py::arg("device") = 0)
       .def("empty_pool_cache",
@@ -179,7 +180,7 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
              return a.device(device).empty_pool_cache(id, AllocatorRegistry::instance().thread_context());
            },
            py::arg("pool"), py::arg("device") = 0, "Releases the pool's fully free segments; returns the bytes.")
-      .def("capturing", [](CachingAllocator& a, Device device) { return a.device(device).capturing(); },
+      .def("capturing", [](CachingAllocator& a, Device device) { return a.device(device).with_pools([](PrivatePools& p) { return p.any_route(); }); },
            py::arg("device") = 0, NoGil(), "True while a route to a private pool is open.")
       .def("pool_live_blocks_are",
            [](CachingAllocator& a, py::object pool, py::object ptrs, Device device) {

@@ -250,7 +250,7 @@ PYBIND11_MODULE(_C, m) {
              std::vector<LiveBlock> blocks;
              {
                py::gil_scoped_release nogil;
-               blocks = a.device(device).live_blocks();
+               blocks = a.device(device).with_profiler([](Profiler& p) { return p.live_blocks(); });
              }
              // the wire format: memalloc._C.LIVE_FIELDS, LIVE_BYTES (memalloc/trace/sites.py reads them)
              return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(LiveBlock));
@@ -270,7 +270,7 @@ PYBIND11_MODULE(_C, m) {
              std::vector<TraceRecord> records;
              {
                py::gil_scoped_release nogil;
-               records = a.device(device).trace(&dropped);
+               records = a.device(device).with_profiler([&](Profiler& p) { return p.records(&dropped); });
              }
              py::bytes raw(reinterpret_cast<const char*>(records.data()), records.size() * sizeof(TraceRecord));
              return py::make_tuple(raw, dropped);

@@ -212,19 +212,20 @@ class TorchCudaAllocator final : public Pluggable {
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
                            std::function<bool(cudaStream_t)> filter) override {
     guard([&] {
-      core_->device(device).begin_allocate_to_pool(
-          pool, [f = std::move(filter)](Stream s) { return f(reinterpret_cast<cudaStream_t>(s)); });
+      core_->device(device).with_pools([&](PrivatePools& p) {
+        p.begin_route(pool, [f = std::move(filter)](Stream s) { return f(reinterpret_cast<cudaStream_t>(s)); });
+      });
     });
   }
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
-    guard([&] { core_->device(device).end_allocate_to_pool(pool); });
+    guard([&] { core_->device(device).with_pools([&](PrivatePools& p) { p.end_route(pool); }); });
   }
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
-    guard([&] { core_->device(device).release_pool(pool); });
+    guard([&] { core_->device(device).with_pools([&](PrivatePools& p) { p.release(pool); }); });
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) override {
     int n = 0;
-    guard([&] { n = core_->device(device).pool_use_count(pool); });
+    guard([&] { n = core_->device(device).with_pools([&](PrivatePools& p) { return p.use_count(pool); }); });
     return n;
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t pool,
@@ -234,13 +235,15 @@ class TorchCudaAllocator final : public Pluggable {
     // records them as any pool's.
     std::shared_ptr<SegmentSource> source;
     if (allocator != nullptr && allocator.get() != this) source = source_for(device, std::move(allocator));
-    guard([&] { core_->device(device).create_or_incref_pool(pool, source); });
+    guard([&] { core_->device(device).with_pools([&](PrivatePools& p) { p.create_or_incref(pool, source); }); });
   }
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t pool, bool use_on_oom) override {
-    guard([&] { core_->device(device).set_pool_use_on_oom(pool, use_on_oom); });
+    guard([&] {
+      core_->device(device).with_pools([&](PrivatePools& p) { p.get(pool, "set_use_on_oom").use_on_oom = use_on_oom; });
+    });
   }
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t pool) override {
-    guard([&] { core_->device(device).set_pool_no_split(pool); });
+    guard([&] { core_->device(device).with_pools([&](PrivatePools& p) { p.get(pool, "set_no_split").no_split = true; }); });
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t pool,
                                 const std::unordered_set<void*>& expected) override {
@@ -350,7 +353,7 @@ class TorchCudaAllocator final : public Pluggable {
   bool isHistoryEnabled() override {
     if (history_.enabled()) return true;
     for (int d = 0; d < core_->device_count(); ++d)
-      if (core_->device(d).recording_enabled()) return true;
+      if (core_->device(d).with_profiler([](Profiler& p) { return p.trace().enabled(); })) return true;
     return false;
   }
   // torch.compile's regions and _set_memory_metadata, on each trace entry.

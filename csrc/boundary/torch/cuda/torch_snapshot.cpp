@@ -64,7 +64,7 @@ cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHist
 // memalloc's event ring as torch's trace entries, times on the wall clock.
 void add_traces(DeviceAllocator& dev, int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) {
   uint64_t dropped = 0;
-  const std::vector<TraceRecord> records = dev.trace(&dropped);
+  const std::vector<TraceRecord> records = dev.with_profiler([&](Profiler& p) { return p.records(&dropped); });
   const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch()).count();
   const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
