@@ -116,8 +116,7 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   e.prov = profile_.provenance(b->slot);  // a live block always has its record
   record_locked(e);
   if (b->stream_uses.empty()) {
-    EventTrace::AtOnce at_once(profile_.trace());  // both records, one time stamp
-    free_block_locked(b);
+    free_block_locked(b, /*at_once=*/true);  // both records, one time stamp
   } else if (pools_.any_route()) {
     profile_.set_pending(b->slot);
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
@@ -128,9 +127,10 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
 }
 
 // Returns a no-longer-active block to its free list, merging free neighbours.
-void DeviceAllocator::free_block_locked(Block* b) {
+void DeviceAllocator::free_block_locked(Block* b, bool at_once) {
   FreeList& list = free_list(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
+  e.at_once = at_once;
   const ProvenanceTable::Slot slot = b->slot;  // a block freed by its caller keeps its record until here
   e.prov = profile_.provenance(slot);
   b->slot = 0;

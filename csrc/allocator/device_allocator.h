@@ -255,7 +255,8 @@ class DeviceAllocator {
  private:
   // allocator.cpp
   void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
-  void free_block_locked(Block* b);
+  // `at_once`: the free completes in the call that requested it.
+  void free_block_locked(Block* b, bool at_once = false);
   using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
   // The caller freed the live block at `it`.
   void free_live_locked(LiveTable::iterator it, const CallContext& ctx);

@@ -12,8 +12,8 @@
 //   * The clock is calibrated (clock::calibrate) before a ring is turned on
 //     (reset with capacity > 0, attach), never on the record path.
 //   * Times never go back within a ring; a free that completes at once
-//     (both its records pushed inside one AtOnce scope) stamps its
-//     kFreeCompleted record with the kFreeRequested record's time.
+//     (its kFreeCompleted Event says so: at_once) stamps that record with
+//     the time of the record before it, its kFreeRequested.
 //   * Capacity is 0 (off) to kMaxTraceRecords per device; reset() and
 //     attach() check it before changing anything.
 #pragma once
@@ -58,26 +58,13 @@ class EventTrace {
 
   // One Event as a record: the call's `thread` and `step`.
   void take(const Event& e, uint32_t thread, uint32_t step) noexcept {
-    const int64_t t = at_once_ && e.action == Action::kFreeCompleted ? last_ns_ : clock::now_ns();
+    const int64_t t = e.at_once && e.action == Action::kFreeCompleted ? last_ns_ : clock::now_ns();
     last_ns_ = t;
     ring_.push_with([&](TraceRecord& r) {
       r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, e.prov->stack_id, e.prov->tag_id,
                       thread, step, static_cast<uint8_t>(e.action), device_, static_cast<uint8_t>(e.pool), {}};
     });
   }
-
-  // While one lives, a free's records share one time stamp (a free whose
-  // block completes at once).
-  class AtOnce {
-   public:
-    explicit AtOnce(EventTrace& t) : t_(t) { t_.at_once_ = true; }
-    ~AtOnce() { t_.at_once_ = false; }
-    AtOnce(const AtOnce&) = delete;
-    AtOnce& operator=(const AtOnce&) = delete;
-
-   private:
-    EventTrace& t_;
-  };
 
   // The stored records oldest first, and how many were overwritten.
   std::vector<TraceRecord> records() const { return ring_.in_order(); }
@@ -86,7 +73,6 @@ class EventTrace {
  private:
   const uint8_t device_;
   TraceRing ring_;
-  bool at_once_ = false;
   int64_t last_ns_ = 0;  // the time of the last record pushed
 };
 

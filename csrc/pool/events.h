@@ -74,6 +74,9 @@ struct Event {
   int64_t inactive_split_bytes_delta = 0;
   int64_t inactive_split_count_delta = 0;
   int64_t segment_delta = 0;  // kSegmentMap / kSegmentUnmap
+  // kFreeCompleted only: the free completes in the call that requested it
+  // (no stream still used the block), right after its kFreeRequested.
+  bool at_once = false;
   // Provenance (recorder/provenance.h), pointed to, valid while the Event
   // is being recorded: block events point to their block's record (a free
   // event the allocation's, category as it is at the free); segment and OOM

@@ -88,13 +88,12 @@ void a_full_ring_keeps_the_newest() {
 void a_free_completing_at_once_has_one_time_stamp() {
   EventTrace t(0);
   t.reset(16);
-  {
-    EventTrace::AtOnce at_once(t);
-    t.take(event(Action::kFreeRequested, 1), 0, 0);
-    t.take(event(Action::kFreeCompleted, 1), 0, 0);
-  }
-  // Outside the scope a completion is stamped with its own reading: one
-  // that comes after a pause reads later than the request before it.
+  t.take(event(Action::kFreeRequested, 1), 0, 0);
+  Event done = event(Action::kFreeCompleted, 1);
+  done.at_once = true;
+  t.take(done, 0, 0);
+  // A completion not at once is stamped with its own reading: one that
+  // comes after a pause reads later than the request before it.
   t.take(event(Action::kFreeRequested, 2), 0, 0);
   const int64_t requested = t.records().back().time_ns;
   int64_t completed = requested;
@@ -107,7 +106,7 @@ void a_free_completing_at_once_has_one_time_stamp() {
   const std::vector<TraceRecord> got = t.records();
   EXPECT(got.size() == 3);
   EXPECT(got[0].time_ns == got[1].time_ns);
-  EXPECT(completed > requested);  // the clock moves: the equality above is the scope's doing
+  EXPECT(completed > requested);  // the clock moves: the equality above is at_once's doing
 }
 
 void attached_slots_get_sequence_numbers() {
