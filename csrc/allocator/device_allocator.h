@@ -83,7 +83,6 @@
 #include "allocator/profiler.h"
 #include "backend/backend.h"
 #include "pool/block.h"
-#include "accounting/breakdown.h"
 #include "common/config.h"
 #include "pool/events.h"
 #include "pool/limits.h"
@@ -92,7 +91,6 @@
 #include "pool/private_pools.h"
 #include "pool/segment_table.h"
 #include "recorder/provenance.h"
-#include "recorder/provenance_table.h"
 #include "recorder/recorder.h"
 #include "pool/stream_events.h"
 #include "pool/vm_arena.h"
@@ -222,7 +220,7 @@ class DeviceAllocator {
   // ---- breakdown by category (phases.cpp; profiler.h) ----------------------
   // Gives the live block holding `ptr` (its start or an interior address)
   // the final category `cat`. Returns its bytes (0: no live block holds
-  // ptr). An interior pointer costs a walk over the live blocks.
+  // ptr). An interior pointer costs a walk over the profiler's allocations.
   size_t mark(std::uintptr_t ptr, Category cat);
 
   MemInfo mem_get_info();
