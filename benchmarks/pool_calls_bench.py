@@ -13,6 +13,7 @@ import sys
 import time
 
 from memalloc import _C
+from memalloc._C import _testing
 
 POOL = (0, 7)  # a MemPool-style id: {0, id}
 BLOCKS = 200
@@ -27,22 +28,22 @@ def per_call_us(fn, calls: int) -> float:
 
 def one_repeat() -> dict[str, float]:
     a = _C.Allocator("host")
-    a.begin_allocate_to_pool(POOL, [0])
+    _testing.begin_allocate_to_pool(a, POOL, [0])
     ptrs = [a.malloc(4096 * (1 + i % 7)) for i in range(BLOCKS)]
-    a.end_allocate_to_pool(POOL)
-    state = a.checkpoint_pool(POOL)
+    _testing.end_allocate_to_pool(a, POOL)
+    state = _testing.checkpoint_pool(a, POOL)
 
     def pair() -> None:
         a.free(a.malloc(8192))
 
     out = {
-        "live_check_us": per_call_us(lambda: a.pool_live_blocks_are(POOL, ptrs), 2000),
-        "restore_us": per_call_us(lambda: a.restore_pool(state), 300),
-        "checkpoint_us": per_call_us(lambda: a.checkpoint_pool(POOL), 300),
+        "live_check_us": per_call_us(lambda: _testing.pool_live_blocks_are(a, POOL, ptrs), 2000),
+        "restore_us": per_call_us(lambda: _testing.restore_pool(a, state), 300),
+        "checkpoint_us": per_call_us(lambda: _testing.checkpoint_pool(a, POOL), 300),
     }
-    a.begin_allocate_to_pool(POOL, [0])
+    _testing.begin_allocate_to_pool(a, POOL, [0])
     out["routed_pair_us"] = per_call_us(pair, 20000)
-    a.end_allocate_to_pool(POOL)
+    _testing.end_allocate_to_pool(a, POOL)
     out["pair_us"] = per_call_us(pair, 20000)
     return out
 

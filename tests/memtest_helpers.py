@@ -5,6 +5,7 @@ the utilities wrap and inspect a host-backend ``_C.Allocator``. Test files
 import what they need: ``from memtest_helpers import ...`` (pytest puts tests/
 on sys.path, as tests/ has no __init__.py).
 """
+import functools
 from pathlib import Path
 
 from memalloc import _C
@@ -70,6 +71,14 @@ def pool_of(size):
 
 
 # ------------------------------------------------------- test utilities ----
+# The private-pool calls (torch's MempoolId_t calls) are test hooks in
+# memalloc._C._testing, each taking the allocator first; Checked offers them
+# as methods.
+POOL_HOOKS = frozenset({"create_or_incref_pool", "begin_allocate_to_pool", "end_allocate_to_pool", "release_pool",
+                        "pool_use_count", "set_pool_use_on_oom", "empty_pool_cache", "capturing",
+                        "pool_live_blocks_are", "checkpoint_pool", "restore_pool"})
+
+
 class Checked:
     """Proxy of an Allocator that validates every device after each call.
     ``.a`` is the allocator itself: what memalloc._C._testing's hooks take."""
@@ -78,7 +87,12 @@ class Checked:
         self.a = _C.Allocator("host", conf)
 
     def __getattr__(self, name):
-        attr = getattr(self.a, name)
+        if name in POOL_HOOKS:  # the private pools' test hooks, as methods of the proxy
+            attr = functools.partial(getattr(_C._testing, name), self.a)
+        elif name in ("HostSegmentSource", "PoolState"):
+            return getattr(_C._testing, name)
+        else:
+            attr = getattr(self.a, name)
         if not callable(attr):
             return attr
 

@@ -14,6 +14,7 @@ import torch
 
 import memalloc
 from memalloc import _C
+from memalloc._C import _testing
 from memalloc.recording import events
 
 T = _C._testing
@@ -198,9 +199,9 @@ def test_a_failed_map_is_an_oom_after_releasing_and_the_books_stay_exact():
 def test_private_pools_keep_plain_segments():
     a = make()
     pool, stream = (1, 0), 5
-    a.begin_allocate_to_pool(pool, [stream])
+    _testing.begin_allocate_to_pool(a, pool, [stream])
     g = a.malloc(3 * MiB, 0, stream)
-    a.end_allocate_to_pool(pool)
+    _testing.end_allocate_to_pool(a, pool)
     d = a.malloc(3 * MiB, 0, stream)
     segs = check(a)
     owned = [s for s in segs if s["segment_pool_id"] == pool]
@@ -208,7 +209,7 @@ def test_private_pools_keep_plain_segments():
     assert [s["is_expandable"] for s in segs if s["segment_pool_id"] == (0, 0)] == [True]
     a.free(g)
     a.free(d)
-    a.release_pool(pool)
+    _testing.release_pool(a, pool)
     a.empty_cache()
     assert check(a) == []
 

@@ -253,7 +253,7 @@ def test_restoring_a_state_whose_segment_is_gone_is_refused_and_changes_nothing(
 # accounts and releases them as any pool's.
 def test_a_pool_with_its_own_source_takes_and_returns_segments_through_it():
     a = Checked()
-    src = _C.Allocator.HostSegmentSource(64 * MiB)
+    src = _C._testing.HostSegmentSource(64 * MiB)
     a.create_or_incref_pool(POOL, source=src)
     a.begin_allocate_to_pool(POOL, [CAPTURE_STREAM])
     p = a.malloc(MiB, 0, CAPTURE_STREAM)
@@ -277,7 +277,7 @@ def test_a_pool_with_its_own_source_takes_and_returns_segments_through_it():
 def test_a_source_that_refuses_is_an_out_of_memory_of_that_pool_only():
     import torch
     a = Checked()
-    src = _C.Allocator.HostSegmentSource(SMALL_SEGMENT)
+    src = _C._testing.HostSegmentSource(SMALL_SEGMENT)
     a.create_or_incref_pool(POOL, source=src)
     a.begin_allocate_to_pool(POOL, [CAPTURE_STREAM])
     p = a.malloc(MiB, 0, CAPTURE_STREAM)
@@ -295,7 +295,7 @@ def test_a_source_that_refuses_is_an_out_of_memory_of_that_pool_only():
 
 def test_a_pool_keeps_the_source_it_was_made_with():
     a = Checked()
-    src, other = _C.Allocator.HostSegmentSource(8 * MiB), _C.Allocator.HostSegmentSource(8 * MiB)
+    src, other = _C._testing.HostSegmentSource(8 * MiB), _C._testing.HostSegmentSource(8 * MiB)
     a.create_or_incref_pool(POOL, source=src)
     a.create_or_incref_pool(POOL, source=src)  # the same one: one more use
     assert a.pool_use_count(POOL) == 2
@@ -312,7 +312,7 @@ def test_pools_with_a_source_under_a_memory_fraction_and_use_on_oom():
     segments back through the allocator when they go."""
     import torch
     a = Checked("host_capacity_mb:4096")
-    src = _C.Allocator.HostSegmentSource(1 << 40)
+    src = _C._testing.HostSegmentSource(1 << 40)
     other, fallback = (0, 1), (0, 2)
     for pool in (other, fallback):
         a.create_or_incref_pool(pool, source=src)

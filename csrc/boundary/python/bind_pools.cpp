@@ -1,7 +1,9 @@
-// bind_pools.cpp — Python bindings of the private-pool calls of
-// memalloc._C.Allocator (torch's MempoolId_t calls, private_pool.h), so that
-// pool routing, use counts and checkpoints are tested on the host backend.
-// torch itself reaches these calls through csrc/boundary/torch/cuda/.
+// bind_pools.cpp — test hooks (memalloc._C._testing, not API) of the
+// private-pool calls (torch's MempoolId_t calls, private_pool.h), each
+// taking the allocator first, so that pool routing, use counts and
+// checkpoints are tested on the host backend. No user path reaches them on
+// the host (torch's MemPool and graph pools are CUDA's); torch itself
+// reaches these calls through csrc/boundary/torch/cuda/.
 //
 // Invariants: as bindings.cpp (the GIL is released before a device lock is
 // taken; arguments are checked before anything changes). A route's filter
@@ -102,14 +104,14 @@ class HostSegmentSource final : public SegmentSource {
 
 }  // namespace
 
-void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>& cls) {
-  py::class_<PoolState>(cls, "PoolState", "A private pool's layout (checkpoint_pool); pass it to restore_pool.")
+void bind_pools(py::module_& t) {
+  py::class_<PoolState>(t, "PoolState", "A private pool's layout (checkpoint_pool); pass it to restore_pool.")
       .def_property_readonly("pool", [](const PoolState& s) { return py::make_tuple(s.id.first, s.id.second); })
       .def("to_dict", &state_dict,
            "{'pool', 'segments': [{'address', 'size', 'stream', 'blocks': [(address, size, requested, "
            "allocated)]}]} (bytes)");
   py::class_<HostSegmentSource, std::shared_ptr<HostSegmentSource>>(
-      cls, "HostSegmentSource",
+      t, "HostSegmentSource",
       "Segments for one private pool from host memory, at most `limit` bytes at once (the host backend's "
       "torch.cuda.MemPool(allocator=...)); counts allocations and releases.")
       .def(py::init([](pyargs::SizeArg limit) { return std::make_shared<HostSegmentSource>(limit); }),
@@ -117,89 +119,92 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
       .def_property_readonly("allocations", [](const HostSegmentSource& s) { return s.allocations_.load(); })
       .def_property_readonly("releases", [](const HostSegmentSource& s) { return s.releases_.load(); })
       .def_property_readonly("held", [](const HostSegmentSource& s) { return s.held_.load(); });
-  cls.def("create_or_incref_pool",
-          [](CachingAllocator& a, py::object pool, Device device, py::object source_arg) {
+  t.def("create_or_incref_pool",
+          [](pyargs::AllocatorArg a, py::object pool, Device device, py::object source_arg) {
             const PoolId id = pool_id(pool);
             std::shared_ptr<HostSegmentSource> source;
             if (!source_arg.is_none()) {
               if (!py::isinstance<HostSegmentSource>(source_arg))
-                throw py::type_error("source must be a memalloc.Allocator.HostSegmentSource or None, not " +
+                throw py::type_error("source must be a memalloc._C._testing.HostSegmentSource or None, not " +
                                      std::string(py::str(py::type::handle_of(source_arg).attr("__name__"))));
               source = source_arg.cast<std::shared_ptr<HostSegmentSource>>();
             }
             py::gil_scoped_release nogil;
-            a.device(device).with_pools([&](PrivatePools& p) { p.create_or_incref(id, source); });
+            a->device(device).with_pools([&](PrivatePools& p) { p.create_or_incref(id, source); });
           },
-          py::arg("pool"), py::arg("device") = 0, py::arg("source") = py::none(),
+          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, py::arg("source") = py::none(),
           "Creates the private pool (use count 1) or adds one use; with `source` (a HostSegmentSource) "
           "the pool's segments come from it.")
       .def("begin_allocate_to_pool",
-           [](CachingAllocator& a, py::object pool, py::object streams, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, py::object streams, Device device) {
              const PoolId id = pool_id(pool);
              const std::vector<uintptr_t> list = ints(streams, "streams");
              std::unordered_set<Stream> set(list.begin(), list.end());
              py::gil_scoped_release nogil;
-             a.device(device).with_pools(
+             a->device(device).with_pools(
                  [&](PrivatePools& p) { p.begin_route(id, [set](Stream s) { return set.count(s) != 0; }); });
            },
-           py::arg("pool"), py::arg("streams"), py::arg("device") = 0,
+           py::arg("allocator"), py::arg("pool"), py::arg("streams"), py::arg("device") = 0,
            "Adds a use of the pool and sends allocations on `streams` to it until end_allocate_to_pool.")
       .def("end_allocate_to_pool",
-           [](CachingAllocator& a, py::object pool, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             a.device(device).with_pools([&](PrivatePools& p) { p.end_route(id); });
+             a->device(device).with_pools([&](PrivatePools& p) { p.end_route(id); });
            },
-           py::arg("pool"), py::arg("device") = 0)
+           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
       .def("release_pool",
-           [](CachingAllocator& a, py::object pool, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             a.device(device).with_pools([&](PrivatePools& p) { p.release(id); });
+             a->device(device).with_pools([&](PrivatePools& p) { p.release(id); });
            },
-           py::arg("pool"), py::arg("device") = 0, "Drops one use; at zero the pool's free segments may be released.")
+           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, "Drops one use; at zero the pool's free segments may be released.")
       .def("pool_use_count",
-           [](CachingAllocator& a, py::object pool, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             return a.device(device).with_pools([&](PrivatePools& p) { return p.use_count(id); });
+             return a->device(device).with_pools([&](PrivatePools& p) { return p.use_count(id); });
            },
-           py::arg("pool"), py::arg("device") = 0)
+           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
       .def("set_pool_use_on_oom",
-           [](CachingAllocator& a, py::object pool, pyargs::UseOnOomArg use_on_oom, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, pyargs::UseOnOomArg use_on_oom, Device device) {
              const PoolId id = pool_id(pool);
              const bool flag = use_on_oom;
              py::gil_scoped_release nogil;
-             a.device(device).with_pools([&](PrivatePools& p) { p.get(id, "set_use_on_oom").use_on_oom = flag; });
+             a->device(device).with_pools([&](PrivatePools& p) { p.get(id, "set_use_on_oom").use_on_oom = flag; });
            },
-           py::arg("pool"), py::arg("use_on_oom"), py::arg("device") = 0)
+           py::arg("allocator"), py::arg("pool"), py::arg("use_on_oom"), py::arg("device") = 0)
       .def("empty_pool_cache",
-           [](CachingAllocator& a, py::object pool, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             return a.device(device).empty_pool_cache(id, AllocatorRegistry::instance().thread_context());
+             return a->device(device).empty_pool_cache(id, AllocatorRegistry::instance().thread_context());
            },
-           py::arg("pool"), py::arg("device") = 0, "Releases the pool's fully free segments; returns the bytes.")
-      .def("capturing", [](CachingAllocator& a, Device device) { return a.device(device).with_pools([](PrivatePools& p) { return p.any_route(); }); },
-           py::arg("device") = 0, NoGil(), "True while a route to a private pool is open.")
+           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, "Releases the pool's fully free segments; returns the bytes.")
+      .def("capturing",
+           [](pyargs::AllocatorArg a, Device device) {
+             return a->device(device).with_pools([](PrivatePools& p) { return p.any_route(); });
+           },
+           py::arg("allocator"), py::arg("device") = 0, NoGil(), "True while a route to a private pool is open.")
       .def("pool_live_blocks_are",
-           [](CachingAllocator& a, py::object pool, py::object ptrs, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, py::object ptrs, Device device) {
              const PoolId id = pool_id(pool);
              std::vector<void*> expected;
              for (uintptr_t p : ints(ptrs, "ptrs")) expected.push_back(reinterpret_cast<void*>(p));
              py::gil_scoped_release nogil;
-             return a.device(device).pool_live_blocks_are(id, expected);
+             return a->device(device).pool_live_blocks_are(id, expected);
            },
-           py::arg("pool"), py::arg("ptrs"), py::arg("device") = 0)
+           py::arg("allocator"), py::arg("pool"), py::arg("ptrs"), py::arg("device") = 0)
       .def("checkpoint_pool",
-           [](CachingAllocator& a, py::object pool, Device device) {
+           [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             return a.device(device).checkpoint_pool(id);
+             return a->device(device).checkpoint_pool(id);
            },
-           py::arg("pool"), py::arg("device") = 0)
+           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
       .def("restore_pool",
-           [](CachingAllocator& a, py::object state, Device device) {
+           [](pyargs::AllocatorArg a, py::object state, Device device) {
              if (!py::isinstance<PoolState>(state))
                throw py::type_error("state must be a PoolState from checkpoint_pool, not " +
                                     std::string(py::str(py::type::handle_of(state).attr("__name__"))));
@@ -207,14 +212,14 @@ void bind_pools(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>&
              PoolRestore r;
              {
                py::gil_scoped_release nogil;
-               r = a.device(device).restore_pool(s);
+               r = a->device(device).restore_pool(s);
              }
              std::vector<uintptr_t> freed, allocated;
              for (void* p : r.freed) freed.push_back(reinterpret_cast<uintptr_t>(p));
              for (void* p : r.allocated) allocated.push_back(reinterpret_cast<uintptr_t>(p));
              return py::make_tuple(freed, allocated);
            },
-           py::arg("state"), py::arg("device") = 0,
+           py::arg("allocator"), py::arg("state"), py::arg("device") = 0,
            "Puts the pool back as the state recorded it; returns (freed pointers, live-again pointers).");
 }
 

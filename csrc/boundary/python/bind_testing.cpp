@@ -188,6 +188,7 @@ void bind_testing(py::module_& m) {
         }, py::arg("major"), py::arg("minor"));
   t.attr("ipc_version_built") =
       ipc_wire::version_for_torch(MEMALLOC_TORCH_MAJOR, MEMALLOC_TORCH_MINOR);  // the version memalloc sends
+  bind_pools(t);
 }
 
 }  // namespace memalloc

@@ -16,7 +16,7 @@
 //   * One file per concept: this one holds the module, the errors, the
 //     config, the Allocator's core methods and installation; bind_host.cpp
 //     the simulated device's methods and host tensors, bind_pools.cpp the
-//     private pools, bind_breakdown.cpp the breakdown by category,
+//     private pools' test hooks (in _testing), bind_breakdown.cpp the breakdown by category,
 //     bind_flight.cpp the flight recorder's file mapping,
 //     bind_attribution.cpp stacks/tags/steps and trace export,
 //     bind_testing.cpp the test hooks (memalloc._C._testing).
@@ -278,7 +278,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device") = 0, "(records as bytes, 64 per record; dropped count), oldest first.");
 
   bind_host(allocator_class);
-  bind_pools(allocator_class);
   bind_breakdown(allocator_class);
   bind_flight(m, allocator_class);
   {  // the one definition of the breakdown's names (breakdown.h), in value order
