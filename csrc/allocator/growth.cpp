@@ -196,7 +196,7 @@ size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
 }
 
 void DeviceAllocator::set_memory_fraction(double fraction) {
-  Limits{}.set_fraction(fraction, 0);  // its check, before any call to the backend
+  Limits::check_fraction(fraction);  // before any call to the backend
   std::lock_guard<std::mutex> lock(mu_);
   limits_.set_fraction(fraction, backend_.mem_get_info(device_).total);
 }

@@ -39,10 +39,15 @@ class Limits {
   // Caps reserved bytes at fraction * total_bytes (0 <= fraction <= 1,
   // torch's range: 0 allows nothing).
   void set_fraction(double fraction, size_t total_bytes) {
-    MEMALLOC_EXPECTS(fraction >= 0.0 && fraction <= 1.0,
-                     "invalid memory fraction " + std::to_string(fraction) + ": set a value in [0, 1]");
+    check_fraction(fraction);
     fraction_ = fraction;
     cap_ = static_cast<size_t>(fraction * static_cast<double>(total_bytes));
+  }
+  // InvalidArgument unless 0 <= fraction <= 1 (callers check before reading
+  // the device's total bytes).
+  static void check_fraction(double fraction) {
+    MEMALLOC_EXPECTS(fraction >= 0.0 && fraction <= 1.0,
+                     "invalid memory fraction " + std::to_string(fraction) + ": set a value in [0, 1]");
   }
   double fraction() const { return fraction_; }  // < 0: none set
   bool has_fraction() const { return fraction_ >= 0.0; }
