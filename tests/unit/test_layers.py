@@ -136,8 +136,8 @@ def test_imports_go_down_and_sit_at_module_level(path):
 
 
 # The C++ folders of csrc/, bottom to top (docs/architecture.md): recorder/
-# (the ring's record, interned stacks, a block's Provenance) needs nothing
-# of the pool, whose blocks carry a Provenance. A file
+# (the ring's record, interned stacks, an allocation's Provenance and their
+# table) needs nothing of the pool, whose Events point to a Provenance. A file
 # includes only headers of its own folder and of the folders below it.
 # boundary/, the only folder that includes torch or Python headers, is
 # layered by its sub-folders: callers/ (who is calling: Python frames and
