@@ -1,16 +1,18 @@
 // provenance.h — who allocated a block, when, and what it holds: the
-// profiler's data about one allocation, kept in one place. A Block holds
-// one Provenance (pool/block.h); an Event carries one (pool/events.h); the
-// snapshot and checkpoint copies of a block (BlockInfo, BlockState) reuse
-// it. Nothing here depends on anything else in csrc/, so every layer may
-// include it (the pool layer below the recorder and the accounting).
+// profiler's data about one allocation, kept in one place. The Profiler's
+// table holds one per live or pending allocation (provenance_table.h; a
+// Block holds only its slot there); an Event points to one (pool/events.h);
+// the snapshot and checkpoint copies of a block (BlockInfo, BlockState)
+// reuse it. Nothing here depends on anything else in csrc/, so every layer
+// may include it.
 //
 // Invariants:
-//   a live or pending block's provenance is the one it was given when it
-//   became live (DeviceAllocator::new_provenance_locked), except that its
-//   category only moves from kUnresolved to a final one, or from one final
-//   category to another (mark); the breakdown's rules: accounting/breakdown.h
-//   a free block's provenance is Provenance{} (all zero, kIdle, kOther)
+//   an allocation's provenance is the one it was given when it became live
+//   (Profiler::add), except that its category only moves from kUnresolved
+//   to a final one, or from one final category to another (mark); the
+//   breakdown's rules: accounting/breakdown.h
+//   Provenance{} (all zero, kIdle, kOther) is the provenance of nothing
+//   (kNoProvenance; a free block has no record)
 //   seq: 1, 2, ... per device in allocation order; 0 = none
 //   stack_id / tag_id: ids interned by recorder/stacks.h; 0 = none
 #pragma once
