@@ -169,6 +169,14 @@ class DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     return f(profile_);
   }
+  // The limits (limits.h): the memory fraction set (fraction(), its cap()),
+  // the threshold policy (set_gc_threshold, gc_threshold). Setting the
+  // fraction reads the device's total bytes: set_memory_fraction.
+  template <class F>
+  decltype(auto) with_limits(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return f(limits_);
+  }
 
   // ---- private pools' blocks (pool_calls.cpp) --------------------------------
   // True iff the live blocks of `pool` are exactly the pointers in `expected`
@@ -191,15 +199,12 @@ class DeviceAllocator {
   // device starts at ptr.
   bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr,
                   size_t* block_bytes = nullptr, size_t* page = nullptr);
-  // Caps reserved bytes at fraction * device capacity (0 < fraction <= 1).
+  // Caps reserved bytes at fraction * device capacity (0 <= fraction <= 1;
+  // limits.h). Reading it back, and the threshold policy (set_gc_threshold:
+  // before a new segment would take reserved bytes above threshold * limit,
+  // every fully free cached segment is released; it starts at
+  // config.garbage_collection_threshold): with_limits.
   void set_memory_fraction(double fraction);
-  double memory_fraction();
-  // Empty-cache policy "threshold": before a new segment would take reserved
-  // bytes above threshold * limit (the memory-fraction limit when one is set,
-  // else the device capacity), every fully free cached segment is released.
-  // 0 disables (0 <= threshold < 1). Starts at config.garbage_collection_threshold.
-  void set_gc_threshold(double threshold);
-  double gc_threshold();
 
   // torch.cuda.memory._set_allocator_settings at run time: the settings of
   // `from` that torch lets a running allocator change (max_split_size,

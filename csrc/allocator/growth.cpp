@@ -221,21 +221,6 @@ Config DeviceAllocator::settings() {
   return config_;
 }
 
-void DeviceAllocator::set_gc_threshold(double threshold) {
-  std::lock_guard<std::mutex> lock(mu_);
-  limits_.set_gc_threshold(threshold);
-}
-
-double DeviceAllocator::gc_threshold() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return limits_.gc_threshold();
-}
-
-double DeviceAllocator::memory_fraction() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return limits_.fraction();
-}
-
 std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded) {
   const DeviceStats& s = accounting_.stats();
   const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);

@@ -179,14 +179,18 @@ PYBIND11_MODULE(_C, m) {
            py::arg("fraction"), py::arg("device") = 0, NoGil())
       .def("memory_fraction",
            [](CachingAllocator& a, Device device) {
-             const double f = a.device(device).memory_fraction();
+             const double f = a.device(device).with_limits([](Limits& l) { return l.fraction(); });
              return f >= 0.0 ? f : 1.0;  // none set: the whole device, as torch answers
            },
            py::arg("device") = 0, NoGil())
       .def("set_gc_threshold",
-           [](CachingAllocator& a, ThresholdArg t, Device device) { a.device(device).set_gc_threshold(t); },
+           [](CachingAllocator& a, ThresholdArg t, Device device) {
+             a.device(device).with_limits([&](Limits& l) { l.set_gc_threshold(t); });
+           },
            py::arg("threshold"), py::arg("device") = 0, NoGil())
-      .def("gc_threshold", [](CachingAllocator& a, Device device) { return a.device(device).gc_threshold(); },
+      .def("gc_threshold", [](CachingAllocator& a, Device device) {
+             return a.device(device).with_limits([](Limits& l) { return l.gc_threshold(); });
+           },
            py::arg("device") = 0, NoGil())
       .def_property_readonly("max_split_size",
                              [](CachingAllocator& a) {

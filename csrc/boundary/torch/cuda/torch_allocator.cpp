@@ -140,7 +140,7 @@ class TorchCudaAllocator final : public Pluggable {
 
   // ---- limits and the cache --------------------------------------------------
   double getMemoryFraction(c10::DeviceIndex device) override {
-    const double f = core_->device(device).memory_fraction();
+    const double f = core_->device(device).with_limits([](Limits& l) { return l.fraction(); });
     return f >= 0.0 ? f : 1.0;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
@@ -484,7 +484,7 @@ class TorchCudaAllocator final : public Pluggable {
     try {
       memalloc::DeviceAllocator& d = core_->device(device);
       const MemInfo info = d.mem_get_info();
-      const double fraction = d.memory_fraction();
+      const double fraction = d.with_limits([](Limits& l) { return l.fraction(); });
       const size_t limit = fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total))
                                           : info.total;
       for (auto& obs : observers) obs(device, size, limit, info.free);
