@@ -5,7 +5,7 @@
 // time stamped) to itself.
 //
 // Invariants:
-//   * take() runs under the device lock (DeviceAllocator::record_locked),
+//   * take() runs under the device lock (Profiler::take, from record_locked),
 //     only while enabled(); it allocates nothing, takes no lock, makes no
 //     system call and cannot throw (push_with's guarantees, and clock.h's
 //     once calibrated).
