@@ -71,28 +71,24 @@ def pool_of(size):
 
 
 # ------------------------------------------------------- test utilities ----
-# The private-pool calls (torch's MempoolId_t calls) are test hooks in
-# memalloc._C._testing, each taking the allocator first; Checked offers them
-# as methods.
-POOL_HOOKS = frozenset({"create_or_incref_pool", "begin_allocate_to_pool", "end_allocate_to_pool", "release_pool",
-                        "pool_use_count", "set_pool_use_on_oom", "empty_pool_cache", "capturing",
-                        "pool_live_blocks_are", "checkpoint_pool", "restore_pool"})
-
-
 class Checked:
     """Proxy of an Allocator that validates every device after each call.
-    ``.a`` is the allocator itself: what memalloc._C._testing's hooks take."""
+    ``.a`` is the allocator itself: what memalloc._C._testing's hooks take.
+    A name the Allocator lacks is looked up in memalloc._C._testing: its
+    types as they are, its hooks (the private-pool calls among them) as
+    methods, the allocator passed first."""
 
     def __init__(self, conf="host_capacity_mb:64"):
         self.a = _C.Allocator("host", conf)
 
     def __getattr__(self, name):
-        if name in POOL_HOOKS:  # the private pools' test hooks, as methods of the proxy
-            attr = functools.partial(getattr(_C._testing, name), self.a)
-        elif name in ("HostSegmentSource", "PoolState"):
-            return getattr(_C._testing, name)
-        else:
+        if hasattr(self.a, name):
             attr = getattr(self.a, name)
+        else:
+            attr = getattr(_C._testing, name)
+            if isinstance(attr, type):
+                return attr
+            attr = functools.partial(attr, self.a)
         if not callable(attr):
             return attr
 

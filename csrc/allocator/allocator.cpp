@@ -117,11 +117,12 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext
   record_locked(e);
   if (b->stream_uses.empty()) {
     free_block_locked(b, /*at_once=*/true);  // both records, one time stamp
-  } else if (pools_.any_route()) {
-    profile_.set_pending(b->slot);
+    return;
+  }
+  profile_.set_pending(b->slot);  // its streams still use it: completed later (free_block_locked)
+  if (pools_.any_route()) {
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
-    profile_.set_pending(b->slot);
     events_.insert(b);
   }
 }
