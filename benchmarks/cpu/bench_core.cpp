@@ -65,8 +65,8 @@
 #include <unistd.h>
 
 #include "common/errors.h"
-#include "allocator/registry.h"
-#include "recorder/flight_map.h"
+#include "process/registry.h"
+#include "profiler/flight_map.h"
 
 using namespace memalloc;
 
@@ -279,7 +279,7 @@ std::string peaks_json(const Peaks& p) {
 std::string bench_pair(size_t size, size_t iters, size_t warmup, int repeats, size_t record_capacity = 0) {
   Bench b;
   DeviceAllocator& dev = b.alloc.device(0);
-  if (record_capacity) dev.set_recording(record_capacity);
+  if (record_capacity) b.alloc.set_recording(0, record_capacity);
   PairRun warm{&dev, size, warmup};
   warm.run_ops();
   std::vector<double> ns;
@@ -489,14 +489,14 @@ int mode_callgrind(int argc, char** argv) {
   const std::string last = argv[argc - 1];
   constexpr size_t kRing = size_t{1} << 16;
   if (last == "record") {
-    dev.set_recording(kRing);
+    b.alloc.set_recording(0, kRing);
     --argc;
   } else if (last == "flight") {
     const std::string path = "/tmp/memalloc-bench-" + std::to_string(::getpid()) + ".flight";
     auto file = FlightMapping::create(path, kRing * (sizeof(TraceRecord) + sizeof(uint64_t)));
     ::unlink(path.c_str());  // the mapping stays; nothing is left behind
     auto* slots = reinterpret_cast<TraceRecord*>(file->data());
-    dev.set_recording_file(slots, reinterpret_cast<uint64_t*>(slots + kRing), kRing, file);
+    b.alloc.set_recording_file(0, slots, reinterpret_cast<uint64_t*>(slots + kRing), kRing, file);
     --argc;
   }
   if (workload == "random" && argc == 4) {
@@ -525,7 +525,7 @@ int mode_callgrind(int argc, char** argv) {
     return usage("unknown callgrind workload");
   }
   uint64_t dropped = 0;
-  o << ", \"recorded\": " << dev.with_profiler([&](Profiler& p) { return p.records(&dropped); }).size() + dropped;
+  o << ", \"recorded\": " << b.alloc.with_profiler(0, [&](Profiler& p) { return p.records(&dropped); }).size() + dropped;
   check_clean(b, "callgrind " + workload);
   return finish(o.str());
 }

@@ -19,7 +19,6 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       vm_(backend, device, &mr_),
       pools_(device, &mr_),
       accounting_(config.max_split_size),
-      profile_(device),
       limits_(config.garbage_collection_threshold) {
   live_.reserve(4096);
 }
@@ -36,10 +35,10 @@ void DeviceAllocator::delete_block(Block* b) {
   alloc.deallocate(b, 1);
 }
 
-void* DeviceAllocator::malloc(size_t size, Stream stream, const CallContext& ctx) {
+void* DeviceAllocator::malloc(size_t size, Stream stream, Caller caller) {
   if (size == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  ctx_ = ctx;
+  const CallerScope scope(caller_, caller);
   PrivatePool* owner = nullptr;
   if (pools_.any_route()) {
     owner = pools_.route(stream);
@@ -76,50 +75,48 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   }
   b->allocated = true;
   b->requested = requested;
-  b->slot = profile_.add(b->addr, b->size, requested, ctx_);
+  live_id_locked(b);
   ++allocations_;
   live_.emplace(b->addr, b);
   if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);
-  e.prov = profile_.provenance(b->slot);
   e.inactive_split_bytes_delta = split_bytes_delta;
   e.inactive_split_count_delta = split_count_delta;
   record_locked(e);
   return reinterpret_cast<void*>(b->addr);
 }
 
-void DeviceAllocator::free(void* ptr, const CallContext& ctx) {
+void DeviceAllocator::free(void* ptr, Caller caller) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end())
     throw InvalidPointer(unknown_pointer_message_locked("free", reinterpret_cast<std::uintptr_t>(ptr)));
-  free_live_locked(it, ctx);
+  const CallerScope scope(caller_, caller);
+  free_live_locked(it);
 }
 
-bool DeviceAllocator::free_if_owned(void* ptr, const CallContext& ctx) {
+bool DeviceAllocator::free_if_owned(void* ptr, Caller caller) {
   if (ptr == nullptr) return true;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) return false;
-  free_live_locked(it, ctx);
+  const CallerScope scope(caller_, caller);
+  free_live_locked(it);
   return true;
 }
 
-void DeviceAllocator::free_live_locked(LiveTable::iterator it, const CallContext& ctx) {
-  ctx_ = ctx;
+void DeviceAllocator::free_live_locked(LiveTable::iterator it) {
   Block* b = it->second;
   live_.erase(it);
   b->allocated = false;
   if (b->owner != nullptr) b->owner->live_blocks -= 1;
-  Event e = block_event(Action::kFreeRequested, *b);
-  e.prov = profile_.provenance(b->slot);  // a live block always has its record
-  record_locked(e);
+  record_locked(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
     free_block_locked(b, /*at_once=*/true);  // both records, one time stamp
     return;
   }
-  profile_.set_pending(b->slot);  // its streams still use it: completed later (free_block_locked)
+  if (sub_ != nullptr) sub_->on_pending(b->id);  // its streams still use it: completed later (free_block_locked)
   if (pools_.any_route()) {
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
@@ -132,16 +129,14 @@ void DeviceAllocator::free_block_locked(Block* b, bool at_once) {
   FreeList& list = free_list(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
   e.at_once = at_once;
-  const ProvenanceTable::Slot slot = b->slot;  // a block freed by its caller keeps its record until here
-  e.prov = profile_.provenance(slot);
-  b->slot = 0;
+  b->id = 0;  // a block freed by its caller keeps its id until here (e has it)
   merge_free_neighbours_locked(b, list, e);
   b->requested = 0;
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);
   record_locked(e);
-  profile_.remove(slot);
+  if (sub_ != nullptr) sub_->on_gone(e.id);
 }
 
 }  // namespace memalloc

@@ -1,9 +1,9 @@
 // device_allocator.h — the caching allocator of one device.
 //
 // Layers inside: Backend (memory) -> FreeList/Block (caching policy) ->
-// the consumers of the one Event stream (record_locked: the counters, the
-// breakdown by category, the trace ring, the boundary's observer) -> this
-// facade (the lock).
+// the consumers of the one Event stream (record_locked: the counters, then
+// the subscriber, allocator/subscriber.h: the profiler above, which knows
+// who allocated what) -> this facade (the lock).
 //
 // Locking: one plain std::mutex per device, taken only by the public member
 // functions below. Every *_locked helper assumes it is held. No recursion,
@@ -35,11 +35,9 @@
 // restores: CUDA graph trees), expandable.cpp the expandable segments'
 // orchestration around VmArena (mapping the room it finds, unmapping the
 // free pages it picks: free lists, segment table, Events), phases.cpp
-// mark(), recording.cpp the event ring's switches and the observer.
-// Two parts the boundary drives directly, under this lock (with_pools,
-// with_profiler): PrivatePools (create, routes, release, use counts, flags)
-// and the Profiler (profiler.h: every allocation's provenance, the phase,
-// the breakdown, the ring).
+// the subscriber's calls beyond the Event stream (locked, with_live_id).
+// One part the boundary drives directly, under this lock (with_pools):
+// PrivatePools (create, routes, release, use counts, flags).
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -60,15 +58,11 @@
 //   a segment is obtained only while reserved + segment <= the memory
 //   fraction's cap (limits.h); lowering the fraction later releases nothing.
 //   the step window's peaks (accounting.h) >= allocated / reserved bytes
-//   the Profiler's breakdown (profiler.h, breakdown.h) adds up to
-//   allocated_bytes, by its allocations' categories and phases
-//   a free block has no provenance record (slot 0); a live block's record
-//   (recorder/provenance_table.h) has its address, bytes and requested
-//   bytes and is not pending; a pending block's is pending; the table holds
-//   no other live record
+//   a free block's subscriber id is 0 (subscriber.h); the subscriber's own
+//   view of the live and pending blocks agrees (Subscriber::validate)
 // plus the tiling and coalescing invariants of block.h and the parts' own
-// (stream_events.h, segment_table.h, private_pools.h, profiler.h), which validate()
-// checks through each part's validate(check).
+// (stream_events.h, segment_table.h, private_pools.h, vm_arena.h), which
+// validate() checks through each part's validate(check).
 #pragma once
 
 #include <map>
@@ -80,7 +74,7 @@
 #include <vector>
 
 #include "accounting/accounting.h"
-#include "allocator/profiler.h"
+#include "allocator/subscriber.h"
 #include "backend/backend.h"
 #include "pool/block.h"
 #include "common/config.h"
@@ -90,8 +84,6 @@
 #include "pool/private_pool.h"
 #include "pool/private_pools.h"
 #include "pool/segment_table.h"
-#include "recorder/provenance.h"
-#include "recorder/recorder.h"
 #include "pool/stream_events.h"
 #include "pool/vm_arena.h"
 
@@ -102,7 +94,7 @@ struct BlockInfo {
   size_t size;
   size_t requested;
   const char* state;  // "active_allocated" | "active_pending_free" | "inactive"
-  Provenance prov;    // the block's (empty for an inactive one)
+  uint64_t note;      // its subscriber's note (subscriber.h; 0 for an inactive one)
 };
 
 struct SegmentInfo {
@@ -126,14 +118,15 @@ class DeviceAllocator {
   // Returns a block of at least `size` bytes usable on `stream`; nullptr for
   // size 0 (counted nowhere). Throws OutOfMemory when even a released cache
   // cannot satisfy it.
-  void* malloc(size_t size, Stream stream, const CallContext& ctx = CallContext{});
+  // `caller`: handed to the subscriber unread (subscriber.h).
+  void* malloc(size_t size, Stream stream, Caller caller = nullptr);
   // Frees a pointer returned by malloc. Throws InvalidPointer for a pointer
   // that is not live here (double free, unknown, interior); counters are
   // unchanged then. free(nullptr) does nothing.
-  void free(void* ptr, const CallContext& ctx = CallContext{});
+  void free(void* ptr, Caller caller = nullptr);
   // free() of a pointer that may belong to another device: false (and
   // nothing changed) when no live block of this device starts at ptr.
-  bool free_if_owned(void* ptr, const CallContext& ctx = CallContext{});
+  bool free_if_owned(void* ptr, Caller caller = nullptr);
   // Marks a live block as used on `stream`; its memory is reused only after
   // the work queued on `stream` when it is freed has completed.
   void record_stream(void* ptr, Stream stream);
@@ -143,11 +136,11 @@ class DeviceAllocator {
   // Waits for pending cross-stream frees, then returns every fully free
   // segment of the default pool and of freeable private pools to the
   // backend. Returns the bytes released; 0 while capturing().
-  size_t empty_cache(const CallContext& ctx = CallContext{});
+  size_t empty_cache(Caller caller = nullptr);
   // The same for one private pool's fully free segments, when the pool is
   // freeable (use count 0, as native); empty_cache() for kDefaultPool; 0
   // for an unknown pool.
-  size_t empty_pool_cache(PoolId pool, const CallContext& ctx = CallContext{});
+  size_t empty_pool_cache(PoolId pool, Caller caller = nullptr);
 
   // ---- the parts the boundary drives directly, under the device lock ------
   // Each runs f(part) with the lock held and returns what f returns; f must
@@ -161,13 +154,24 @@ class DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     return f(pools_);
   }
-  // The profiler (profiler.h): the breakdown's landmarks (enter_phase,
-  // resolve, end_step) and report (state), the leak view (live_blocks),
-  // the event ring (trace()).
+  // The subscriber (subscriber.h), set once before any allocation, never
+  // while a block is live (InvalidArgument then); nullptr: none. It must
+  // outlive this allocator's last call.
+  void set_subscriber(Subscriber* s);
+  // f() with the device lock held, so that the subscriber's state, which
+  // only the allocator's calls change, holds still; returns what f returns.
   template <class F>
-  decltype(auto) with_profiler(F&& f) {
+  decltype(auto) locked(F&& f) {
     std::lock_guard<std::mutex> lock(mu_);
-    return f(profile_);
+    return f();
+  }
+  // f(id) under the lock: `id` is the subscriber's id of the live block
+  // starting at ptr, 0 when no live block starts there.
+  template <class F>
+  decltype(auto) with_live_id(std::uintptr_t ptr, F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(ptr);
+    return f(it != live_.end() ? it->second->id : Subscriber::Id{0});
   }
   // The limits (limits.h): the memory fraction set (fraction(), its cap()),
   // the threshold policy (set_gc_threshold, gc_threshold). Setting the
@@ -188,7 +192,7 @@ class DeviceAllocator {
   // pool now, then makes the blocks that were live then live again at the
   // same addresses and sizes. Throws InvalidArgument when a segment of the
   // state is no longer the pool's (nothing is changed then).
-  PoolRestore restore_pool(const PoolState& state);
+  PoolRestore restore_pool(const PoolState& state, Caller caller = nullptr);
   // Size of the largest free cached block, private pools included (bytes;
   // native's cacheInfo counts them too).
   size_t largest_free_block();
@@ -222,38 +226,12 @@ class DeviceAllocator {
   // reset_accumulated_stats); starts the next window at the current values.
   StepWindow take_window();
 
-  // ---- breakdown by category (phases.cpp; profiler.h) ----------------------
-  // Gives the live block holding `ptr` (its start or an interior address)
-  // the final category `cat`. Returns its bytes (0: no live block holds
-  // ptr). An interior pointer costs a walk over the profiler's allocations.
-  size_t mark(std::uintptr_t ptr, Category cat);
-
   MemInfo mem_get_info();
   std::vector<SegmentInfo> segments();
   // Throws memalloc::Error naming the first broken invariant.
   void validate();
 
   int device() const { return device_; }
-
-  // Event recording into the profiler's ring (event_trace.h), the clock
-  // calibrated first, outside the lock: capacity 0 turns it off. Enabling
-  // allocates the ring once; recording itself never allocates. Reading it
-  // back: with_profiler.
-  void set_recording(size_t capacity);
-  // Recording into a flight file (recorder.h's attach): `capacity` records
-  // at `slots`, their sequence numbers at `seqs`, memory `keep` keeps alive.
-  void set_recording_file(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep);
-
-  // One more consumer of every Event, for a boundary (torch's own history
-  // format, its profiler): called under the device lock after the counters,
-  // with the allocated and reserved bytes after the event. It must not
-  // throw (an exception is swallowed) nor call into this allocator.
-  // nullptr removes it.
-  struct EventObserver {
-    void (*fn)(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) = nullptr;
-    void* user = nullptr;
-  };
-  void set_event_observer(EventObserver observer);
 
  private:
   // allocator.cpp
@@ -262,26 +240,21 @@ class DeviceAllocator {
   void free_block_locked(Block* b, bool at_once = false);
   using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
   // The caller freed the live block at `it`.
-  void free_live_locked(LiveTable::iterator it, const CallContext& ctx);
-  // The one Event stream and its consumers, a fixed list, in this order
-  // (each reads only the Event, and what is named here):
+  void free_live_locked(LiveTable::iterator it);
+  // The one Event stream and its consumers, in this order:
   //   accounting_  the counters (accounting.h): action, pool, size,
   //                requested, the inactive-split and segment deltas
-  //   profile_     the profiler (profiler.h): its breakdown by category
-  //                (kAlloc and kFreeRequested: size, requested bytes, the
-  //                provenance's phase, category and seq) and its event
-  //                ring while recording is on (action, pool, stream, addr,
-  //                size, requested, the provenance's stack and tag; the
-  //                call's thread and step, ctx_)
-  //   observer_    the boundary (torch's history), when set: the whole
-  //                Event, its block included, and the allocated and
-  //                reserved bytes after the counters took it
+  //   sub_         the subscriber, when set (subscriber.h): the whole
+  //                Event, the call's caller_ and the counters after it
   void record_locked(const Event& e) {
     accounting_.apply(e);
-    profile_.take(e, ctx_);
-    if (observer_.fn != nullptr) observe_locked(e);
+    if (sub_ != nullptr) sub_->on_event(e, caller_, accounting_.stats());
   }
-  void observe_locked(const Event& e) noexcept;  // recording.cpp
+  // A block became live / was freed while streams use it / is free again:
+  // the subscriber's id of it and its calls (subscriber.h).
+  void live_id_locked(Block* b) {
+    b->id = sub_ != nullptr ? sub_->on_live(b->addr, b->size, b->requested, caller_) : 0;
+  }
   FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
   FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
   Block* new_block();
@@ -373,10 +346,18 @@ class DeviceAllocator {
   VmArena vm_;
   PrivatePools pools_;  // the private pools and the open routes
   Accounting accounting_;  // the counters
-  Profiler profile_;       // every allocation's provenance, the breakdown, the event ring
+  Subscriber* sub_ = nullptr;  // the layer above (subscriber.h), if any
   uint64_t allocations_ = 0;  // blocks made live so far (malloc, restore): the arena's clock (vm_arena.h)
-  EventObserver observer_;
-  CallContext ctx_;  // the public call in progress (valid under mu_)
+  // The public call in progress's caller (under mu_); nullptr between
+  // calls, so that no Event carries a caller that has returned.
+  Caller caller_ = nullptr;
+  struct CallerScope {
+    CallerScope(Caller& slot, Caller c) : slot_(slot) { slot_ = c; }
+    ~CallerScope() { slot_ = nullptr; }
+    CallerScope(const CallerScope&) = delete;
+    CallerScope& operator=(const CallerScope&) = delete;
+    Caller& slot_;
+  };
   Limits limits_;  // the memory fraction, the threshold policy, the capacity
 };
 

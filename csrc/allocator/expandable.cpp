@@ -49,8 +49,6 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   if (m == nullptr) return nullptr;
   Event e = block_event(Action::kSegmentMap, *m);
   e.segment_delta = runs_delta;
-  const Provenance call = Profiler::call_provenance(ctx_);
-  e.prov = &call;
   FreeList& list = free_list(m);
   merge_free_neighbours_locked(m, list, e);
   add_split(e, m, +1);
@@ -107,8 +105,6 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   Event e = block_event(Action::kSegmentUnmap, *f);
   e.addr = lo;
   e.size = hi - lo;
-  const Provenance call = Profiler::call_provenance(ctx_);
-  e.prov = &call;
   add_split(e, f, -1);
   const VmUnmapped u = vm_.unmap(
       f, lo, hi, [this](Block* b, size_t at) { return split_block_locked(b, at); },

@@ -58,8 +58,6 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   b->pool = pool_kind_for(rounded);
   b->owner = owner;
   Event e = block_event(Action::kSegmentAlloc, *b);
-  const Provenance call = Profiler::call_provenance(ctx_);
-  e.prov = &call;
   record_locked(e);
   return b;
 }
@@ -113,8 +111,6 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.stream = stream;
   oom.size = rounded;
   oom.requested = requested;
-  const Provenance call = Profiler::call_provenance(ctx_);
-  oom.prov = &call;
   oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
   record_locked(oom);
   throw OutOfMemory(oom_message_locked(requested, rounded));
@@ -136,8 +132,6 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
   free_list(b).erase(b);
   segments_.erase(b->addr);
   Event e = block_event(Action::kSegmentFree, *b);
-  const Provenance call = Profiler::call_provenance(ctx_);
-  e.prov = &call;
   record_locked(e);
   delete_block(b);
   return true;
@@ -174,13 +168,13 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   return released;
 }
 
-size_t DeviceAllocator::empty_cache(const CallContext& ctx) {
-  return empty_pool_cache(kDefaultPool, ctx);
+size_t DeviceAllocator::empty_cache(Caller caller) {
+  return empty_pool_cache(kDefaultPool, caller);
 }
 
-size_t DeviceAllocator::empty_pool_cache(PoolId id, const CallContext& ctx) {
+size_t DeviceAllocator::empty_pool_cache(PoolId id, Caller caller) {
   std::lock_guard<std::mutex> lock(mu_);
-  ctx_ = ctx;
+  const CallerScope scope(caller_, caller);
   if (pools_.any_route()) return 0;  // a capture may be under way: no free, no sync
   size_t released = 0;
   if (id == kDefaultPool) {
@@ -321,7 +315,8 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
       }
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, profile_.provenance_of(b->slot)});
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state,
+                                       b->id != 0 && sub_ != nullptr ? sub_->note(b->id) : 0});
       info->size += b->size;
       end = b->addr + b->size;
     }

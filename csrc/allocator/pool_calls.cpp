@@ -82,14 +82,15 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
     SegmentState s{seg.first, seg.second.bytes, first->stream, first->pool, {}};
     for (const Block* b = first; b != nullptr; b = b->next)
       s.blocks.push_back(BlockState{b->addr, b->size, b->allocated ? b->requested : 0, b->allocated,
-                                    b->allocated ? profile_.provenance_of(b->slot) : Provenance{}});
+                                    b->allocated && sub_ != nullptr ? sub_->note(b->id) : 0});
     state.segments.push_back(std::move(s));
   }
   return state;
 }
 
-PoolRestore DeviceAllocator::restore_pool(const PoolState& state) {
+PoolRestore DeviceAllocator::restore_pool(const PoolState& state, Caller caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  const CallerScope scope(caller_, caller);
   PrivatePool& pool = pools_.get(state.id, "restore_pool");
   for (const SegmentState& s : state.segments) {
     auto it = segments_.find(s.addr);
@@ -105,7 +106,7 @@ PoolRestore DeviceAllocator::restore_pool(const PoolState& state) {
   for (Block* b : live) {
     b->stream_uses.clear();  // the graph's owner is done with them: freed at once
     out.freed.push_back(reinterpret_cast<void*>(b->addr));
-    free_live_locked(live_.find(b->addr), ctx_);
+    free_live_locked(live_.find(b->addr));
   }
   if (events_.any_waiting([&](const Block* b) { return b->owner == &pool; })) synchronize_events_locked();
   // 2. Every segment of the state is now one free block: cut it as it was.
@@ -163,9 +164,10 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
     }
     b->allocated = true;
     b->requested = cut[i].requested;
-    // Live again now (step, sequence number, phase), allocated by whom it was.
+    // Live again now (the subscriber: step, sequence number, phase),
+    // allocated by whom it was (its note).
     ++allocations_;
-    b->slot = profile_.add_restored(b->addr, b->size, b->requested, ctx_, cut[i].prov.stack_id, cut[i].prov.tag_id);
+    b->id = sub_ != nullptr ? sub_->on_restored(b->addr, b->size, b->requested, caller_, cut[i].note) : 0;
     live_.emplace(b->addr, b);
     pool->live_blocks += 1;
     out->allocated.push_back(reinterpret_cast<void*>(b->addr));
@@ -173,7 +175,6 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
   for (size_t i = 0; i < made.size(); ++i) {
     if (!cut[i].allocated) continue;
     Event e = block_event(Action::kAlloc, *made[i]);
-    e.prov = profile_.provenance(made[i]->slot);
     if (!deltas_recorded) {
       e.inactive_split_bytes_delta = split_bytes_delta;
       e.inactive_split_count_delta = split_count_delta;

@@ -1,7 +1,9 @@
 // validate.cpp — checks every invariant of device_allocator.h and block.h
 // against the live state, and the parts' own (StreamEvents, SegmentTable,
-// PrivatePools: each part's validate(check)). For tests (called after every operation) and
-// debugging; O(blocks), takes the device lock.
+// PrivatePools, VmArena: each part's validate(check); the subscriber's
+// Subscriber::validate, given the live and pending blocks). For tests
+// (called after every operation) and debugging; O(blocks), takes the
+// device lock.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -46,35 +48,26 @@ void check_stat(const Stat (&s)[kNumStatTypes], const int64_t (&want)[kNumStatTy
 void DeviceAllocator::validate() {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::uintptr_t, const Block*> blocks;
-  size_t records = 0;  // the provenance records the blocks hold
+  std::vector<SubscribedBlock> held;  // live and pending blocks, for the subscriber's check
   for (auto& kv : live_) {
     const Block* b = kv.second;
     check(kv.first == b->addr && b->allocated, "live table entry is not a live block");
     blocks.emplace(kv.first, b);
-    const bool has = profile_.table().is_live(b->slot);
-    check(has, "a live block has no provenance record");
-    if (!has) continue;
-    const ProvenanceRecord& r = profile_.table().at(b->slot);
-    check(r.addr == b->addr && r.size == b->size && r.requested == b->requested && !r.pending,
-          "a live block's provenance record differs from the block");
-    ++records;
+    held.push_back(SubscribedBlock{b->addr, b->size, b->requested, b->id, false});
   }
   events_.validate([&](bool ok, const char* what) { check(ok, what); });
   events_.for_each_waiting([&](const Block* b) {  // a block once per stream it waits for
-    if (!blocks.emplace(b->addr, b).second) return;
-    const bool has = profile_.table().is_live(b->slot);
-    check(has && profile_.table().at(b->slot).pending && profile_.table().at(b->slot).addr == b->addr,
-          "a pending block's provenance record is missing or not pending");
-    records += has ? 1 : 0;
+    if (blocks.emplace(b->addr, b).second) held.push_back(SubscribedBlock{b->addr, b->size, b->requested, b->id, true});
   });
-  check(profile_.table().live() == records, "the provenance table holds records of no live or pending block");
+  for (const SubscribedBlock& h : held)
+    check(sub_ == nullptr ? h.id == 0 : h.id != 0, "a live or pending block's subscriber id is 0 (or not 0 with none)");
   pools_.validate([&](bool ok, const char* what) { check(ok, what); });
   segments_.validate([&](bool ok, const char* what) { check(ok, what); });
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
     for (FreeList* list : {&lists_of_pool->small, &lists_of_pool->large}) {
       for (const Block* b : list->blocks()) {
         check(b->is_free(), "free list holds a non-free block");
-        check(b->slot == 0, "a free block keeps an allocation's provenance record");
+        check(b->id == 0, "a free block keeps an allocation's subscriber id");
         check(&free_list(b) == list, "free block in the wrong pool's list");
         check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
       }
@@ -161,8 +154,7 @@ void DeviceAllocator::validate() {
   const StepWindow& w = accounting_.window();
   check(w.peak_allocated_bytes >= s.allocated_bytes[kStatAll].current, "step window: peak allocated < current");
   check(w.peak_reserved_bytes >= s.reserved_bytes[kStatAll].current, "step window: peak reserved < current");
-  profile_.validate([](bool ok, const std::string& what) { check(ok, what); },
-                    s.allocated_bytes[kStatAll].current);
+  if (sub_ != nullptr) sub_->validate(held, s.allocated_bytes[kStatAll].current);
 }
 
 }  // namespace memalloc

@@ -21,7 +21,7 @@ namespace memalloc {
 // everything above.
 constexpr size_t kRoundupIntervals = 16;
 
-// The largest trace ring (recorder/recorder.h): 2^28 records, 16 GiB per
+// The largest trace ring (profiler/recorder.h): 2^28 records, 16 GiB per
 // device; record_history above it is refused here.
 constexpr size_t kMaxTraceRecords = size_t{1} << 28;
 

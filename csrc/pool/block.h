@@ -16,9 +16,9 @@
 //             `unmapped` set, never in a free list, never coalesced with a
 //             mapped block;
 // every other block is mapped.
-// A live or pending block's `slot` names its record in the profiler's table
-// (recorder/provenance_table.h: who allocated it, when, what it holds); the
-// pool never reads it. A free block's slot is 0.
+// A live or pending block's `id` is the one its allocator's subscriber gave
+// it (allocator/subscriber.h: the profiler's record of who allocated it);
+// the pool never reads it. A free block's id is 0.
 // All Block objects and container nodes come from the owning device's
 // NodeCache (node_cache.h): no host allocation in steady state.
 #pragma once
@@ -55,7 +55,7 @@ struct Block {
   bool allocated = false;
   bool mapped = true;   // false: an unmapped run of an expandable segment
   int event_count = 0;  // outstanding cross-stream events (pending state)
-  uint32_t slot = 0;     // its ProvenanceTable record (live and pending blocks); 0 = none
+  uint32_t id = 0;       // the subscriber's id of it (live and pending blocks); 0 = none
   PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
   VmSegment* vm = nullptr;       // its expandable segment; nullptr = a plain segment
   Block* prev = nullptr;

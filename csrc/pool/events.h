@@ -1,10 +1,9 @@
 // events.h — the one record of a state change. Every allocator state change
 // is described by exactly one Event and goes through
-// DeviceAllocator::record_locked(), which hands it to every consumer (the
-// list, and what each reads, is written there): the counters
-// (accounting.h), the breakdown by category (breakdown.h), the event ring
-// (recorder.h) and the boundary's observer. Policy code never updates a
-// counter by hand.
+// DeviceAllocator::record_locked(), which hands it to the counters
+// (accounting.h) and then to the subscriber, if any (allocator/subscriber.h:
+// the profiler's breakdown, event ring and torch's history). Policy code
+// never updates a counter by hand.
 //
 // Field meanings per action:
 //   kAlloc          a block became live: size = block bytes, requested = asked
@@ -33,7 +32,6 @@
 
 #include "backend/backend.h"
 #include "pool/block.h"
-#include "recorder/provenance.h"
 
 namespace memalloc {
 
@@ -77,18 +75,17 @@ struct Event {
   // kFreeCompleted only: the free completes in the call that requested it
   // (no stream still used the block), right after its kFreeRequested.
   bool at_once = false;
-  // Provenance (recorder/provenance.h), pointed to, valid while the Event
-  // is being recorded: block events point to their block's record (a free
-  // event the allocation's, category as it is at the free); segment and OOM
-  // events to the triggering call's stack, tag and step, the rest empty.
-  const Provenance* prov = &kNoProvenance;
+  // Block events: the id the subscriber gave the block when it became live
+  // (allocator/subscriber.h; a free event the allocation's). 0 for segment,
+  // OOM and count events, and when no subscriber is set.
+  uint32_t id = 0;
   // The block of a block event (nullptr for kOom and the counts): for the
   // boundary's observer (its owner). Valid during record_locked() only.
   const Block* block = nullptr;
 };
 
 // An Event about block `b`: pool, stream, address, size and requested bytes
-// taken from the block (callers add the provenance and adjust what differs).
+// taken from the block, and its subscriber id (callers adjust what differs).
 inline Event block_event(Action action, const Block& b) {
   Event e;
   e.action = action;
@@ -97,6 +94,7 @@ inline Event block_event(Action action, const Block& b) {
   e.addr = b.addr;
   e.size = b.size;
   e.requested = b.requested;
+  e.id = b.id;
   e.block = &b;
   return e;
 }

@@ -34,7 +34,6 @@
 #include <utility>
 
 #include "pool/block.h"
-#include "recorder/provenance.h"
 
 namespace memalloc {
 
@@ -94,7 +93,7 @@ struct BlockState {
   size_t size = 0;
   size_t requested = 0;
   bool allocated = false;
-  Provenance prov;  // a live block's (restore_pool gives back its stack and tag)
+  uint64_t note = 0;  // a live block's subscriber note (allocator/subscriber.h), given back on restore
 };
 
 struct SegmentState {

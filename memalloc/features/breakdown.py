@@ -5,7 +5,7 @@ answers (parameters, gradients, optimizer state, activations, temporaries,
 other) from the allocator's own counters, with no profiler and no code
 beyond :func:`memalloc.enable`: the allocator stamps each block with the
 training phase it was allocated in and decides its category at the
-landmark where its fate is known (csrc/accounting/breakdown.h, memalloc/features/phases.py):
+landmark where its fate is known (csrc/profiler/breakdown.h, memalloc/features/phases.py):
 
 ==================  =========================================================
 ``parameters``      storages of ``nn.Parameter`` s (and of optimizers' params)

@@ -4,7 +4,7 @@ the process (layout and reader: memalloc/trace/flight_files.py).
 ``MEMALLOC_CONF=flight_recorder:DIR`` (or :func:`start`) makes one file per
 process in DIR, ``memalloc-<host>-<pid>-<start ns>.flight``, and points every
 device's event ring into it: from then on the C++ core writes each record
-there as it happens (csrc/recorder/recorder.h: no allocation, lock or system
+there as it happens (csrc/profiler/recorder.h: no allocation, lock or system
 call more than recording into memory). At each step boundary
 (``memalloc.step()``; until the code calls it, ``optimizer.step()``: the
 recorder watches steps as ``leak_check`` does) this

@@ -1,5 +1,5 @@
 """Where a training step is, told to the allocator: the phases behind
-:func:`memalloc.memory_breakdown` (csrc/accounting/breakdown.h).
+:func:`memalloc.memory_breakdown` (csrc/profiler/breakdown.h).
 
 :func:`install` (called by :func:`memalloc.enable`) hooks torch at the
 landmarks of a training step, with no change to the user's code:

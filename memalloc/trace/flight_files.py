@@ -3,7 +3,7 @@ process that wrote it is gone (or while it runs).
 
 One file per process, ``memalloc-<host>-<pid>-<start ns>.flight``, written
 by memalloc/features/flight.py: the process's event rings live in it (the
-C++ core writes each record there, csrc/recorder/recorder.h), and at every
+C++ core writes each record there, csrc/profiler/recorder.h), and at every
 ``memalloc.step()`` the writer adds the stacks and tags interned since the
 last step, a heartbeat and a checkpoint of the counters. A ``MAP_SHARED``
 file sits in the kernel's page cache, so SIGKILL, a segfault or an abort of

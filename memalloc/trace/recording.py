@@ -3,7 +3,7 @@
 ``record_memory_history(stacks="python")`` makes the C++ core write every
 allocator event (alloc, free requested / completed, segment alloc / free,
 OOM, empty_cache, ...) as a 64-byte record into a preallocated per-device
-ring (csrc/recorder/recorder.h). Each record names who caused it: an interned Python
+ring (csrc/profiler/recorder.h). Each record names who caused it: an interned Python
 call stack (``stacks="python"``), the user tag path active on the thread
 (``with memalloc.tag("forward"):``), the thread and the ``memalloc.step()``
 count. Allocations made by autograd's engine threads, which run no Python,
@@ -210,7 +210,7 @@ def events(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = Non
 def events_array(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None):
     """The recorded events of ``device`` of ``allocator`` (default: the
     installed one) as a numpy structured array (fields as in
-    csrc/recorder/recorder.h: time_ns, addr, size, requested (bytes), stream,
+    csrc/profiler/recorder.h: time_ns, addr, size, requested (bytes), stream,
     stack_id, tag_id, thread, step, action, device, pool)."""
     import numpy as np
 

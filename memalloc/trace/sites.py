@@ -23,7 +23,7 @@ LiveBlock = tuple[int, int, int, int, int, int]  # (addr, size, requested, stack
 assert tuple(f[0] for f in _C.LIVE_FIELDS) == ("addr", "size", "requested", "stack_id", "tag_id", "step")
 
 
-@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/recorder/stacks.h)
+@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/profiler/stacks.h)
 def site_of(stack_id: int) -> Optional[SiteKey]:
     """(filename, line, function) of the innermost user-code frame of an
     interned stack; None for stack id 0 (no stack captured)."""

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "accounting/accounting.h"
-#include "accounting/breakdown.h"
+#include "profiler/breakdown.h"
 #include "accounting/peak.h"
 #include "pool/events.h"
 #include "part_test.h"
@@ -40,8 +40,14 @@ struct Rng {
   uint64_t below(uint64_t n) { return next() % n; }
 };
 
-Event block_ev(Action action, PoolKind pool, size_t size, const Provenance& prov) {
-  Event e;
+// An Event with the provenance of its block, as the profiler hands them to
+// the breakdown (Breakdown::apply(e, prov)).
+struct ProvEvent : Event {
+  const Provenance* prov = &kNoProvenance;
+};
+
+ProvEvent block_ev(Action action, PoolKind pool, size_t size, const Provenance& prov) {
+  ProvEvent e;
   e.action = action;
   e.pool = pool;
   e.size = size;
@@ -50,13 +56,15 @@ Event block_ev(Action action, PoolKind pool, size_t size, const Provenance& prov
   return e;
 }
 
-Event segment_ev(Action action, PoolKind pool, size_t size) {
-  Event e;
+ProvEvent segment_ev(Action action, PoolKind pool, size_t size) {
+  ProvEvent e;
   e.action = action;
   e.pool = pool;
   e.size = size;
   return e;
 }
+
+void feed(Breakdown& bd, const ProvEvent& e) { bd.apply(e, *e.prov); }
 
 // ---- the mechanism ----------------------------------------------------------
 
@@ -162,9 +170,9 @@ void each_window_keeps_its_own_rule_and_restarting_one_never_moves_the_others() 
   std::vector<Live> live;
   uint64_t seq = 0;
   uint32_t step = 0;
-  auto send = [&](const Event& e) {
+  auto send = [&](const ProvEvent& e) {
     acc.apply(e);
-    bd.apply(e);
+    feed(bd, e);
   };
   int restarts[3] = {0, 0, 0};
   for (int i = 0; i < 20000; ++i) {
@@ -235,9 +243,9 @@ void each_window_keeps_its_own_rule_and_restarting_one_never_moves_the_others() 
 void a_restart_moves_its_window_only() {
   Accounting acc(SIZE_MAX);
   Breakdown bd;
-  auto send = [&](const Event& e) {
+  auto send = [&](const ProvEvent& e) {
     acc.apply(e);
-    bd.apply(e);
+    feed(bd, e);
   };
   Provenance p;
   p.seq = 1;
@@ -270,8 +278,8 @@ void a_restart_moves_its_window_only() {
   acc2.apply(segment_ev(Action::kOom, PoolKind::kLarge, 1 << 20));
   acc2.apply(block_ev(Action::kFreeRequested, PoolKind::kLarge, 8 << 20, p));
   acc2.apply(segment_ev(Action::kSegmentFree, PoolKind::kLarge, 20 << 20));
-  bd2.apply(block_ev(Action::kAlloc, PoolKind::kLarge, 8 << 20, p));
-  bd2.apply(block_ev(Action::kFreeRequested, PoolKind::kLarge, 8 << 20, p));
+  feed(bd2, block_ev(Action::kAlloc, PoolKind::kLarge, 8 << 20, p));
+  feed(bd2, block_ev(Action::kFreeRequested, PoolKind::kLarge, 8 << 20, p));
   const StepWindow taken = acc2.take_window();
   EXPECT(taken.peak_allocated_bytes == mb8 && taken.peak_reserved_bytes == mb20 && taken.num_ooms == 1);
   EXPECT(acc2.window().peak_allocated_bytes == 0 && acc2.window().peak_reserved_bytes == 0 &&
@@ -334,9 +342,9 @@ void the_breakdown_reads_block_events_and_their_provenance_only() {
       // far less (a cached block handed out whole).
       const uint64_t kind = rng.below(3);
       const size_t requested = kind == 0 ? size : kind == 1 ? size - rng.below(512) : 1 + rng.below(size);
-      Event e = block_ev(Action::kAlloc, PoolKind::kSmall, size, p);
+      ProvEvent e = block_ev(Action::kAlloc, PoolKind::kSmall, size, p);
       e.requested = requested;
-      bd.apply(e);
+      feed(bd, e);
       live.push_back(Live{size, PoolKind::kSmall, p, requested});
       const CategoryBytes now = split_of(live);
       if (now.total > peak_truth.total) peak_truth = now;
@@ -345,16 +353,16 @@ void the_breakdown_reads_block_events_and_their_provenance_only() {
       const Live b = live[k];
       live[k] = live.back();
       live.pop_back();
-      Event e = block_ev(Action::kFreeRequested, b.pool, b.size, b.prov);
+      ProvEvent e = block_ev(Action::kFreeRequested, b.pool, b.size, b.prov);
       e.requested = b.requested;
-      bd.apply(e);
+      feed(bd, e);
     } else {  // any other action, with a block's figures: nothing moves
       const CategoryBytes before = bd.now(), peak_before = bd.peak();
       Provenance p;
       p.phase = Phase::kForward;
       p.category = Category::kUnresolved;
       p.seq = seq + 1;
-      bd.apply(block_ev(others[rng.below(sizeof(others) / sizeof(others[0]))], PoolKind::kLarge, 1 << 30, p));
+      feed(bd, block_ev(others[rng.below(sizeof(others) / sizeof(others[0]))], PoolKind::kLarge, 1 << 30, p));
       EXPECT(same(bd.now(), before) && same(bd.peak(), peak_before));
     }
     EXPECT(same(bd.now(), split_of(live)));
@@ -375,10 +383,10 @@ void resolving_relabels_the_peak_without_moving_it() {
   fwd.category = Category::kUnresolved;
   Provenance a = fwd, b = fwd, c = fwd;
   a.seq = 1, b.seq = 2, c.seq = 3;
-  bd.apply(block_ev(Action::kAlloc, PoolKind::kSmall, 1000, a));
-  bd.apply(block_ev(Action::kAlloc, PoolKind::kSmall, 2000, b));
-  bd.apply(block_ev(Action::kFreeRequested, PoolKind::kSmall, 2000, b));  // freed after the peak
-  bd.apply(block_ev(Action::kAlloc, PoolKind::kSmall, 500, c));          // after the peak: not in it
+  feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 1000, a));
+  feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 2000, b));
+  feed(bd, block_ev(Action::kFreeRequested, PoolKind::kSmall, 2000, b));  // freed after the peak
+  feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 500, c));          // after the peak: not in it
   EXPECT_EQ(bd.peak().total, 3000);
   bd.resolve(Phase::kForward, Category::kActivations);
   const int act = static_cast<int>(Category::kActivations), tmp = static_cast<int>(Category::kTemporaries);

@@ -1,5 +1,5 @@
 // event_trace_test.cpp — C++ unit tests of the EventTrace subscriber
-// (csrc/allocator/event_trace.h) on its own: Events made by hand, the
+// (csrc/profiler/event_trace.h) on its own: Events made by hand, the
 // records read back and compared field by field with the Events the test
 // pushed, in memory and in slots the test owns (as a flight file's), the
 // capacity checks, and the one-time-stamp rule of a free that completes at
@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/event_trace.h"
+#include "profiler/event_trace.h"
+#include "profiler/provenance.h"
 #include "common/config.h"
 #include "common/errors.h"
 #include "part_test.h"
@@ -32,8 +33,18 @@ std::vector<Provenance>& provenances() {
   return v;
 }
 
-Event event(Action a, uint64_t i) {
-  Event e;
+// An Event and the provenance of its allocation (what Profiler::on_event
+// looks up and passes to take()).
+struct ProvEvent : Event {
+  const Provenance* prov = &kNoProvenance;
+};
+
+void take(EventTrace& t, const ProvEvent& e, uint32_t thread, uint32_t step) {
+  t.take(e, e.prov->stack_id, e.prov->tag_id, thread, step);
+}
+
+ProvEvent event(Action a, uint64_t i) {
+  ProvEvent e;
   e.action = a;
   e.pool = i % 2 ? PoolKind::kLarge : PoolKind::kSmall;
   e.stream = 0x100 + i;
@@ -44,7 +55,7 @@ Event event(Action a, uint64_t i) {
   return e;
 }
 
-bool same(const TraceRecord& r, const Event& e, uint32_t thread, uint32_t step, uint8_t device) {
+bool same(const TraceRecord& r, const ProvEvent& e, uint32_t thread, uint32_t step, uint8_t device) {
   return r.addr == e.addr && r.size == e.size && r.requested == e.requested && r.stream == e.stream &&
          r.stack_id == e.prov->stack_id && r.tag_id == e.prov->tag_id && r.thread == thread && r.step == step &&
          r.action == static_cast<uint8_t>(e.action) && r.device == device &&
@@ -57,10 +68,10 @@ void off_until_reset_and_records_every_field() {
   EXPECT(t.records().empty() && t.dropped() == 0);
   t.reset(8);
   EXPECT(t.enabled());
-  std::vector<Event> pushed;
+  std::vector<ProvEvent> pushed;
   for (uint64_t i = 0; i < 5; ++i) {
     pushed.push_back(event(i % 2 ? Action::kFreeRequested : Action::kAlloc, i));
-    t.take(pushed.back(), static_cast<uint32_t>(i), static_cast<uint32_t>(100 + i));
+    take(t, pushed.back(), static_cast<uint32_t>(i), static_cast<uint32_t>(100 + i));
   }
   const std::vector<TraceRecord> got = t.records();
   EXPECT(got.size() == pushed.size() && t.dropped() == 0);
@@ -75,10 +86,10 @@ void off_until_reset_and_records_every_field() {
 void a_full_ring_keeps_the_newest() {
   EventTrace t(0);
   t.reset(4);
-  std::vector<Event> pushed;
+  std::vector<ProvEvent> pushed;
   for (uint64_t i = 0; i < 11; ++i) {
     pushed.push_back(event(Action::kAlloc, i));
-    t.take(pushed.back(), 1, 2);
+    take(t, pushed.back(), 1, 2);
   }
   const std::vector<TraceRecord> got = t.records();
   EXPECT(got.size() == 4 && t.dropped() == 7);
@@ -88,19 +99,19 @@ void a_full_ring_keeps_the_newest() {
 void a_free_completing_at_once_has_one_time_stamp() {
   EventTrace t(0);
   t.reset(16);
-  t.take(event(Action::kFreeRequested, 1), 0, 0);
-  Event done = event(Action::kFreeCompleted, 1);
+  take(t, event(Action::kFreeRequested, 1), 0, 0);
+  ProvEvent done = event(Action::kFreeCompleted, 1);
   done.at_once = true;
-  t.take(done, 0, 0);
+  take(t, done, 0, 0);
   // A completion not at once is stamped with its own reading: one that
   // comes after a pause reads later than the request before it.
-  t.take(event(Action::kFreeRequested, 2), 0, 0);
+  take(t, event(Action::kFreeRequested, 2), 0, 0);
   const int64_t requested = t.records().back().time_ns;
   int64_t completed = requested;
   for (int tries = 0; tries < 1000 && completed == requested; ++tries) {
     EventTrace probe(0);
     probe.reset(1);
-    probe.take(event(Action::kFreeCompleted, 2), 0, 0);
+    take(probe, event(Action::kFreeCompleted, 2), 0, 0);
     completed = probe.records().back().time_ns;
   }
   const std::vector<TraceRecord> got = t.records();
@@ -119,7 +130,7 @@ void attached_slots_get_sequence_numbers() {
   EXPECT(t.enabled());
   EXPECT(seqs[0] == 0 && seqs[1] == 0 && seqs[2] == 0);  // cleared on attach
   EXPECT(keep.use_count() == 2);  // the ring keeps the memory alive
-  for (uint64_t i = 0; i < 4; ++i) t.take(event(Action::kAlloc, i), 0, 0);
+  for (uint64_t i = 0; i < 4; ++i) take(t, event(Action::kAlloc, i), 0, 0);
   // 4 pushes into 3 slots: slot 0 holds the 4th record, 1 and 2 the 2nd and 3rd.
   EXPECT(seqs[0] == 4 && seqs[1] == 2 && seqs[2] == 3);
   EXPECT(slots[0].addr == event(Action::kAlloc, 3).addr);
@@ -131,7 +142,7 @@ void attached_slots_get_sequence_numbers() {
 void bad_capacities_are_refused_and_change_nothing() {
   EventTrace t(0);
   t.reset(2);
-  t.take(event(Action::kAlloc, 0), 0, 0);
+  take(t, event(Action::kAlloc, 0), 0, 0);
   bool refused = false;
   try {
     t.reset(kMaxTraceRecords + 1);

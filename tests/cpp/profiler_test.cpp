@@ -1,5 +1,5 @@
 // profiler_test.cpp — C++ unit tests of the Profiler part
-// (csrc/allocator/profiler.h) on its own, fed as DeviceAllocator feeds it
+// (csrc/profiler/profiler.h) on its own, fed as DeviceAllocator feeds it
 // (add, then the kAlloc Event; the kFreeRequested Event, then
 // set_pending or the kFreeCompleted Event and remove) with no allocator:
 // a training step's landmarks resolve each allocation to the category the
@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/profiler.h"
+#include "common/errors.h"
+#include "profiler/profiler.h"
 #include "part_test.h"
 
 using namespace memalloc;
@@ -29,20 +30,22 @@ struct Alloc {
   bool live;
 };
 
-// The Event DeviceAllocator sends about allocation `a`.
-Event event(Action action, const Alloc& a, const Profiler& p) {
+// The Event DeviceAllocator sends about allocation `a` (its id: the slot).
+Event event(Action action, const Alloc& a) {
   Event e;
   e.action = action;
   e.addr = a.addr;
   e.size = a.size;
   e.requested = action == Action::kFreeCompleted ? 0 : a.requested;
-  e.prov = p.provenance(a.slot);
+  e.id = a.slot;
   return e;
 }
 
 struct Feed {
   Profiler p{0};
   CallContext call{7, 9, 1, 0};
+  DeviceStats stats{};
+  Subscriber& sub() { return p; }  // the allocator sees only the interface
   std::vector<Alloc> allocs;
   std::uintptr_t next = 0x100000;
 
@@ -50,26 +53,27 @@ struct Feed {
     const size_t size = (requested + 511) / 512 * 512 + 512;  // some rounding: other
     Alloc a{next, size, requested, 0, want, true};
     next += size;
-    a.slot = p.add(a.addr, a.size, a.requested, call);
-    p.take(event(Action::kAlloc, a, p), call);
+    // As DeviceAllocator calls its subscriber (allocator/subscriber.h).
+    a.slot = sub().on_live(a.addr, a.size, a.requested, &call);
+    sub().on_event(event(Action::kAlloc, a), &call, stats);
     allocs.push_back(a);
     return allocs.size() - 1;
   }
   // The caller frees allocation i; `pending`: its streams are still at work.
   void free(size_t i, bool pending = false) {
     Alloc& a = allocs[i];
-    p.take(event(Action::kFreeRequested, a, p), call);
+    sub().on_event(event(Action::kFreeRequested, a), &call, stats);
     a.live = false;
     if (pending) {
-      p.set_pending(a.slot);
+      sub().on_pending(a.slot);
       return;
     }
     complete(i);
   }
   void complete(size_t i) {
     Alloc& a = allocs[i];
-    p.take(event(Action::kFreeCompleted, a, p), call);
-    p.remove(a.slot);
+    sub().on_event(event(Action::kFreeCompleted, a), &call, stats);
+    sub().on_gone(a.slot);
     a.slot = 0;
   }
   int64_t allocated() const {
@@ -107,9 +111,21 @@ bool split_is(const CategoryBytes& got, const CategoryBytes& want, std::string* 
 
 std::vector<std::string> problems(const Feed& f, int64_t allocated) {
   std::vector<std::string> out;
-  f.p.validate([&](bool ok, const std::string& what) {
+  f.p.check_invariants([&](bool ok, const std::string& what) {
     if (!ok) out.push_back(what);
   }, allocated);
+  // And the subscriber's own check against the blocks the allocator holds.
+  std::vector<SubscribedBlock> blocks;
+  for (const Alloc& a : f.allocs)
+    if (a.slot != 0) blocks.push_back(SubscribedBlock{a.addr, a.size, a.requested, a.slot, !a.live});
+  bool threw = false;
+  try {
+    f.p.validate(blocks, allocated);
+  } catch (const Error& e) {
+    threw = true;
+    if (out.empty()) out.push_back(e.what());  // a difference from the blocks: its own problem
+  }
+  if (!threw && !out.empty()) out.push_back("validate() passed a broken invariant");
   return out;
 }
 
@@ -189,9 +205,14 @@ void pending_allocations_leave_the_walks_and_the_leak_view() {
 void restored_allocations_keep_who_made_them() {
   Feed f;
   f.p.enter_phase(Phase::kForward);
-  const Profiler::Slot s = f.p.add_restored(0x5000, 1024, 1000, f.call, 41, 42);
+  // What a checkpoint keeps of an allocation (note) comes back on restore.
+  const Profiler::Slot made = f.sub().on_live(0x4000, 1024, 1000, &f.call);
+  const uint64_t note = f.sub().note(made);
+  EXPECT(Profiler::note_stack(note) == 7 && Profiler::note_tag(note) == 9);
+  const Profiler::Slot s = f.sub().on_restored(0x5000, 1024, 1000, nullptr, uint64_t{41} << 32 | 42);
   const Provenance p = f.p.provenance_of(s);
   EXPECT(p.stack_id == 41 && p.tag_id == 42 && p.phase == Phase::kForward && p.seq == f.p.last_seq());
+  EXPECT(p.step == 0);  // no caller: the call's step is unknown
   EXPECT(Profiler::call_provenance(f.call).stack_id == 7 && Profiler::call_provenance(f.call).seq == 0);
 }
 

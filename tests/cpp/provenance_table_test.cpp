@@ -1,5 +1,5 @@
 // provenance_table_test.cpp — C++ unit tests of the ProvenanceTable part
-// (csrc/recorder/provenance_table.h) on its own: records added, made
+// (csrc/profiler/provenance_table.h) on its own: records added, made
 // pending and removed in a seeded random order against a model the test
 // keeps (a map from slot to record), the slots reused, the walks, the
 // invariants checked after every step, and a validate() that catches a
@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "recorder/provenance_table.h"
+#include "profiler/provenance_table.h"
 #include "part_test.h"
 
 using namespace memalloc;

@@ -11,7 +11,7 @@
 #include <new>
 #include <vector>
 
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 static std::atomic<long> g_news{0};
 

@@ -57,8 +57,8 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "allocator/registry.h"
-#include "recorder/stacks.h"
+#include "process/registry.h"
+#include "profiler/stacks.h"
 
 using namespace memalloc;
 
@@ -208,7 +208,7 @@ void worker(CachingAllocator& alloc, HostBackend& host, StackTable& stacks,
            hex(reinterpret_cast<uintptr_t>(b.ptr)));
       return false;
     }
-    dev.free(b.ptr, ctx);
+    dev.free(b.ptr, &ctx);
     c.frees++;
     return true;
   };
@@ -236,7 +236,7 @@ void worker(CachingAllocator& alloc, HostBackend& host, StackTable& stacks,
         stack_ids[k] = ctx.stack_id;
         void* p;
         try {
-          p = alloc.device(d).malloc(size, s, ctx);
+          p = alloc.device(d).malloc(size, s, &ctx);
         } catch (const OutOfMemory&) {
           c.ooms++;
           continue;
@@ -278,7 +278,7 @@ void worker(CachingAllocator& alloc, HostBackend& host, StackTable& stacks,
         }
         c.syncs++;
       } else {
-        alloc.device(static_cast<int>(rng.below(kDevices))).empty_cache(ctx);
+        alloc.device(static_cast<int>(rng.below(kDevices))).empty_cache(&ctx);
         c.empty_caches++;
       }
     }
@@ -352,7 +352,7 @@ void reader(CachingAllocator& alloc, std::atomic<bool>& stop, long& reads) {
       }
       if (it % 8 == 0) {
         uint64_t dropped = 0;
-        for (const TraceRecord& r : alloc.device(0).with_profiler([&](Profiler& p) { return p.records(&dropped); })) {
+        for (const TraceRecord& r : alloc.with_profiler(0, [&](Profiler& p) { return p.records(&dropped); })) {
           if (r.device != 0 || r.action >= action_count) {
             fail("trace(): record with device " + std::to_string(r.device) + ", action " + std::to_string(r.action));
             return;
@@ -362,7 +362,7 @@ void reader(CachingAllocator& alloc, std::atomic<bool>& stop, long& reads) {
       if (it % 64 == 0) {
         for (int d = 0; d < kDevices; ++d) alloc.device(d).validate();
       }
-      if (it % 256 == 128) alloc.device(0).set_recording((it / 256) % 2 ? kRingA : kRingB);
+      if (it % 256 == 128) alloc.set_recording(0, (it / 256) % 2 ? kRingA : kRingB);
       reads++;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -402,7 +402,7 @@ int main(int argc, char** argv) {
   {
     CachingAllocator alloc(std::unique_ptr<Backend>(new HostBackend(config)), config);
     HostBackend& host = static_cast<HostBackend&>(alloc.backend());
-    alloc.device(0).set_recording(kRingA);
+    alloc.set_recording(0, kRingA);
 
     std::vector<Counts> counts(opt.threads);
     StackTable stacks;
@@ -529,7 +529,7 @@ int main(int argc, char** argv) {
           errors.push_back("ops " + std::to_string(total.ops) + " != threads * ops_per_thread");
         std::printf("device_allocs=%ld\nalloc_retries=%ld\n", device_allocs, retries);
         uint64_t dropped = 0;
-        const size_t records = alloc.device(0).with_profiler([&](Profiler& p) { return p.records(&dropped); }).size();
+        const size_t records = alloc.with_profiler(0, [&](Profiler& p) { return p.records(&dropped); }).size();
         std::printf("trace_records=%zu\ntrace_dropped=%" PRIu64 "\n", records, dropped);
       } catch (const std::exception& e) {
         errors.push_back(std::string("final checks: unexpected exception: ") + e.what());

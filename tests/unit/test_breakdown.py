@@ -1,4 +1,4 @@
-"""The breakdown by category (csrc/accounting/breakdown.h, memalloc/features/breakdown.py) on
+"""The breakdown by category (csrc/profiler/breakdown.h, memalloc/features/breakdown.py) on
 allocators the tests own: the landmark rules step by step, a seeded random
 run checked against a reference model written from breakdown.h's rules,
 bad input; then a real model trained on the host backend

@@ -135,17 +135,19 @@ def test_imports_go_down_and_sit_at_module_level(path):
     assert not problems, f"{module}:\n  " + "\n  ".join(problems)
 
 
-# The C++ folders of csrc/, bottom to top (docs/architecture.md): recorder/
-# (the ring's record, interned stacks, an allocation's Provenance and their
-# table) needs nothing of the pool, whose Events point to a Provenance. A file
-# includes only headers of its own folder and of the folders below it.
+# The C++ folders of csrc/, bottom to top (docs/architecture.md): the core
+# (common/ .. allocator/) is an allocator and knows nothing of who allocates;
+# profiler/ (provenance, the breakdown, the event ring, stacks) subscribes to
+# its Events (allocator/subscriber.h); process/ joins each device's allocator
+# to its profiler and holds the one global. A file includes only headers of
+# its own folder and of the folders below it.
 # boundary/, the only folder that includes torch or Python headers, is
 # layered by its sub-folders: callers/ (who is calling: Python frames and
 # stacks), then torch/ (torch's interfaces; torch/cuda/ with it), then
 # python/ (the module memalloc._C, which binds them all).
 CSRC = PACKAGE.parent / "csrc"
 CSRC_LAYERS: list[tuple[str, ...]] = [
-    ("common",), ("backend",), ("recorder",), ("pool",), ("accounting",), ("allocator",),
+    ("common",), ("backend",), ("pool",), ("accounting",), ("allocator",), ("profiler",), ("process",),
     ("boundary/callers",), ("boundary/torch",), ("boundary/python",),
 ]
 CSRC_LAYER = {folder: i for i, folders in enumerate(CSRC_LAYERS) for folder in folders}

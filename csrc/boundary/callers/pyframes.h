@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "recorder/stacks.h"
+#include "profiler/stacks.h"
 
 namespace memalloc {
 // True when this build can read frames without the GIL (CPython 3.11-3.13);

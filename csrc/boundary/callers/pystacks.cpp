@@ -22,7 +22,7 @@
 
 #include "boundary/callers/pyframes.h"
 #include "boundary/callers/pystacks.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 namespace {

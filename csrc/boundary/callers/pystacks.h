@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "recorder/recorder.h"
+#include "profiler/recorder.h"
 
 namespace memalloc {
 // Tag, Python stack (per the registry's stack mode), thread and step of the

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 using AllocatorClass = pybind11::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>;

@@ -9,7 +9,7 @@
 #include "boundary/python/bind.h"
 #include "common/errors.h"
 #include "boundary/python/pyargs.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "boundary/torch/cpu_allocator.h"
 #include "boundary/torch/oom_report.h"
 #include "boundary/callers/pystacks.h"

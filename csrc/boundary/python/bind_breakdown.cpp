@@ -12,10 +12,10 @@
 #include <string>
 
 #include "boundary/python/bind.h"
-#include "accounting/breakdown.h"
+#include "profiler/breakdown.h"
 #include "common/errors.h"
 #include "boundary/python/pyargs.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace py = pybind11;
 
@@ -78,7 +78,7 @@ void bind_breakdown(AllocatorClass& cls) {
          [](CachingAllocator& a, const PhaseArg& name) {
            const Phase p = phase_of(name);
            py::gil_scoped_release nogil;
-           for (int d = 0; d < a.device_count(); ++d) a.device(d).with_profiler([&](Profiler& pr) { pr.enter_phase(p); });
+           for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.enter_phase(p); });
          },
          py::arg("phase"),
          "Stamps new blocks of every device with `phase`; entering 'backward' resolves the live forward blocks "
@@ -91,14 +91,14 @@ void bind_breakdown(AllocatorClass& cls) {
             MEMALLOC_EXPECTS(p != Phase::kIdle,
                              "phase 'idle' has nothing to resolve: its blocks are 'other' at once");
             py::gil_scoped_release nogil;
-            for (int d = 0; d < a.device_count(); ++d) a.device(d).with_profiler([&](Profiler& pr) { pr.resolve(p, c); });
+            for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.resolve(p, c); });
           },
           py::arg("phase"), py::arg("category"),
           "Gives every live unresolved block of `phase` (every device) the category now.")
       .def(
           "phase",
           [](CachingAllocator& a, Device device) {
-            return std::string(phase_name(static_cast<int>(a.device(device).with_profiler([](Profiler& pr) { return pr.phase(); }))));
+            return std::string(phase_name(static_cast<int>(a.with_profiler(device, [](Profiler& pr) { return pr.phase(); }))));
           },
           py::arg("device") = 0, "The phase new blocks of `device` are stamped with.")
       .def(
@@ -107,7 +107,7 @@ void bind_breakdown(AllocatorClass& cls) {
             const auto step = static_cast<uint32_t>(step_number.is_none() ? AllocatorRegistry::instance().step()
                                                                         : pyargs::load_uint(step_number, kStepNumber));
             py::gil_scoped_release nogil;
-            for (int d = 0; d < a.device_count(); ++d) a.device(d).with_profiler([&](Profiler& pr) { pr.end_step(step); });
+            for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.end_step(step); });
           },
           py::arg("step") = py::none(),
           "Step `step` (default: memalloc.steps()) ended on every device: resolves every live block, keeps the "
@@ -118,7 +118,7 @@ void bind_breakdown(AllocatorClass& cls) {
             const Category c = category_of(name);
             py::gil_scoped_release nogil;
             for (int d = 0; d < a.device_count(); ++d) {
-              const size_t bytes = a.device(d).mark(static_cast<std::uintptr_t>(ptr.value), c);
+              const size_t bytes = a.mark(d, static_cast<std::uintptr_t>(ptr.value), c);
               if (bytes != 0) return bytes;
             }
             return size_t{0};
@@ -132,7 +132,7 @@ void bind_breakdown(AllocatorClass& cls) {
             Profiler::State s;
             {
               py::gil_scoped_release nogil;
-              s = a.device(device).with_profiler([](Profiler& pr) { return pr.state(); });
+              s = a.with_profiler(device, [](Profiler& pr) { return pr.state(); });
             }
             py::dict d;
             d["now"] = bytes_dict(s.now);

@@ -1,5 +1,5 @@
 // bind_flight.cpp — Python bindings of the flight recorder's storage:
-// memalloc._C.FlightMap (a new file mapped MAP_SHARED, recorder/flight_map.h)
+// memalloc._C.FlightMap (a new file mapped MAP_SHARED, profiler/flight_map.h)
 // and Allocator.record_to_file (a device's event ring attached to a region
 // of it). memalloc/trace/flight.py lays the file out; the ring writes its
 // records and sequence numbers there (recorder.h).
@@ -9,12 +9,12 @@
 // checked (inside the file, 64-byte aligned) before anything changes.
 #include <pybind11/pybind11.h>
 
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "boundary/python/bind.h"
 #include "boundary/python/pyargs.h"
 #include "common/errors.h"
-#include "recorder/flight_map.h"
-#include "recorder/recorder.h"
+#include "profiler/flight_map.h"
+#include "profiler/recorder.h"
 
 namespace py = pybind11;
 
@@ -57,7 +57,7 @@ void bind_flight(py::module_& m, AllocatorClass& cls) {
         auto* slots = reinterpret_cast<TraceRecord*>(file->data() + offset);
         auto* seqs = reinterpret_cast<uint64_t*>(file->data() + offset + capacity * sizeof(TraceRecord));
         py::gil_scoped_release nogil;
-        a.device(device).set_recording_file(slots, seqs, capacity, file);
+        a.set_recording_file(device, slots, seqs, capacity, file);
       },
       py::arg("file"), py::arg("offset"), py::arg("capacity"), py::arg("device") = 0,
       "Records every event of `device` into `file`: `capacity` 64-byte records at `offset`, then their "

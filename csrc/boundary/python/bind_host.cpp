@@ -12,7 +12,7 @@
 #include "boundary/python/bind.h"
 #include "common/errors.h"
 #include "boundary/python/pyargs.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "boundary/torch/malloc_entry.h"
 #include "boundary/callers/pystacks.h"
 
@@ -38,7 +38,8 @@ struct HostTensorCtx {
 void host_tensor_deleter(DLManagedTensor* m) {
   auto* ctx = static_cast<HostTensorCtx*>(m->manager_ctx);
   try {
-    ctx->allocator->device(ctx->device).free(m->dl_tensor.data, AllocatorRegistry::instance().thread_context());
+    const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+    ctx->allocator->device(ctx->device).free(m->dl_tensor.data, &caller);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: host tensor free failed: %s\n", e.what());
   }

@@ -18,7 +18,7 @@
 #include "boundary/python/bind.h"
 #include "common/errors.h"
 #include "boundary/python/pyargs.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace py = pybind11;
 
@@ -179,7 +179,8 @@ void bind_pools(py::module_& t) {
            [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             return a->device(device).empty_pool_cache(id, AllocatorRegistry::instance().thread_context());
+             const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+             return a->device(device).empty_pool_cache(id, &caller);
            },
            py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, "Releases the pool's fully free segments; returns the bytes.")
       .def("capturing",
@@ -212,7 +213,8 @@ void bind_pools(py::module_& t) {
              PoolRestore r;
              {
                py::gil_scoped_release nogil;
-               r = a->device(device).restore_pool(s);
+               const CallContext caller = AllocatorRegistry::instance().thread_context();
+               r = a->device(device).restore_pool(s, &caller);
              }
              std::vector<uintptr_t> freed, allocated;
              for (void* p : r.freed) freed.push_back(reinterpret_cast<uintptr_t>(p));

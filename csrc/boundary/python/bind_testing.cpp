@@ -18,7 +18,7 @@
 #include "boundary/python/bind.h"
 #include "common/errors.h"
 #include "boundary/python/pyargs.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "backend/backend.h"
 #include "boundary/torch/ipc_wire.h"
 #include "boundary/callers/pystacks.h"
@@ -53,7 +53,8 @@ void bind_testing(py::module_& m) {
           py::gil_scoped_release nogil;
           std::thread t([&] {
             try {
-              p = a->device(device).malloc(size, 0, current_context());
+              const CallContext who = current_context();
+              p = a->device(device).malloc(size, 0, &who);
             } catch (...) {
               error = std::current_exception();
             }

@@ -29,13 +29,13 @@
 
 #include "boundary/python/bind.h"
 #include "common/errors.h"
-#include "accounting/breakdown.h"
-#include "recorder/recorder.h"
+#include "profiler/breakdown.h"
+#include "profiler/recorder.h"
 #include "boundary/torch/malloc_entry.h"
 #include "boundary/torch/pluggable.h"
 #include "boundary/python/pyargs.h"
 #include "boundary/callers/pystacks.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 #ifdef MEMALLOC_WITH_TORCH_CUDA
 #include "boundary/torch/cuda/torch_allocator.h"
 #endif
@@ -89,8 +89,8 @@ py::list segments_list(const std::vector<SegmentInfo>& segs, int device) {
       bd["size"] = b.size;
       bd["requested_size"] = b.requested;
       bd["state"] = b.state;
-      bd["stack_id"] = b.prov.stack_id;
-      bd["tag_id"] = b.prov.tag_id;
+      bd["stack_id"] = Profiler::note_stack(b.note);
+      bd["tag_id"] = Profiler::note_tag(b.note);
       blocks.append(bd);
     }
     py::dict sd;
@@ -161,7 +161,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("size"), py::arg("device") = 0, py::arg("stream") = 0)
       .def("free",
            [](CachingAllocator& a, PtrArg ptr, Device device) {
-             a.device(device).free(reinterpret_cast<void*>(ptr.value), AllocatorRegistry::instance().thread_context());
+             const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+             a.device(device).free(reinterpret_cast<void*>(ptr.value), &caller);
            },
            py::arg("ptr"), py::arg("device") = 0, NoGil())
       .def("record_stream",
@@ -171,7 +172,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("ptr"), py::arg("stream"), py::arg("device") = 0, NoGil())
       .def("empty_cache",
            [](CachingAllocator& a, Device device) {
-             return a.device(device).empty_cache(AllocatorRegistry::instance().thread_context());
+             const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+             return a.device(device).empty_cache(&caller);
            },
            py::arg("device") = 0, NoGil())
       .def("set_memory_fraction",
@@ -254,7 +256,7 @@ PYBIND11_MODULE(_C, m) {
              std::vector<LiveBlock> blocks;
              {
                py::gil_scoped_release nogil;
-               blocks = a.device(device).with_profiler([](Profiler& p) { return p.live_blocks(); });
+               blocks = a.with_profiler(device, [](Profiler& p) { return p.live_blocks(); });
              }
              // the wire format: memalloc._C.LIVE_FIELDS, LIVE_BYTES (memalloc/trace/sites.py reads them)
              return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(LiveBlock));
@@ -265,7 +267,7 @@ PYBIND11_MODULE(_C, m) {
       .def("validate", [](CachingAllocator& a, Device device) { a.device(device).validate(); },
            py::arg("device") = 0, NoGil())
       .def("set_recording",
-           [](CachingAllocator& a, CapacityArg capacity, Device device) { a.device(device).set_recording(capacity); },
+           [](CachingAllocator& a, CapacityArg capacity, Device device) { a.set_recording(device, capacity); },
            py::arg("capacity"), py::arg("device") = 0, NoGil(),
            "Records every event of `device` into a ring of `capacity` 64-byte records (0 = off).")
       .def("trace",
@@ -274,7 +276,7 @@ PYBIND11_MODULE(_C, m) {
              std::vector<TraceRecord> records;
              {
                py::gil_scoped_release nogil;
-               records = a.device(device).with_profiler([&](Profiler& p) { return p.records(&dropped); });
+               records = a.with_profiler(device, [&](Profiler& p) { return p.records(&dropped); });
              }
              py::bytes raw(reinterpret_cast<const char*>(records.data()), records.size() * sizeof(TraceRecord));
              return py::make_tuple(raw, dropped);

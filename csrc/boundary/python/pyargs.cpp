@@ -8,7 +8,7 @@
 #include <climits>
 
 #include "common/errors.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc::pyargs {
 namespace {

@@ -34,7 +34,7 @@
 #include <string>
 
 #include "common/config.h"
-#include "recorder/recorder.h"
+#include "profiler/recorder.h"
 
 namespace memalloc {
 class CachingAllocator;  // registry.h

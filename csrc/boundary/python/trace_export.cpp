@@ -44,7 +44,7 @@
 
 #include "common/errors.h"
 #include "pool/events.h"
-#include "recorder/recorder.h"
+#include "profiler/recorder.h"
 
 namespace py = pybind11;
 

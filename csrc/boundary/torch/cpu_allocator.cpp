@@ -42,7 +42,7 @@
 #include "boundary/torch/malloc_entry.h"
 #include "boundary/torch/pluggable.h"
 #include "boundary/callers/pystacks.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 namespace {
@@ -56,7 +56,8 @@ void free_cpu(void* ptr) {
       std::fprintf(stderr, "memalloc: CPU free of %p ignored: not a live memalloc allocation\n", ptr);
       return;
     }
-    owner->free(ptr, AllocatorRegistry::instance().thread_context());
+    const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+    owner->free(ptr, &caller);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: CPU free ignored: %s\n", e.what());
   }
@@ -124,7 +125,8 @@ class RoutedAllocators {
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       DeviceAllocator* owner = it->allocator->find_owner(ptr);
       if (owner == nullptr) continue;
-      owner->free(ptr, AllocatorRegistry::instance().thread_context());
+      const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+      owner->free(ptr, &caller);
       --it->live;
       drop_if_unused(it, last);
       return true;

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 // Makes torch's CPU tensors come from device 0 of the installed host-backend

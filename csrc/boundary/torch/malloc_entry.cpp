@@ -10,7 +10,7 @@ namespace memalloc {
 void* malloc_for_torch(CachingAllocator& a, int device, size_t size, Stream stream, const CallContext& ctx,
                        const char* func) {
   try {
-    return a.device(device).malloc(size, stream, ctx);
+    return a.device(device).malloc(size, stream, &ctx);
   } catch (const OutOfMemory& e) {
     throw_oom_for_torch(e, &a, device, size, func);
   }

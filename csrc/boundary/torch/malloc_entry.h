@@ -10,7 +10,7 @@
 
 #include <cstddef>
 
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 // a.device(device).malloc(size, stream, ctx) for torch; `func` names the

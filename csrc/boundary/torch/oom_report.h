@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/errors.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 // Installs `hook` (a Python callable (device, requested_bytes) -> str, or

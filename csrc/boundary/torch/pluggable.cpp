@@ -23,7 +23,7 @@
 #include "boundary/torch/malloc_entry.h"
 #include "boundary/torch/pluggable.h"
 #include "boundary/callers/pystacks.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 
 namespace memalloc {
 
@@ -67,7 +67,8 @@ void* memalloc_alloc(size_t size, int device, void* stream) {
 void memalloc_free(void* ptr, size_t /*size*/, int device, void* /*stream*/) noexcept {
   try {
     auto* a = AllocatorRegistry::instance().installed();
-    if (a != nullptr) a->device(device).free(ptr, AllocatorRegistry::instance().thread_context());
+    const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+    if (a != nullptr) a->device(device).free(ptr, &caller);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: free ignored: %s\n", e.what());
   }
@@ -80,7 +81,7 @@ void memalloc_reset() noexcept {
     auto* a = AllocatorRegistry::instance().installed();
     if (a == nullptr) return;
     const memalloc::CallContext ctx = AllocatorRegistry::instance().thread_context();
-    for (int d = 0; d < a->device_count(); ++d) a->device(d).empty_cache(ctx);
+    for (int d = 0; d < a->device_count(); ++d) a->device(d).empty_cache(&ctx);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: empty_cache failed: %s\n", e.what());
   }

@@ -21,7 +21,7 @@
 #include "boundary/torch/pluggable.h"
 #include "boundary/callers/pystacks.h"
 #include "common/errors.h"
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "boundary/torch/cuda/torch_allocator.h"
 #include "boundary/torch/cuda/torch_history.h"
 #include "boundary/torch/cuda/torch_snapshot.h"
@@ -68,9 +68,9 @@ void free_anywhere(void* ptr) noexcept {
     // torch's history at level ALL: the free's own frames
     TorchHistory::Scope frames(g_history != nullptr ? g_history->gather(cda::RecordContext::ALL) : nullptr);
     const int hint = t_last_device < core->device_count() ? t_last_device : 0;
-    if (core->device(hint).free_if_owned(ptr, ctx)) return;
+    if (core->device(hint).free_if_owned(ptr, &ctx)) return;
     for (int d = 0; d < core->device_count(); ++d)
-      if (d != hint && core->device(d).free_if_owned(ptr, ctx)) return;
+      if (d != hint && core->device(d).free_if_owned(ptr, &ctx)) return;
     if (free_uncached(core, ptr)) return;
     std::fprintf(stderr, "memalloc: free of %p ignored: no device holds a live allocation there (double free?)\n",
                  ptr);
@@ -102,7 +102,8 @@ class TorchCudaAllocator final : public Pluggable {
   explicit TorchCudaAllocator(std::shared_ptr<CachingAllocator> core)
       : Pluggable(nullptr, nullptr), core_(std::move(core)), history_(core_->device_count()) {
     g_history = &history_;
-    for (int d = 0; d < core_->device_count(); ++d) core_->device(d).set_event_observer({&observe, this});
+    for (int d = 0; d < core_->device_count(); ++d)
+      core_->with_profiler(d, [&](Profiler& p) { p.set_observer({&observe, this}); });
   }
 
   // ---- allocation ----------------------------------------------------------
@@ -150,7 +151,7 @@ class TorchCudaAllocator final : public Pluggable {
     TorchHistory::Scope frames(history_.gather(cda::RecordContext::ALL));  // segment frees carry empty_cache's frames
     guard([&] {
       const CallContext ctx = AllocatorRegistry::instance().thread_context();
-      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, ctx);
+      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, &ctx);
     });
   }
   // cuDNN's workspace guess: *largest == 0 asks for the device's free bytes
@@ -265,7 +266,10 @@ class TorchCudaAllocator final : public Pluggable {
                 "memalloc: setCheckpointPoolState needs a state from memalloc's getCheckpointState for device ",
                 static_cast<int>(device));
     PoolRestore r;
-    guard([&] { r = core_->device(device).restore_pool(cp->state); });
+    guard([&] {
+      const CallContext ctx = AllocatorRegistry::instance().thread_context();
+      r = core_->device(device).restore_pool(cp->state, &ctx);
+    });
     cca::CheckpointDelta delta;
     delta.ptrs_freed = std::move(r.freed);
     for (void* p : r.allocated)
@@ -353,7 +357,7 @@ class TorchCudaAllocator final : public Pluggable {
   bool isHistoryEnabled() override {
     if (history_.enabled()) return true;
     for (int d = 0; d < core_->device_count(); ++d)
-      if (core_->device(d).with_profiler([](Profiler& p) { return p.trace().enabled(); })) return true;
+      if (core_->with_profiler(d, [](Profiler& p) { return p.trace().enabled(); })) return true;
     return false;
   }
   // torch.compile's regions and _set_memory_metadata, on each trace entry.
@@ -383,7 +387,7 @@ class TorchCudaAllocator final : public Pluggable {
     const CallContext ctx = current_context();
     TorchHistory::Scope frames(history_.gather(cda::RecordContext::STATE));  // torch's history: the allocation's frames
     try {
-      return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), ctx);
+      return core_->device(device).malloc(size, reinterpret_cast<Stream>(stream), &ctx);
     } catch (const OutOfMemory& e) {
       notify_observers(device,
                        segment_size_for(round_size(size, core_->device(device).settings().divisions_for(size))));

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "boundary/torch/cuda/torch_contexts.h"
 
 namespace memalloc {

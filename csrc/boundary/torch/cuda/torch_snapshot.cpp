@@ -48,7 +48,7 @@ cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHist
     bi.active = std::string(b.state) != "inactive";
     if (bi.active) {
       bi.context_when_allocated = history.enabled() ? history.block_context(device, addr)
-                                                    : contexts->of(b.prov.stack_id);
+                                                    : contexts->of(Profiler::note_stack(b.note));
     }
     addr += b.size;
     if (bi.allocated) {
@@ -62,9 +62,9 @@ cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHist
 }
 
 // memalloc's event ring as torch's trace entries, times on the wall clock.
-void add_traces(DeviceAllocator& dev, int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) {
+void add_traces(CachingAllocator& core, int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) {
   uint64_t dropped = 0;
-  const std::vector<TraceRecord> records = dev.with_profiler([&](Profiler& p) { return p.records(&dropped); });
+  const std::vector<TraceRecord> records = core.with_profiler(device, [&](Profiler& p) { return p.records(&dropped); });
   const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch()).count();
   const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -96,7 +96,7 @@ cca::SnapshotInfo torch_snapshot(CachingAllocator& core, const TorchHistory& his
     if (include_traces && history.enabled()) {
       out.device_traces.back() = history.entries(d);
     } else if (include_traces) {
-      add_traces(dev, d, &out.device_traces.back(), &contexts);
+      add_traces(core, d, &out.device_traces.back(), &contexts);
     }
   }
   const Config settings = core.device(0).settings();

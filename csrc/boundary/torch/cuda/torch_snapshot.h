@@ -15,7 +15,7 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "allocator/registry.h"
+#include "process/registry.h"
 #include "boundary/torch/cuda/torch_history.h"
 
 namespace memalloc {

@@ -1,19 +1,22 @@
 // profiler.h — what memalloc knows of one device's allocations beyond
-// torch's counters, as one part that owns its state: every allocation's
+// torch's counters, in the layer above the allocator: every allocation's
 // provenance (provenance_table.h), the training phase new allocations are
 // stamped with, their sequence numbers, the breakdown by category
-// (breakdown.h) and the event ring (event_trace.h).
+// (breakdown.h), the event ring (event_trace.h) and the boundary's
+// observer (torch's own history).
 //
-// It is a subscriber of the allocator's Event stream (take(), from
-// DeviceAllocator::record_locked, after the counters) and is told of each
-// allocation's life by the allocator (add() when a block becomes live,
-// set_pending() when its caller frees it while streams still use it,
-// remove() once its memory is free again). Its landmarks (enter_phase,
-// resolve, end_step, mark) walk its own table, never the allocator's blocks.
+// It is its device's Subscriber (allocator/subscriber.h): told of each
+// allocation's life (on_live / on_restored when a block becomes live,
+// on_pending when its caller frees it while streams still use it, on_gone
+// once its memory is free again) and of every Event (on_event, after the
+// counters). The caller word of the allocator's calls is a CallContext
+// (recorder.h) or nullptr. Its landmarks (enter_phase, resolve, end_step,
+// mark) walk its own table, never the allocator's blocks.
 //
 // Invariants:
-//   * Called only under the owning device's lock; no lock of its own.
-//   * take() and the record calls allocate no host memory in a steady
+//   * Called only under the owning device's lock; no lock of its own (the
+//     boundary reaches it through CachingAllocator::with_profiler).
+//   * on_event and the record calls allocate no host memory in a steady
 //     state and cannot throw.
 //   * Sequence numbers are 1, 2, ... in the order allocations became live;
 //     every live record's seq is in [1, last_seq()].
@@ -30,12 +33,13 @@
 #include <string>
 #include <vector>
 
-#include "accounting/breakdown.h"
-#include "allocator/event_trace.h"
+#include "allocator/subscriber.h"
 #include "pool/events.h"
-#include "recorder/provenance.h"
-#include "recorder/provenance_table.h"
-#include "recorder/recorder.h"
+#include "profiler/breakdown.h"
+#include "profiler/event_trace.h"
+#include "profiler/provenance.h"
+#include "profiler/provenance_table.h"
+#include "profiler/recorder.h"
 
 namespace memalloc {
 
@@ -58,7 +62,10 @@ struct LiveBlock {
 };
 static_assert(sizeof(LiveBlock) == 40, "LiveBlock is a 40-byte wire format (LIVE_BYTES)");
 
-class Profiler {
+// The caller word of an allocator call that carried none.
+inline constexpr CallContext kNoCall{};
+
+class Profiler final : public Subscriber {
  public:
   using Slot = ProvenanceTable::Slot;
   struct State {  // the breakdown's report
@@ -68,16 +75,56 @@ class Profiler {
     Phase phase;
   };
 
-  explicit Profiler(int device) : trace_(device) {}
+  explicit Profiler(int device) : device_(device), trace_(device) {}
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
-  // ---- the Event stream --------------------------------------------------
-  // One Event, after the counters took it: the breakdown, then the ring
-  // (stamped with the call's thread and step) while recording is on.
-  void take(const Event& e, const CallContext& call) noexcept {
-    breakdown_.apply(e);
-    if (trace_.enabled()) trace_.take(e, call.thread, call.step);
+  // ---- the allocator's calls (allocator/subscriber.h) ----------------------
+  Id on_live(std::uintptr_t addr, size_t size, size_t requested, Caller caller) override {
+    return add(addr, size, requested, context(caller));
+  }
+  Id on_restored(std::uintptr_t addr, size_t size, size_t requested, Caller caller, uint64_t note) override {
+    return add_restored(addr, size, requested, context(caller), static_cast<uint32_t>(note >> 32),
+                        static_cast<uint32_t>(note));
+  }
+  void on_pending(Id id) noexcept override { table_.set_pending(id); }
+  void on_gone(Id id) noexcept override { table_.remove(id); }
+  // One Event, after the counters took it: the breakdown (its block's
+  // provenance), the ring (stamped with the call's thread and step; a
+  // segment or OOM event with the call's stack and tag) while recording is
+  // on, then the observer.
+  void on_event(const Event& e, Caller caller, const DeviceStats& after) noexcept override {
+    const CallContext& call = context(caller);
+    if (e.id != 0) {
+      const Provenance& p = table_.at(e.id).prov;
+      breakdown_.apply(e, p);
+      if (trace_.enabled()) trace_.take(e, p.stack_id, p.tag_id, call.thread, call.step);
+    } else if (trace_.enabled()) {
+      trace_.take(e, call.stack_id, call.tag_id, call.thread, call.step);
+    }
+    if (observer_.fn != nullptr) observe(e, after);
+  }
+  // A live allocation's stack and tag (what a restore gives back and the
+  // snapshot shows): stack_id << 32 | tag_id (note_stack, note_tag).
+  uint64_t note(Id id) const noexcept override {
+    const Provenance& p = table_.at(id).prov;
+    return uint64_t{p.stack_id} << 32 | p.tag_id;
+  }
+  static uint32_t note_stack(uint64_t note) { return static_cast<uint32_t>(note >> 32); }
+  static uint32_t note_tag(uint64_t note) { return static_cast<uint32_t>(note); }
+  void validate(const std::vector<SubscribedBlock>& blocks, int64_t allocated_bytes) const override;
+
+  // One more consumer of every Event, for a boundary (torch's own history
+  // format): called after the breakdown and the ring with the device's
+  // allocated and reserved bytes after the event. It must not throw (an
+  // exception is swallowed) nor call into the allocator. fn nullptr: none.
+  struct EventObserver {
+    void (*fn)(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) = nullptr;
+    void* user = nullptr;
+  };
+  void set_observer(EventObserver o) { observer_ = o; }
+  static const CallContext& context(Caller caller) {
+    return caller != nullptr ? *static_cast<const CallContext*>(caller) : kNoCall;
   }
 
   // ---- an allocation's life ------------------------------------------------
@@ -157,22 +204,32 @@ class Profiler {
   // check(ok, what) for every invariant above; `allocated_bytes`: the
   // allocator's current allocated bytes.
   template <class Check>
-  void validate(Check&& check, int64_t allocated_bytes) const;
+  void check_invariants(Check&& check, int64_t allocated_bytes) const;
 
  private:
   // Every allocation of `phase` whose category is `from` (final) becomes
   // `to`, in the current split and, if live then, at the window's peak.
   void recategorize(Phase phase, Category from, Category to);
 
+  void observe(const Event& e, const DeviceStats& after) noexcept {
+    try {
+      observer_.fn(observer_.user, device_, e, after.allocated_bytes[kStatAll].current,
+                   after.reserved_bytes[kStatAll].current);
+    } catch (...) {  // an observer never breaks the allocator
+    }
+  }
+
+  const int device_;
   ProvenanceTable table_;
   Breakdown breakdown_;
   Phase phase_ = Phase::kIdle;  // stamped on new allocations
   uint64_t seq_ = 0;            // the last allocation's sequence number
   EventTrace trace_;
+  EventObserver observer_;
 };
 
 template <class Check>
-void Profiler::validate(Check&& check, int64_t allocated_bytes) const {
+void Profiler::check_invariants(Check&& check, int64_t allocated_bytes) const {
   table_.validate(check);
   CategoryBytes want;
   table_.for_each_allocated([&](const ProvenanceRecord& r) {

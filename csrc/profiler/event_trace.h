@@ -1,11 +1,11 @@
 // event_trace.h — one subscriber of the allocator's Event stream: the event
-// ring (recorder/recorder.h), in memory or in a flight file. It turns each
+// ring (profiler/recorder.h), in memory or in a flight file. It turns each
 // Event into a 64-byte TraceRecord stamped with the time and the call's
 // thread and step, and keeps the ring's state (its buffer or file, the last
 // time stamped) to itself.
 //
 // Invariants:
-//   * take() runs under the device lock (Profiler::take, from record_locked),
+//   * take() runs under the device lock (Profiler::on_event),
 //     only while enabled(); it allocates nothing, takes no lock, makes no
 //     system call and cannot throw (push_with's guarantees, and clock.h's
 //     once calibrated).
@@ -29,7 +29,7 @@
 #include "common/config.h"
 #include "common/errors.h"
 #include "pool/events.h"
-#include "recorder/recorder.h"
+#include "profiler/recorder.h"
 
 namespace memalloc {
 
@@ -56,12 +56,13 @@ class EventTrace {
   }
   bool enabled() const { return ring_.enabled(); }
 
-  // One Event as a record: the call's `thread` and `step`.
-  void take(const Event& e, uint32_t thread, uint32_t step) noexcept {
+  // One Event as a record: who (`stack`, `tag`: its block's allocation's,
+  // or the call's), the call's `thread` and `step`.
+  void take(const Event& e, uint32_t stack, uint32_t tag, uint32_t thread, uint32_t step) noexcept {
     const int64_t t = e.at_once && e.action == Action::kFreeCompleted ? last_ns_ : clock::now_ns();
     last_ns_ = t;
     ring_.push_with([&](TraceRecord& r) {
-      r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, e.prov->stack_id, e.prov->tag_id,
+      r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, stack, tag,
                       thread, step, static_cast<uint8_t>(e.action), device_, static_cast<uint8_t>(e.pool), {}};
     });
   }

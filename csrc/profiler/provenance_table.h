@@ -1,7 +1,8 @@
 // provenance_table.h — the profiler's record of every live allocation, in a
 // table of its own: who allocated it, when, what it holds (Provenance), and
 // its address and bytes. A block refers to its record by a slot number
-// (Block::slot, opaque to the pool), so that blocks carry no profiler data
+// (its subscriber id, allocator/subscriber.h, opaque to the allocator), so
+// that blocks carry no profiler data
 // and the walks of the breakdown (relabelling, marking) go over this table,
 // not over the allocator's blocks.
 //
@@ -24,7 +25,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "recorder/provenance.h"
+#include "profiler/provenance.h"
 
 namespace memalloc {
 

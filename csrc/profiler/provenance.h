@@ -10,11 +10,11 @@
 //   an allocation's provenance is the one it was given when it became live
 //   (Profiler::add), except that its category only moves from kUnresolved
 //   to a final one, or from one final category to another (mark); the
-//   breakdown's rules: accounting/breakdown.h
+//   breakdown's rules: profiler/breakdown.h
 //   Provenance{} (all zero, kIdle, kOther) is the provenance of nothing
 //   (kNoProvenance; a free block has no record)
 //   seq: 1, 2, ... per device in allocation order; 0 = none
-//   stack_id / tag_id: ids interned by recorder/stacks.h; 0 = none
+//   stack_id / tag_id: ids interned by profiler/stacks.h; 0 = none
 #pragma once
 
 #include <cstdint>
@@ -22,11 +22,11 @@
 namespace memalloc {
 
 // The training phase a block was allocated in (memalloc/features/phases.py tells the
-// allocator; accounting/breakdown.h gives the meaning of each).
+// allocator; profiler/breakdown.h gives the meaning of each).
 enum class Phase : uint8_t { kIdle = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
 constexpr int kNumPhases = 4;
 
-// What a block holds (accounting/breakdown.h decides it).
+// What a block holds (profiler/breakdown.h decides it).
 enum class Category : uint8_t {
   kParameters = 0,
   kGradients = 1,

@@ -1,5 +1,7 @@
-// registry.h — the multi-device CachingAllocator and the one global: the
-// AllocatorRegistry that holds the allocator torch (or memalloc.host) uses.
+// registry.h — the multi-device CachingAllocator (each device's allocator
+// with its profiler subscribed to it) and the one global: the
+// AllocatorRegistry that holds the allocator torch (or memalloc.host) uses,
+// and the attribution state the boundary reads for every call.
 //
 // Invariants:
 //   * AllocatorRegistry is the only mutable global state of memalloc (the
@@ -8,8 +10,11 @@
 //     may free tensors during interpreter shutdown, after static destructors
 //     would have run. The registry therefore lives in leaked heap memory.
 //   * installed() is one atomic load: the pluggable hot path pays nothing else.
-//   * A CachingAllocator owns its backend and one DeviceAllocator per device,
-//     created up front; the set of devices never changes.
+//   * A CachingAllocator owns its backend and one DeviceAllocator per device
+//     with its Profiler (profiler/profiler.h) as its subscriber, created up
+//     front; the set of devices never changes. A profiler outlives its
+//     device's allocator and is reached only under that device's lock
+//     (with_profiler, mark).
 //   * Attribution state lives here too: the stack mode, the stack and tag
 //     tables, the step counter, the backward context (tag and stack of the
 //     thread that called backward, used by threads with no Python frames),
@@ -28,8 +33,9 @@
 #include "backend/backend.h"
 #include "common/config.h"
 #include "allocator/device_allocator.h"
-#include "recorder/recorder.h"
-#include "recorder/stacks.h"
+#include "profiler/profiler.h"
+#include "profiler/recorder.h"
+#include "profiler/stacks.h"
 
 namespace memalloc {
 
@@ -47,9 +53,36 @@ class CachingAllocator {
   // The device whose live block starts at ptr; nullptr when none.
   DeviceAllocator* find_owner(void* ptr);
 
+  // f(profiler) of device `index` under that device's lock; returns what f
+  // returns. f must not call into the allocator.
+  template <class F>
+  decltype(auto) with_profiler(int index, F&& f) {
+    DeviceAllocator& d = device(index);
+    Profiler& p = *profilers_[index];
+    return d.locked([&]() -> decltype(auto) { return f(p); });
+  }
+  // Gives the live allocation holding `ptr` on device `index` (its start or
+  // an interior address) the final category `cat`. Returns its bytes (0:
+  // none holds ptr). An interior pointer costs a walk over the profiler's
+  // allocations.
+  size_t mark(int index, std::uintptr_t ptr, Category cat) {
+    DeviceAllocator& d = device(index);
+    Profiler& p = *profilers_[index];
+    return d.with_live_id(ptr, [&](Subscriber::Id id) { return p.mark(id, ptr, cat); });
+  }
+  // Event recording into device `index`'s ring (event_trace.h), the clock
+  // calibrated first, outside the lock: capacity 0 turns it off. Enabling
+  // allocates the ring once; recording itself never allocates.
+  void set_recording(int index, size_t capacity);
+  // Recording into a flight file (recorder.h's attach): `capacity` records
+  // at `slots`, their sequence numbers at `seqs`, memory `keep` keeps alive.
+  void set_recording_file(int index, TraceRecord* slots, uint64_t* seqs, size_t capacity,
+                          std::shared_ptr<void> keep);
+
  private:
   std::unique_ptr<Backend> backend_;
   const Config config_;
+  std::vector<std::unique_ptr<Profiler>> profilers_;  // before devices_: destroyed after them
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;
 };
 

@@ -69,7 +69,7 @@
 
 #include "accounting/peak.h"
 #include "pool/events.h"
-#include "recorder/provenance.h"  // Phase, Category
+#include "profiler/provenance.h"  // Phase, Category
 
 namespace memalloc {
 
@@ -120,15 +120,14 @@ struct TotalLevel {
 
 class Breakdown {
  public:
-  // The consumer of one Event: kAlloc and kFreeRequested move the bytes of
-  // their block's provenance; every other action leaves the breakdown alone.
-  void apply(const Event& e) {
+  // The consumer of one block Event, `p` its block's provenance: kAlloc and
+  // kFreeRequested move its bytes; every other action leaves the breakdown
+  // alone.
+  void apply(const Event& e, const Provenance& p) {
     if (e.action == Action::kAlloc) {
-      on_alloc(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov->phase, e.prov->category,
-               e.prov->seq);
+      on_alloc(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), p.phase, p.category, p.seq);
     } else if (e.action == Action::kFreeRequested) {
-      on_free(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), e.prov->phase, e.prov->category,
-              e.prov->seq);
+      on_free(static_cast<int64_t>(e.size), static_cast<int64_t>(e.requested), p.phase, p.category, p.seq);
     }
   }
   // A block of `size` bytes, `held` of them its category's (its requested

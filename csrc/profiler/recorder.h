@@ -24,7 +24,7 @@
 //   reset() and attach() (slow path, under the device lock like every
 //   other call).
 //   Attached to a flight file (attach(): the slots and their sequence
-//   numbers live in a MAP_SHARED mapping, recorder/flight_map.h), slot i's
+//   numbers live in a MAP_SHARED mapping, profiler/flight_map.h), slot i's
 //   sequence number is 0 while its record is being written and, once
 //   written, the record's 1-based position in the stream (total() at the
 //   time it was pushed, plus 1), stored after the record with release

@@ -3,7 +3,9 @@
 // allocations back. The walks are O(table slots) and run a few times per
 // training step, never on the malloc/free path. Invariants: profiler.h and
 // breakdown.h.
-#include "allocator/profiler.h"
+#include "profiler/profiler.h"
+
+#include "common/errors.h"
 
 namespace memalloc {
 
@@ -58,6 +60,22 @@ size_t Profiler::mark(Slot exact, std::uintptr_t ptr, Category cat) {
     r->prov.category = cat;
   }
   return r->size;
+}
+
+void Profiler::validate(const std::vector<SubscribedBlock>& blocks, int64_t allocated_bytes) const {
+  auto check = [](bool ok, const std::string& what) {
+    if (!ok) throw Error("memalloc invariant broken: " + what);
+  };
+  for (const SubscribedBlock& b : blocks) {
+    check(table_.is_live(b.id), "a live or pending block has no provenance record");
+    const ProvenanceRecord& r = table_.at(b.id);
+    check(r.addr == b.addr && r.size == b.size && r.requested == b.requested,
+          "a live or pending block's provenance record differs from the block");
+    check(r.pending == b.pending, b.pending ? "a pending block's provenance record is not pending"
+                                            : "a live block's provenance record is pending");
+  }
+  check(table_.live() == blocks.size(), "the provenance table holds records of no live or pending block");
+  check_invariants(check, allocated_bytes);
 }
 
 std::vector<LiveBlock> Profiler::live_blocks() const {

@@ -1,15 +1,30 @@
 // registry.cpp — CachingAllocator (devices of one backend) and the
 // AllocatorRegistry (see registry.h for invariants).
-#include "allocator/registry.h"
+#include "process/registry.h"
 
+#include "common/clock.h"
 #include "common/errors.h"
 
 namespace memalloc {
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
     : backend_(std::move(backend)), config_(config) {
-  for (int d = 0; d < backend_->device_count(); ++d)
+  for (int d = 0; d < backend_->device_count(); ++d) {
+    profilers_.emplace_back(new Profiler(d));
     devices_.emplace_back(new DeviceAllocator(d, *backend_, config_));
+    devices_.back()->set_subscriber(profilers_.back().get());
+  }
+}
+
+void CachingAllocator::set_recording(int index, size_t capacity) {
+  if (capacity > 0) clock::calibrate();  // its first call measures: not under the lock
+  with_profiler(index, [&](Profiler& p) { p.trace().reset(capacity); });
+}
+
+void CachingAllocator::set_recording_file(int index, TraceRecord* slots, uint64_t* seqs, size_t capacity,
+                                          std::shared_ptr<void> keep) {
+  clock::calibrate();  // its first call measures: not under the lock
+  with_profiler(index, [&](Profiler& p) { p.trace().attach(slots, seqs, capacity, std::move(keep)); });
 }
 
 DeviceAllocator& CachingAllocator::device(int index) {

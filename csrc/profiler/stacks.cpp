@@ -1,5 +1,5 @@
 // stacks.cpp — StackTable and TagTable (see stacks.h for invariants).
-#include "recorder/stacks.h"
+#include "profiler/stacks.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,6 +1,6 @@
 // flight_map.cpp — FlightMapping: a new file, sized, mapped MAP_SHARED
 // (invariants in flight_map.h).
-#include "recorder/flight_map.h"
+#include "profiler/flight_map.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
