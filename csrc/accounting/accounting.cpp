@@ -11,7 +11,9 @@ static_assert(kStatSmall + static_cast<int>(PoolKind::kSmall) == kStatSmall &&
                   kStatSmall + static_cast<int>(PoolKind::kLarge) == kStatLarge,
               "the per-pool index follows PoolKind");
 
-void Accounting::update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta) {
+// Inlined into apply() (an out-of-line copy cost ~5 instructions a call,
+// about 9 calls a malloc/free pair: the callgrind gate's figure).
+[[gnu::always_inline]] inline void Accounting::update(Stat (&stat)[kNumStatTypes], PoolKind pool, int64_t delta) {
   if (delta == 0) return;
   stat[kStatAll].update(delta);
   Stat* const of_pool = stat + kStatSmall + static_cast<int>(pool);

@@ -1,8 +1,6 @@
 // allocator.cpp — the fast path of DeviceAllocator: take the device lock,
 // take a cached block (splitting it), account, return; and the reverse.
 // Misses go to growth.cpp (malloc_slow_locked). Invariants: device_allocator.h.
-#include <new>
-
 #include "allocator/device_allocator.h"
 #include "common/errors.h"
 
@@ -12,27 +10,14 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
     : device_(device),
       backend_(backend),
       config_(config),
-      default_lists_(&mr_),
-      live_(&mr_),
-      segments_(&mr_),
-      events_(backend, device, &mr_),
-      vm_(backend, device, &mr_),
-      pools_(device, &mr_),
+      live_(blocks_.resource()),
+      segments_(blocks_.resource()),
+      events_(backend, device, blocks_.resource()),
+      vm_(backend, device, blocks_.resource()),
+      pools_(device, blocks_.resource()),
       accounting_(config.max_split_size),
       limits_(config.garbage_collection_threshold) {
   live_.reserve(4096);
-}
-
-Block* DeviceAllocator::new_block() {
-  std::pmr::polymorphic_allocator<Block> alloc(&mr_);
-  Block* b = alloc.allocate(1);
-  return new (b) Block(&mr_);
-}
-
-void DeviceAllocator::delete_block(Block* b) {
-  std::pmr::polymorphic_allocator<Block> alloc(&mr_);
-  b->~Block();
-  alloc.deallocate(b, 1);
 }
 
 void* DeviceAllocator::malloc(size_t size, Stream stream, Caller caller) {
@@ -53,7 +38,7 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, Caller caller) {
     return alloc_found_locked(b, from_cache, size, size);
   }
   size_t rounded = round_size(size, config_.divisions_for(size));
-  Block* b = lists(owner).of(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
+  Block* b = blocks_.lists(owner).of(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
   if (b != nullptr) return alloc_found_locked(b, true, rounded, size);
   b = malloc_slow_locked(rounded, size, stream, owner, &from_cache);
   return alloc_found_locked(b, from_cache, rounded, size);
@@ -62,27 +47,26 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, Caller caller) {
 void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested) {
   int64_t split_bytes_delta = 0, split_count_delta = 0;
   if (from_cache) {
-    free_list(b).erase(b);
+    blocks_.list_of(b).erase(b);
     split_bytes_delta -= split_bytes(b);
     split_count_delta -= split_count(b);
   }
   const bool no_split = b->owner != nullptr && b->owner->no_split;
   if (!no_split && should_split(*b, size, config_.max_split_size)) {
-    Block* rest = split_block_locked(b, size);
-    free_list(rest).insert(rest);
+    Block* rest = blocks_.split(b, size);
+    blocks_.list_of(rest).insert(rest);
     split_bytes_delta += split_bytes(rest);
     split_count_delta += split_count(rest);
   }
   b->allocated = true;
   b->requested = requested;
-  live_id_locked(b);
   ++allocations_;
   live_.emplace(b->addr, b);
   if (b->owner != nullptr) b->owner->live_blocks += 1;
   Event e = block_event(Action::kAlloc, *b);
   e.inactive_split_bytes_delta = split_bytes_delta;
   e.inactive_split_count_delta = split_count_delta;
-  record_locked(e);
+  record_alloc_locked(b, e);
   return reinterpret_cast<void*>(b->addr);
 }
 
@@ -116,7 +100,6 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it) {
     free_block_locked(b, /*at_once=*/true);  // both records, one time stamp
     return;
   }
-  if (sub_ != nullptr) sub_->on_pending(b->id);  // its streams still use it: completed later (free_block_locked)
   if (pools_.any_route()) {
     events_.defer(b, config_.graph_capture_record_stream_reuse);  // no event may be recorded during a capture
   } else {
@@ -126,17 +109,16 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it) {
 
 // Returns a no-longer-active block to its free list, merging free neighbours.
 void DeviceAllocator::free_block_locked(Block* b, bool at_once) {
-  FreeList& list = free_list(b);
+  FreeList& list = blocks_.list_of(b);
   Event e = block_event(Action::kFreeCompleted, *b);  // the block as freed, before merging
   e.at_once = at_once;
   b->id = 0;  // a block freed by its caller keeps its id until here (e has it)
-  merge_free_neighbours_locked(b, list, e);
+  blocks_.merge_free_neighbours(b, list, e);
   b->requested = 0;
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);
   record_locked(e);
-  if (sub_ != nullptr) sub_->on_gone(e.id);
 }
 
 }  // namespace memalloc

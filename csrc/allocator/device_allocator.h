@@ -13,6 +13,9 @@
 // Parts with their own state, invariants and C++ unit tests (tests/cpp/),
 // called under the lock, none holding a pointer back to this class (they
 // act on blocks only through the callbacks it passes them):
+//   Blocks (pool/blocks.h): the device's Block objects and node memory,
+//     splitting and merging them, the default pool's free lists and the
+//     list each free block belongs in;
 //   StreamEvents (pool/stream_events.h): blocks freed after record_stream
 //     wait for their streams' work, and during a capture for its end or its
 //     graph (capture_reuse.h);
@@ -77,10 +80,10 @@
 #include "allocator/subscriber.h"
 #include "backend/backend.h"
 #include "pool/block.h"
+#include "pool/blocks.h"
 #include "common/config.h"
 #include "pool/events.h"
 #include "pool/limits.h"
-#include "pool/node_cache.h"
 #include "pool/private_pool.h"
 #include "pool/private_pools.h"
 #include "pool/segment_table.h"
@@ -246,19 +249,17 @@ class DeviceAllocator {
   //                requested, the inactive-split and segment deltas
   //   sub_         the subscriber, when set (subscriber.h): the whole
   //                Event, the call's caller_ and the counters after it
+  // (a kAlloc: record_alloc_locked)
   void record_locked(const Event& e) {
     accounting_.apply(e);
     if (sub_ != nullptr) sub_->on_event(e, caller_, accounting_.stats());
   }
-  // A block became live / was freed while streams use it / is free again:
-  // the subscriber's id of it and its calls (subscriber.h).
-  void live_id_locked(Block* b) {
-    b->id = sub_ != nullptr ? sub_->on_live(b->addr, b->size, b->requested, caller_) : 0;
+  // Block b became live: its kAlloc Event `e` to the counters, then to the
+  // subscriber, which gives the block its id (subscriber.h).
+  void record_alloc_locked(Block* b, const Event& e) {
+    accounting_.apply(e);
+    b->id = sub_ != nullptr ? sub_->on_live(e, caller_, accounting_.stats()) : 0;
   }
-  FreeLists& lists(PrivatePool* owner) { return owner == nullptr ? default_lists_ : owner->lists; }
-  FreeList& free_list(const Block* b) { return lists(b->owner).of(b->pool); }
-  Block* new_block();
-  void delete_block(Block* b);
   // growth.cpp
   // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
   // *from_cache when it is a cached free block (use_on_oom pools).
@@ -282,10 +283,6 @@ class DeviceAllocator {
   bool release_segment_locked(Block* b);
   // Every mapped block (live, pending, free) by address.
   std::map<std::uintptr_t, Block*> blocks_by_addr_locked();
-  // Merges the free block `b` (in no free list) with its free neighbours,
-  // which leave their free list (b grows to cover them); `e` gets their
-  // inactive-split change.
-  void merge_free_neighbours_locked(Block* b, FreeList& list, Event& e);
   // expandable.cpp (vm_arena.h)
   // A free block of >= rounded bytes on `stream`, in the free list, made by
   // mapping pages into an expandable segment; nullptr when the memory
@@ -306,14 +303,8 @@ class DeviceAllocator {
   // Unmaps every free page of every expandable segment and ends the
   // reservations left with nothing mapped. Returns bytes unmapped.
   size_t release_vm_locked();
-  // Splits `b` at `offset` bytes; returns the upper part (same stream, pool,
-  // owner, segment, mapping; in no list).
-  Block* split_block_locked(Block* b, size_t offset);
-  // Merges the neighbour `n` (b's prev or next, in no list) into `b` and
-  // deletes it.
-  void absorb_locked(Block* b, Block* n);
   // The free lists of the default pool and of every private pool.
-  std::vector<FreeLists*> all_free_lists_locked() { return pools_.all_free_lists(default_lists_); }
+  std::vector<FreeLists*> all_free_lists_locked() { return pools_.all_free_lists(blocks_.lists(nullptr)); }
   // pool_calls.cpp
   Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
   void restore_segment_locked(const SegmentState& seg, PrivatePool* pool, PoolRestore* out);
@@ -334,13 +325,13 @@ class DeviceAllocator {
   Config config_;  // its run-time settings change only in apply_settings (under mu_)
 
   std::mutex mu_;
-  // Declared before every container that uses it: destroyed last.
-  NodeCache mr_;
-  FreeLists default_lists_;
+  // Blocks and the device's node memory (blocks.h): declared before every
+  // container that uses it, destroyed last.
+  Blocks blocks_;
   LiveTable live_;
   SegmentTable segments_;  // every segment: addr -> bytes, owner, expandable segment
   StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
-  // The expandable segments. Declared after mr_, whose blocks its
+  // The expandable segments. Declared after blocks_, whose blocks its
   // destructor still reads, and after events_: the backend sees the
   // reservations end before the events are destroyed, as it always has.
   VmArena vm_;
@@ -360,26 +351,5 @@ class DeviceAllocator {
   };
   Limits limits_;  // the memory fraction, the threshold policy, the capacity
 };
-
-// Inline below: the alloc and free paths' hot code (allocator.cpp), also
-// used by expandable.cpp.
-inline Block* DeviceAllocator::split_block_locked(Block* b, size_t offset) {
-  return split_block(b, offset, new_block());
-}
-
-inline void DeviceAllocator::absorb_locked(Block* b, Block* n) {
-  absorb_block(b, n);
-  delete_block(n);
-}
-
-inline void DeviceAllocator::merge_free_neighbours_locked(Block* b, FreeList& list, Event& e) {
-  for (Block* n : {b->prev, b->next}) {
-    if (n == nullptr || !n->is_free()) continue;
-    list.erase(n);
-    e.inactive_split_bytes_delta -= split_bytes(n);
-    e.inactive_split_count_delta -= split_count(n);
-    absorb_locked(b, n);
-  }
-}
 
 }  // namespace memalloc

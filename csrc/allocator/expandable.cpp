@@ -35,7 +35,7 @@ VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool, 
   VmSegment* seg = vm_.reserve(
       stream, pool, large,
       [this] { return capacity_locked(); },
-      [this] { return new_block(); });
+      [this] { return blocks_.make(); });
   if (seg != nullptr && !segments_.insert(seg->base, Segment{seg->size, nullptr, seg}))
     throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
   return seg;
@@ -45,12 +45,12 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   if (room.bytes == 0) return room.fit;  // a free neighbour that fits already
   if (!admits_locked(room.bytes)) return nullptr;
   int runs_delta = 0;
-  Block* m = vm_.map(seg, room, [this](Block* b, size_t at) { return split_block_locked(b, at); }, &runs_delta);
+  Block* m = vm_.map(seg, room, [this](Block* b, size_t at) { return blocks_.split(b, at); }, &runs_delta);
   if (m == nullptr) return nullptr;
   Event e = block_event(Action::kSegmentMap, *m);
   e.segment_delta = runs_delta;
-  FreeList& list = free_list(m);
-  merge_free_neighbours_locked(m, list, e);
+  FreeList& list = blocks_.list_of(m);
+  blocks_.merge_free_neighbours(m, list, e);
   add_split(e, m, +1);
   list.insert(m);
   record_locked(e);
@@ -100,15 +100,15 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
 }
 
 void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
-  FreeList& list = free_list(f);
+  FreeList& list = blocks_.list_of(f);
   list.erase(f);
   Event e = block_event(Action::kSegmentUnmap, *f);
   e.addr = lo;
   e.size = hi - lo;
   add_split(e, f, -1);
   const VmUnmapped u = vm_.unmap(
-      f, lo, hi, [this](Block* b, size_t at) { return split_block_locked(b, at); },
-      [this](Block* b, Block* n) { absorb_locked(b, n); });
+      f, lo, hi, [this](Block* b, size_t at) { return blocks_.split(b, at); },
+      [this](Block* b, Block* n) { blocks_.absorb(b, n); });
   e.segment_delta = u.runs_delta;
   for (Block* piece : {u.below, u.above}) {
     if (piece == nullptr) continue;
@@ -121,7 +121,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
 size_t DeviceAllocator::unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a,
                                                 const Block* keep_b) {
   if (pools_.any_route()) return 0;
-  return vm_.unmap_free_pages({&default_lists_.small, &default_lists_.large}, stream, want, keep_a, keep_b,
+  return vm_.unmap_free_pages({&blocks_.lists(nullptr).small, &blocks_.lists(nullptr).large}, stream, want, keep_a, keep_b,
                               [this](Block* f, std::uintptr_t lo, std::uintptr_t hi) { unmap_range_locked(f, lo, hi); });
 }
 
@@ -132,7 +132,7 @@ size_t DeviceAllocator::release_vm_locked() {
     released += unmap_free_pages_locked(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
   // End the reservations with nothing mapped: one unmapped block each.
   vm_.release_unmapped([this](const VmSegment& seg, Block* hole) {
-    delete_block(hole);
+    blocks_.destroy(hole);
     segments_.erase(seg.base);
   });
   return released;

@@ -37,7 +37,7 @@ DeviceAllocator::~DeviceAllocator() {
   for (auto& seg : segments_)
     if (seg.second.vm == nullptr) backend_.release(device_, reinterpret_cast<void*>(seg.first), seg.second.bytes);
   // Expandable segments: vm_'s destructor unmaps and ends them.
-  // Block objects live in mr_, which releases them all when destroyed.
+  // Block objects live in blocks_'s node memory, released at once when it is destroyed.
 }
 
 // Obtains a new segment big enough for `rounded` bytes for `owner` (nullptr:
@@ -51,7 +51,7 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   if (p == nullptr) return nullptr;
   if (!segments_.insert(reinterpret_cast<std::uintptr_t>(p), Segment{bytes, owner, nullptr}))
     throw Error("memalloc internal error: the backend returned a segment that overlaps another one");
-  Block* b = new_block();
+  Block* b = blocks_.make();
   b->addr = reinterpret_cast<std::uintptr_t>(p);
   b->size = bytes;
   b->stream = stream;
@@ -129,11 +129,11 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
     record_locked(block_event(Action::kSegmentFreeFailed, *b));
     return false;
   }
-  free_list(b).erase(b);
+  blocks_.list_of(b).erase(b);
   segments_.erase(b->addr);
   Event e = block_event(Action::kSegmentFree, *b);
   record_locked(e);
-  delete_block(b);
+  blocks_.destroy(b);
   return true;
 }
 
@@ -149,7 +149,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   if (only != nullptr) {
     sources.push_back(&only->lists);
   } else {
-    sources.push_back(&default_lists_);
+    sources.push_back(&blocks_.lists(nullptr));
     for (auto& kv : pools_)
       if (PrivatePools::freeable(*kv.second)) sources.push_back(&kv.second->lists);
   }

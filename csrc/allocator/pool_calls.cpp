@@ -118,15 +118,15 @@ PoolRestore DeviceAllocator::restore_pool(const PoolState& state, Caller caller)
 // (adjacent free ones merged); the allocated ones become live.
 void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool* pool, PoolRestore* out) {
   Block* whole = nullptr;
-  for (Block* b : lists(pool).of(s.kind).blocks())
+  for (Block* b : blocks_.lists(pool).of(s.kind).blocks())
     if (b->addr == s.addr) whole = b;
   if (whole == nullptr || whole->size != s.size) {
     throw Error("memalloc invariant broken: segment " + std::to_string(s.addr) +
                 " is not one free block after its pool's blocks were freed");
   }
-  FreeList& list = lists(pool).of(s.kind);
+  FreeList& list = blocks_.lists(pool).of(s.kind);
   list.erase(whole);  // a whole segment: no inactive_split contribution
-  delete_block(whole);
+  blocks_.destroy(whole);
   // Merge adjacent free entries (a pending block recorded as free).
   std::vector<BlockState> cut;
   for (const BlockState& b : s.blocks) {
@@ -139,7 +139,7 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
   Block* prev = nullptr;
   std::vector<Block*> made;
   for (const BlockState& bs : cut) {
-    Block* b = new_block();
+    Block* b = blocks_.make();
     b->addr = bs.addr;
     b->size = bs.size;
     b->stream = s.stream;
@@ -164,10 +164,7 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
     }
     b->allocated = true;
     b->requested = cut[i].requested;
-    // Live again now (the subscriber: step, sequence number, phase),
-    // allocated by whom it was (its note).
     ++allocations_;
-    b->id = sub_ != nullptr ? sub_->on_restored(b->addr, b->size, b->requested, caller_, cut[i].note) : 0;
     live_.emplace(b->addr, b);
     pool->live_blocks += 1;
     out->allocated.push_back(reinterpret_cast<void*>(b->addr));
@@ -180,7 +177,10 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
       e.inactive_split_count_delta = split_count_delta;
       deltas_recorded = true;
     }
-    record_locked(e);
+    // Live again now (the subscriber: step, sequence number, phase),
+    // allocated by whom it was (its note).
+    accounting_.apply(e);
+    made[i]->id = sub_ != nullptr ? sub_->on_restored(e, caller_, accounting_.stats(), cut[i].note) : 0;
   }
 }
 

@@ -68,7 +68,7 @@ void DeviceAllocator::validate() {
       for (const Block* b : list->blocks()) {
         check(b->is_free(), "free list holds a non-free block");
         check(b->id == 0, "a free block keeps an allocation's subscriber id");
-        check(&free_list(b) == list, "free block in the wrong pool's list");
+        check(&blocks_.list_of(b) == list, "free block in the wrong pool's list");
         check(blocks.emplace(b->addr, b).second, "free block overlaps another block");
       }
     }

@@ -18,13 +18,13 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Confi
 
 void CachingAllocator::set_recording(int index, size_t capacity) {
   if (capacity > 0) clock::calibrate();  // its first call measures: not under the lock
-  with_profiler(index, [&](Profiler& p) { p.trace().reset(capacity); });
+  with_profiler(index, [&](Profiler& p) { p.reset_trace(capacity); });
 }
 
 void CachingAllocator::set_recording_file(int index, TraceRecord* slots, uint64_t* seqs, size_t capacity,
                                           std::shared_ptr<void> keep) {
   clock::calibrate();  // its first call measures: not under the lock
-  with_profiler(index, [&](Profiler& p) { p.trace().attach(slots, seqs, capacity, std::move(keep)); });
+  with_profiler(index, [&](Profiler& p) { p.attach_trace(slots, seqs, capacity, std::move(keep)); });
 }
 
 DeviceAllocator& CachingAllocator::device(int index) {

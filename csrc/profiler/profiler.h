@@ -6,10 +6,9 @@
 // observer (torch's own history).
 //
 // It is its device's Subscriber (allocator/subscriber.h): told of each
-// allocation's life (on_live / on_restored when a block becomes live,
-// on_pending when its caller frees it while streams still use it, on_gone
-// once its memory is free again) and of every Event (on_event, after the
-// counters). The caller word of the allocator's calls is a CallContext
+// allocation's life (on_live / on_restored with a block's kAlloc Event; its
+// kFreeRequested Event makes the record pending, its kFreeCompleted removes
+// it) and of every Event (on_event, after the counters). The caller word of the allocator's calls is a CallContext
 // (recorder.h) or nullptr. Its landmarks (enter_phase, resolve, end_step,
 // mark) walk its own table, never the allocator's blocks.
 //
@@ -30,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,29 +80,30 @@ class Profiler final : public Subscriber {
   Profiler& operator=(const Profiler&) = delete;
 
   // ---- the allocator's calls (allocator/subscriber.h) ----------------------
-  Id on_live(std::uintptr_t addr, size_t size, size_t requested, Caller caller) override {
-    return add(addr, size, requested, context(caller));
+  // A new record, then its kAlloc Event as on_event takes a block's.
+  Id on_live(const Event& e, Caller caller, const DeviceStats& after) override {
+    const Slot s = add(e.addr, e.size, e.requested, context(caller));
+    take_block_event(e, s, caller, after);
+    return s;
   }
-  Id on_restored(std::uintptr_t addr, size_t size, size_t requested, Caller caller, uint64_t note) override {
-    return add_restored(addr, size, requested, context(caller), static_cast<uint32_t>(note >> 32),
-                        static_cast<uint32_t>(note));
+  Id on_restored(const Event& e, Caller caller, const DeviceStats& after, uint64_t note) override {
+    const Slot s = add_restored(e.addr, e.size, e.requested, context(caller), note_stack(note), note_tag(note));
+    take_block_event(e, s, caller, after);
+    return s;
   }
-  void on_pending(Id id) noexcept override { table_.set_pending(id); }
-  void on_gone(Id id) noexcept override { table_.remove(id); }
   // One Event, after the counters took it: the breakdown (its block's
   // provenance), the ring (stamped with the call's thread and step; a
   // segment or OOM event with the call's stack and tag) while recording is
-  // on, then the observer.
+  // on, then the observer; then a block's kFreeRequested makes its record
+  // pending (the walks skip it), its kFreeCompleted removes it.
+  // The malloc/free path: one test (watching_) while neither the ring nor
+  // an observer is on.
   void on_event(const Event& e, Caller caller, const DeviceStats& after) noexcept override {
-    const CallContext& call = context(caller);
-    if (e.id != 0) {
-      const Provenance& p = table_.at(e.id).prov;
-      breakdown_.apply(e, p);
-      if (trace_.enabled()) trace_.take(e, p.stack_id, p.tag_id, call.thread, call.step);
-    } else if (trace_.enabled()) {
-      trace_.take(e, call.stack_id, call.tag_id, call.thread, call.step);
+    if (e.id == 0) {
+      if (watching_) watch(e, caller, after, nullptr);
+      return;
     }
-    if (observer_.fn != nullptr) observe(e, after);
+    take_block_event(e, e.id, caller, after);
   }
   // A live allocation's stack and tag (what a restore gives back and the
   // snapshot shows): stack_id << 32 | tag_id (note_stack, note_tag).
@@ -122,7 +123,20 @@ class Profiler final : public Subscriber {
     void (*fn)(void* user, int device, const Event& e, int64_t allocated, int64_t reserved) = nullptr;
     void* user = nullptr;
   };
-  void set_observer(EventObserver o) { observer_ = o; }
+  void set_observer(EventObserver o) {
+    observer_ = o;
+    watching_ = trace_.enabled() || observer_.fn != nullptr;
+  }
+  // The event ring: `capacity` records in memory (0: off), or a flight
+  // file's (event_trace.h's reset and attach).
+  void reset_trace(size_t capacity) {
+    trace_.reset(capacity);
+    watching_ = trace_.enabled() || observer_.fn != nullptr;
+  }
+  void attach_trace(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep) {
+    trace_.attach(slots, seqs, capacity, std::move(keep));
+    watching_ = trace_.enabled() || observer_.fn != nullptr;
+  }
   static const CallContext& context(Caller caller) {
     return caller != nullptr ? *static_cast<const CallContext*>(caller) : kNoCall;
   }
@@ -196,7 +210,6 @@ class Profiler final : public Subscriber {
     if (dropped != nullptr) *dropped = trace_.dropped();
     return trace_.records();
   }
-  EventTrace& trace() { return trace_; }
   const EventTrace& trace() const { return trace_; }
   const ProvenanceTable& table() const { return table_; }
   uint64_t last_seq() const { return seq_; }
@@ -211,6 +224,23 @@ class Profiler final : public Subscriber {
   // `to`, in the current split and, if live then, at the window's peak.
   void recategorize(Phase phase, Category from, Category to);
 
+  // A block's Event, `s` its record.
+  void take_block_event(const Event& e, Slot s, Caller caller, const DeviceStats& after) noexcept {
+    ProvenanceRecord& r = table_.at(s);
+    if (e.action == Action::kFreeRequested) r.pending = true;  // the walks skip it from now on
+    breakdown_.apply(e, r.prov);
+    if (watching_) watch(e, caller, after, &r.prov);
+    if (e.action == Action::kFreeCompleted) table_.remove(s);
+  }
+  // The ring and the observer's part of on_event (`p`: the block's
+  // provenance, nullptr for an Event about no block: the call's).
+  void watch(const Event& e, Caller caller, const DeviceStats& after, const Provenance* p) noexcept {
+    const CallContext& call = context(caller);
+    if (trace_.enabled())
+      trace_.take(e, p != nullptr ? p->stack_id : call.stack_id, p != nullptr ? p->tag_id : call.tag_id,
+                  call.thread, call.step);
+    if (observer_.fn != nullptr) observe(e, after);
+  }
   void observe(const Event& e, const DeviceStats& after) noexcept {
     try {
       observer_.fn(observer_.user, device_, e, after.allocated_bytes[kStatAll].current,
@@ -226,6 +256,7 @@ class Profiler final : public Subscriber {
   uint64_t seq_ = 0;            // the last allocation's sequence number
   EventTrace trace_;
   EventObserver observer_;
+  bool watching_ = false;  // trace_.enabled() || observer_.fn: on_event has more to do
 };
 
 template <class Check>

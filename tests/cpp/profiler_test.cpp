@@ -54,8 +54,7 @@ struct Feed {
     Alloc a{next, size, requested, 0, want, true};
     next += size;
     // As DeviceAllocator calls its subscriber (allocator/subscriber.h).
-    a.slot = sub().on_live(a.addr, a.size, a.requested, &call);
-    sub().on_event(event(Action::kAlloc, a), &call, stats);
+    a.slot = sub().on_live(event(Action::kAlloc, a), &call, stats);
     allocs.push_back(a);
     return allocs.size() - 1;
   }
@@ -64,16 +63,12 @@ struct Feed {
     Alloc& a = allocs[i];
     sub().on_event(event(Action::kFreeRequested, a), &call, stats);
     a.live = false;
-    if (pending) {
-      sub().on_pending(a.slot);
-      return;
-    }
+    if (pending) return;  // its record stays, pending, until kFreeCompleted
     complete(i);
   }
   void complete(size_t i) {
     Alloc& a = allocs[i];
-    sub().on_event(event(Action::kFreeCompleted, a), &call, stats);
-    sub().on_gone(a.slot);
+    sub().on_event(event(Action::kFreeCompleted, a), &call, stats);  // removes its record
     a.slot = 0;
   }
   int64_t allocated() const {
@@ -206,10 +201,12 @@ void restored_allocations_keep_who_made_them() {
   Feed f;
   f.p.enter_phase(Phase::kForward);
   // What a checkpoint keeps of an allocation (note) comes back on restore.
-  const Profiler::Slot made = f.sub().on_live(0x4000, 1024, 1000, &f.call);
+  Alloc first{0x4000, 1024, 1000, 0, Category::kOther, true};
+  const Profiler::Slot made = f.sub().on_live(event(Action::kAlloc, first), &f.call, f.stats);
   const uint64_t note = f.sub().note(made);
   EXPECT(Profiler::note_stack(note) == 7 && Profiler::note_tag(note) == 9);
-  const Profiler::Slot s = f.sub().on_restored(0x5000, 1024, 1000, nullptr, uint64_t{41} << 32 | 42);
+  Alloc again{0x5000, 1024, 1000, 0, Category::kOther, true};
+  const Profiler::Slot s = f.sub().on_restored(event(Action::kAlloc, again), nullptr, f.stats, uint64_t{41} << 32 | 42);
   const Provenance p = f.p.provenance_of(s);
   EXPECT(p.stack_id == 41 && p.tag_id == 42 && p.phase == Phase::kForward && p.seq == f.p.last_seq());
   EXPECT(p.step == 0);  // no caller: the call's step is unknown
