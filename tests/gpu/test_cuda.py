@@ -174,22 +174,29 @@ def test_pair_cost_informational():
 def test_pair_cost_subclass_against_the_c_entry_route():
     """The subclass skips torch's pluggable per-allocation map and mutex: its
     pair cost is measured against the by-hand C entry route, interleaved
-    (3 rounds each, median per size), and must not be slower. Both under
-    one policy: the C entry route's Allocator("cuda", "") is plain, so the
-    subclass runs without expandable segments too (memalloc_plain; with
-    its default against the plain route, 2026-12-03: 4.00 against 2.89 µs
-    at 512 B, the policies' difference, not the route's)."""
+    (7 processes each), and must not be slower. Both under one policy: the
+    C entry route's Allocator("cuda", "") is plain, so the subclass runs
+    without expandable segments too (memalloc_plain; with its default
+    against the plain route, 2026-12-03: 4.00 against 2.89 µs at 512 B, the
+    policies' difference, not the route's).
+
+    The statistic is each route's best process per size: on the H100 host of
+    2026-12-05 a process's pair cost landed near 2.4 µs or near 4.7 µs for
+    every mode, native too (benchmarks/results/2026-12-05-gpu-suite-after-
+    inversion-h100.json), so a median of 3 processes compared the placements
+    of processes, not the routes; the best of 7 is the route's own cost."""
     rounds = {"native": [], "memalloc_c_entry": [], "memalloc_plain": []}
-    for _ in range(3):
+    for _ in range(7):
         for mode in rounds:
             rounds[mode].append(scenario("pair_cost", mode))
-    med = {mode: {k: sorted(r[k] for r in rs)[1] for k in rs[0]} for mode, rs in rounds.items()}
+    best = {mode: {k: min(r[k] for r in rs) for k in rs[0]} for mode, rs in rounds.items()}
     path = os.environ.get("MEMALLOC_GPU_RESULTS")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"scenario": "pair_cost_medians", "mode": "all", "result": med}) + "\n")
-    for k in med["memalloc_plain"]:
-        assert med["memalloc_plain"][k] <= med["memalloc_c_entry"][k] * 1.05 + 0.1, (k, med)
+            f.write(json.dumps({"scenario": "pair_cost_best", "mode": "all", "result": best,
+                                "rounds": rounds}) + "\n")
+    for k in best["memalloc_plain"]:
+        assert best["memalloc_plain"][k] <= best["memalloc_c_entry"][k] * 1.05 + 0.1, (k, best)
 
 
 def test_c_entry_points_still_work_by_hand():
