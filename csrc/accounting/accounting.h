@@ -1,6 +1,5 @@
 // accounting.h — torch-compatible memory counters, driven only by Events:
-// one of the consumers of the Event stream (DeviceAllocator::record_locked
-// lists them); it reads each Event's action, pool, size, requested bytes and
+// the first consumer of the Event stream (allocator/event_sink.h); it reads each Event's action, pool, size, requested bytes and
 // inactive-split / segment deltas, never its provenance or its block.
 //
 // One counter type (Stat: current/peak/allocated/freed); the list of

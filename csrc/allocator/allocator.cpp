@@ -2,6 +2,7 @@
 // take a cached block (splitting it), account, return; and the reverse.
 // Misses go to growth.cpp (malloc_slow_locked). Invariants: device_allocator.h.
 #include "allocator/device_allocator.h"
+#include "allocator/messages.h"
 #include "common/errors.h"
 
 namespace memalloc {
@@ -15,7 +16,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
       events_(backend, device, blocks_.resource()),
       vm_(backend, device, blocks_.resource()),
       pools_(device, blocks_.resource()),
-      accounting_(config.max_split_size),
+      sink_(config.max_split_size),
       limits_(config.garbage_collection_threshold) {
   live_.reserve(4096);
 }
@@ -23,7 +24,7 @@ DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& con
 void* DeviceAllocator::malloc(size_t size, Stream stream, Caller caller) {
   if (size == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  const CallerScope scope(caller_, caller);
+  const EventSink::CallerScope scope(sink_, caller);
   PrivatePool* owner = nullptr;
   if (pools_.any_route()) {
     owner = pools_.route(stream);
@@ -66,17 +67,18 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
   Event e = block_event(Action::kAlloc, *b);
   e.inactive_split_bytes_delta = split_bytes_delta;
   e.inactive_split_count_delta = split_count_delta;
-  record_alloc_locked(b, e);
+  b->id = sink_.record_alloc(e);
   return reinterpret_cast<void*>(b->addr);
 }
 
 void DeviceAllocator::free(void* ptr, Caller caller) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = live_.find(addr);
   if (it == live_.end())
-    throw InvalidPointer(unknown_pointer_message_locked("free", reinterpret_cast<std::uintptr_t>(ptr)));
-  const CallerScope scope(caller_, caller);
+    throw InvalidPointer(unknown_pointer_message("free", addr, device_, segments_.containing(addr) != segments_.end()));
+  const EventSink::CallerScope scope(sink_, caller);
   free_live_locked(it);
 }
 
@@ -85,7 +87,7 @@ bool DeviceAllocator::free_if_owned(void* ptr, Caller caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) return false;
-  const CallerScope scope(caller_, caller);
+  const EventSink::CallerScope scope(sink_, caller);
   free_live_locked(it);
   return true;
 }
@@ -95,7 +97,7 @@ void DeviceAllocator::free_live_locked(LiveTable::iterator it) {
   live_.erase(it);
   b->allocated = false;
   if (b->owner != nullptr) b->owner->live_blocks -= 1;
-  record_locked(block_event(Action::kFreeRequested, *b));
+  sink_.record(block_event(Action::kFreeRequested, *b));
   if (b->stream_uses.empty()) {
     free_block_locked(b, /*at_once=*/true);  // both records, one time stamp
     return;
@@ -118,7 +120,7 @@ void DeviceAllocator::free_block_locked(Block* b, bool at_once) {
   e.inactive_split_bytes_delta += split_bytes(b);
   e.inactive_split_count_delta += split_count(b);
   list.insert(b);
-  record_locked(e);
+  sink_.record(e);
 }
 
 }  // namespace memalloc

@@ -1,7 +1,7 @@
 // device_allocator.h — the caching allocator of one device.
 //
 // Layers inside: Backend (memory) -> FreeList/Block (caching policy) ->
-// the consumers of the one Event stream (record_locked: the counters, then
+// the consumers of the one Event stream (event_sink.h: the counters, then
 // the subscriber, allocator/subscriber.h: the profiler above, which knows
 // who allocated what) -> this facade (the lock).
 //
@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "accounting/accounting.h"
+#include "allocator/event_sink.h"
 #include "allocator/subscriber.h"
 #include "backend/backend.h"
 #include "pool/block.h"
@@ -222,12 +223,16 @@ class DeviceAllocator {
   Config settings();
 
   DeviceStats stats();
-  void reset_peak_stats();
-  void reset_accumulated_stats();
-  // Peaks of allocated/reserved bytes and OOMs since the previous call (the
-  // step tracker's window, independent of reset_peak_stats and
-  // reset_accumulated_stats); starts the next window at the current values.
-  StepWindow take_window();
+  // The counters (accounting.h) under the lock: f(Accounting&) resets their
+  // peaks (reset_peak) or accumulated figures (reset_accumulated), or takes
+  // the step tracker's window (take_window: the peaks of allocated and
+  // reserved bytes and the OOMs since the previous take, independent of
+  // the resets).
+  template <class F>
+  decltype(auto) with_accounting(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return f(sink_.accounting());
+  }
 
   MemInfo mem_get_info();
   std::vector<SegmentInfo> segments();
@@ -244,22 +249,6 @@ class DeviceAllocator {
   using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
   // The caller freed the live block at `it`.
   void free_live_locked(LiveTable::iterator it);
-  // The one Event stream and its consumers, in this order:
-  //   accounting_  the counters (accounting.h): action, pool, size,
-  //                requested, the inactive-split and segment deltas
-  //   sub_         the subscriber, when set (subscriber.h): the whole
-  //                Event, the call's caller_ and the counters after it
-  // (a kAlloc: record_alloc_locked)
-  void record_locked(const Event& e) {
-    accounting_.apply(e);
-    if (sub_ != nullptr) sub_->on_event(e, caller_, accounting_.stats());
-  }
-  // Block b became live: its kAlloc Event `e` to the counters, then to the
-  // subscriber, which gives the block its id (subscriber.h).
-  void record_alloc_locked(Block* b, const Event& e) {
-    accounting_.apply(e);
-    b->id = sub_ != nullptr ? sub_->on_live(e, caller_, accounting_.stats()) : 0;
-  }
   // growth.cpp
   // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
   // *from_cache when it is a cached free block (use_on_oom pools).
@@ -275,7 +264,7 @@ class DeviceAllocator {
   }
   // May reserved bytes grow by `bytes` within the memory fraction?
   bool admits_locked(size_t bytes) const {
-    return limits_.admits(static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current), bytes);
+    return limits_.admits(sink_.reserved_bytes(), bytes);
   }
   // Releases the fully free segments of `only` (a private pool), or of the
   // default pool and every freeable private pool when `only` is nullptr.
@@ -308,10 +297,6 @@ class DeviceAllocator {
   // pool_calls.cpp
   Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
   void restore_segment_locked(const SegmentState& seg, PrivatePool* pool, PoolRestore* out);
-  std::string oom_message_locked(size_t requested, size_t rounded);
-  // Why `addr` is not a live allocation, for the failed `call` ("free",
-  // "record_stream"): the message starts "<call> of 0x...".
-  std::string unknown_pointer_message_locked(const char* call, std::uintptr_t addr);
   // stream_uses.cpp: the StreamEvents part's completions go to their free
   // lists (to_free_list); never while capturing().
   void process_events_locked();
@@ -336,19 +321,10 @@ class DeviceAllocator {
   // reservations end before the events are destroyed, as it always has.
   VmArena vm_;
   PrivatePools pools_;  // the private pools and the open routes
-  Accounting accounting_;  // the counters
-  Subscriber* sub_ = nullptr;  // the layer above (subscriber.h), if any
+  // Where every Event goes (event_sink.h): the counters, then the
+  // subscriber, with the public call's caller.
+  EventSink sink_;
   uint64_t allocations_ = 0;  // blocks made live so far (malloc, restore): the arena's clock (vm_arena.h)
-  // The public call in progress's caller (under mu_); nullptr between
-  // calls, so that no Event carries a caller that has returned.
-  Caller caller_ = nullptr;
-  struct CallerScope {
-    CallerScope(Caller& slot, Caller c) : slot_(slot) { slot_ = c; }
-    ~CallerScope() { slot_ = nullptr; }
-    CallerScope(const CallerScope&) = delete;
-    CallerScope& operator=(const CallerScope&) = delete;
-    Caller& slot_;
-  };
   Limits limits_;  // the memory fraction, the threshold policy, the capacity
 };
 

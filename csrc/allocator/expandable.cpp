@@ -53,7 +53,7 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   blocks_.merge_free_neighbours(m, list, e);
   add_split(e, m, +1);
   list.insert(m);
-  record_locked(e);
+  sink_.record(e);
   return m;
 }
 
@@ -84,7 +84,7 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
     room = vm_.find_room(*seg, rounded);
     if (room.hole == nullptr) return nullptr;  // larger than the device
   }
-  const DeviceStats& s = accounting_.stats();
+  const DeviceStats& s = sink_.stats();
   const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
   const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
   const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, allocations_, seg->page);
@@ -115,7 +115,7 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
     add_split(e, piece, +1);
     list.insert(piece);
   }
-  record_locked(e);
+  sink_.record(e);
 }
 
 size_t DeviceAllocator::unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a,

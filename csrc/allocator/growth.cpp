@@ -10,28 +10,10 @@
 #include <set>
 
 #include "allocator/device_allocator.h"
+#include "allocator/messages.h"
 #include "common/errors.h"
 
 namespace memalloc {
-namespace {
-
-std::string format_bytes(size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
-  else if (bytes < (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
-  else if (bytes < (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  return buf;
-}
-
-std::string hex(std::uintptr_t addr) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(addr));
-  return buf;
-}
-
-}  // namespace
 
 DeviceAllocator::~DeviceAllocator() {
   for (auto& seg : segments_)
@@ -58,18 +40,18 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   b->pool = pool_kind_for(rounded);
   b->owner = owner;
   Event e = block_event(Action::kSegmentAlloc, *b);
-  record_locked(e);
+  sink_.record(e);
   return b;
 }
 
 void DeviceAllocator::maybe_collect_locked(size_t bytes) {
   if (!limits_.collecting() || pools_.any_route()) return;
-  const auto reserved = static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current);
+  const auto reserved = sink_.reserved_bytes();
   if (!limits_.wants_collection(reserved, bytes, [this] { return capacity_locked(); })) return;
   Event e;
   e.action = Action::kGcRelease;
   e.size = release_cached_locked();
-  record_locked(e);
+  sink_.record(e);
 }
 
 // Cache miss: grow; on refusal release the whole cache and retry once (not
@@ -96,7 +78,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
     retry.action = Action::kAllocRetry;
     retry.pool = pool_kind_for(rounded);
     retry.size = rounded;
-    record_locked(retry);
+    sink_.record(retry);
     release_cached_locked();
     b = grow();
   }
@@ -112,8 +94,9 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.size = rounded;
   oom.requested = requested;
   oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
-  record_locked(oom);
-  throw OutOfMemory(oom_message_locked(requested, rounded));
+  sink_.record(oom);
+  throw OutOfMemory(oom_message(backend_, device_, sink_.stats(), limits_, config_.expandable_segments,
+                                 requested, rounded));
 }
 
 // Returns a whole free segment to the backend. When the backend refuses, the
@@ -125,14 +108,14 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
                                                                  : backend_.release(device_, ptr, b->size);
   if (!released) {
     std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
-                 "it stays cached\n", backend_.name(), hex(b->addr).c_str(), b->size, device_);
-    record_locked(block_event(Action::kSegmentFreeFailed, *b));
+                 "it stays cached\n", backend_.name(), hex_address(b->addr).c_str(), b->size, device_);
+    sink_.record(block_event(Action::kSegmentFreeFailed, *b));
     return false;
   }
   blocks_.list_of(b).erase(b);
   segments_.erase(b->addr);
   Event e = block_event(Action::kSegmentFree, *b);
-  record_locked(e);
+  sink_.record(e);
   blocks_.destroy(b);
   return true;
 }
@@ -143,7 +126,7 @@ bool DeviceAllocator::release_segment_locked(Block* b) {
 size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   Event sync;
   sync.action = Action::kSyncAllStreams;
-  record_locked(sync);
+  sink_.record(sync);
   synchronize_events_locked();
   std::vector<FreeLists*> sources;
   if (only != nullptr) {
@@ -174,7 +157,7 @@ size_t DeviceAllocator::empty_cache(Caller caller) {
 
 size_t DeviceAllocator::empty_pool_cache(PoolId id, Caller caller) {
   std::lock_guard<std::mutex> lock(mu_);
-  const CallerScope scope(caller_, caller);
+  const EventSink::CallerScope scope(sink_, caller);
   if (pools_.any_route()) return 0;  // a capture may be under way: no free, no sync
   size_t released = 0;
   if (id == kDefaultPool) {
@@ -185,7 +168,7 @@ size_t DeviceAllocator::empty_pool_cache(PoolId id, Caller caller) {
   Event e;
   e.action = Action::kEmptyCache;
   e.size = released;
-  record_locked(e);
+  sink_.record(e);
   return released;
 }
 
@@ -207,7 +190,7 @@ void DeviceAllocator::apply_settings(const Config& from) {
   for (const auto& kv : live_) blocks += Accounting::oversize(kv.second->size, from.max_split_size) ? 1 : 0;
   for (const auto& kv : segments_)  // plain segments: expandable ones count no oversize segment
     segments += kv.second.vm == nullptr && Accounting::oversize(kv.second.bytes, from.max_split_size) ? 1 : 0;
-  accounting_.set_max_split_size(from.max_split_size, blocks, segments);
+  sink_.accounting().set_max_split_size(from.max_split_size, blocks, segments);
 }
 
 Config DeviceAllocator::settings() {
@@ -215,63 +198,9 @@ Config DeviceAllocator::settings() {
   return config_;
 }
 
-std::string DeviceAllocator::oom_message_locked(size_t requested, size_t rounded) {
-  const DeviceStats& s = accounting_.stats();
-  const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
-  const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
-  const MemInfo info = backend_.mem_get_info(device_);
-  const bool cuda = std::string(backend_.name()) == "cuda";
-  std::string dev = (cuda ? "GPU " : "Host-backend device ") + std::to_string(device_);
-  std::string msg = std::string(cuda ? "CUDA" : "Device") + " out of memory. Tried to allocate " +
-                    format_bytes(rounded > kMaxRequest ? requested : rounded) + ". " + dev +
-                    " has a total capacity of " + format_bytes(info.total) + " of which " +
-                    format_bytes(info.free) + " is free. ";
-  if (limits_.has_fraction()) {
-    msg += "This process has a memory fraction limit of " + format_bytes(limits_.cap()) + " (fraction " +
-           std::to_string(limits_.fraction()) + "). ";
-  }
-  msg += "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch, and " +
-         format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. ";
-  msg += config_.expandable_segments
-             ? "(memalloc, expandable segments: free pages were given back before this error)"
-             : "If reserved but unallocated memory is large try setting "
-               "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation. (memalloc)";
-  return msg;
-}
-
-std::string DeviceAllocator::unknown_pointer_message_locked(const char* call, std::uintptr_t addr) {
-  const bool inside = segments_.containing(addr) != segments_.end();
-  const bool is_free = std::string(call) == "free";
-  const std::string head = std::string(call) + " of " + hex(addr) + " on device " + std::to_string(device_) + ": ";
-  if (inside) {
-    return head + "no live allocation starts there. It lies inside a memalloc segment, so it was already freed" +
-           (is_free ? " (double free)" : "") + " or is not a pointer that malloc returned; " +
-           (is_free ? std::string("free each pointer exactly once")
-                    : "call " + std::string(call) + " only on live allocations, before freeing them");
-  }
-  return head + "unknown pointer, not allocated by memalloc on this device; " +
-         (is_free ? std::string("free only") : "call " + std::string(call) + " only on") +
-         " pointers that memalloc's malloc returned, on the device they came from";
-}
-
 DeviceStats DeviceAllocator::stats() {
   std::lock_guard<std::mutex> lock(mu_);
-  return accounting_.stats();
-}
-
-void DeviceAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mu_);
-  accounting_.reset_peak();
-}
-
-StepWindow DeviceAllocator::take_window() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return accounting_.take_window();
-}
-
-void DeviceAllocator::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(mu_);
-  accounting_.reset_accumulated();
+  return sink_.stats();
 }
 
 MemInfo DeviceAllocator::mem_get_info() {
@@ -316,7 +245,7 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
       const char* state = b->allocated ? "active_allocated"
                           : b->event_count > 0 ? "active_pending_free" : "inactive";
       info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state,
-                                       b->id != 0 && sub_ != nullptr ? sub_->note(b->id) : 0});
+                                       sink_.note(b->id)});
       info->size += b->size;
       end = b->addr + b->size;
     }

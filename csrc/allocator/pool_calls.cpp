@@ -82,7 +82,7 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
     SegmentState s{seg.first, seg.second.bytes, first->stream, first->pool, {}};
     for (const Block* b = first; b != nullptr; b = b->next)
       s.blocks.push_back(BlockState{b->addr, b->size, b->allocated ? b->requested : 0, b->allocated,
-                                    b->allocated && sub_ != nullptr ? sub_->note(b->id) : 0});
+                                    b->allocated ? sink_.note(b->id) : 0});
     state.segments.push_back(std::move(s));
   }
   return state;
@@ -90,7 +90,7 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
 
 PoolRestore DeviceAllocator::restore_pool(const PoolState& state, Caller caller) {
   std::lock_guard<std::mutex> lock(mu_);
-  const CallerScope scope(caller_, caller);
+  const EventSink::CallerScope scope(sink_, caller);
   PrivatePool& pool = pools_.get(state.id, "restore_pool");
   for (const SegmentState& s : state.segments) {
     auto it = segments_.find(s.addr);
@@ -179,8 +179,7 @@ void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool*
     }
     // Live again now (the subscriber: step, sequence number, phase),
     // allocated by whom it was (its note).
-    accounting_.apply(e);
-    made[i]->id = sub_ != nullptr ? sub_->on_restored(e, caller_, accounting_.stats(), cut[i].note) : 0;
+    made[i]->id = sink_.record_restored(e, cut[i].note);
   }
 }
 

@@ -4,15 +4,17 @@
 #include <algorithm>
 
 #include "allocator/device_allocator.h"
+#include "allocator/messages.h"
 #include "common/errors.h"
 
 namespace memalloc {
 
 void DeviceAllocator::record_stream(void* ptr, Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = live_.find(addr);
   if (it == live_.end())
-    throw InvalidPointer(unknown_pointer_message_locked("record_stream", reinterpret_cast<std::uintptr_t>(ptr)));
+    throw InvalidPointer(unknown_pointer_message("record_stream", addr, device_, segments_.containing(addr) != segments_.end()));
   Block* b = it->second;
   if (stream == b->stream) return;
   auto& uses = b->stream_uses;

@@ -11,7 +11,7 @@ void DeviceAllocator::set_subscriber(Subscriber* s) {
                    "set_subscriber: device " + std::to_string(device_) +
                        " has live or pending blocks; a subscriber is set before the first allocation, "
                        "so that it knows of every block its Events name");
-  sub_ = s;
+  sink_.set_subscriber(s);
 }
 
 }  // namespace memalloc

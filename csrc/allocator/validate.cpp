@@ -60,7 +60,7 @@ void DeviceAllocator::validate() {
     if (blocks.emplace(b->addr, b).second) held.push_back(SubscribedBlock{b->addr, b->size, b->requested, b->id, true});
   });
   for (const SubscribedBlock& h : held)
-    check(sub_ == nullptr ? h.id == 0 : h.id != 0, "a live or pending block's subscriber id is 0 (or not 0 with none)");
+    check(sink_.subscriber() == nullptr ? h.id == 0 : h.id != 0, "a live or pending block's subscriber id is 0 (or not 0 with none)");
   pools_.validate([&](bool ok, const char* what) { check(ok, what); });
   segments_.validate([&](bool ok, const char* what) { check(ok, what); });
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
@@ -141,7 +141,7 @@ void DeviceAllocator::validate() {
     check(p->live_blocks == pool_live[p], "a private pool's live block count differs from its live blocks");
   }
   check(covered == blocks.size(), "a block lies outside every segment");
-  const DeviceStats& s = accounting_.stats();
+  const DeviceStats& s = sink_.stats();
   check_stat(s.allocated_bytes, t.allocated, "allocated_bytes");
   check_stat(s.requested_bytes, t.requested, "requested_bytes");
   check_stat(s.allocation, t.live_count, "allocation");
@@ -151,10 +151,10 @@ void DeviceAllocator::validate() {
   check_stat(s.segment, t.segments, "segment");
   check_stat(s.inactive_split_bytes, t.split_bytes, "inactive_split_bytes");
   check_stat(s.inactive_split, t.split_count, "inactive_split");
-  const StepWindow& w = accounting_.window();
+  const StepWindow& w = sink_.accounting().window();
   check(w.peak_allocated_bytes >= s.allocated_bytes[kStatAll].current, "step window: peak allocated < current");
   check(w.peak_reserved_bytes >= s.reserved_bytes[kStatAll].current, "step window: peak reserved < current");
-  if (sub_ != nullptr) sub_->validate(held, s.allocated_bytes[kStatAll].current);
+  if (Subscriber* sub = sink_.subscriber()) sub->validate(held, s.allocated_bytes[kStatAll].current);
 }
 
 }  // namespace memalloc

@@ -1,9 +1,9 @@
 // events.h — the one record of a state change. Every allocator state change
-// is described by exactly one Event and goes through
-// DeviceAllocator::record_locked(), which hands it to the counters
-// (accounting.h) and then to the subscriber, if any (allocator/subscriber.h:
-// the profiler's breakdown, event ring and torch's history). Policy code
-// never updates a counter by hand.
+// is described by exactly one Event and goes through the device's EventSink
+// (allocator/event_sink.h), which hands it to the counters (accounting.h)
+// and then to the subscriber, if any (allocator/subscriber.h: the
+// profiler's breakdown, event ring and torch's history). Policy code never
+// updates a counter by hand.
 //
 // Field meanings per action:
 //   kAlloc          a block became live: size = block bytes, requested = asked
@@ -80,7 +80,7 @@ struct Event {
   // OOM and count events, and when no subscriber is set.
   uint32_t id = 0;
   // The block of a block event (nullptr for kOom and the counts): for the
-  // boundary's observer (its owner). Valid during record_locked() only.
+  // boundary's observer (its owner). Valid while the Event is recorded only.
   const Block* block = nullptr;
 };
 

@@ -1,10 +1,9 @@
 // breakdown.h — live bytes by what they hold (parameters, gradients,
 // optimizer state, activations, temporaries, other), now and at the peak of
-// the step. A consumer of the Event stream of its own, beside the counters
-// (accounting.h) and the recorder (DeviceAllocator::record_locked): it reads
-// the kAlloc and kFreeRequested Events (their size, their requested bytes
-// and their provenance's phase, category and sequence number) and nothing
-// else of the allocator.
+// the step. The Profiler's consumer of the Event stream (profiler.h), beside
+// the ring: it reads the kAlloc and kFreeRequested Events (their size, their
+// requested bytes) with their block's provenance (phase, category, sequence
+// number) and nothing else of the allocator.
 //
 // What a block's category holds is the bytes that were asked for (the
 // Event's `requested`: a tensor's storage bytes), so that a category holds

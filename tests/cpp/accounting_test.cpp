@@ -159,7 +159,7 @@ struct Live {
 };
 
 // Random allocations, frees, segments and OOMs go to both consumers, as
-// record_locked hands them out; the three windows are restarted at random,
+// the EventSink hands them out; the three windows are restarted at random,
 // each on its own schedule. After every step each window's peak is its own
 // truth: restarting one moved neither of the others.
 void each_window_keeps_its_own_rule_and_restarting_one_never_moves_the_others() {

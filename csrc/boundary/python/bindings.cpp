@@ -221,14 +221,19 @@ PYBIND11_MODULE(_C, m) {
              return stats_dict(s);
            },
            py::arg("device") = 0)
-      .def("reset_peak_stats", [](CachingAllocator& a, Device device) { a.device(device).reset_peak_stats(); },
+      .def("reset_peak_stats",
+           [](CachingAllocator& a, Device device) {
+             a.device(device).with_accounting([](Accounting& acc) { acc.reset_peak(); });
+           },
            py::arg("device") = 0, NoGil())
       .def("reset_accumulated_stats",
-           [](CachingAllocator& a, Device device) { a.device(device).reset_accumulated_stats(); },
+           [](CachingAllocator& a, Device device) {
+             a.device(device).with_accounting([](Accounting& acc) { acc.reset_accumulated(); });
+           },
            py::arg("device") = 0, NoGil())
       .def("take_window",
            [](CachingAllocator& a, int device) {
-             const StepWindow w = a.device(device).take_window();
+             const StepWindow w = a.device(device).with_accounting([](Accounting& acc) { return acc.take_window(); });
              return std::make_tuple(w.peak_allocated_bytes, w.peak_reserved_bytes, w.num_ooms);
            },
            py::arg("device") = 0, NoGil(),

@@ -203,10 +203,10 @@ class TorchCudaAllocator final : public Pluggable {
     return out;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
-    guard([&] { core_->device(device).reset_accumulated_stats(); });
+    guard([&] { core_->device(device).with_accounting([](Accounting& acc) { acc.reset_accumulated(); }); });
   }
   void resetPeakStats(c10::DeviceIndex device) override {
-    guard([&] { core_->device(device).reset_peak_stats(); });
+    guard([&] { core_->device(device).with_accounting([](Accounting& acc) { acc.reset_peak(); }); });
   }
 
   // ---- private pools (graphs, MemPool) ----------------------------------------
