@@ -25,22 +25,28 @@
 //     counts, the open routes (which pool an allocation goes to) and the
 //     checks of the pool calls;
 //   VmArena (pool/vm_arena.h): the expandable segments' reservations, page
-//     size, room search, reuse ceiling, and the free runs to unmap.
+//     size, room search, reuse ceiling, and the free runs to unmap;
+//   Limits (pool/limits.h): the memory fraction's cap, the threshold
+//     policy, the device's capacity read once;
+//   EventSink (event_sink.h): where every Event goes, the counters then the
+//     subscriber, with the public call's caller;
+//   Expandable (expandable.h): growth by mapping the room VmArena finds and
+//     release of free pages, over the parts above (references to them, not
+//     to this class; the capacity and the threshold policy as callbacks).
 // This class orchestrates them: whatever changes blocks, free lists or the
-// counters (growth, release, checkpoints and restores, the use_on_oom
-// fallback, mapping the room VmArena finds) is here, and calls the parts.
+// counters across parts (growth and release of plain segments, the OOM
+// path, checkpoints and restores, the use_on_oom fallback) is here.
 //
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
 // growth.cpp the slow path (growth, release, OOM, empty_cache, segments),
 // validate.cpp validate(), stream_uses.cpp record_stream and the
 // StreamEvents part, pool_calls.cpp the private pools' work on blocks (the
 // use_on_oom fallback, live-block checks, checkpoints of a pool and their
-// restores: CUDA graph trees), expandable.cpp the expandable segments'
-// orchestration around VmArena (mapping the room it finds, unmapping the
-// free pages it picks: free lists, segment table, Events), phases.cpp
-// the subscriber's calls beyond the Event stream (locked, with_live_id).
+// restores: CUDA graph trees), expandable.cpp the Expandable part,
+// messages.cpp the errors' words, subscriber.cpp set_subscriber.
 // One part the boundary drives directly, under this lock (with_pools):
-// PrivatePools (create, routes, release, use counts, flags).
+// PrivatePools (create, routes, release, use counts, flags); with_limits
+// and with_accounting reach Limits and the counters the same way.
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -78,6 +84,7 @@
 
 #include "accounting/accounting.h"
 #include "allocator/event_sink.h"
+#include "allocator/expandable.h"
 #include "allocator/subscriber.h"
 #include "backend/backend.h"
 #include "pool/block.h"
@@ -272,26 +279,6 @@ class DeviceAllocator {
   bool release_segment_locked(Block* b);
   // Every mapped block (live, pending, free) by address.
   std::map<std::uintptr_t, Block*> blocks_by_addr_locked();
-  // expandable.cpp (vm_arena.h)
-  // A free block of >= rounded bytes on `stream`, in the free list, made by
-  // mapping pages into an expandable segment; nullptr when the memory
-  // fraction or the device refuses. *no_vm: no segment could be reserved
-  // (the caller falls back to a plain segment).
-  Block* grow_vm_locked(size_t rounded, Stream stream, bool* no_vm);
-  // A new reservation in vm_, entered in segments_ (nullptr: none).
-  VmSegment* new_vm_segment_locked(Stream stream, PoolKind pool, bool large);
-  // Maps the room the arena found (within the memory fraction), merges it
-  // with its free neighbours into the free list; nullptr when refused.
-  Block* map_room_locked(VmSegment& seg, const VmRoom& room);
-  // VmArena::unmap_free_pages over the default pool's free lists (nothing
-  // while a route is open). Returns bytes unmapped.
-  size_t unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a, const Block* keep_b);
-  // Unmaps [lo, hi) (whole pages) of the free block f: VmArena::unmap
-  // between leaving and re-entering the free list, as one Event.
-  void unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi);
-  // Unmaps every free page of every expandable segment and ends the
-  // reservations left with nothing mapped. Returns bytes unmapped.
-  size_t release_vm_locked();
   // The free lists of the default pool and of every private pool.
   std::vector<FreeLists*> all_free_lists_locked() { return pools_.all_free_lists(blocks_.lists(nullptr)); }
   // pool_calls.cpp

@@ -1,5 +1,5 @@
-// expandable.cpp — DeviceAllocator's side of expandable segments (the
-// VmArena part, vm_arena.h): growth by mapping pages where the arena finds
+// expandable.cpp — the Expandable part (expandable.h): the allocator's side
+// of expandable segments (the VmArena part, vm_arena.h): growth by mapping pages where the arena finds
 // room, and unmapping of free whole pages (before growing above the arena's
 // reuse ceiling, when reuse_free_pages; on empty_cache; before an OOM; by
 // the threshold policy). The arena decides where and how much; this file
@@ -7,11 +7,11 @@
 // memory fraction, the open routes and the Events that feed the counters.
 // All of it is the slow path: the fast path (allocator.cpp) handles mapped
 // blocks of expandable segments exactly like blocks of plain ones.
-// Invariants: vm_arena.h, device_allocator.h, block.h.
+// Invariants: expandable.h, vm_arena.h, block.h.
 #include <algorithm>
 #include <limits>
 
-#include "allocator/device_allocator.h"
+#include "allocator/expandable.h"
 #include "common/errors.h"
 
 namespace memalloc {
@@ -31,19 +31,19 @@ void add_split(Event& e, const Block* b, int sign) {
 // A reservation of the device's whole capacity (as native) in the arena,
 // entered in the segment table. nullptr (and plain segments from then on)
 // when the backend has no virtual memory or no address space left.
-VmSegment* DeviceAllocator::new_vm_segment_locked(Stream stream, PoolKind pool, bool large) {
+VmSegment* Expandable::new_segment(Stream stream, PoolKind pool, bool large, const std::function<size_t()>& capacity) {
   VmSegment* seg = vm_.reserve(
       stream, pool, large,
-      [this] { return capacity_locked(); },
+      capacity,
       [this] { return blocks_.make(); });
   if (seg != nullptr && !segments_.insert(seg->base, Segment{seg->size, nullptr, seg}))
     throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
   return seg;
 }
 
-Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
+Block* Expandable::map_room(VmSegment& seg, const VmRoom& room) {
   if (room.bytes == 0) return room.fit;  // a free neighbour that fits already
-  if (!admits_locked(room.bytes)) return nullptr;
+  if (!limits_.admits(sink_.reserved_bytes(), room.bytes)) return nullptr;
   int runs_delta = 0;
   Block* m = vm_.map(seg, room, [this](Block* b, size_t at) { return blocks_.split(b, at); }, &runs_delta);
   if (m == nullptr) return nullptr;
@@ -57,7 +57,8 @@ Block* DeviceAllocator::map_room_locked(VmSegment& seg, const VmRoom& room) {
   return m;
 }
 
-Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_vm) {
+Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, const std::function<size_t()>& capacity,
+                        const std::function<void(size_t)>& collect, bool* no_vm) {
   *no_vm = false;
   const PoolKind pool = pool_kind_for(rounded);
   // A large request on a large device grows in large pages (vm_arena.h); a
@@ -65,18 +66,18 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
   bool large = false;
   if (pool == PoolKind::kLarge && rounded >= VmArena::kLargeRequest) {
     try {
-      large = VmArena::large_pages(pool, rounded, capacity_locked());
+      large = VmArena::large_pages(pool, rounded, capacity());
     } catch (const DriverError&) {
     }
   }
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
   // the free pages a room would have joined: rooms are looked for after it).
   if (!vm_.empty())
-    maybe_collect_locked(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
+    collect(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
   VmRoom room;
   VmSegment* seg = vm_.find_room(stream, pool, large, rounded, &room);
   if (seg == nullptr) {
-    seg = new_vm_segment_locked(stream, pool, large);
+    seg = new_segment(stream, pool, large, capacity);
     if (seg == nullptr) {
       *no_vm = true;
       return nullptr;
@@ -84,22 +85,20 @@ Block* DeviceAllocator::grow_vm_locked(size_t rounded, Stream stream, bool* no_v
     room = vm_.find_room(*seg, rounded);
     if (room.hole == nullptr) return nullptr;  // larger than the device
   }
-  const DeviceStats& s = sink_.stats();
-  const auto allocated = static_cast<size_t>(s.allocated_bytes[kStatAll].current);
-  const auto reserved = static_cast<size_t>(s.reserved_bytes[kStatAll].current);
-  const size_t over = vm_.over_ceiling(allocated, reserved, rounded, room.bytes, allocations_, seg->page);
-  if (config_.reuse_free_pages && !pools_.any_route() && over > 0) {
+  const size_t over =
+      vm_.over_ceiling(sink_.allocated_bytes(), sink_.reserved_bytes(), rounded, room.bytes, policy.clock, seg->page);
+  if (policy.reuse_free_pages && !pools_.any_route() && over > 0) {
     // Keep reserved bytes under the ceiling: give back free pages for the
     // part of this mapping above it (below it, pages are mapped without a
     // stream synchronisation, so a steady loop stops moving pages).
-    if (unmap_free_pages_locked(stream, over, room.hole->prev, room.hole->next) > 0)
+    if (unmap_free_pages(stream, over, room.hole->prev, room.hole->next) > 0)
       seg = vm_.find_room(stream, pool, large, rounded, &room);
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
   }
-  return map_room_locked(*seg, room);
+  return map_room(*seg, room);
 }
 
-void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
+void Expandable::unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
   FreeList& list = blocks_.list_of(f);
   list.erase(f);
   Event e = block_event(Action::kSegmentUnmap, *f);
@@ -118,18 +117,18 @@ void DeviceAllocator::unmap_range_locked(Block* f, std::uintptr_t lo, std::uintp
   sink_.record(e);
 }
 
-size_t DeviceAllocator::unmap_free_pages_locked(Stream stream, size_t want, const Block* keep_a,
-                                                const Block* keep_b) {
+size_t Expandable::unmap_free_pages(Stream stream, size_t want, const Block* keep_a, const Block* keep_b) {
   if (pools_.any_route()) return 0;
-  return vm_.unmap_free_pages({&blocks_.lists(nullptr).small, &blocks_.lists(nullptr).large}, stream, want, keep_a, keep_b,
-                              [this](Block* f, std::uintptr_t lo, std::uintptr_t hi) { unmap_range_locked(f, lo, hi); });
+  FreeLists& lists = blocks_.lists(nullptr);
+  return vm_.unmap_free_pages({&lists.small, &lists.large}, stream, want, keep_a, keep_b,
+                              [this](Block* f, std::uintptr_t lo, std::uintptr_t hi) { unmap_range(f, lo, hi); });
 }
 
-size_t DeviceAllocator::release_vm_locked() {
+size_t Expandable::release() {
   if (vm_.empty() || pools_.any_route()) return 0;
   size_t released = 0;
   for (Stream s : vm_.streams())
-    released += unmap_free_pages_locked(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
+    released += unmap_free_pages(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
   // End the reservations with nothing mapped: one unmapped block each.
   vm_.release_unmapped([this](const VmSegment& seg, Block* hole) {
     blocks_.destroy(hole);

@@ -66,7 +66,11 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   auto grow = [&]() -> Block* {
     if (VmArena::serves(config_.expandable_segments, owner)) {
       bool no_vm = false;
-      Block* v = grow_vm_locked(rounded, stream, &no_vm);
+      // The Expandable part over this device's parts (references only: made
+      // per call, on the slow path).
+      Block* v = Expandable(vm_, segments_, blocks_, sink_, limits_, pools_).grow(
+          rounded, stream, Expandable::Policy{config_.reuse_free_pages, allocations_},
+          [this] { return capacity_locked(); }, [this](size_t bytes) { maybe_collect_locked(bytes); }, &no_vm);
       *from_cache = v != nullptr;
       if (!no_vm) return v;
     }
@@ -146,7 +150,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
     const size_t bytes = b->size;
     if (release_segment_locked(b)) released += bytes;
   }
-  if (only == nullptr) released += release_vm_locked();
+  if (only == nullptr) released += Expandable(vm_, segments_, blocks_, sink_, limits_, pools_).release();
   pools_.delete_unused();
   return released;
 }
