@@ -72,7 +72,7 @@ using namespace memalloc;
 
 namespace {
 
-constexpr const char* kConfig = "backend:host,host_capacity_mb:4096,host_devices:2";
+constexpr const char* kConfig = "host_capacity_mb:4096,host_devices:2";
 constexpr size_t kMaxRandomSize = size_t{512} << 20;
 constexpr size_t kWindow = 64;
 constexpr uint64_t kSeed = 7;

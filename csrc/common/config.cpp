@@ -1,5 +1,9 @@
 // config.cpp — parsing of MEMALLOC_CONF-style text into an immutable Config.
 //
+// Only the core's keys live here (the allocator's and the host backend's);
+// the Python layer's keys are parsed by the module that serves it
+// (boundary/python/settings.*), with the same splitter and value parsers.
+//
 // Invariants: parse_config(c.to_string()) == c for every valid Config c;
 // a rejected text leaves nothing behind (parsing has no side effects).
 #include "common/config.h"
@@ -13,6 +17,26 @@
 #include "common/errors.h"
 
 namespace memalloc {
+
+// Parses a non-negative decimal integer or throws naming key and value.
+size_t parse_config_uint(const std::string& key, const std::string& value) {
+  bool ok = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+  errno = 0;
+  unsigned long long v = ok ? std::strtoull(value.c_str(), nullptr, 10) : 0;
+  MEMALLOC_EXPECTS(ok && errno == 0,
+                   "MEMALLOC_CONF: value '" + value + "' of key '" + key +
+                       "' is not a non-negative integer; write e.g. '" + key + ":256'");
+  return static_cast<size_t>(v);
+}
+
+bool parse_config_bool(const std::string& key, const std::string& value) {
+  if (value == "1" || value == "true" || value == "True") return true;
+  if (value == "0" || value == "false" || value == "False") return false;
+  MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: value '" + value + "' of key '" + key +
+                              "' is not a boolean; write " + key + ":True or " + key + ":False");
+  return false;
+}
+
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
@@ -26,27 +50,11 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-std::string join_keys() {
-  std::string out;
-  for (const auto& k : config_keys()) out += (out.empty() ? "" : ", ") + k;
-  return out;
-}
-
-// Parses a non-negative decimal integer or throws naming key and value.
-size_t parse_uint(const std::string& key, const std::string& value) {
-  bool ok = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
-  errno = 0;
-  unsigned long long v = ok ? std::strtoull(value.c_str(), nullptr, 10) : 0;
-  MEMALLOC_EXPECTS(ok && errno == 0,
-                   "MEMALLOC_CONF: value '" + value + "' of key '" + key +
-                       "' is not a non-negative integer; write e.g. '" + key + ":256'");
-  return static_cast<size_t>(v);
-}
 
 // Parses a size in MiB and returns bytes; rejects values whose byte count
 // would not fit (so to_string() round-trips).
 size_t parse_mib(const std::string& key, const std::string& value) {
-  size_t mb = parse_uint(key, value);
+  size_t mb = parse_config_uint(key, value);
   MEMALLOC_EXPECTS(mb <= kMaxMiB, "MEMALLOC_CONF: value " + value + " of key '" + key +
                                       "' is too large (at most " + std::to_string(kMaxMiB) + ")");
   return mb * kMiB;
@@ -63,14 +71,6 @@ double parse_real(const std::string& key, const std::string& value, double lo, d
   return v;
 }
 
-bool parse_bool(const std::string& key, const std::string& value) {
-  if (value == "1" || value == "true" || value == "True") return true;
-  if (value == "0" || value == "false" || value == "False") return false;
-  MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: value '" + value + "' of key '" + key +
-                              "' is not a boolean; write " + key + ":True or " + key + ":False");
-  return false;
-}
-
 // Shortest decimal text that parses back to exactly v.
 std::string real_text(double v) {
   char buf[32];
@@ -82,7 +82,7 @@ std::string real_text(double v) {
 }
 
 size_t parse_one_division(const std::string& value) {
-  size_t d = parse_uint("roundup_power2_divisions", value);
+  size_t d = parse_config_uint("roundup_power2_divisions", value);
   MEMALLOC_EXPECTS(d <= 64 && (d & (d - 1)) == 0,
                    "MEMALLOC_CONF: roundup_power2_divisions must be a power of two "
                    "between 1 and 64, or 0 to disable (got " + value + ")");
@@ -114,7 +114,7 @@ void parse_divisions(Config& c, const std::string& value) {
                 c.roundup_power2_divisions.end(), d);
       continue;
     }
-    const size_t mib = parse_uint("roundup_power2_divisions", bound);
+    const size_t mib = parse_config_uint("roundup_power2_divisions", bound);
     MEMALLOC_EXPECTS(mib > 0 && (mib & (mib - 1)) == 0, "MEMALLOC_CONF: roundup_power2_divisions bound " + bound +
                                                             " is not a power of two (MiB)");
     const size_t index = std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mib)), kRoundupIntervals - 1);
@@ -158,15 +158,8 @@ std::vector<std::pair<std::string, std::string>> config_entries(const std::strin
   return out;
 }
 
-namespace {
-
-void apply(Config& c, const std::string& key, const std::string& value) {
-  if (key == "backend") {
-    MEMALLOC_EXPECTS(value == "auto" || value == "cuda" || value == "host",
-                     "MEMALLOC_CONF: backend '" + value +
-                         "' is unknown; use one of auto, cuda, host");
-    c.backend = value;
-  } else if (key == "max_split_size_mb") {
+bool apply_config_key(Config& c, const std::string& key, const std::string& value) {
+  if (key == "max_split_size_mb") {
     size_t bytes = parse_mib(key, value);
     MEMALLOC_EXPECTS(bytes > kMinMaxSplitMiB * kMiB,
                      "MEMALLOC_CONF: max_split_size_mb must be greater than " +
@@ -178,63 +171,34 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.garbage_collection_threshold =
         parse_real(key, value, 0.0, 1.0, "use a fraction in (0, 1), e.g. 0.8, or 0 for off");
   } else if (key == "expandable_segments") {
-    c.expandable_segments = parse_bool(key, value);
+    c.expandable_segments = parse_config_bool(key, value);
   } else if (key == "graph_capture_record_stream_reuse") {
-    c.graph_capture_record_stream_reuse = parse_bool(key, value);
+    c.graph_capture_record_stream_reuse = parse_config_bool(key, value);
   } else if (key == "reuse_free_pages") {
-    c.reuse_free_pages = parse_bool(key, value);
-  } else if (key == "patch_torch") {
-    c.patch_torch = parse_bool(key, value);
-  } else if (key == "empty_cache_every_n_steps") {
-    c.empty_cache_every_n_steps = parse_uint(key, value);
-  } else if (key == "record_history") {
-    c.record_history = parse_uint(key, value);
-    MEMALLOC_EXPECTS(c.record_history <= kMaxTraceRecords,
-                     "MEMALLOC_CONF: record_history " + value + " is too large: at most " +
-                         std::to_string(kMaxTraceRecords) + " records per device");
-  } else if (key == "record_stacks") {
-    MEMALLOC_EXPECTS(value == "none" || value == "tags" || value == "python",
-                     "MEMALLOC_CONF: record_stacks '" + value + "' is unknown; use one of none, tags, python");
-    c.record_stacks = value;
-  } else if (key == "call_sites") {
-    c.call_sites = parse_bool(key, value);
-  } else if (key == "flight_recorder") {
-    MEMALLOC_EXPECTS(!value.empty() && value.find(',') == std::string::npos,
-                     "MEMALLOC_CONF: flight_recorder needs a directory without commas, e.g. "
-                     "flight_recorder:/tmp/memalloc-flight (got '" + value + "')");
-    c.flight_recorder = value;
-  } else if (key == "flight_recorder_keep") {
-    c.flight_recorder_keep = parse_bool(key, value);
+    c.reuse_free_pages = parse_config_bool(key, value);
   } else if (key == "host_capacity_mb") {
     size_t bytes = parse_mib(key, value);
     MEMALLOC_EXPECTS(bytes > 0, "MEMALLOC_CONF: host_capacity_mb must be positive");
     c.host_capacity = bytes;
   } else if (key == "host_devices") {
-    size_t n = parse_uint(key, value);
+    size_t n = parse_config_uint(key, value);
     MEMALLOC_EXPECTS(n >= 1 && n <= 64,
                      "MEMALLOC_CONF: host_devices must be between 1 and 64 (got " + value + ")");
     c.host_devices = static_cast<int>(n);
   } else {
-    MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: unknown key '" + key +
-                                "'; valid keys are: " + join_keys());
+    return false;
   }
+  return true;
 }
-
-}  // namespace
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
-      "backend", "max_split_size_mb", "roundup_power2_divisions",
-      "garbage_collection_threshold", "expandable_segments", "graph_capture_record_stream_reuse",
-      "reuse_free_pages",
-      "empty_cache_every_n_steps", "patch_torch",
-      "record_history", "record_stacks", "call_sites", "flight_recorder", "flight_recorder_keep",
-      "host_capacity_mb", "host_devices"};
+      "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "expandable_segments",
+      "graph_capture_record_stream_reuse", "reuse_free_pages", "host_capacity_mb", "host_devices"};
   return keys;
 }
 
-Config parse_config(const std::string& text) {
-  Config c;
+void check_config_entries(const std::string& text) {
   for (const std::string& item : split_entries(text)) {
     if (trim(item).empty()) continue;
     MEMALLOC_EXPECTS(item.find(':') != std::string::npos,
@@ -242,12 +206,24 @@ Config parse_config(const std::string& text) {
                          "' has no ':'; write key:value pairs separated by commas, "
                          "e.g. 'max_split_size_mb:256,backend:host'");
   }
-  for (const auto& [key, value] : config_entries(text)) apply(c, key, value);
+}
+
+std::string unknown_config_key(const std::string& key, const std::vector<std::string>& valid) {
+  std::string keys;
+  for (const auto& k : valid) keys += (keys.empty() ? "" : ", ") + k;
+  return "MEMALLOC_CONF: unknown key '" + key + "'; valid keys are: " + keys;
+}
+
+Config parse_config(const std::string& text) {
+  check_config_entries(text);
+  Config c;
+  for (const auto& [key, value] : config_entries(text))
+    MEMALLOC_EXPECTS(apply_config_key(c, key, value), unknown_config_key(key, config_keys()));
   return c;
 }
 
 std::string Config::to_string() const {
-  std::string s = "backend:" + backend;
+  std::string s;
   if (max_split_size != static_cast<size_t>(-1))
     s += ",max_split_size_mb:" + std::to_string(max_split_size / kMiB);
   const auto& d = roundup_power2_divisions;
@@ -264,16 +240,9 @@ std::string Config::to_string() const {
   if (expandable_segments) s += ",expandable_segments:True";
   if (graph_capture_record_stream_reuse) s += ",graph_capture_record_stream_reuse:True";
   if (!reuse_free_pages) s += ",reuse_free_pages:False";
-  if (empty_cache_every_n_steps) s += ",empty_cache_every_n_steps:" + std::to_string(empty_cache_every_n_steps);
-  if (!patch_torch) s += ",patch_torch:False";
-  if (record_history) s += ",record_history:" + std::to_string(record_history);
-  if (record_stacks != "python") s += ",record_stacks:" + record_stacks;
-  if (!call_sites) s += ",call_sites:False";
-  if (!flight_recorder.empty()) s += ",flight_recorder:" + flight_recorder;
-  if (flight_recorder_keep) s += ",flight_recorder_keep:True";
   s += ",host_capacity_mb:" + std::to_string(host_capacity / kMiB);
   s += ",host_devices:" + std::to_string(host_devices);
-  return s;
+  return s.substr(1);  // without the first comma
 }
 
 }  // namespace memalloc

@@ -4,8 +4,10 @@
 //   * A Config is built only by parse_config() (or default-constructed) and
 //     is handed by value to constructors; policy code never reads the
 //     environment or a global.
-//   * Every field below has exactly one key in kConfigKeys; parse_config()
-//     rejects any other key with the list of valid ones.
+//   * Every field below has exactly one key in config_keys(); parse_config()
+//     rejects any other key with the list of valid ones. The keys only the
+//     Python layer reads (backend, patch_torch, record_history, ...) are
+//     not here: boundary/python/settings.h owns them.
 #pragma once
 
 #include <array>
@@ -22,13 +24,10 @@ namespace memalloc {
 constexpr size_t kRoundupIntervals = 16;
 
 // The largest trace ring (profiler/recorder.h): 2^28 records, 16 GiB per
-// device; record_history above it is refused here.
+// device; record_history above it is refused (boundary/python/settings.cpp).
 constexpr size_t kMaxTraceRecords = size_t{1} << 28;
 
 struct Config {
-  // "auto" | "cuda" | "host". Read by the Python layer (enable()); the core
-  // is told which backend to build explicitly.
-  std::string backend = "auto";
   // Blocks of at least this many bytes are never split (native:
   // max_split_size_mb). SIZE_MAX = unlimited.
   size_t max_split_size = static_cast<size_t>(-1);
@@ -46,9 +45,6 @@ struct Config {
   // Empty-cache policy "threshold": 0 < t < 1 releases unused cached
   // segments before reserved memory would exceed t * limit; 0 = off.
   double garbage_collection_threshold = 0.0;
-  // Python layer, host backend: answer torch.cuda.memory_allocated & co.
-  // from the simulated device (on CUDA torch's own functions answer).
-  bool patch_torch = true;
   // Expandable segments (vm_arena.h; torch's key): the default pool's
   // segments are address ranges backed page by page, reserved = mapped bytes.
   bool expandable_segments = false;
@@ -65,21 +61,6 @@ struct Config {
   // (capture_reuse.h); False: it waits for the capture's end (native's
   // default).
   bool graph_capture_record_stream_reuse = false;
-  // Python layer: memalloc.step() empties the cache every N steps; 0 = off.
-  size_t empty_cache_every_n_steps = 0;
-  // Python layer: record events from enable() on, in a ring of this many
-  // records per device (0 = off), with this stack mode.
-  size_t record_history = 0;
-  std::string record_stacks = "python";
-  // Python layer: from enable() on, every allocation keeps its Python call
-  // stack (the stack mode "python"), so OOM messages, top_holders and leak
-  // reports name lines with no setup; False = no stacks unless recording or
-  // a leak check asks for them.
-  bool call_sites = true;
-  // The flight recorder (memalloc/features/flight.py): the directory of the
-  // per-process files ("" = off), and whether a clean exit keeps the file.
-  std::string flight_recorder;
-  bool flight_recorder_keep = false;
   // Host backend only: simulated capacity of each device, in bytes.
   size_t host_capacity = size_t{1} << 30;
   // Host backend only: number of simulated devices.
@@ -90,8 +71,21 @@ struct Config {
   std::string to_string() const;
 };
 
-// Valid keys, in documentation order.
+// The core's keys, in documentation order (memalloc.config_keys() adds the
+// Python layer's: boundary/python/settings.h).
 const std::vector<std::string>& config_keys();
+
+// Sets `key` of `c` from `value` when it is one of config_keys() (throws
+// InvalidArgument naming a bad value and the valid ones); false, changing
+// nothing, for any other key.
+bool apply_config_key(Config& c, const std::string& key, const std::string& value);
+// Throws InvalidArgument for an entry of `text` without ':'.
+void check_config_entries(const std::string& text);
+// The message for an unknown key, listing `valid`.
+std::string unknown_config_key(const std::string& key, const std::vector<std::string>& valid);
+// The value parsers every layer's keys share (their messages name the key).
+size_t parse_config_uint(const std::string& key, const std::string& value);
+bool parse_config_bool(const std::string& key, const std::string& value);
 
 // The "key:value" entries of settings text, in order (the one splitter of
 // that text: parse_config and memalloc/core/_settings.py use it): commas

@@ -7,8 +7,8 @@
 
 namespace memalloc {
 
-CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
-    : backend_(std::move(backend)), config_(config) {
+CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config, std::string settings_text)
+    : backend_(std::move(backend)), config_(config), settings_text_(std::move(settings_text)) {
   for (int d = 0; d < backend_->device_count(); ++d) {
     profilers_.emplace_back(new Profiler(d));
     devices_.emplace_back(new DeviceAllocator(d, *backend_, config_));
@@ -41,10 +41,11 @@ DeviceAllocator* CachingAllocator::find_owner(void* ptr) {
   return nullptr;
 }
 
-std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config) {
-  if (backend == "cuda") return std::make_shared<CachingAllocator>(make_cuda_backend(), config);
+std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config,
+                                                 const std::string& settings_text) {
+  if (backend == "cuda") return std::make_shared<CachingAllocator>(make_cuda_backend(), config, settings_text);
   MEMALLOC_EXPECTS(backend == "host", "unknown backend '" + backend + "': use 'cuda' or 'host'");
-  return std::make_shared<CachingAllocator>(std::unique_ptr<Backend>(new HostBackend(config)), config);
+  return std::make_shared<CachingAllocator>(std::unique_ptr<Backend>(new HostBackend(config)), config, settings_text);
 }
 
 AllocatorRegistry& AllocatorRegistry::instance() {

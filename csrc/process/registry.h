@@ -41,12 +41,16 @@ namespace memalloc {
 
 class CachingAllocator {
  public:
-  CachingAllocator(std::unique_ptr<Backend> backend, const Config& config);
+  // `settings_text`: the text it was made from, as its maker wrote it (the
+  // Python module's canonical text, with keys the core does not read); kept
+  // for the maker, never read here.
+  CachingAllocator(std::unique_ptr<Backend> backend, const Config& config, std::string settings_text = "");
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   Backend& backend() { return *backend_; }
   const Config& config() const { return config_; }
+  const std::string& settings_text() const { return settings_text_; }
   int device_count() const { return static_cast<int>(devices_.size()); }
   // Throws InvalidArgument for a device index out of range.
   DeviceAllocator& device(int index);
@@ -82,12 +86,15 @@ class CachingAllocator {
  private:
   std::unique_ptr<Backend> backend_;
   const Config config_;
+  const std::string settings_text_;
   std::vector<std::unique_ptr<Profiler>> profilers_;  // before devices_: destroyed after them
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;
 };
 
 // Builds the backend named by `backend` ("cuda" or "host") and its allocator.
-std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config);
+// `settings_text`: kept as the allocator's settings_text().
+std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config,
+                                                 const std::string& settings_text = "");
 
 enum class StackMode : int { kNone = 0, kTags = 1, kPython = 2 };
 constexpr int kNumStackModes = 3;

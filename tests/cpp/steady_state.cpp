@@ -34,7 +34,7 @@ void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::fre
 using namespace memalloc;
 
 int main() {
-  Config config = parse_config("backend:host,host_capacity_mb:512");
+  Config config = parse_config("host_capacity_mb:512");
   CachingAllocator alloc(std::unique_ptr<Backend>(new HostBackend(config)), config);
   DeviceAllocator& dev = alloc.device(0);
 

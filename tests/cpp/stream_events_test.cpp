@@ -17,7 +17,7 @@ using namespace memalloc;
 namespace {
 
 struct Fixture {
-  Config config = parse_config("backend:host,host_capacity_mb:64");
+  Config config = parse_config("host_capacity_mb:64");
   HostBackend backend{config};
   std::pmr::unsynchronized_pool_resource mr;
   StreamEvents events{backend, 0, &mr};

@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [--threads=1..255] [--ops=N] [--capacity-mb=N>=128] [--seed=N]\n", argv[0]);
     return 2;
   }
-  const Config config = parse_config("backend:host,host_capacity_mb:" + std::to_string(opt.capacity_mb) +
+  const Config config = parse_config("host_capacity_mb:" + std::to_string(opt.capacity_mb) +
                                      ",host_devices:2,max_split_size_mb:64");
   int status = 0;
   {

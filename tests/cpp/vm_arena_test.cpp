@@ -42,7 +42,7 @@ struct NoVmBackend : HostBackend {
 
 template <class B = HostBackend>
 struct Fixture {
-  explicit Fixture(const char* conf = "backend:host,host_capacity_mb:64") : config(parse_config(conf)) {}
+  explicit Fixture(const char* conf = "host_capacity_mb:64") : config(parse_config(conf)) {}
   Config config;
   B backend{config};
   std::pmr::unsynchronized_pool_resource mr;
@@ -399,7 +399,7 @@ void reservations_with_nothing_mapped_end() {
 }
 
 void the_arena_gives_everything_back_when_destroyed() {
-  Config config = parse_config("backend:host,host_capacity_mb:64");
+  Config config = parse_config("host_capacity_mb:64");
   HostBackend backend{config};
   std::pmr::unsynchronized_pool_resource mr;
   std::vector<std::unique_ptr<Block>> blocks;
@@ -465,7 +465,7 @@ void large_requests_on_a_large_device_use_natives_large_page() {
 }
 
 void a_large_pages_reservation_maps_and_gives_back_whole_large_pages() {
-  Fixture<> f("backend:host,host_capacity_mb:16384");
+  Fixture<> f("host_capacity_mb:16384");
   const size_t big = size_t{16} << 30, p = 20 * MiB;
   VmSegment* fine = f.reserve(1, PoolKind::kLarge, big);
   VmSegment* seg = f.reserve(1, PoolKind::kLarge, big, true);

@@ -28,6 +28,7 @@
 #include <cstdio>
 
 #include "boundary/python/bind.h"
+#include "boundary/python/settings.h"
 #include "common/errors.h"
 #include "profiler/breakdown.h"
 #include "profiler/recorder.h"
@@ -130,9 +131,9 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.def("parse_config", [](ConfigTextArg text) { return parse_config(text).to_string(); }, py::arg("text"),
+  m.def("parse_config", [](ConfigTextArg text) { return settings_text(parse_settings(text)); }, py::arg("text"),
         "Validates MEMALLOC_CONF-style text; returns its canonical form.");
-  m.def("config_keys", &config_keys);
+  m.def("config_keys", &settings_keys);
   m.def("config_entries", [](ConfigTextArg text) { return config_entries(text); }, py::arg("text"),
         "The (key, value) entries of settings text, in order: commas inside brackets stay in their "
         "value, whitespace around keys and values is dropped, an entry without ':' has value ''.");
@@ -145,11 +146,16 @@ PYBIND11_MODULE(_C, m) {
   py::class_<CachingAllocator, AllocatorPtr> allocator_class(m, "Allocator");
   allocator_class
       .def(py::init([](BackendArg backend, ConfigArg config) {
-             return make_allocator(backend, parse_config(config));
+             const Settings s = parse_settings(config);
+             return make_allocator(backend, s.config, settings_text(s));
            }),
            py::arg("backend"), py::arg("config") = "", NoGil())
       .def_property_readonly("backend_name", [](CachingAllocator& a) { return std::string(a.backend().name()); })
-      .def_property_readonly("config", [](CachingAllocator& a) { return a.config().to_string(); })
+      .def_property_readonly("config",
+                             [](CachingAllocator& a) {
+                               return a.settings_text().empty() ? settings_text(Settings{a.config(), Options{}})
+                                                                : a.settings_text();
+                             })
       .def_property_readonly("device_count", &CachingAllocator::device_count)
       .def("malloc",
            [](CachingAllocator& a, SizeArg size, Device device, StreamArg stream) {
@@ -202,14 +208,19 @@ PYBIND11_MODULE(_C, m) {
                              })
       .def("apply_settings",
            [](CachingAllocator& a, ConfigTextArg text) {
-             const Config c = parse_config(text);
+             const Config c = parse_settings(text).config;
              for (int d = 0; d < a.device_count(); ++d) a.device(d).apply_settings(c);
            },
            py::arg("text"), NoGil(),
            "Run-time settings (torch.cuda.memory._set_allocator_settings): max_split_size_mb, "
            "roundup_power2_divisions, garbage_collection_threshold and expandable_segments from `text` "
            "(MEMALLOC_CONF syntax; keys it leaves out take their defaults) replace every device's.")
-      .def("settings", [](CachingAllocator& a, Device device) { return a.device(device).settings().to_string(); },
+      .def("settings",
+           [](CachingAllocator& a, Device device) {
+             Settings s = parse_settings(a.settings_text());  // the Python layer's keys as it was made
+             s.config = a.device(device).settings();
+             return settings_text(s);
+           },
            py::arg("device") = 0, NoGil(), "The device's current settings as canonical config text.")
       .def("stats",
            [](CachingAllocator& a, Device device) {
