@@ -22,9 +22,8 @@
 //     Events the subscriber takes anyway.
 //   * Every Event reaches the subscriber once: a kAlloc through on_live or
 //     on_restored, every other through on_event.
-//   * A live or pending block's id is the one on_live returned; a free
-//     block's is 0. Ids are the subscriber's: 0 may be a valid one only when
-//     no subscriber is set.
+//   * A live or pending block's id is the one on_live returned, never 0; a
+//     free block's is 0, and every block's is 0 while no subscriber is set.
 //   * The subscriber must not call back into the allocator, throw from
 //     on_event or note, or keep the Event past the call.
 //   * `note(id)`: a word the subscriber keeps of a live allocation for a
