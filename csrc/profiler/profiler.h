@@ -125,17 +125,17 @@ class Profiler final : public Subscriber {
   };
   void set_observer(EventObserver o) {
     observer_ = o;
-    watching_ = trace_.enabled() || observer_.fn != nullptr;
+    rewatch();
   }
   // The event ring: `capacity` records in memory (0: off), or a flight
   // file's (event_trace.h's reset and attach).
   void reset_trace(size_t capacity) {
     trace_.reset(capacity);
-    watching_ = trace_.enabled() || observer_.fn != nullptr;
+    rewatch();
   }
   void attach_trace(TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep) {
     trace_.attach(slots, seqs, capacity, std::move(keep));
-    watching_ = trace_.enabled() || observer_.fn != nullptr;
+    rewatch();
   }
   static const CallContext& context(Caller caller) {
     return caller != nullptr ? *static_cast<const CallContext*>(caller) : kNoCall;
@@ -160,11 +160,6 @@ class Profiler final : public Subscriber {
     table_.at(s).prov.tag_id = tag_id;
     return s;
   }
-  void set_pending(Slot s) { table_.set_pending(s); }
-  void remove(Slot s) { table_.remove(s); }
-  // The provenance an Event about the allocation of slot `s` points to
-  // (valid until the table changes).
-  const Provenance* provenance(Slot s) const { return &table_.at(s).prov; }
   // A slot's provenance by value (empty for slot 0).
   Provenance provenance_of(Slot s) const { return table_.of(s); }
   // The call as a provenance (stack, tag, step; the rest empty): what
@@ -227,11 +222,14 @@ class Profiler final : public Subscriber {
   // A block's Event, `s` its record.
   void take_block_event(const Event& e, Slot s, Caller caller, const DeviceStats& after) noexcept {
     ProvenanceRecord& r = table_.at(s);
-    if (e.action == Action::kFreeRequested) r.pending = true;  // the walks skip it from now on
+    if (e.action == Action::kFreeRequested) table_.set_pending(s);  // the walks skip it from now on
     breakdown_.apply(e, r.prov);
     if (watching_) watch(e, caller, after, &r.prov);
     if (e.action == Action::kFreeCompleted) table_.remove(s);
   }
+  // watching_ follows the ring and the observer (set only through the
+  // three calls above).
+  void rewatch() { watching_ = trace_.enabled() || observer_.fn != nullptr; }
   // The ring and the observer's part of on_event (`p`: the block's
   // provenance, nullptr for an Event about no block: the call's).
   void watch(const Event& e, Caller caller, const DeviceStats& after, const Provenance* p) noexcept {

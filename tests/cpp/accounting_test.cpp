@@ -28,17 +28,7 @@ using part_test::expect;
 #define EXPECT_EQ(a, b) \
   expect((a) == (b), std::string(#a " == " #b ": ") + std::to_string(a) + " vs " + std::to_string(b), __LINE__)
 
-// A small deterministic generator (the test's figures are reproducible).
-struct Rng {
-  uint64_t s = 0x9e3779b97f4a7c15ull;
-  uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-  uint64_t below(uint64_t n) { return next() % n; }
-};
+using part_test::Rng;
 
 // An Event with the provenance of its block, as the profiler hands them to
 // the breakdown (Breakdown::apply(e, prov)).

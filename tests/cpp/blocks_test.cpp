@@ -21,16 +21,7 @@ using namespace memalloc;
 
 namespace {
 
-struct Rng {
-  uint64_t s = 0x2545f4914f6cdd1dull;
-  uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-  uint64_t below(uint64_t n) { return next() % n; }
-};
+using part_test::Rng;
 
 constexpr std::uintptr_t kBase = 0x10000000;
 constexpr size_t kSegment = size_t{1} << 22;  // 4 MiB, 512-byte units
@@ -78,7 +69,7 @@ void random_splits_and_merges_keep_the_tiling() {
   parts.list_of(first).insert(first);
   Truth t;
   t.blocks[kBase] = {kSegment, false};
-  Rng rng;
+  Rng rng{0x2545f4914f6cdd1dull};
   std::vector<Block*> live;
   for (int step = 0; step < 4000; ++step) {
     if (live.empty() || rng.below(2) == 0) {

@@ -6,6 +6,7 @@
 // EXPECT failed.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -36,6 +37,20 @@ template <class Part>
 void expect_valid(const Part& part, int line) {
   for (const std::string& p : problems(part)) expect(false, "invariant broken: " + p, line);
 }
+
+// A small deterministic generator (xorshift64): a test's figures are
+// reproducible from its seed.
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed = 0x9e3779b97f4a7c15ull) : s(seed) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  uint64_t below(uint64_t n) { return next() % n; }
+};
 
 inline int finish() {
   std::printf("failures=%d\n", g_failures);

@@ -50,6 +50,15 @@ namespace {
 using AllocatorPtr = std::shared_ptr<CachingAllocator>;
 using NoGil = py::call_guard<py::gil_scoped_release>;
 
+// `core` (the allocator's Config, or a device's current settings) as
+// canonical settings text, with the Python layer's keys the allocator was
+// made with (CachingAllocator::settings_text; none: their defaults).
+std::string settings_of(const CachingAllocator& a, const Config& core) {
+  Settings s = parse_settings(a.settings_text());
+  s.config = core;
+  return settings_text(s);
+}
+
 py::dict stat_dict(const Stat& s) {
   py::dict d;
   d["current"] = s.current;
@@ -151,11 +160,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("backend"), py::arg("config") = "", NoGil())
       .def_property_readonly("backend_name", [](CachingAllocator& a) { return std::string(a.backend().name()); })
-      .def_property_readonly("config",
-                             [](CachingAllocator& a) {
-                               return a.settings_text().empty() ? settings_text(Settings{a.config(), Options{}})
-                                                                : a.settings_text();
-                             })
+      .def_property_readonly("config", [](CachingAllocator& a) { return settings_of(a, a.config()); })
       .def_property_readonly("device_count", &CachingAllocator::device_count)
       .def("malloc",
            [](CachingAllocator& a, SizeArg size, Device device, StreamArg stream) {
@@ -216,11 +221,7 @@ PYBIND11_MODULE(_C, m) {
            "roundup_power2_divisions, garbage_collection_threshold and expandable_segments from `text` "
            "(MEMALLOC_CONF syntax; keys it leaves out take their defaults) replace every device's.")
       .def("settings",
-           [](CachingAllocator& a, Device device) {
-             Settings s = parse_settings(a.settings_text());  // the Python layer's keys as it was made
-             s.config = a.device(device).settings();
-             return settings_text(s);
-           },
+           [](CachingAllocator& a, Device device) { return settings_of(a, a.device(device).settings()); },
            py::arg("device") = 0, NoGil(), "The device's current settings as canonical config text.")
       .def("stats",
            [](CachingAllocator& a, Device device) {

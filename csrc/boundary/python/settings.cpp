@@ -9,8 +9,8 @@
 namespace memalloc {
 namespace {
 
-// The Options' keys, each before the core key it precedes in documentation
-// order ("" : at the end of the core's).
+// The Options' keys, each with the core key it comes before in
+// documentation order.
 const std::vector<std::pair<std::string, std::string>>& option_places() {
   static const std::vector<std::pair<std::string, std::string>> places = {
       {"backend", "max_split_size_mb"},
