@@ -9,6 +9,7 @@
 FINAL=${OUT:-/tmp/memalloc-out}
 OUT=/tmp/memalloc-work
 mkdir -p "$OUT" "$FINAL"
+trap 'exit 143' TERM INT  # so that a kill still runs the EXIT trap below
 trap 'for f in $DEVICE_FIGURES; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tgz" -C "$OUT" .' EXIT
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD

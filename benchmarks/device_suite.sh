@@ -15,6 +15,14 @@
 #   planner      the planner against a search with real OOMs; alone
 #   compat_timing  torch.compile / cudnn.benchmark speed, 8 interleaved
 #                rounds of fresh processes; alone
+#   pair         test_cuda.py's pair-cost comparison of the two routes alone
+#                (7 processes per mode)
+# DEVICE_DEADLINE (seconds since the epoch; default: 560 s from the start)
+# bounds every phase: a pytest process still running 30 s before it gets
+# SIGINT, so it writes its junit (the tests it finished) and the collection
+# below still runs, and a phase with under 20 s left is skipped, said so.
+# Never wrap this script in an outer `timeout`: its kill would skip the EXIT
+# trap that brings the files back.
 # A device call runs what fits its 600 s; gpu-results.json joins the junits
 # of this invocation's phases (python -m benchmarks.collect_gpu_results) with
 # each test's seconds. It and gpu_scenarios.jsonl come back in $OUT; the
@@ -34,10 +42,16 @@ rc=0
 FLIGHT_COST=tests/gpu/test_cuda_flight.py::test_the_file_backed_ring_costs_within_budget
 FLIGHT_STEP=tests/gpu/test_cuda_flight.py::test_bf16_step_with_the_flight_recorder_within_2pct_of_native
 
+DEVICE_DEADLINE=${DEVICE_DEADLINE:-$(( $(date +%s) + 560 ))}
 suite() {  # suite NAME pytest-args...: one pytest process, its junit and log in $OUT
   local name=$1; shift
-  python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider "$@" --junitxml="$OUT/junit-$name.xml" > "$OUT/log-$name.txt" 2>&1
+  local left=$(( DEVICE_DEADLINE - $(date +%s) - 30 ))
+  if [ "$left" -lt 20 ]; then echo "-- $name: skipped, ${left} s left before the deadline"; return 1; fi
+  timeout -s INT -k 20 "$left" \
+    python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider "$@" --junitxml="$OUT/junit-$name.xml" > "$OUT/log-$name.txt" 2>&1
   local r=$?
+  [ "$r" -eq 124 ] && echo "-- $name: stopped at the deadline (SIGINT after ${left} s)"
+
   echo "-- $name: rc=$r $(tail -1 "$OUT/log-$name.txt")"
   return $r
 }
@@ -58,7 +72,8 @@ for phase in "$@"; do
     costs) suite costs "$FLIGHT_COST" "$FLIGHT_STEP" tests/gpu/test_cuda_step_time.py || rc=1 ;;
     planner) suite planner tests/gpu/test_cuda_planner.py || rc=1 ;;
     compat_timing) suite compat_timing tests/gpu/test_compat_timing.py || rc=1 ;;
-    *) echo "unknown phase $phase (lanes cuda expandable costs planner compat_timing)" >&2; exit 2 ;;
+    pair) suite pair tests/gpu/test_cuda.py::test_pair_cost_subclass_against_the_c_entry_route || rc=1 ;;
+    *) echo "unknown phase $phase (lanes cuda expandable costs planner compat_timing pair)" >&2; exit 2 ;;
   esac
   echo "== $phase took $(( $(date +%s) - start )) s"
 done
