@@ -240,6 +240,25 @@ def largest_that_fits(fits: Callable[[int], bool], start: int) -> int:
     return lo
 
 
+def largest_that_runs_long(runs_long: Callable[[int], bool], planned: int, largest: int) -> int:
+    """The largest batch from ``planned`` to ``largest`` (the largest that
+    runs a short trial, above the plan) that runs a long one (``runs_long``:
+    as many steps as the plan was made for; fragmentation that builds up
+    can stop a batch that ran the short trial), bisected; 0 when not even
+    the planned batch runs it."""
+    if not runs_long(planned):
+        return 0
+    if largest <= planned:
+        return planned
+    if runs_long(largest):
+        return largest
+    lo, hi = planned, largest
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if runs_long(mid) else (lo, mid)
+    return lo
+
+
 def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
     trials = []
 
@@ -254,6 +273,13 @@ def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> 
 
 
 def compare(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
+    """The search (trials of ``steps`` steps) and the plan, each timed.
+    The plan holds for the steps it was replayed for (``horizon``: the
+    probe's 1 + 2 and the replay's repeats); where the search's largest is
+    above the plan and the horizon is longer than a trial, the truth is the
+    largest batch between them that runs the horizon (``long``: a batch
+    that runs a short trial can run out of memory later, which the plan
+    counts and the short search does not)."""
     t0 = time.perf_counter()
     found = search(model, backend, budget_mb, steps, start)
     search_s = time.perf_counter() - t0
@@ -261,9 +287,23 @@ def compare(model: str, backend: str, budget_mb: int, steps: int, start: int) ->
     planned = run_worker(["plan", model, "--backend", backend, "--budget-mb", str(budget_mb)])
     plan_s = time.perf_counter() - t0
     truth = found["largest_batch"]
+    horizon = 1 + 2 + planned["repeats"]  # worker_plan's steps=2
+    long: dict = {}
+    if truth > planned["batch"] and horizon > steps:
+        tried: dict[int, bool] = {}
+
+        def runs_long(b: int) -> bool:
+            tried[b] = run_worker(["trial", model, str(b), "--steps", str(horizon), "--backend", backend,
+                                   "--budget-mb", str(budget_mb)])["ok"]
+            return tried[b]
+        t0 = time.perf_counter()
+        largest = largest_that_runs_long(runs_long, planned["batch"], truth)
+        long = {"steps": horizon, "largest_batch": largest, "planned_runs": tried[planned["batch"]],
+                "tried": sorted(tried.items()), "seconds": time.perf_counter() - t0}
+        truth = largest
     return {"model": model, "backend": backend, "budget_mb": budget_mb, "steps_per_trial": steps,
-            "search": found, "search_s": search_s, "plan": planned, "plan_s": plan_s,
-            "planned_over_found": planned["batch"] / truth if truth else None,
+            "search": found, "search_s": search_s, "plan": planned, "plan_s": plan_s, "long": long,
+            "truth": truth, "planned_over_found": planned["batch"] / truth if truth else None,
             "plan_time_share": plan_s / search_s}
 
 

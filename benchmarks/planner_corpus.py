@@ -198,16 +198,7 @@ def run_case(model: str, budget_mb: int, device: str, steps: int, start: Optiona
                                     else fresh_trial(model, budget_mb, batch, long_steps, backend))
             return long_seen[batch]
 
-        lo, hi = planned["batch"], largest + 1  # the largest below hi that runs long_steps, bisected
-        if not runs_long(lo):
-            lo = 0
-        elif runs_long(largest):
-            lo = largest
-        else:
-            hi = largest
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if runs_long(mid) else (lo, mid)
+        lo = plan_vs_search.largest_that_runs_long(runs_long, planned["batch"], largest)
         long = {"long_steps": long_steps, "largest_that_runs_long": lo, "planned_runs_long": long_seen[planned["batch"]],
                 "ratio_long": planned["batch"] / lo if lo else None, "tried_long": sorted(long_seen.items())}
     return {"model": model, "budget": budget_mb, "planned": planned["batch"], "largest_that_runs": largest,
