@@ -31,7 +31,7 @@ void* DeviceAllocator::malloc(size_t size, Stream stream, Caller caller) {
     if (config_.graph_capture_record_stream_reuse && events_.has_deferred())
       events_.reuse_in_capture(stream, to_free_list());
   } else if (!events_.idle()) {
-    process_events_locked();
+    events_.process(to_free_list());
   }
   bool from_cache = false;
   if (size > kMaxRequest) {

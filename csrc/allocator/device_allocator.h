@@ -32,21 +32,25 @@
 //     subscriber, with the public call's caller;
 //   Expandable (expandable.h): growth by mapping the room VmArena finds and
 //     release of free pages, over the parts above (references to them, not
-//     to this class; the capacity and the threshold policy as callbacks).
+//     to this class; the capacity and the threshold policy as callbacks);
+//   PoolCheckpoints (pool_checkpoints.h): a private pool's live-block check,
+//     checkpoint and restore (CUDA graph trees), over the parts above, this
+//     class's free path as callbacks.
 // This class orchestrates them: whatever changes blocks, free lists or the
-// counters across parts (growth and release of plain segments, the OOM
-// path, checkpoints and restores, the use_on_oom fallback) is here.
+// counters across parts (the fast path, growth and release of plain
+// segments, the OOM path and its use_on_oom fallback) is here.
 //
 // Files: allocator.cpp holds the fast path (malloc/free of cached blocks),
 // growth.cpp the slow path (growth, release, OOM, empty_cache, segments),
 // validate.cpp validate(), stream_uses.cpp record_stream and the
-// StreamEvents part, pool_calls.cpp the private pools' work on blocks (the
-// use_on_oom fallback, live-block checks, checkpoints of a pool and their
-// restores: CUDA graph trees), expandable.cpp the Expandable part,
+// StreamEvents part, views.cpp the read-only views of blocks (the largest
+// free block, the segment of a pointer), pool_checkpoints.cpp the
+// PoolCheckpoints part, expandable.cpp the Expandable part,
 // messages.cpp the errors' words, subscriber.cpp set_subscriber.
-// One part the boundary drives directly, under this lock (with_pools):
-// PrivatePools (create, routes, release, use counts, flags); with_limits
-// and with_accounting reach Limits and the counters the same way.
+// Parts the boundary drives directly, under this lock: PrivatePools
+// (with_pools: create, routes, release, use counts, flags) and
+// PoolCheckpoints (with_checkpoints); with_limits and with_accounting
+// reach Limits and the counters the same way.
 //
 // Capture: while any route is open (capturing() is true) the allocator makes
 // no call that a CUDA stream capture forbids: it queries and synchronizes no
@@ -85,6 +89,7 @@
 #include "accounting/accounting.h"
 #include "allocator/event_sink.h"
 #include "allocator/expandable.h"
+#include "allocator/pool_checkpoints.h"
 #include "allocator/subscriber.h"
 #include "backend/backend.h"
 #include "pool/block.h"
@@ -184,26 +189,35 @@ class DeviceAllocator {
     auto it = live_.find(ptr);
     return f(it != live_.end() ? it->second->id : Subscriber::Id{0});
   }
-  // The limits (limits.h): the memory fraction set (fraction(), its cap()),
-  // the threshold policy (set_gc_threshold, gc_threshold). Setting the
-  // fraction reads the device's total bytes: set_memory_fraction.
+  // The limits (limits.h): the memory fraction (set_fraction with the
+  // device's total bytes, mem_get_info().total; fraction(), its cap()), the
+  // threshold policy (set_gc_threshold, gc_threshold: before a new segment
+  // would take reserved bytes above threshold * limit, every fully free
+  // cached segment is released; it starts at
+  // config.garbage_collection_threshold).
   template <class F>
   decltype(auto) with_limits(F&& f) {
     std::lock_guard<std::mutex> lock(mu_);
     return f(limits_);
   }
 
-  // ---- private pools' blocks (pool_calls.cpp) --------------------------------
-  // True iff the live blocks of `pool` are exactly the pointers in `expected`
-  // (torch's checkPoolLiveAllocations). False for an unknown pool.
-  bool pool_live_blocks_are(PoolId pool, const std::vector<void*>& expected);
-  // The layout of `pool` (InvalidArgument for an unknown pool).
-  PoolState checkpoint_pool(PoolId pool);
-  // Puts `pool` back as `state` recorded it: frees every block live in the
-  // pool now, then makes the blocks that were live then live again at the
-  // same addresses and sizes. Throws InvalidArgument when a segment of the
-  // state is no longer the pool's (nothing is changed then).
-  PoolRestore restore_pool(const PoolState& state, Caller caller = nullptr);
+  // The private pools' blocks (pool_checkpoints.h: torch's
+  // checkPoolLiveAllocations, a pool's checkpoint and its restore, for CUDA
+  // graph trees): f(PoolCheckpoints&) under the lock, the part made over
+  // this device's parts with this allocator's free path as its callbacks;
+  // `caller` is handed to the subscriber for what a restore frees and makes
+  // live.
+  template <class F>
+  decltype(auto) with_checkpoints(F&& f, Caller caller = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const EventSink::CallerScope scope(sink_, caller);
+    PoolCheckpoints part(blocks_, live_, segments_, events_, pools_, sink_, allocations_,
+                         [this](Block* b) { free_live_locked(live_.find(b->addr)); },
+                         [this] { events_.synchronize(to_free_list()); });
+    return f(part);
+  }
+
+  // ---- read-only views (views.cpp) ----------------------------------------------
   // Size of the largest free cached block, private pools included (bytes;
   // native's cacheInfo counts them too).
   size_t largest_free_block();
@@ -214,12 +228,6 @@ class DeviceAllocator {
   // device starts at ptr.
   bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr,
                   size_t* block_bytes = nullptr, size_t* page = nullptr);
-  // Caps reserved bytes at fraction * device capacity (0 <= fraction <= 1;
-  // limits.h). Reading it back, and the threshold policy (set_gc_threshold:
-  // before a new segment would take reserved bytes above threshold * limit,
-  // every fully free cached segment is released; it starts at
-  // config.garbage_collection_threshold): with_limits.
-  void set_memory_fraction(double fraction);
 
   // torch.cuda.memory._set_allocator_settings at run time: the settings of
   // `from` that torch lets a running allocator change (max_split_size,
@@ -253,7 +261,6 @@ class DeviceAllocator {
   void* alloc_found_locked(Block* b, bool from_cache, size_t size, size_t requested);
   // `at_once`: the free completes in the call that requested it.
   void free_block_locked(Block* b, bool at_once = false);
-  using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
   // The caller freed the live block at `it`.
   void free_live_locked(LiveTable::iterator it);
   // growth.cpp
@@ -269,25 +276,15 @@ class DeviceAllocator {
   size_t capacity_locked() {
     return limits_.capacity([this] { return backend_.mem_get_info(device_).total; });
   }
-  // May reserved bytes grow by `bytes` within the memory fraction?
-  bool admits_locked(size_t bytes) const {
-    return limits_.admits(sink_.reserved_bytes(), bytes);
-  }
   // Releases the fully free segments of `only` (a private pool), or of the
   // default pool and every freeable private pool when `only` is nullptr.
   size_t release_cached_locked(PrivatePool* only = nullptr);
   bool release_segment_locked(Block* b);
-  // Every mapped block (live, pending, free) by address.
-  std::map<std::uintptr_t, Block*> blocks_by_addr_locked();
   // The free lists of the default pool and of every private pool.
   std::vector<FreeLists*> all_free_lists_locked() { return pools_.all_free_lists(blocks_.lists(nullptr)); }
-  // pool_calls.cpp
-  Block* take_from_oom_pools_locked(size_t rounded, Stream stream);
-  void restore_segment_locked(const SegmentState& seg, PrivatePool* pool, PoolRestore* out);
-  // stream_uses.cpp: the StreamEvents part's completions go to their free
-  // lists (to_free_list); never while capturing().
-  void process_events_locked();
-  void synchronize_events_locked();
+  // Where the StreamEvents part's completed blocks go (events_.process,
+  // synchronize, reuse_in_capture): their free lists; never while a route
+  // is open.
   auto to_free_list() {
     return [this](Block* b) { free_block_locked(b); };
   }
@@ -314,5 +311,14 @@ class DeviceAllocator {
   uint64_t allocations_ = 0;  // blocks made live so far (malloc, restore): the arena's clock (vm_arena.h)
   Limits limits_;  // the memory fraction, the threshold policy, the capacity
 };
+
+// Caps `a`'s reserved bytes at fraction * the device's total bytes
+// (0 <= fraction <= 1; limits.h), through its public calls: the fraction is
+// checked before the backend is asked for the total (InvalidArgument).
+inline void set_memory_fraction(DeviceAllocator& a, double fraction) {
+  Limits::check_fraction(fraction);
+  const size_t total = a.mem_get_info().total;
+  a.with_limits([&](Limits& limits) { limits.set_fraction(fraction, total); });
+}
 
 }  // namespace memalloc

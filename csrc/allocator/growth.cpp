@@ -27,7 +27,7 @@ DeviceAllocator::~DeviceAllocator() {
 Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* owner) {
   const size_t bytes = segment_size_for(rounded);
   maybe_collect_locked(bytes);
-  if (!admits_locked(bytes)) return nullptr;
+  if (!limits_.admits(sink_.reserved_bytes(), bytes)) return nullptr;
   void* p = owner != nullptr && owner->source ? owner->source->allocate(bytes, stream)
                                               : backend_.allocate(device_, bytes);
   if (p == nullptr) return nullptr;
@@ -87,7 +87,7 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
     b = grow();
   }
   if (b == nullptr && fits && owner == nullptr) {
-    b = take_from_oom_pools_locked(rounded, stream);
+    b = pools_.oom_fallback(rounded, stream, config_.max_split_size);
     *from_cache = b != nullptr;
   }
   if (b != nullptr) return b;
@@ -131,7 +131,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   Event sync;
   sync.action = Action::kSyncAllStreams;
   sink_.record(sync);
-  synchronize_events_locked();
+  events_.synchronize(to_free_list());
   std::vector<FreeLists*> sources;
   if (only != nullptr) {
     sources.push_back(&only->lists);
@@ -176,12 +176,6 @@ size_t DeviceAllocator::empty_pool_cache(PoolId id, Caller caller) {
   return released;
 }
 
-void DeviceAllocator::set_memory_fraction(double fraction) {
-  Limits::check_fraction(fraction);  // before any call to the backend
-  std::lock_guard<std::mutex> lock(mu_);
-  limits_.set_fraction(fraction, backend_.mem_get_info(device_).total);
-}
-
 void DeviceAllocator::apply_settings(const Config& from) {
   std::lock_guard<std::mutex> lock(mu_);
   config_.max_split_size = from.max_split_size;
@@ -217,19 +211,9 @@ bool DeviceAllocator::owns(void* ptr) {
   return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
 }
 
-std::map<std::uintptr_t, Block*> DeviceAllocator::blocks_by_addr_locked() {
-  std::map<std::uintptr_t, Block*> blocks;
-  for (auto& kv : live_) blocks.emplace(kv.first, kv.second);
-  events_.for_each_waiting([&](Block* b) { blocks.emplace(b->addr, b); });
-  for (FreeLists* l : all_free_lists_locked())
-    for (FreeList* list : {&l->small, &l->large})
-      for (Block* b : list->blocks()) blocks.emplace(b->addr, b);
-  return blocks;
-}
-
 std::vector<SegmentInfo> DeviceAllocator::segments() {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::map<std::uintptr_t, Block*> blocks = blocks_by_addr_locked();
+  const std::map<std::uintptr_t, Block*> blocks = mapped_blocks(live_, events_, all_free_lists_locked());
   std::vector<SegmentInfo> out;
   for (auto& seg : segments_) {
     const PoolId owner = seg.second.owner != nullptr ? seg.second.owner->id : kDefaultPool;

@@ -21,14 +21,6 @@ void DeviceAllocator::record_stream(void* ptr, Stream stream) {
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
-void DeviceAllocator::process_events_locked() {
-  events_.process(to_free_list());
-}
-
-void DeviceAllocator::synchronize_events_locked() {
-  events_.synchronize(to_free_list());
-}
-
 StreamEvents::~StreamEvents() {
   for (const Pending& p : pending_) backend_.destroy_event(device_, p.event);
   for (EventHandle e : spare_) backend_.destroy_event(device_, e);

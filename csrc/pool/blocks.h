@@ -18,7 +18,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory_resource>
 #include <new>
+#include <unordered_map>
 
 #include "pool/block.h"
 #include "pool/events.h"
@@ -26,6 +29,10 @@
 #include "pool/private_pool.h"
 
 namespace memalloc {
+
+// The live blocks by address: the allocator's table (its nodes from
+// Blocks::resource()).
+using LiveTable = std::pmr::unordered_map<std::uintptr_t, Block*>;
 
 class Blocks {
  public:

@@ -75,6 +75,16 @@ void PrivatePools::delete_unused() {
   }
 }
 
+Block* PrivatePools::oom_fallback(size_t rounded, Stream stream, size_t max_split_size) const {
+  for (const auto& kv : pools_) {
+    PrivatePool& p = *kv.second;
+    if (!p.use_on_oom) continue;
+    Block* b = p.lists.of(pool_kind_for(rounded)).best_fit(stream, rounded, max_split_size);
+    if (b != nullptr) return b;
+  }
+  return nullptr;
+}
+
 std::vector<FreeLists*> PrivatePools::all_free_lists(FreeLists& default_lists) const {
   std::vector<FreeLists*> all{&default_lists};
   for (auto& kv : pools_) all.push_back(&kv.second->lists);

@@ -7,8 +7,9 @@
 // open route whose filter accepts the stream), creates, counts and deletes
 // pools, and checks the callers' mistakes with the messages Python tests
 // match. It changes no block, free list content or counter: the work on
-// blocks (checkpoints, restores, releases of segments, the use_on_oom
-// fallback) is DeviceAllocator's, which calls this part.
+// blocks is DeviceAllocator's (releases of segments) and PoolCheckpoints'
+// (allocator/pool_checkpoints.h: checkpoints and restores); oom_fallback()
+// only finds the block that the allocator then takes.
 //
 // Invariants:
 //   * Every key is its pool's id, never kDefaultPool (the default pool is
@@ -101,6 +102,11 @@ class PrivatePools {
   size_t size() const { return pools_.size(); }
   // `default_lists` (the default pool's), then every pool's, in id order.
   std::vector<FreeLists*> all_free_lists(FreeLists& default_lists) const;
+  // The use_on_oom fallback: the best-fitting free block of `rounded` bytes
+  // on `stream` in the first use_on_oom pool that has one (in id order;
+  // FreeList::best_fit under max_split_size), for a default-pool
+  // allocation that could not grow; nullptr when none has.
+  Block* oom_fallback(size_t rounded, Stream stream, size_t max_split_size) const;
 
   // Checks the invariants above: check(condition, what is wrong).
   template <class Check>

@@ -194,14 +194,14 @@ void bind_pools(py::module_& t) {
              std::vector<void*> expected;
              for (uintptr_t p : ints(ptrs, "ptrs")) expected.push_back(reinterpret_cast<void*>(p));
              py::gil_scoped_release nogil;
-             return a->device(device).pool_live_blocks_are(id, expected);
+             return a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.live_blocks_are(id, expected); });
            },
            py::arg("allocator"), py::arg("pool"), py::arg("ptrs"), py::arg("device") = 0)
       .def("checkpoint_pool",
            [](pyargs::AllocatorArg a, py::object pool, Device device) {
              const PoolId id = pool_id(pool);
              py::gil_scoped_release nogil;
-             return a->device(device).checkpoint_pool(id);
+             return a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.checkpoint(id); });
            },
            py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
       .def("restore_pool",
@@ -214,7 +214,7 @@ void bind_pools(py::module_& t) {
              {
                py::gil_scoped_release nogil;
                const CallContext caller = AllocatorRegistry::instance().thread_context();
-               r = a->device(device).restore_pool(s, &caller);
+               r = a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.restore(s); }, &caller);
              }
              std::vector<uintptr_t> freed, allocated;
              for (void* p : r.freed) freed.push_back(reinterpret_cast<uintptr_t>(p));

@@ -188,7 +188,7 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("device") = 0, NoGil())
       .def("set_memory_fraction",
-           [](CachingAllocator& a, FractionArg f, Device device) { a.device(device).set_memory_fraction(f); },
+           [](CachingAllocator& a, FractionArg f, Device device) { set_memory_fraction(a.device(device), f); },
            py::arg("fraction"), py::arg("device") = 0, NoGil())
       .def("memory_fraction",
            [](CachingAllocator& a, Device device) {

@@ -89,7 +89,7 @@ void memalloc_reset() noexcept {
 
 void memalloc_memory_fraction(double fraction, int device) {
   try {
-    memalloc::installed_or_throw().device(device).set_memory_fraction(fraction);
+    memalloc::set_memory_fraction(memalloc::installed_or_throw().device(device), fraction);
   } catch (...) {
     memalloc::rethrow_for_torch(__func__);
   }

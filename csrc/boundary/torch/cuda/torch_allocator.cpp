@@ -145,7 +145,7 @@ class TorchCudaAllocator final : public Pluggable {
     return f >= 0.0 ? f : 1.0;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    guard([&] { core_->device(device).set_memory_fraction(fraction); });
+    guard([&] { set_memory_fraction(core_->device(device), fraction); });
   }
   void emptyCache(c10::MempoolId_t pool) override {
     TorchHistory::Scope frames(history_.gather(cda::RecordContext::ALL));  // segment frees carry empty_cache's frames
@@ -250,13 +250,17 @@ class TorchCudaAllocator final : public Pluggable {
                                 const std::unordered_set<void*>& expected) override {
     bool same = false;
     guard([&] {
-      same = core_->device(device).pool_live_blocks_are(pool, std::vector<void*>(expected.begin(), expected.end()));
+      const std::vector<void*> ptrs(expected.begin(), expected.end());
+      same = core_->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.live_blocks_are(pool, ptrs); });
     });
     return same;
   }
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t pool) override {
     std::shared_ptr<cca::AllocatorState> out;
-    guard([&] { out = std::make_shared<PoolCheckpoint>(device, core_->device(device).checkpoint_pool(pool)); });
+    guard([&] {
+      PoolState state = core_->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.checkpoint(pool); });
+      out = std::make_shared<PoolCheckpoint>(device, std::move(state));
+    });
     return out;
   }
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
@@ -268,7 +272,7 @@ class TorchCudaAllocator final : public Pluggable {
     PoolRestore r;
     guard([&] {
       const CallContext ctx = AllocatorRegistry::instance().thread_context();
-      r = core_->device(device).restore_pool(cp->state, &ctx);
+      r = core_->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.restore(cp->state); }, &ctx);
     });
     cca::CheckpointDelta delta;
     delta.ptrs_freed = std::move(r.freed);

@@ -1,31 +1,26 @@
-// pool_calls.cpp — DeviceAllocator's private-pool work on blocks: the
-// use_on_oom fallback, live-block checks, and checkpoints of a pool and
-// their restores (CUDA graph trees). Creation and use counts, routes (graph
-// capture, use_mem_pool) and their checks are the PrivatePools part's
-// (private_pools.h), which the boundary drives through with_pools.
-// Invariants: private_pools.h, private_pool.h and device_allocator.h.
-#include <algorithm>
+// pool_checkpoints.cpp — the PoolCheckpoints part (pool_checkpoints.h: what
+// it does and its invariants).
+#include "allocator/pool_checkpoints.h"
+
+#include <string>
 #include <unordered_set>
 
-#include "allocator/device_allocator.h"
 #include "common/errors.h"
 
 namespace memalloc {
 
-// The smallest fitting free block of a use_on_oom pool, for a default-pool
-// allocation that could not grow.
-Block* DeviceAllocator::take_from_oom_pools_locked(size_t rounded, Stream stream) {
-  for (auto& kv : pools_) {
-    PrivatePool& p = *kv.second;
-    if (!p.use_on_oom) continue;
-    Block* b = p.lists.of(pool_kind_for(rounded)).best_fit(stream, rounded, config_.max_split_size);
-    if (b != nullptr) return b;
-  }
-  return nullptr;
+std::map<std::uintptr_t, Block*> mapped_blocks(const LiveTable& live, const StreamEvents& events,
+                                                const std::vector<FreeLists*>& free_lists) {
+  std::map<std::uintptr_t, Block*> blocks;
+  for (auto& kv : live) blocks.emplace(kv.first, kv.second);
+  events.for_each_waiting([&](Block* b) { blocks.emplace(b->addr, b); });
+  for (FreeLists* l : free_lists)
+    for (FreeList* list : {&l->small, &l->large})
+      for (Block* b : list->blocks()) blocks.emplace(b->addr, b);
+  return blocks;
 }
 
-bool DeviceAllocator::pool_live_blocks_are(PoolId id, const std::vector<void*>& expected) {
-  std::lock_guard<std::mutex> lock(mu_);
+bool PoolCheckpoints::live_blocks_are(PoolId id, const std::vector<void*>& expected) const {
   PrivatePool* pool = pools_.find(id);
   if (pool == nullptr) return false;
   std::unordered_set<void*> distinct(expected.begin(), expected.end());
@@ -37,43 +32,9 @@ bool DeviceAllocator::pool_live_blocks_are(PoolId id, const std::vector<void*>& 
   return true;
 }
 
-size_t DeviceAllocator::largest_free_block() {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t largest = 0;
-  for (FreeLists* l : all_free_lists_locked())
-    for (FreeList* list : {&l->small, &l->large})
-      for (const Block* b : list->blocks()) largest = std::max(largest, b->size);
-  return largest;
-}
-
-bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable,
-                                 size_t* block_bytes, size_t* page) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto live = live_.find(addr);
-  if (live == live_.end()) return false;
-  const Block* b = live->second;
-  if (expandable != nullptr) *expandable = b->vm != nullptr;
-  if (block_bytes != nullptr) *block_bytes = b->size;
-  if (b->vm != nullptr) {  // its mapped run
-    if (page != nullptr) *page = b->vm->page;
-    const Block* first = b;
-    while (first->prev != nullptr && first->prev->mapped) first = first->prev;
-    *base = first->addr;
-    *bytes = 0;
-    for (const Block* m = first; m != nullptr && m->mapped; m = m->next) *bytes += m->size;
-    return true;
-  }
-  auto it = segments_.containing(addr);  // a live block lies in a segment
-  *base = it->first;
-  *bytes = it->second.bytes;
-  return true;
-}
-
-PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+PoolState PoolCheckpoints::checkpoint(PoolId id) const {
   PrivatePool& pool = pools_.get(id, "checkpoint_pool");
-  const std::map<std::uintptr_t, Block*> blocks = blocks_by_addr_locked();
+  const std::map<std::uintptr_t, Block*> blocks = mapped_blocks(live_, events_, {&pool.lists});
   PoolState state;
   state.id = id;
   for (auto& seg : segments_) {
@@ -88,9 +49,7 @@ PoolState DeviceAllocator::checkpoint_pool(PoolId id) {
   return state;
 }
 
-PoolRestore DeviceAllocator::restore_pool(const PoolState& state, Caller caller) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const EventSink::CallerScope scope(sink_, caller);
+PoolRestore PoolCheckpoints::restore(const PoolState& state) {
   PrivatePool& pool = pools_.get(state.id, "restore_pool");
   for (const SegmentState& s : state.segments) {
     auto it = segments_.find(s.addr);
@@ -106,25 +65,23 @@ PoolRestore DeviceAllocator::restore_pool(const PoolState& state, Caller caller)
   for (Block* b : live) {
     b->stream_uses.clear();  // the graph's owner is done with them: freed at once
     out.freed.push_back(reinterpret_cast<void*>(b->addr));
-    free_live_locked(live_.find(b->addr));
+    free_live_(b);
   }
-  if (events_.any_waiting([&](const Block* b) { return b->owner == &pool; })) synchronize_events_locked();
+  if (events_.any_waiting([&](const Block* b) { return b->owner == &pool; })) wait_pending_();
   // 2. Every segment of the state is now one free block: cut it as it was.
-  for (const SegmentState& s : state.segments) restore_segment_locked(s, &pool, &out);
+  for (const SegmentState& s : state.segments) restore_segment(s, &pool, &out);
   return out;
 }
 
-// Replaces the single free block spanning segment `s` by the blocks of `s`
-// (adjacent free ones merged); the allocated ones become live.
-void DeviceAllocator::restore_segment_locked(const SegmentState& s, PrivatePool* pool, PoolRestore* out) {
+void PoolCheckpoints::restore_segment(const SegmentState& s, PrivatePool* pool, PoolRestore* out) {
+  FreeList& list = blocks_.lists(pool).of(s.kind);
   Block* whole = nullptr;
-  for (Block* b : blocks_.lists(pool).of(s.kind).blocks())
+  for (Block* b : list.blocks())
     if (b->addr == s.addr) whole = b;
   if (whole == nullptr || whole->size != s.size) {
     throw Error("memalloc invariant broken: segment " + std::to_string(s.addr) +
                 " is not one free block after its pool's blocks were freed");
   }
-  FreeList& list = blocks_.lists(pool).of(s.kind);
   list.erase(whole);  // a whole segment: no inactive_split contribution
   blocks_.destroy(whole);
   // Merge adjacent free entries (a pending block recorded as free).
