@@ -49,7 +49,10 @@ ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
               "memalloc_flight",
               # native under a second name: two native processes in lockstep measure
               # the benchmark's own noise (an A/A control, benchmarks/lockstep.py)
-              "native_control")
+              "native_control",
+              # memalloc's default without call sites (no Python stack per
+              # allocation: MEMALLOC_CONF=call_sites:False), to weigh their cost in a step
+              "memalloc_nosites")
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
 GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16",
           # lockstep workers (benchmarks/lockstep.py): one step per "step" line of the bf16
@@ -74,6 +77,7 @@ ENV = {
     "memalloc_expandable_noipc": {"MEMALLOC_CONF": "expandable_segments:True",
                                   "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC": "0"},
     "memalloc_expandable_noreuse": {"MEMALLOC_CONF": "expandable_segments:True,reuse_free_pages:False"},
+    "memalloc_nosites": {"MEMALLOC_CONF": "call_sites:False"},
 }
 
 
