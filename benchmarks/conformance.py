@@ -36,7 +36,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = {"cuda": "test_cuda.py", "trees": "inductor/test_cudagraph_trees.py"}
@@ -253,7 +252,7 @@ def merge(paths: list, out: Path) -> dict:
     return result
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", type=Path, default=REPO / "upstream" / "test")
     p.add_argument("--out", type=Path, required=True)

@@ -44,7 +44,6 @@ import sys
 import types
 import unittest
 
-
 MODE = os.environ.get("MEMALLOC_CONFORMANCE_MODE", "native")
 SELECT = os.environ.get("MEMALLOC_CONFORMANCE_SELECT", "")
 NATIVE_SETTINGS = os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS", "")

@@ -40,9 +40,10 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Union
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = REPO / "csrc"
@@ -73,7 +74,7 @@ def _in_core(path: Path) -> bool:
     return path.relative_to(CSRC).parts[0] != "boundary"
 
 
-def core_sources() -> List[Path]:
+def core_sources() -> list[Path]:
     """The core's translation units (csrc/**/*.cpp outside boundary/), sorted."""
     return sorted(p for p in CSRC.rglob("*.cpp") if _in_core(p))
 
@@ -125,7 +126,7 @@ def _fingerprint(cxx: str, version: str, flag_groups: Sequence[Sequence[str]], s
 
 def build_executable(name: str, extra_sources: Sequence[PathLike], out_dir: PathLike, flags: Sequence[str], *,
                      compile_flags: Sequence[str] = (), libs: Sequence[str] = DEFAULT_LIBS,
-                     rebuild: bool = False, jobs: Optional[int] = None) -> Built:
+                     rebuild: bool = False, jobs: int | None = None) -> Built:
     """Compiles the core plus extra_sources (one of them defines main) into
     out_dir/name. ``flags`` go to every compile and to the link,
     ``compile_flags`` (warnings, say) to the compiles only, ``libs`` after the
@@ -149,7 +150,7 @@ def build_executable(name: str, extra_sources: Sequence[PathLike], out_dir: Path
     obj_dir.mkdir(parents=True, exist_ok=True)
     objs = [obj_dir / (s.stem + ".o") for s in sources]
 
-    def compile_one(job: Tuple[Path, Path]) -> subprocess.CompletedProcess:
+    def compile_one(job: tuple[Path, Path]) -> subprocess.CompletedProcess:
         src, obj = job
         return _run([cxx, *flags, *compile_flags, "-I", str(CSRC), "-c", str(src), "-o", str(obj)],
                     f"compiling {_display(src)}")
@@ -168,7 +169,7 @@ def build_executable(name: str, extra_sources: Sequence[PathLike], out_dir: Path
     return Built(binary, cxx, version, cached=False, seconds=round(time.monotonic() - t0, 2), warnings=warnings)
 
 
-def probe(flags: Sequence[str], work_dir: PathLike) -> Optional[str]:
+def probe(flags: Sequence[str], work_dir: PathLike) -> str | None:
     """None when the compiler builds and links a hello-world with ``flags``
     (a sanitizer's runtime is there, say); else what the compiler printed."""
     work_dir = Path(work_dir)

@@ -42,8 +42,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
 
 from . import core_build
 
@@ -98,7 +98,7 @@ def pair_name(size: int) -> str:
 
 
 # Instruction-count workloads: name -> bench_core arguments after "callgrind".
-def callgrind_workloads(ops: int = CALLGRIND_OPS) -> Dict[str, List[str]]:
+def callgrind_workloads(ops: int = CALLGRIND_OPS) -> dict[str, list[str]]:
     w = {"random": ["random", str(ops)]}
     for s in PAIR_SIZES:
         w[pair_name(s)] = ["pair", str(s), str(ops)]
@@ -112,8 +112,8 @@ def callgrind_workloads(ops: int = CALLGRIND_OPS) -> Dict[str, List[str]]:
 
 
 # ------------------------------------------------------------------ build ----
-def build(build_dir: Optional[Path] = None, rebuild: bool = False, jobs: Optional[int] = None,
-          log: Callable[[str], None] = print) -> Dict[str, object]:
+def build(build_dir: Path | None = None, rebuild: bool = False, jobs: int | None = None,
+          log: Callable[[str], None] = print) -> dict[str, object]:
     """Compiles bench_core into build_dir with benchmarks/core_build.py (which
     reuses the binary when compiler, flags and every source are unchanged).
     Returns {binary, compiler, compiler_version, flags, link, seconds, cached,
@@ -145,14 +145,14 @@ def parse_bench_output(proc: subprocess.CompletedProcess, what: str) -> dict:
     return doc
 
 
-def timing_args(repeats: int, counts: Optional[Dict[str, int]] = None) -> List[str]:
+def timing_args(repeats: int, counts: dict[str, int] | None = None) -> list[str]:
     args = ["timing", "--repeats", str(repeats)]
     for k, v in (counts or TIMING_COUNTS).items():
         args += [f"--{k}", str(v)]
     return args
 
 
-def run_timings(binary: str, repeats: int, counts: Optional[Dict[str, int]] = None,
+def run_timings(binary: str, repeats: int, counts: dict[str, int] | None = None,
                 timeout: float = 300) -> dict:
     try:
         proc = subprocess.run([binary, *timing_args(repeats, counts)], capture_output=True, text=True,
@@ -205,14 +205,14 @@ def summarize_timings(raw: dict) -> dict:
 
 
 # -------------------------------------------------------------- callgrind ----
-def valgrind_version() -> Optional[str]:
+def valgrind_version() -> str | None:
     exe = shutil.which("valgrind")
     if not exe:
         return None
     return subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def _callgrind_one(binary: str, name: str, args: List[str], workdir: Path) -> dict:
+def _callgrind_one(binary: str, name: str, args: list[str], workdir: Path) -> dict:
     out_file = workdir / f"callgrind.{name}.out"
     out_file.unlink(missing_ok=True)  # never read a stale total
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", "--collect-atstart=no",
@@ -241,8 +241,8 @@ def _callgrind_one(binary: str, name: str, args: List[str], workdir: Path) -> di
             "output": display_path(out_file)}
 
 
-def run_callgrind(binary: str, workloads: Optional[Dict[str, List[str]]] = None, out_dir: Optional[Path] = None,
-                  jobs: Optional[int] = None) -> Dict[str, dict]:
+def run_callgrind(binary: str, workloads: dict[str, list[str]] | None = None, out_dir: Path | None = None,
+                  jobs: int | None = None) -> dict[str, dict]:
     """Instructions per op of each workload, one valgrind run each (in
     parallel: the counts do not depend on timing). The callgrind output files
     stay in out_dir (default build/cpu_bench/callgrind) for callgrind_annotate."""
@@ -258,20 +258,20 @@ def run_callgrind(binary: str, workloads: Optional[Dict[str, List[str]]] = None,
 
 
 # --------------------------------------------------------------- baseline ----
-def load_baseline(path: Path = BASELINE_PATH) -> Optional[dict]:
+def load_baseline(path: Path = BASELINE_PATH) -> dict | None:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         return None
 
 
-def baseline_figures(baseline: Optional[dict]) -> Dict[str, float]:
+def baseline_figures(baseline: dict | None) -> dict[str, float]:
     if not baseline:
         return {}
     return {k: float(v["ir_per_op"]) for k, v in baseline.get("workloads", {}).items()}
 
 
-def compare_to_baseline(measured: Dict[str, float], baseline: Dict[str, float],
+def compare_to_baseline(measured: dict[str, float], baseline: dict[str, float],
                         tolerance: float = TOLERANCE) -> dict:
     """measured / baseline instructions per op, per workload.
 
@@ -304,7 +304,7 @@ def compare_to_baseline(measured: Dict[str, float], baseline: Dict[str, float],
     return {"ok": not failures, "tolerance": tolerance, "rows": rows, "failures": failures, "notes": notes}
 
 
-def write_baseline(path: Path, figures: Dict[str, dict], build_info: dict, valgrind: Optional[str],
+def write_baseline(path: Path, figures: dict[str, dict], build_info: dict, valgrind: str | None,
                    command: str, reason: str) -> dict:
     doc = {
         "description": "Instructions (valgrind callgrind Ir) per op of bench_core's measured region "
@@ -359,8 +359,8 @@ def machine_info() -> dict:
             "libc": " ".join(platform.libc_ver()), "python": platform.python_version()}
 
 
-def format_table(summary: Optional[dict], callgrind: Optional[Dict[str, dict]],
-                 comparison: Optional[dict]) -> str:
+def format_table(summary: dict | None, callgrind: dict[str, dict] | None,
+                 comparison: dict | None) -> str:
     names = list(callgrind_workloads())
     threads = summary["threads"] if summary else 8
     cmp_rows = {r["workload"]: r for r in (comparison or {}).get("rows", [])}
@@ -434,7 +434,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] = (), command: Optional[str] = None) -> int:
+def main(argv: Sequence[str] = (), command: str | None = None) -> int:
     args = parse_args(argv)
     if command is None:
         command = "python -m benchmarks.cpu_suite " + " ".join(shlex.quote(a) for a in argv)
@@ -498,7 +498,7 @@ def main(argv: Sequence[str] = (), command: Optional[str] = None) -> int:
     print()
 
     # Notes first, the verdict last.
-    verdict: List[str] = []
+    verdict: list[str] = []
     rc = 0
     if comparison is not None:
         for n in comparison["notes"]:

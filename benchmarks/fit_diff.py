@@ -20,7 +20,6 @@ import json
 import pickle
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
 
 MiB = 1 << 20
 
@@ -40,7 +39,7 @@ class Timeline:
     allocated_at: list = field(default_factory=list)
     peak_reserved: int = 0
     peak_allocated: int = 0
-    last: Optional[dict] = None
+    last: dict | None = None
 
 
 def timeline(snapshot: dict, device: int = 0) -> Timeline:
@@ -77,7 +76,7 @@ def timeline(snapshot: dict, device: int = 0) -> Timeline:
     return t
 
 
-def first_difference(a: list, b: list) -> Optional[int]:
+def first_difference(a: list, b: list) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i

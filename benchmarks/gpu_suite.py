@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Optional
 
 from .gpu_worker import ALLOCATORS, DEFAULT_ALLOCATORS, GROUPS, PAIR_SIZES, RECORDING_MODES
 
@@ -104,7 +103,7 @@ def ratios(med: dict, baseline: str = "native") -> dict:
     return {alloc: {k: v / base[k] for k, v in m.items() if base.get(k)} for alloc, m in med.items()}
 
 
-def fmt(metric_unit: str, v: Optional[float]) -> str:
+def fmt(metric_unit: str, v: float | None) -> str:
     if v is None:
         return "—"
     if metric_unit == "GiB":

@@ -28,7 +28,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 MODES = ("native", "expandable", "memalloc")
 CASES = ("fresh16", "fresh64x256", "train")
@@ -160,7 +161,7 @@ def summarize(runs: Sequence[dict]) -> dict:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", nargs=2, metavar=("MODE", "CASE"))
     p.add_argument("--cases", default=",".join(CASES))

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 READY, STEP, STOP = "ready", "step", "stop"
 
@@ -77,7 +77,7 @@ def serve(step: Callable[[], None], warmup: int = 3, sync: Callable[[], None] = 
 
 
 class _Worker:
-    def __init__(self, label: str, argv: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str]):
+    def __init__(self, label: str, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None):
         self.label = label
         self.err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker never blocks on it
         self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -116,8 +116,8 @@ class _Worker:
         self.err.close()
 
 
-def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Optional[Mapping[str, str]] = None,
-             cwd: Optional[str] = None) -> dict:
+def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> dict:
     """Runs the two ``workers`` ({label: argv}; the first is the baseline)
     in lockstep for ``steps`` pairs of steps. Returns ``ratio`` (the median
     over pairs of the second's ms / the first's), ``ratios`` (every pair's),
@@ -126,8 +126,8 @@ def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Optional[Map
     return crowd(workers, steps, alive=1, env=env, cwd=cwd)[0]
 
 
-def crowd(workers: Mapping[str, Sequence[str]], steps: int, alive: int = 1, env: Optional[Mapping[str, str]] = None,
-          cwd: Optional[str] = None) -> list:
+def crowd(workers: Mapping[str, Sequence[str]], steps: int, alive: int = 1, env: Mapping[str, str] | None = None,
+          cwd: str | None = None) -> list:
     """``alive`` pairs of the two ``workers`` ({label: argv}; the first is
     the baseline) alive at once, started and warmed up together, then
     ``steps`` rounds in which every process takes one step, one process at a
@@ -173,7 +173,7 @@ def crowd(workers: Mapping[str, Sequence[str]], steps: int, alive: int = 1, env:
 
 
 def pooled(workers: Mapping[str, Sequence[str]], process_pairs: int, steps: int,
-           env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, alive: int = 1) -> dict:
+           env: Mapping[str, str] | None = None, cwd: str | None = None, alive: int = 1) -> dict:
     """``process_pairs`` pairs of fresh workers, ``steps`` pairs of steps
     each, ``alive`` pairs at once (:func:`crowd`; 1: :func:`lockstep`, one
     pair after another). Returns ``median_ratio`` (over every pair of steps
@@ -196,7 +196,7 @@ def _cpu_work(units: int) -> None:
     return None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description="a lockstep worker whose step is CPU work (to test the driver)")

@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("fit", "transformer", "resnet", "gpt2")
@@ -44,8 +44,9 @@ MiB = 1 << 20
 def setup(backend: str, budget_mb: int) -> str:
     """memalloc enabled under the budget; returns the torch device name."""
     sys.path.insert(0, REPO)
-    import memalloc
     import torch
+
+    import memalloc
 
     if backend == "host":
         memalloc.enable(backend="host", config=f"host_capacity_mb:{budget_mb}")
@@ -56,7 +57,7 @@ def setup(backend: str, budget_mb: int) -> str:
     return "cuda"
 
 
-def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
+def make_model(model: str, device: str) -> Callable[[int, int | None], None]:
     """step(batch, i): training step i (None: the worst case) at ``batch``."""
     import torch
     from torch import nn
@@ -72,7 +73,7 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
         train = (model_step(device, width=64, layers=2, vocab=vocab, bf16=False) if tiny
                  else model_step(device))
 
-        def step(b: int, i: Optional[int]) -> None:
+        def step(b: int, i: int | None) -> None:
             n = max(lens) if i is None else lens[i % len(lens)]
             train(torch.randint(0, vocab, (b, n), device=device), torch.randint(0, CLASSES, (b,), device=device))
         return step
@@ -82,7 +83,7 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
         vocab, seq = (512, 64) if tiny else (8192, 1024)
         train = model_step(device, width=128, layers=2, vocab=vocab, bf16=False) if tiny else model_step(device)
 
-        def step(b: int, i: Optional[int]) -> None:
+        def step(b: int, i: int | None) -> None:
             train(torch.randint(0, vocab, (b, seq), device=device), torch.randint(0, CLASSES, (b,), device=device))
         return step
     if model == "resnet":
@@ -97,7 +98,7 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
         net = torchvision.models.resnet50().to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
-        def step(b: int, i: Optional[int]) -> None:
+        def step(b: int, i: int | None) -> None:
             x = torch.randn(b, 3, 224, 224, device=device)
             y = torch.randint(0, 1000, (b,), device=device)
             loss = nn.functional.cross_entropy(net(x), y)
@@ -115,7 +116,7 @@ def make_model(model: str, device: str) -> Callable[[int, Optional[int]], None]:
         net.train()
         opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
 
-        def step(b: int, i: Optional[int]) -> None:
+        def step(b: int, i: int | None) -> None:
             ids = torch.randint(0, config.vocab_size, (b, seq), device=device)
             with autocast():
                 loss = net(input_ids=ids, labels=ids).loss
@@ -156,7 +157,7 @@ def worker_trial(model: str, batch: int, steps: int, backend: str, budget_mb: in
     return out
 
 
-def plan_step(step: Callable[[int, Optional[int]], None], plan_steps: Optional[int]) -> Callable[[int], None]:
+def plan_step(step: Callable[[int, int | None], None], plan_steps: int | None) -> Callable[[int], None]:
     """The step the planner is given: the worst case (``step(b, None)``), or
     with ``plan_steps`` the job's own steps in order, 0 to ``plan_steps``,
     at each probe (the planner runs 1 + steps per probe, and each probe must
@@ -172,8 +173,8 @@ def plan_step(step: Callable[[int, Optional[int]], None], plan_steps: Optional[i
     return in_order
 
 
-def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: Optional[int] = None,
-                probes: Optional[tuple[int, ...]] = None) -> dict:
+def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: int | None = None,
+                probes: tuple[int, ...] | None = None) -> dict:
     import memalloc
 
     step = make_model(model, setup(backend, budget_mb))

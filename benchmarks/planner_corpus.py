@@ -69,7 +69,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -126,7 +126,7 @@ def host_trial(model: str, budget_mb: int, batch: int, steps: int) -> bool:
             gc.collect()
 
 
-def host_plan(model: str, budget_mb: int, plan_steps: Optional[int]) -> dict:
+def host_plan(model: str, budget_mb: int, plan_steps: int | None) -> dict:
     import memalloc
     from memalloc import host
 
@@ -150,7 +150,7 @@ def fresh_trial(model: str, budget_mb: int, batch: int, steps: int, backend: str
     return bool(r["ok"])
 
 
-def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: Optional[int]) -> dict:
+def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: int | None) -> dict:
     r = plan_vs_search.run_worker(["plan", model, "--backend", backend, "--budget-mb", str(budget_mb),
                                    *(["--plan-steps", str(plan_steps)] if plan_steps else [])])
     return {"batch": r["batch"], "steady": r["steady"], "repeats": r["repeats"], "text": r["text"],
@@ -158,8 +158,8 @@ def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: Optional[in
 
 
 # ---- one case -----------------------------------------------------------------------
-def run_case(model: str, budget_mb: int, device: str, steps: int, start: Optional[int], fresh: bool,
-             plan_steps: Optional[int] = None, long_steps: Optional[int] = None) -> dict:
+def run_case(model: str, budget_mb: int, device: str, steps: int, start: int | None, fresh: bool,
+             plan_steps: int | None = None, long_steps: int | None = None) -> dict:
     """One row: the plan, then the search (from ``start``, None: from the
     planned batch), then the planned batch on its own if the search did not
     try it. Where the largest that runs is above the plan and ``long_steps``
@@ -209,9 +209,9 @@ def run_case(model: str, budget_mb: int, device: str, steps: int, start: Optiona
             "plan_text": planned["text"], "device": planned["device"], **long}
 
 
-def corpus(device: str = "cpu", cases: Optional[list] = None, steps: Optional[int] = None,
-           start: Optional[int] = None, fresh: bool = False, out: Optional[str] = None, fit_plan: str = "steps",
-           command: Optional[str] = None, long_steps: Optional[int] = None,
+def corpus(device: str = "cpu", cases: list | None = None, steps: int | None = None,
+           start: int | None = None, fresh: bool = False, out: str | None = None, fit_plan: str = "steps",
+           command: str | None = None, long_steps: int | None = None,
            log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """Every case's row (CASES[device] unless ``cases`` names them), the
     JSON written to ``out`` after each row (a run cut short keeps its rows)."""

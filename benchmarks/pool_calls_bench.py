@@ -12,8 +12,9 @@ import statistics
 import sys
 import time
 
-from memalloc import _C
 from memalloc._C import _testing
+
+from memalloc import _C
 
 POOL = (0, 7)  # a MemPool-style id: {0, id}
 BLOCKS = 200

@@ -31,7 +31,6 @@ import random
 import subprocess
 import sys
 import time
-from typing import Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RING = 4_000_000  # records per device (64 B each): every event of the run
@@ -106,7 +105,7 @@ def _steps(name: str, device: str):
     raise SystemExit(f"unknown workload {name!r}")
 
 
-def record_one(name: str, backend: str, out_dir: str, steps: Optional[int] = None, conf: str = "") -> dict:
+def record_one(name: str, backend: str, out_dir: str, steps: int | None = None, conf: str = "") -> dict:
     """Runs one workload in this process (``steps`` of them instead of its
     own number; under ``conf``, more allocator config) and writes its trace."""
     capacity = f",host_capacity_mb:{HOST_CAPACITY_MB[name]}" if backend == "host" and name in HOST_CAPACITY_MB else ""

@@ -20,15 +20,15 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # Playwright's downloads (`playwright install chromium`), full browser or headless shell.
 PLAYWRIGHT_GLOBS = ("chromium-*/chrome-linux*/chrome", "chromium_headless_shell-*/chrome-linux*/headless_shell")
 
 
-def find_browser() -> Optional[str]:
+def find_browser() -> str | None:
     """Path of a Chromium-family browser: $MEMALLOC_BROWSER, else the first of
     BROWSER_NAMES on PATH, else Playwright's newest download; None if none."""
     if os.environ.get("MEMALLOC_BROWSER"):
@@ -123,7 +123,7 @@ def _unfilter(ftype: int, row: bytearray, prev: bytearray, bpp: int) -> None:
         raise ValueError(f"bad PNG filter type {ftype}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.screenshot_report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report", help="leak report JSON (memalloc.leak_report/1)")

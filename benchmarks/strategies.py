@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "strategies.md")
@@ -113,9 +113,9 @@ def overhead(rounds: int, model: str) -> dict:
     memalloc.phases installed against uninstalled, alternating per round in
     this process (memalloc enabled here); medians of per-round ratios."""
     sys.path.insert(0, os.path.join(REPO, "examples"))
+    import _common  # examples/_common.py
     import torch
 
-    import _common  # examples/_common.py
     import memalloc
     from memalloc import phases
 
@@ -242,7 +242,7 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.strategies")
     p.add_argument("--out", help="results JSON path")
     p.add_argument("--models", default=",".join(MODELS))

@@ -27,8 +27,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -99,7 +100,7 @@ def _forward_checkpointed(w: Workload, x: torch.Tensor) -> torch.Tensor:
     return m.fc(torch.flatten(m.avgpool(x), 1))
 
 
-def build(name: str, batch_scale: float = 1.0, device: Optional[torch.device] = None) -> Workload:
+def build(name: str, batch_scale: float = 1.0, device: torch.device | None = None) -> Workload:
     """The workload ``name`` with its batch multiplied by ``batch_scale``."""
     if device is None:
         device = torch.device("cuda" if memalloc.enabled_backend() == "cuda" else "cpu")
@@ -125,7 +126,7 @@ def build(name: str, batch_scale: float = 1.0, device: Optional[torch.device] = 
     raise SystemExit(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
 
 
-def parse_args(description: str, extra: Optional[Callable[[argparse.ArgumentParser], None]] = None
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None
                ) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", default="transformer", choices=MODELS)
@@ -151,7 +152,7 @@ def _sync(device: torch.device) -> None:
 
 
 def run(strategy: str, w: Workload, step: Callable[[], Any], args: argparse.Namespace,
-        samples_per_step: Optional[int] = None, quiet: bool = False, **extra: Any) -> dict:
+        samples_per_step: int | None = None, quiet: bool = False, **extra: Any) -> dict:
     """Runs ``step`` ``args.warmup`` times, then ``args.steps`` timed times;
     returns the result (bytes, ms) and prints it unless ``quiet``."""
     device = w.device.index if w.device.type == "cuda" else None

@@ -4,7 +4,6 @@ checkpointing together "cut memory by 60%").
     python examples/checkpointing_bf16.py --model transformer
 """
 import torch
-
 from _common import build, enable, parse_args, run
 
 args = parse_args(__doc__)

@@ -14,7 +14,6 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from _common import build, enable, parse_args, run
 
 

@@ -13,14 +13,11 @@ whose storage comes from it.
 """
 from __future__ import annotations
 
-import torch  # noqa: F401 - loads libc10, which memalloc._C links against
-
 import sys
 
+import torch  # noqa: F401 - loads libc10, which memalloc._C links against
+
 from memalloc import _C
-from memalloc.features import advisor, leaks, phases, replay, stats
-from memalloc.integration import host
-from memalloc.trace import recording
 from memalloc._C import (
     Allocator,
     DriverError,
@@ -29,21 +26,13 @@ from memalloc._C import (
     MemallocError,
 )
 from memalloc.core._config import config_text
-from memalloc.integration._install import enable
-from memalloc.core._state import cuda_usable, enabled_backend, installed_allocator, is_enabled
 from memalloc.core._policy import empty_cache_policy, set_empty_cache_policy
-from memalloc.integration import _torch_patch
-from memalloc.integration._torch_patch import is_patched as torch_is_patched
-from memalloc.trace.recording import events, events_array, record_memory_history
-from memalloc.trace.snapshots import dump_snapshot, snapshot
-from memalloc.trace.tags import tag
-from memalloc.trace.trace_files import load_trace, save_trace
-from memalloc.features.oom import set_oom_report, top_holders
-from memalloc.reporters.leak_report import LeakError, LeakReport
-from memalloc.features.leaks import LeakTracker, leak_check
+from memalloc.core._state import cuda_usable, enabled_backend, installed_allocator, is_enabled
 from memalloc.core.iteration import add_step_listener, auto_step, remove_step_listener, step, steps, steps_of
-from memalloc.features.tracker import StepTracker
+from memalloc.features import advisor, leaks, phases, replay, stats
 from memalloc.features.breakdown import MemoryBreakdown, memory_breakdown
+from memalloc.features.leaks import LeakTracker, leak_check
+from memalloc.features.oom import set_oom_report, top_holders
 from memalloc.features.planner import BatchPlan, PlannerError, largest_batch
 from memalloc.features.stats import (
     empty_cache,
@@ -62,6 +51,16 @@ from memalloc.features.stats import (
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
+from memalloc.features.tracker import StepTracker
+from memalloc.integration import _torch_patch, host
+from memalloc.integration._install import enable
+from memalloc.integration._torch_patch import is_patched as torch_is_patched
+from memalloc.reporters.leak_report import LeakError, LeakReport
+from memalloc.trace import recording
+from memalloc.trace.recording import events, events_array, record_memory_history
+from memalloc.trace.snapshots import dump_snapshot, snapshot
+from memalloc.trace.tags import tag
+from memalloc.trace.trace_files import load_trace, save_trace
 
 __version__ = "0.1.0"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from memalloc.cli import demo, info, postmortem, replay, report, run, top
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memalloc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (demo, run, report, replay, info, postmortem, top):

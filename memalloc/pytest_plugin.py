@@ -16,7 +16,8 @@ arguments are those of :class:`memalloc.leak_check`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -18,14 +18,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pytest
-
-from memalloc import _C
 from memtest_helpers import REPO
 from zygote import Zygote, exit_code
+
+from memalloc import _C
 
 # What every fresh-interpreter scenario of FreshPython.code starts with: R
 # collects the result, err(f) returns [type name, MRO names, message] of what
@@ -58,7 +58,7 @@ class FreshPython:
     importing torch per interpreter; MEMALLOC_TEST_FORK=0 starts real ones.
     ``start`` (children side by side) always starts real ones."""
 
-    def __init__(self, scratch: Optional[Path] = None) -> None:
+    def __init__(self, scratch: Path | None = None) -> None:
         use_fork = scratch is not None and hasattr(os, "fork") and os.environ.get("MEMALLOC_TEST_FORK", "1") != "0"
         self._zygote = Zygote(scratch) if use_fork else None
 
@@ -66,7 +66,7 @@ class FreshPython:
         if self._zygote is not None:
             self._zygote.close()
 
-    def env(self, conf: Optional[str] = None, **extra: str) -> dict:
+    def env(self, conf: str | None = None, **extra: str) -> dict:
         """The child's environment (os.environ with the above applied, then ``extra``)."""
         env = dict(os.environ)
         env.pop("MEMALLOC_CONF", None)
@@ -77,8 +77,8 @@ class FreshPython:
         env.update(extra)
         return env
 
-    def run(self, args: Sequence[str], *, cwd: Optional[Path] = None, conf: Optional[str] = None,
-            env: Optional[dict] = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(self, args: Sequence[str], *, cwd: Path | None = None, conf: str | None = None,
+            env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
         """``python <args>`` (e.g. ``["-m", "memalloc", "run", ...]`` or
         ``["-c", code]``) in ``cwd`` (default: the repository); ``env``
         replaces the environment ``self.env(conf)`` builds. Returns the
@@ -88,14 +88,14 @@ class FreshPython:
         return subprocess.run([sys.executable, *args], cwd=cwd or REPO, env=env or self.env(conf),
                               capture_output=True, text=True, timeout=timeout)
 
-    def start(self, args: Sequence[str], *, cwd: Optional[Path] = None,
-              conf: Optional[str] = None) -> subprocess.Popen:
+    def start(self, args: Sequence[str], *, cwd: Path | None = None,
+              conf: str | None = None) -> subprocess.Popen:
         """``python <args>`` started, not awaited (for children run side by
         side); text stdout and stderr are pipes."""
         return subprocess.Popen([sys.executable, *args], cwd=cwd or REPO, env=self.env(conf),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def code(self, prelude: str, code: str, conf: Optional[str] = None, env: Optional[dict] = None,
+    def code(self, prelude: str, code: str, conf: str | None = None, env: dict | None = None,
              timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict, str]:
         """``CHILD_PRELUDE + prelude + code``; the child ends by printing
         ``RESULT <json of R>``. Asserts that it exited 0 and printed that line
@@ -117,7 +117,7 @@ def fresh_python(tmp_path_factory):
     fp.close()
 
 
-def cli_here(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+def cli_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``python -m memalloc <args>`` run by memalloc.__main__.main in this
     interpreter, for the commands that neither enable memalloc nor look for a
     GPU (report, replay): the same exit code, stdout and stderr as the fresh

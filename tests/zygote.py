@@ -22,12 +22,11 @@ stdout, ``{"rc": int}`` or ``{"timeout": true}``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 SERVER = r'''
 import json, os, runpy, signal, sys, threading, traceback, types
@@ -129,7 +128,7 @@ class Zygote:
 
     def __init__(self, scratch: Path) -> None:
         self._scratch = scratch
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._n = 0
 

@@ -2,14 +2,12 @@
 traceback) for configuration mistakes."""
 from __future__ import annotations
 
-from typing import Optional
-
-from memalloc.integration import _install
 from memalloc.core import _state
 from memalloc.core._config import config_text
+from memalloc.integration import _install
 
 
-def check_or_exit(backend: str, config: Optional[str]) -> None:
+def check_or_exit(backend: str, config: str | None) -> None:
     """The checks enable() makes before changing anything (config text,
     backend name, CUDA usable), without enabling; exits with the message."""
     try:
@@ -20,7 +18,7 @@ def check_or_exit(backend: str, config: Optional[str]) -> None:
         raise SystemExit(f"memalloc: CUDA is not usable: {_state.cuda_usable()[1]}")
 
 
-def enable_or_exit(backend: str, config: Optional[str]) -> str:
+def enable_or_exit(backend: str, config: str | None) -> str:
     """memalloc.enable(); a bad backend/config/state exits with its message."""
     try:
         return _install.enable(backend, config)

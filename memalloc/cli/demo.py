@@ -19,15 +19,16 @@ AdamW steps and memalloc.memory_breakdown() shows where its memory goes
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from memalloc.core import _state, iteration
-from memalloc.integration import host
 from memalloc.core._format import fmt_bytes
-from memalloc.features.breakdown import memory_breakdown
 from memalloc.examples import leaky_training
+from memalloc.features.breakdown import memory_breakdown
+from memalloc.integration import host
+
 from ._common import enable_or_exit
 
 HOST_CAPACITY_MB = 256

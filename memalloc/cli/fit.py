@@ -33,7 +33,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from memalloc.core import _state, iteration
 from memalloc.features import planner
@@ -44,7 +44,7 @@ REFUSED = 4  # a probe's exit status: the budget is more than its device can giv
 PROBE_RING = 1 << 20  # records (64 MiB): the probe child records from the start, model creation included
 
 
-def parse_budget(text: str) -> Optional[int]:
+def parse_budget(text: str) -> int | None:
     """BUDGET as bytes (planner.parse_size, memalloc.largest_batch's parser);
     None for ``free``. SystemExit naming the forms."""
     try:
@@ -117,7 +117,7 @@ def probe_ended_early(steps: int) -> None:
 
 # ---- the parent: probes, plan, run ------------------------------------------------
 def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[int],
-               budget: Optional[int] = None) -> list[planner.ProbeRecord]:
+               budget: int | None = None) -> list[planner.ProbeRecord]:
     """One child process per probe (``argv_for(batch, record path, report
     folder)``). ``budget`` (bytes; None: ``free``) goes to each child, which
     refuses one larger than its device can give before the script runs:
@@ -141,7 +141,7 @@ def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[
     return records
 
 
-def plan_of(records: Sequence[planner.ProbeRecord], budget: Optional[int], max_batch: int) -> planner.BatchPlan:
+def plan_of(records: Sequence[planner.ProbeRecord], budget: int | None, max_batch: int) -> planner.BatchPlan:
     """The plan under the installed allocator's policy (budget None: its
     default_budget; a budget larger than device 0 can give is refused)."""
     a = _state.installed_allocator()

@@ -19,7 +19,6 @@ import datetime
 import os
 import pickle
 import time
-from typing import Optional
 
 from memalloc.core._format import describe_split, fmt_bytes
 from memalloc.trace.flight_files import FlightFile, FlightFileError, files_in, live_at_end, read
@@ -56,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     return status
 
 
-def how_it_ended(f: FlightFile, now_ns: Optional[int] = None) -> str:
+def how_it_ended(f: FlightFile, now_ns: int | None = None) -> str:
     """"exited cleanly", "running" (its pid is alive on this host) or "no
     clean exit: killed or crashed, last heartbeat <when>"."""
     if f.state == "exited":

@@ -13,11 +13,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from memalloc import _C
-from memalloc.features.replay import RANDOM_SOURCE, ReplayResult, random_workload, repeat_last_step, replay_ops, \
-    replay_steps, replay_trace, results_table, results_to_json, smallest_capacity_mb, steps_table
+from memalloc.features.replay import (
+    RANDOM_SOURCE,
+    ReplayResult,
+    random_workload,
+    repeat_last_step,
+    replay_ops,
+    replay_steps,
+    replay_trace,
+    results_table,
+    results_to_json,
+    smallest_capacity_mb,
+    steps_table,
+)
 from memalloc.trace.trace_files import load_trace
 
 

@@ -62,17 +62,18 @@ import os
 import runpy
 import signal
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from memalloc import _C
 from memalloc.core import _state, iteration
-from memalloc.features import advisor, flight, oom, planner, stats
-from memalloc.integration import host
 from memalloc.core._config import config_value
 from memalloc.core._format import describe_split, fmt_bytes
+from memalloc.features import advisor, flight, oom, planner, stats
 from memalloc.features.breakdown import memory_breakdown
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
+from memalloc.integration import host
+
 from . import fit
 from ._common import check_or_exit, enable_or_exit
 
@@ -106,7 +107,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def _check_fit(args: argparse.Namespace) -> tuple[Optional[int], tuple[int, ...]]:
+def _check_fit(args: argparse.Namespace) -> tuple[int | None, tuple[int, ...]]:
     """--fit's arguments, before anything runs: (the budget in bytes, None
     for 'free'; the probe batch sizes). SystemExit naming what to give."""
     fit.check_placeholder(args.script_args)
@@ -119,7 +120,7 @@ def _check_fit(args: argparse.Namespace) -> tuple[Optional[int], tuple[int, ...]
     return budget, probes
 
 
-def _fit_first(args: argparse.Namespace, probes: tuple[int, ...], budget: Optional[int]) -> list:
+def _fit_first(args: argparse.Namespace, probes: tuple[int, ...], budget: int | None) -> list:
     """--fit's probes, each a child ``memalloc run`` of the script (before
     this process touches the device); each child refuses a ``budget``
     (bytes) larger than its device before the script runs."""
@@ -190,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
     # As `python script.py` does: the script's folder first on sys.path.
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     previous = signal.signal(signal.SIGTERM, _sigterm)
-    script_globals: Optional[dict] = None  # keeps the script's objects alive for the holder search
+    script_globals: dict | None = None  # keeps the script's objects alive for the holder search
     clean = False
     try:
         script_globals = runpy.run_path(args.script, run_name="__main__")
@@ -242,7 +243,7 @@ def rank_folder(out: str, rank: int, world: int) -> str:
     return out if world <= 1 else os.path.join(out, f"rank{rank}")
 
 
-def _keep_flight(config: Optional[str], world: int) -> bool:
+def _keep_flight(config: str | None, world: int) -> bool:
     """Whether the flight recorder file stays at a clean end: as
     ``flight_recorder_keep`` says when MEMALLOC_CONF or --config gives it,
     otherwise in a job of several ranks (``report OUT`` merges them) and not

@@ -21,7 +21,6 @@ import glob
 import os
 import sys
 import time
-from typing import Optional
 
 from memalloc.core._format import describe_split, fmt_bytes
 from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read
@@ -36,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def mapped_files(pid: Optional[int] = None) -> list[str]:
+def mapped_files(pid: int | None = None) -> list[str]:
     """The flight recorder files mapped by ``pid`` (every process when None),
     from /proc/<pid>/maps."""
     maps = [f"/proc/{pid}/maps"] if pid is not None else glob.glob("/proc/[0-9]*/maps")
@@ -53,7 +52,7 @@ def mapped_files(pid: Optional[int] = None) -> list[str]:
     return sorted(found)
 
 
-def sources(target: Optional[str]) -> list[str]:
+def sources(target: str | None) -> list[str]:
     if target is None:
         return mapped_files()
     if target.isdigit():
@@ -67,7 +66,7 @@ def sources(target: Optional[str]) -> list[str]:
     return files_in(target)
 
 
-def frame(files: list[str], top: int = 3, now_ns: Optional[int] = None) -> str:
+def frame(files: list[str], top: int = 3, now_ns: int | None = None) -> str:
     """One frame of the view, plain text."""
     now_ns = now_ns or time.time_ns()
     lines = [f"memalloc top: {len(files)} process(es)"]

@@ -9,7 +9,8 @@ one parser and one set of error messages.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Union
 
 from memalloc import _C
 
@@ -82,7 +83,7 @@ def _blamed(error: Exception, layers: list) -> Exception:
     return error
 
 
-def config_value(text: str, key: str) -> Optional[str]:
+def config_value(text: str, key: str) -> str | None:
     """The value of ``key`` in canonical config text, or None."""
     for item in text.split(","):
         k, _, v = item.partition(":")

@@ -11,7 +11,7 @@ index for later (the leak and step trackers).
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 import torch
 
@@ -21,7 +21,7 @@ from memalloc.core import _state
 DeviceLike = Union[int, str, torch.device, None]
 
 
-def device_index(device: DeviceLike, backend: Optional[str] = None) -> int:
+def device_index(device: DeviceLike, backend: str | None = None) -> int:
     """The device index for ``device``; None (or ``"cuda"`` without an index)
     means torch's current CUDA device on the CUDA backend, 0 on the host
     backend (``backend``: "cuda" or "host"; default: the enabled one).
@@ -51,7 +51,7 @@ def device_index(device: DeviceLike, backend: Optional[str] = None) -> int:
     raise TypeError(f"device must be an int, a str, a torch.device or None, not {type(device).__name__}")
 
 
-def existing_device_index(device: DeviceLike, allocator: Optional[_C.Allocator] = None) -> int:
+def existing_device_index(device: DeviceLike, allocator: _C.Allocator | None = None) -> int:
     """:func:`device_index`, checked against the devices of ``allocator``
     (default: the installed one) now (InvalidArgumentError, a ValueError,
     naming the valid range)."""

@@ -34,7 +34,8 @@ import functools
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.nn.modules.module as torch_module
@@ -61,7 +62,7 @@ _failed: dict[str, str] = {}  # feature -> what went wrong (turned off)
 class _Subscriber:
     __slots__ = ("feature", "fn", "after")
 
-    def __init__(self, feature: str, fn: Callable[..., Any], after: Optional[Callable[[Any], None]]) -> None:
+    def __init__(self, feature: str, fn: Callable[..., Any], after: Callable[[Any], None] | None) -> None:
         self.feature, self.fn, self.after = feature, fn, after
 
 
@@ -69,11 +70,11 @@ class _Point:
     """One hook point: its subscribers (a tuple, replaced on change) and the
     torch hook installed while it has any. ``_lock`` guards changes."""
 
-    def __init__(self, name: str, install: Callable[["_Point"], Callable[[], None]]) -> None:
+    def __init__(self, name: str, install: Callable[[_Point], Callable[[], None]]) -> None:
         self.name = name
         self.subscribers: tuple[_Subscriber, ...] = ()
         self._install = install
-        self._remove: Optional[Callable[[], None]] = None
+        self._remove: Callable[[], None] | None = None
 
     def set(self, subscribers: tuple[_Subscriber, ...]) -> None:
         self.subscribers = subscribers
@@ -193,7 +194,7 @@ def _point(name: str) -> _Point:
 # --- the subscriber API -----------------------------------------------------
 
 def subscribe(point: str, feature: str, fn: Callable[..., Any],
-              after: Optional[Callable[[Any], None]] = None) -> None:
+              after: Callable[[Any], None] | None = None) -> None:
     """Calls ``fn`` at ``point`` for ``feature`` (a name for warnings), after
     the point's earlier subscribers. Arguments by point: ``backward``:
     ``fn()`` before the backward, its result passed to ``after(result)`` when

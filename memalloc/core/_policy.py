@@ -15,14 +15,13 @@
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 from memalloc.core import _state
 from memalloc.core._config import config_value
 from memalloc.core._device import DeviceLike, device_index
 
 _lock = threading.Lock()
-_every_n: Optional[int] = None  # None: not read from the config yet
+_every_n: int | None = None  # None: not read from the config yet
 
 
 def _every() -> int:
@@ -35,7 +34,7 @@ def _every() -> int:
     return _every_n
 
 
-def set_empty_cache_policy(*, threshold: Optional[float] = None, every_n_steps: Optional[int] = None) -> None:
+def set_empty_cache_policy(*, threshold: float | None = None, every_n_steps: int | None = None) -> None:
     """Changes the automatic empty-cache policies at run time.
 
     Args:

@@ -29,7 +29,7 @@ import functools
 import os
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -61,7 +61,7 @@ def entries(text: str) -> list[tuple[str, str]]:
     return [tuple(entry) for entry in _C.config_entries(text)]
 
 
-def split(text: str) -> tuple[str, Optional[float], list[str]]:
+def split(text: str) -> tuple[str, float | None, list[str]]:
     """(memalloc config text of the shared keys, the memory fraction or
     None, the keys memalloc does not support) of torch's settings text."""
     shared, fraction, unsupported = [], None, []
@@ -99,7 +99,7 @@ def startup_text() -> str:
     return shared
 
 
-def _set_fraction(allocator: _C.Allocator, fraction: Optional[float]) -> None:
+def _set_fraction(allocator: _C.Allocator, fraction: float | None) -> None:
     if fraction is not None:
         for d in range(allocator.device_count):
             allocator.set_memory_fraction(fraction, d)

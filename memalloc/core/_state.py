@@ -8,7 +8,6 @@ per process (:func:`set_enabled`); everything else reads it.
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 import torch
 
@@ -18,8 +17,8 @@ from memalloc.core._config import STACK_MODES, config_value
 BACKENDS = ("auto", "cuda", "host")
 
 lock = threading.Lock()  # held by enable() while it installs
-_backend: Optional[str] = None
-_config: Optional[str] = None
+_backend: str | None = None
+_config: str | None = None
 
 
 def set_enabled(backend: str, config: str) -> None:
@@ -54,12 +53,12 @@ def is_enabled() -> bool:
     return _backend is not None
 
 
-def enabled_backend() -> Optional[str]:
+def enabled_backend() -> str | None:
     """"cuda", "host", or None when memalloc is not enabled."""
     return _backend
 
 
-def installed_config() -> Optional[str]:
+def installed_config() -> str | None:
     """The canonical config text memalloc was enabled with, or None."""
     return _config
 
@@ -83,7 +82,7 @@ def installed_allocator() -> _C.Allocator:
     return a
 
 
-def allocator_or_installed(allocator: Optional[_C.Allocator]) -> _C.Allocator:
+def allocator_or_installed(allocator: _C.Allocator | None) -> _C.Allocator:
     """``allocator`` when given, else :func:`installed_allocator` (the
     default of every tracker and report that takes an allocator)."""
     return allocator if allocator is not None else installed_allocator()

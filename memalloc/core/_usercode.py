@@ -12,7 +12,8 @@ import linecache
 import os
 import sysconfig
 import zipfile
-from typing import Iterable, Optional, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
@@ -38,7 +39,7 @@ def is_internal(filename: str) -> bool:
     return path.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
 
 
-def user_frame(frames: Iterable[FrameLike]) -> Optional[FrameLike]:
+def user_frame(frames: Iterable[FrameLike]) -> FrameLike | None:
     """The innermost user-code frame; the innermost frame when none is; None
     for no frames."""
     frames = list(frames)
@@ -68,7 +69,7 @@ def is_source(code: str) -> bool:
     return bool(code) and not code.startswith(f"({NO_SOURCE}:")
 
 
-def _zip_member(filename: str) -> Optional[tuple[str, str]]:
+def _zip_member(filename: str) -> tuple[str, str] | None:
     """(archive, member) of a path inside a zip archive, or None."""
     head, sep, member = filename.partition(".zip" + os.sep)
     return (head + ".zip", member.replace(os.sep, "/")) if sep and os.path.isfile(head + ".zip") else None

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from memalloc import _C
 from memalloc.core import _hooks
@@ -174,7 +175,7 @@ class _AutoStep:
 
     def __init__(self) -> None:
         self.hooked = False
-        self.first: Optional[weakref.ref] = None  # the optimizer that marks boundaries
+        self.first: weakref.ref | None = None  # the optimizer that marks boundaries
         self.on = False            # auto_step(True)
         self.watchers = 0          # want_boundaries() - release_boundaries()
         self.explicit_seen = False  # an explicit step() since the first watcher asked

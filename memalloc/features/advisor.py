@@ -77,15 +77,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from memalloc import _C
 from memalloc.core import _hooks, _state, iteration
-from memalloc.features import phases
 from memalloc.core._format import fmt_bytes
+from memalloc.features import phases
 from memalloc.features.breakdown import MemoryBreakdown
 
 # Layers whose weights autocast copies to half precision (kept for backward).
@@ -120,26 +120,26 @@ class Profile:
     trainable_bytes: int                 # bytes of parameters that require grad
     # bytes allocated at the last step boundary the profile saw: what the run
     # held across it (None: no boundary seen, or a profile written before it was read)
-    held_between_steps: Optional[int] = None
+    held_between_steps: int | None = None
     # reserved bytes that empty_cache() at the last step boundary would have
     # kept: the segments (under expandable segments, the pages) holding a live
     # block there (None: not read)
-    kept_reserved: Optional[int] = None
+    kept_reserved: int | None = None
     # where the last finished step's peak was: "forward" (before one of its
     # backwards), "backward" (inside one), "optimizer" (after its last
     # backward: the optimizer's step); None: not read, or a step without a backward
-    peak_phase: Optional[str] = None
+    peak_phase: str | None = None
     # gradient bytes live when that step's first backward began (None: not read)
-    grads_at_backward: Optional[int] = None
+    grads_at_backward: int | None = None
     # what the forward's last leaf module (its head) kept: its output, which
     # autocast casts back to fp32 for the loss (None: not read)
-    output_bytes: Optional[int] = None
+    output_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Profile":
+    def from_dict(cls, d: dict) -> Profile:
         return cls(**{f.name: d[f.name] if f.default is dataclasses.MISSING else d.get(f.name, f.default)
                       for f in dataclasses.fields(cls)})
 
@@ -157,27 +157,27 @@ class ForwardProfile:
     last boundary's). ``start()`` / ``stop()``; :meth:`profile` summarises
     the last forward."""
 
-    def __init__(self, allocator: Optional[_C.Allocator] = None, device: int = 0) -> None:
+    def __init__(self, allocator: _C.Allocator | None = None, device: int = 0) -> None:
         self._allocator = allocator
-        self._a: Optional[_C.Allocator] = None
+        self._a: _C.Allocator | None = None
         self._device = device
         self._lock = threading.Lock()
         self._stack: list[tuple[Any, int, int]] = []
         self._current: dict[int, list] = {}  # id(module) -> [weakref, kept bytes, input bytes, calls]
         self._last: dict[int, list] = {}
         self._roots: _hooks.IdentityRegistry[nn.Module] = _hooks.IdentityRegistry()  # by identity
-        self.held_between_steps: Optional[int] = None  # bytes allocated at the last step boundary
-        self.kept_reserved: Optional[int] = None  # reserved bytes empty_cache() would keep there
+        self.held_between_steps: int | None = None  # bytes allocated at the last step boundary
+        self.kept_reserved: int | None = None  # reserved bytes empty_cache() would keep there
         # This step's running peak read where a backward begins ("forward" up
         # to there) and ends ("backward"), and the gradients live at its first
         # backward; at the boundary, the phase of the finished step's peak.
         self._readings: list[tuple[str, int]] = []
-        self._grads_now: Optional[int] = None
+        self._grads_now: int | None = None
         self._depth = 0
-        self.peak_phase: Optional[str] = None
-        self.grads_at_backward: Optional[int] = None
+        self.peak_phase: str | None = None
+        self.grads_at_backward: int | None = None
 
-    def start(self) -> "ForwardProfile":
+    def start(self) -> ForwardProfile:
         self._a = _state.allocator_or_installed(self._allocator)
         _hooks.subscribe(_hooks.MODULE_FORWARD_PRE, FEATURE, self._pre)
         _hooks.subscribe(_hooks.MODULE_FORWARD, FEATURE, self._post)
@@ -260,7 +260,7 @@ class ForwardProfile:
             if self._current:
                 self._last, self._current = self._current, {}
 
-    def profile(self) -> Optional[Profile]:
+    def profile(self) -> Profile | None:
         """The last forward's summary; None when no forward ran before a backward."""
         with self._lock:
             last = dict(self._last)
@@ -359,7 +359,7 @@ def _leaks_of(leaks: Any) -> tuple[list, list]:
     return list(leaks), []
 
 
-def _held_at(leak: Any, steps: list, step: Optional[int]) -> int:
+def _held_at(leak: Any, steps: list, step: int | None) -> int:
     """Bytes the leak's site held at boundary ``step`` (its sample there; the
     peak's step began at boundary ``peak_step - 1``); without that sample,
     at its second-to-last sample (the report's last step began there)."""
@@ -377,9 +377,9 @@ def _held_from_the_first_step(leak: Any, steps: list) -> int:
     return int(series[steps.index(1)]) if 1 in steps and len(steps) == len(series) else 0
 
 
-def advise(breakdown: MemoryBreakdown, profile: Optional[Profile] = None,
-           reserved_after: Optional[int] = None, *, leaks: Any = None, gpus: Optional[int] = None,
-           held_between_steps: Optional[int] = None) -> list[Advice]:
+def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
+           reserved_after: int | None = None, *, leaks: Any = None, gpus: int | None = None,
+           held_between_steps: int | None = None) -> list[Advice]:
     """The strategies that apply, the run's leaks first, then largest saving
     first (bytes); a strategy that would save nothing is not listed.
     ``profile`` adds checkpointing, sharpens the mixed-precision estimate,

@@ -39,13 +39,12 @@ cuBLAS's on a GPU) is ``other`` from then on, at that step's peak too.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from memalloc import _C
 from memalloc.core import _state
-from memalloc.features import phases
 from memalloc.core._device import DeviceLike, device_index
 from memalloc.core._format import fmt_bytes
+from memalloc.features import phases
 
 CATEGORIES = phases.CATEGORIES
 
@@ -71,7 +70,7 @@ class MemoryBreakdown:
     now: dict[str, int]
     now_provisional: int
     peak: dict[str, int]
-    peak_step: Optional[int]
+    peak_step: int | None
     peak_provisional: int
 
     @property
@@ -92,7 +91,7 @@ class MemoryBreakdown:
         return dataclasses.asdict(self) | {"now_total": self.now_total, "peak_total": self.peak_total}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MemoryBreakdown":
+    def from_dict(cls, d: dict) -> MemoryBreakdown:
         """The breakdown :meth:`to_dict` wrote (its totals are recomputed)."""
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
@@ -118,7 +117,7 @@ def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else ""
 
 
-def memory_breakdown(device: DeviceLike = None, allocator: Optional[_C.Allocator] = None) -> MemoryBreakdown:
+def memory_breakdown(device: DeviceLike = None, allocator: _C.Allocator | None = None) -> MemoryBreakdown:
     """Live bytes by category on ``device`` now and at the step's peak, from
     ``allocator`` (default: the installed one). Marks the storages of known
     parameters first (memalloc.phases.mark_parameters), so a model built

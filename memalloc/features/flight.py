@@ -27,7 +27,6 @@ import struct
 import sys
 import threading
 import time
-from typing import Optional
 
 from memalloc import _C
 from memalloc.core import _state, iteration
@@ -207,11 +206,11 @@ class FlightRecorder:
                     pass
 
 
-_recorder: Optional[FlightRecorder] = None
+_recorder: FlightRecorder | None = None
 
 
 def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
-          allocator: Optional[_C.Allocator] = None) -> FlightRecorder:
+          allocator: _C.Allocator | None = None) -> FlightRecorder:
     """Starts the flight recorder of this process in ``directory`` (made if
     missing): every device's event ring of ``allocator`` (default: the
     installed one) moves into the file, ``records`` 64-byte records per
@@ -234,7 +233,7 @@ def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
     return _recorder
 
 
-def stop(clean: Optional[bool] = None) -> None:
+def stop(clean: bool | None = None) -> None:
     """Ends the flight recorder: cleanly (the file is removed unless kept),
     or with ``clean=False`` after a failure (the file stays, marked raised).
     At interpreter exit (None), the end is clean unless an uncaught
@@ -250,7 +249,7 @@ def stop(clean: Optional[bool] = None) -> None:
     r.close(clean)
 
 
-def current() -> Optional[FlightRecorder]:
+def current() -> FlightRecorder | None:
     """The running flight recorder, or None."""
     return _recorder
 

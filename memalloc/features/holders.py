@@ -18,18 +18,19 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from memalloc.core._usercode import load_zip_source, is_internal, source_line
+from memalloc.core._usercode import is_internal, load_zip_source, source_line
 from memalloc.reporters.leak_report import Leak
 
 _CONTAINERS = (list, dict, set, collections.deque)
 
 
 def attribute_holders(leaks: list[Leak], live: list,
-                      groups_at_start: Optional[dict[int, int]] = None) -> list[Leak]:
+                      groups_at_start: dict[int, int] | None = None) -> list[Leak]:
     """Fills ``holder`` and merges the leaks one container keeps alive.
     ``groups_at_start``: {id(optimizer): its parameter groups} when the
     check began (optimizer_groups()); an optimizer holds a leak through the
@@ -141,7 +142,7 @@ _MIN_HELD_STEPS = 3
 
 
 def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict,
-                        site_id: int, ours: set[int]) -> Optional[set[int]]:
+                        site_id: int, ours: set[int]) -> set[int] | None:
     """The leak's figures when its container's tensors carry their graphs:
     the blocks of the container's tensors and of every tensor their graphs
     saved (autograd's saved variables, read by walking the graph:
@@ -262,7 +263,7 @@ def _user_frames() -> Iterator[types.FrameType]:
         tops = f = None
 
 
-def _storage_of(t: torch.Tensor) -> Optional[int]:
+def _storage_of(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()
     except Exception:  # noqa: BLE001 - meta, sparse or otherwise storage-less tensors
@@ -345,7 +346,7 @@ def _added_groups(optimizer: Any) -> list[dict]:
 # optimizer -> its parameter groups when the check began, set by
 # _optimizer_parts (not an attribute of the user's optimizer: memalloc adds
 # nothing to the user's objects)
-_GROUPS_AT_START: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+_GROUPS_AT_START: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _added_group_tensors(optimizer: Any) -> list:
@@ -431,7 +432,7 @@ def _absorb(into: Leak, other: Leak, figures: bool = True) -> None:
 _MIN_OTHER_HOLDER_TENSORS = 3
 
 
-def _holders_of(tensors: list, parts: Optional[dict[int, Any]] = None) -> list:
+def _holders_of(tensors: list, parts: dict[int, Any] | None = None) -> list:
     """The container keeping most of ``tensors``, then every other one
     keeping at least _MIN_OTHER_HOLDER_TENSORS of them, most first ([]
     when none). A part of an optimizer's added parameter groups (``parts``:
@@ -502,7 +503,7 @@ def _code_lines(code: types.CodeType) -> tuple[int, int]:
     return code.co_firstlineno, last
 
 
-def _name_of(container: Any) -> tuple[Optional[str], Optional[str], str, Optional[tuple[int, int]]]:
+def _name_of(container: Any) -> tuple[str | None, str | None, str, tuple[int, int] | None]:
     """(name, source file to search, "global" | "local" | "attribute" |
     "closure" | "", the lines of the function whose local it is or None)."""
     # A local (or global) of a frame that is running now (not memalloc's own).
@@ -575,7 +576,7 @@ _ADDERS = {
 
 
 def _adding_line(file: str, name: str, kind: str, leak: Leak,
-                 scope: Optional[tuple[int, int]] = None) -> Optional[tuple[int, str]]:
+                 scope: tuple[int, int] | None = None) -> tuple[int, str] | None:
     """(line, enclosing function) of the source line that adds to ``name``:
     one inside ``scope`` (the lines of the function whose local it is) when
     there is one, then the nearest after the allocating line."""

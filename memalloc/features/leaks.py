@@ -45,17 +45,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from memalloc import _C
 from memalloc.core import _state, iteration
+from memalloc.core._config import STACK_MODES
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._usercode import is_internal, source_line
 from memalloc.features.holders import attribute_holders, optimizer_groups
 from memalloc.reporters.leak_report import Leak, LeakError, LeakReport
-from memalloc.core._config import STACK_MODES
 from memalloc.trace.recording import stack
 from memalloc.trace.sites import SiteKey, live_blocks, site_of
+
 
 def _slope(xs: list[float], ys: list[float]) -> float:
     n = len(xs)
@@ -99,7 +100,7 @@ class LeakTracker:
     """
 
     def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1,
-                 threshold_bytes_per_step: int = 0, allocator: Optional[_C.Allocator] = None) -> None:
+                 threshold_bytes_per_step: int = 0, allocator: _C.Allocator | None = None) -> None:
         for name, value in (("warmup_steps", warmup_steps), ("threshold_bytes_per_step", threshold_bytes_per_step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, not {value!r}")
@@ -109,15 +110,15 @@ class LeakTracker:
         self.threshold_bytes_per_step = threshold_bytes_per_step
         self.samples: list[_Sample] = []
         self._lock = threading.Lock()
-        self._previous_mode: Optional[int] = None
+        self._previous_mode: int | None = None
         self._running = False
         self._last_ages: dict[int, dict[int, list[int]]] = {}
         self._counts_at_start: dict[str, int] = {}
-        self._counts_at_stop: Optional[dict[str, int]] = None
+        self._counts_at_stop: dict[str, int] | None = None
         self._groups_at_start: dict[int, int] = {}
 
     # ---- sampling ---------------------------------------------------------------
-    def start(self) -> "LeakTracker":
+    def start(self) -> LeakTracker:
         """Starts sampling at every :func:`memalloc.step`."""
         if self._running:
             raise RuntimeError("this LeakTracker is already running")
@@ -144,7 +145,7 @@ class LeakTracker:
             _C.set_stack_mode(self._previous_mode)
         self._running = False
 
-    def __enter__(self) -> "LeakTracker":
+    def __enter__(self) -> LeakTracker:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -153,7 +154,7 @@ class LeakTracker:
     def _on_step(self, n: int) -> None:
         self.sample(n)
 
-    def sample(self, step: Optional[int] = None) -> None:
+    def sample(self, step: int | None = None) -> None:
         """Takes one sample now (called at every step while running)."""
         by_stack: dict[int, list[int]] = {}
         ages: dict[int, dict[int, list[int]]] = {}
@@ -173,7 +174,7 @@ class LeakTracker:
             self._last_ages = ages  # stack id -> step allocated -> [live blocks, bytes], at the latest sample
 
     # ---- analysis ---------------------------------------------------------------
-    def report(self, *, find_holders: bool = True) -> "LeakReport":
+    def report(self, *, find_holders: bool = True) -> LeakReport:
         """Judges every call site over the samples so far (see the module
         docstring) and, with ``find_holders``, looks for what keeps the
         leaked tensors alive."""
@@ -312,16 +313,16 @@ class leak_check:
     """
 
     def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1, threshold_bytes_per_step: int = 0,
-                 max_bytes_per_step: Optional[float] = None, allocator: Optional[_C.Allocator] = None) -> None:
+                 max_bytes_per_step: float | None = None, allocator: _C.Allocator | None = None) -> None:
         if max_bytes_per_step is not None and (isinstance(max_bytes_per_step, bool) or not isinstance(
                 max_bytes_per_step, (int, float)) or not max_bytes_per_step >= 0):
             raise ValueError(f"max_bytes_per_step must be a number >= 0 (bytes) or None, not {max_bytes_per_step!r}")
         self.tracker = LeakTracker(device, warmup_steps=warmup_steps,
                                    threshold_bytes_per_step=threshold_bytes_per_step, allocator=allocator)
         self.max_bytes_per_step = max_bytes_per_step
-        self.report: Optional[LeakReport] = None
+        self.report: LeakReport | None = None
 
-    def __enter__(self) -> "leak_check":
+    def __enter__(self) -> leak_check:
         self.tracker.start()
         return self
 
@@ -346,10 +347,10 @@ class leak_check:
     def to_text(self) -> str:
         return self._finished().to_text()
 
-    def to_json(self, path: Optional[str] = None) -> str:
+    def to_json(self, path: str | None = None) -> str:
         return self._finished().to_json(path)
 
-    def to_html(self, path: Optional[str] = None) -> str:
+    def to_html(self, path: str | None = None) -> str:
         return self._finished().to_html(path)
 
 

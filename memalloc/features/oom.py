@@ -24,15 +24,14 @@ import collections
 import os
 import pickle
 import threading
-from typing import Optional
 
 from memalloc import _C
 from memalloc.core import _hooks, _state
-from memalloc.trace import snapshots
-from memalloc.features import stats
 from memalloc.core._device import DeviceLike, device_index
 from memalloc.core._format import fmt_bytes
 from memalloc.core._usercode import is_source, source_line
+from memalloc.features import stats
+from memalloc.trace import snapshots
 from memalloc.trace.sites import live_blocks, site_of
 
 _lock = threading.Lock()
@@ -41,7 +40,7 @@ _settings = {"enabled": True, "directory": os.environ.get("MEMALLOC_OOM_REPORT_D
 _written = 0
 
 
-def set_oom_report(enabled: bool = True, *, directory: Optional[str] = None, max_reports: int = 3,
+def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_reports: int = 3,
                    top: int = 5) -> None:
     """Configures the out-of-memory report.
 
@@ -79,7 +78,7 @@ def install() -> None:
         _hooks.unsubscribe(_hooks.OUT_OF_MEMORY, FEATURE)
 
 
-def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: Optional[_C.Allocator] = None) -> list[dict]:
+def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: _C.Allocator | None = None) -> list[dict]:
     """The ``n`` call sites whose live allocations hold the most memory on
     ``device`` of ``allocator`` (default: the installed one): [{"bytes",
     "tensors", "filename", "line", "function", "code", "tag"}], bytes, largest

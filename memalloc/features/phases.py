@@ -57,7 +57,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -77,14 +78,14 @@ class _Landmarks:
     """The hooks and what they remember; fields guarded by ``_lock``."""
 
     def __init__(self) -> None:
-        self.allocator: Optional[_C.Allocator] = None  # None: not installed
+        self.allocator: _C.Allocator | None = None  # None: not installed
         # Known by identity: a tied weight is registered twice, and tensors'
         # == is elementwise (a WeakSet of parameters raised there).
         self.parameters: _hooks.IdentityRegistry[torch.Tensor] = _hooks.IdentityRegistry()
         self.unmarked = 0  # parameters registered since the last marking
         self.optimizers: _hooks.IdentityRegistry[Any] = _hooks.IdentityRegistry()
         self.backward_listeners: list[Any] = []  # called when a backward starts
-        self.first: Optional[weakref.ref] = None  # the optimizer whose steps end steps
+        self.first: weakref.ref | None = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
         self.depth = 0  # backward calls in progress (one inside another: reentrant checkpointing)
         # optimizer.step() calls in progress, innermost last: [optimizer,
@@ -97,7 +98,7 @@ class _Landmarks:
 _marks = _Landmarks()
 
 
-def install(allocator: Optional[_C.Allocator] = None) -> None:
+def install(allocator: _C.Allocator | None = None) -> None:
     """Installs the landmark hooks for ``allocator`` (default: the installed
     one). Idempotent; :func:`uninstall` removes them."""
     a = _state.allocator_or_installed(allocator)
@@ -152,7 +153,7 @@ def _first_forward(module: Any, args: Any) -> None:
         a.enter_phase("forward")
 
 
-def _backward_begins() -> Optional[_C.Allocator]:
+def _backward_begins() -> _C.Allocator | None:
     """Before a backward: the allocator enters the backward phase (once for
     a backward inside a backward: reentrant checkpointing). Returns the
     allocator to leave the phase of, None when not installed."""
@@ -181,7 +182,7 @@ def _backward_begins() -> Optional[_C.Allocator]:
     return a
 
 
-def _backward_ends(a: Optional[_C.Allocator]) -> None:
+def _backward_ends(a: _C.Allocator | None) -> None:
     if a is None:
         return
     with _lock:
@@ -298,8 +299,8 @@ def _optimizer_parameters(optimizer: Any) -> list[torch.Tensor]:
             if isinstance(p, torch.Tensor)]
 
 
-def mark_parameters(allocator: Optional[_C.Allocator] = None,
-                    params: Optional[Iterable[torch.Tensor]] = None) -> int:
+def mark_parameters(allocator: _C.Allocator | None = None,
+                    params: Iterable[torch.Tensor] | None = None) -> int:
     """Marks the storages of ``params`` (default: every ``nn.Parameter``
     registered in a module since :func:`install`, and the parameters of
     every optimizer that has stepped) as ``parameters`` in ``allocator``
@@ -332,7 +333,7 @@ def _mark_tensors(a: _C.Allocator, tensors: list[torch.Tensor], category: str) -
     return total
 
 
-def mark(tensor: torch.Tensor, category: str, allocator: Optional[_C.Allocator] = None) -> int:
+def mark(tensor: torch.Tensor, category: str, allocator: _C.Allocator | None = None) -> int:
     """Gives the block holding ``tensor``'s storage the category (one of
     :data:`CATEGORIES`) in ``allocator`` (default: the installed one), for
     memory that the landmarks classify wrongly (e.g. a buffer made before

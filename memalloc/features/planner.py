@@ -114,7 +114,8 @@ import json
 import math
 import os
 import re
-from typing import Any, Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -147,7 +148,7 @@ class PlannerError(ValueError):
 
 
 # ---- the budget -----------------------------------------------------------------
-def parse_size(text: str) -> Optional[int]:
+def parse_size(text: str) -> int | None:
     """A budget's text as bytes: an int (``"1073741824"``), or a number with
     a unit (``"7GiB"``, ``"7.5G"``, ``"512MiB"``, ``"500MB"``: binary k/KiB,
     M/MiB, G/GiB, T/TiB; decimal kB, MB, GB, TB; any case, spaces allowed),
@@ -164,7 +165,7 @@ def parse_size(text: str) -> Optional[int]:
     return int(number) * unit if "." not in number else int(float(number) * unit)
 
 
-def as_budget(budget: Any) -> Optional[int]:
+def as_budget(budget: Any) -> int | None:
     """``budget`` as bytes: an int as it is, a string through
     :func:`parse_size`, None (and ``"free"``) as None; at least 1 MiB.
     PlannerError otherwise."""
@@ -230,7 +231,7 @@ class ProbeRecord:
     peak_allocated: int
     peak_reserved: int
     step_allocs: tuple[int, ...] = ()
-    layout: tuple[tuple[str, tuple[tuple[Optional[Key], int], ...]], ...] = ()
+    layout: tuple[tuple[str, tuple[tuple[Key | None, int], ...]], ...] = ()
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "live": [[list(k), n] for k, n in self.live],
@@ -241,7 +242,7 @@ class ProbeRecord:
                            for pool, blocks in self.layout]}
 
     @staticmethod
-    def from_json(d: dict) -> "ProbeRecord":
+    def from_json(d: dict) -> ProbeRecord:
         try:
             return ProbeRecord(int(d["batch"]), tuple((tuple(k), int(n)) for k, n in d["live"]),
                                tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
@@ -384,7 +385,7 @@ class ProbeRecording:
     def stop(self) -> None:
         recording.record_memory_history(enabled=False, device=self.device, allocator=self.allocator)
 
-    def finish(self) -> tuple[Optional[ProbeRecord], int]:
+    def finish(self) -> tuple[ProbeRecord | None, int]:
         """(the record, 0), or (None, events lost) when the ring overflowed;
         the ring is off afterwards either way."""
         try:
@@ -889,7 +890,7 @@ class BatchPlan:
     peak_reserved: int
     fixed_bytes: int
     per_sample_bytes: int
-    limit: Optional[int]
+    limit: int | None
     probes: tuple[tuple[int, int, int], ...]
     growing_share: float
     matched_share: float
@@ -921,7 +922,7 @@ def policy_config(allocator: _C.Allocator) -> str:
 
 
 def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_batch: int = 1 << 16,
-         repeats: Optional[int] = None) -> BatchPlan:
+         repeats: int | None = None) -> BatchPlan:
     """The largest batch predicted to fit ``budget`` bytes from the probes'
     records (ascending batch sizes, at least two), replayed under the
     policy ``config`` (:func:`policy_config` of the allocator), the
@@ -984,9 +985,9 @@ def default_budget(allocator: _C.Allocator, device: int) -> int:
     return min(free + reserved, device_limit(allocator, device)[0])
 
 
-def largest_batch(step: Callable[[int], Any], budget: Optional[int | str] = None, *,
+def largest_batch(step: Callable[[int], Any], budget: int | str | None = None, *,
                   probes: Sequence[int] = DEFAULT_PROBES, steps: int = 2, max_batch: int = 1 << 16,
-                  device: DeviceLike = None, allocator: Optional[_C.Allocator] = None) -> BatchPlan:
+                  device: DeviceLike = None, allocator: _C.Allocator | None = None) -> BatchPlan:
     """The largest batch size at which ``step(batch)`` is predicted to fit
     ``budget`` bytes of this allocator's memory, from a few steps at the
     ``probes`` batch sizes (see the module's docstring for how).
@@ -1051,7 +1052,7 @@ def largest_batch(step: Callable[[int], Any], budget: Optional[int | str] = None
             _hooks.unsubscribe(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
 
 
-def refinement(first: BatchPlan) -> Optional[int]:
+def refinement(first: BatchPlan) -> int | None:
     """The batch of the one more probe that a plan far above its probes
     takes (then planned again with it): half the first plan's batch, when
     that is more than twice the largest probe; None otherwise. Sizes are

@@ -45,7 +45,8 @@ import json
 import math
 import os
 import random
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Union
 
 import torch
 
@@ -91,11 +92,11 @@ class DeviceReplay:
     final_reserved: int
     final_allocated: int
     unknown_frees: int = 0
-    recorded_peak_allocated: Optional[int] = None
-    recorded_peak_reserved: Optional[int] = None
+    recorded_peak_allocated: int | None = None
+    recorded_peak_reserved: int | None = None
 
     @property
-    def ratio(self) -> Optional[float]:
+    def ratio(self) -> float | None:
         """peak_reserved / peak_allocated; None when nothing was allocated."""
         return self.peak_reserved / self.peak_allocated if self.peak_allocated else None
 
@@ -169,7 +170,7 @@ def _random_ops(n_allocs: int, live: int, seed: int) -> Iterator[Op]:
     """random_workload's ops, arguments checked."""
     rng = random.Random(seed)
     sizes = [max(1, min(RANDOM_CAP, int(math.exp(rng.gauss(11, 3))))) for _ in range(n_allocs)]
-    slots: list[Optional[int]] = [None] * live
+    slots: list[int | None] = [None] * live
     for key, size in enumerate(sizes):
         slot = rng.randrange(live)
         if slots[slot] is not None:
@@ -217,7 +218,7 @@ def _trace_ops(events: Sequence[Event]) -> list[_Code]:
     return out
 
 
-def _recorded_peaks(events: Sequence[Event]) -> tuple[Optional[int], Optional[int]]:
+def _recorded_peaks(events: Sequence[Event]) -> tuple[int | None, int | None]:
     """(peak allocated, peak reserved) of the trace's own events, from its
     first event; (None, None) when a free or segment_free names an address
     the trace never allocated (it did not start on an empty allocator).
@@ -261,7 +262,7 @@ class _Replayer:
     def __init__(self, allocator: _C.Allocator, device: int, streams_in_use: set[int], source: str,
                  synthetic: bool):
         self.a, self.device, self.source, self.synthetic = allocator, device, source, synthetic
-        self.ptrs: dict[int, Optional[int]] = {}    # live key -> replay pointer (None: its malloc ran out of memory)
+        self.ptrs: dict[int, int | None] = {}    # live key -> replay pointer (None: its malloc ran out of memory)
         self.pending: dict[int, int] = {}           # key of a free not completed yet -> its private stream
         self.spare: list[int] = []                  # private streams with nothing pending
         self.private = (s for s in itertools.count((1 << 64) - 1, -1) if s not in streams_in_use)
@@ -316,14 +317,14 @@ class _Replayer:
         if ptr is not None:
             self.a.free(ptr, self.device)
 
-    def result(self, recorded: tuple[Optional[int], Optional[int]]) -> DeviceReplay:
+    def result(self, recorded: tuple[int | None, int | None]) -> DeviceReplay:
         s = self.a.stats(self.device)
         return DeviceReplay(self.device, s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"],
                             s["allocation"]["all"]["allocated"], s["num_ooms"], s["reserved_bytes"]["all"]["current"],
                             s["allocated_bytes"]["all"]["current"], self.unknown_frees, *recorded)
 
 
-def _allocator(config: str, host_capacity_mb: Optional[int], bound: int, devices: int) -> tuple[_C.Allocator, int]:
+def _allocator(config: str, host_capacity_mb: int | None, bound: int, devices: int) -> tuple[_C.Allocator, int]:
     """A fresh host allocator for a replay and its capacity in bytes."""
     if not isinstance(config, str):
         raise TypeError(f"config must be 'key:value,...' text, not {type(config).__name__}")
@@ -347,7 +348,7 @@ def _allocator(config: str, host_capacity_mb: Optional[int], bound: int, devices
     return a, a.mem_get_info(0)[1]
 
 
-def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: Optional[int], source: str,
+def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: int | None, source: str,
                synthetic: bool) -> tuple[_C.Allocator, int, list[_Replayer]]:
     """A fresh host allocator sized for each device's op codes, its capacity
     (bytes) and a replayer per device (for _replay, and for replay_steps,
@@ -358,9 +359,9 @@ def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity
     return a, capacity, [_Replayer(a, device, streams, source, synthetic) for device in range(len(device_ops))]
 
 
-def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: Optional[int],
+def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: int | None,
             source: str, skip_unknown_frees: bool,
-            recorded: Optional[Sequence[tuple[Optional[int], Optional[int]]]]) -> ReplayResult:
+            recorded: Sequence[tuple[int | None, int | None]] | None) -> ReplayResult:
     """Replays each device's op codes (recorded: each device's recorded
     peaks; None for synthetic ops)."""
     _, capacity, replayers = _replayers(device_ops, config, host_capacity_mb, source, synthetic=recorded is None)
@@ -371,7 +372,7 @@ def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb
     return ReplayResult(source, config, capacity, tuple(devices))
 
 
-def replay_ops(ops: Iterable[Op], config: str = "", *, host_capacity_mb: Optional[int] = None,
+def replay_ops(ops: Iterable[Op], config: str = "", *, host_capacity_mb: int | None = None,
                name: str = "ops") -> ReplayResult:
     """Replays synthetic ops (``("alloc", size)`` in bytes, ``("free", key)``
     where the k-th alloc made key k, ``("empty_cache",)``) on device 0,
@@ -388,8 +389,8 @@ def replay_ops(ops: Iterable[Op], config: str = "", *, host_capacity_mb: Optiona
     return _replay([_ops_of(ops)], config, host_capacity_mb, name, False, None)
 
 
-def replay_trace(trace: Union[Trace, PathLike], config: str = "", *, host_capacity_mb: Optional[int] = None,
-                 skip_unknown_frees: bool = False, name: Optional[str] = None) -> ReplayResult:
+def replay_trace(trace: Trace | PathLike, config: str = "", *, host_capacity_mb: int | None = None,
+                 skip_unknown_frees: bool = False, name: str | None = None) -> ReplayResult:
     """Replays a trace (a path of a file written by :func:`memalloc.save_trace`,
     or a :class:`~memalloc.trace.trace_files.Trace`) on a fresh host allocator
     built with ``config``, one simulated device per device of the trace,
@@ -412,8 +413,8 @@ def replay_trace(trace: Union[Trace, PathLike], config: str = "", *, host_capaci
     return _replay(device_ops, config, host_capacity_mb, name or "trace", skip_unknown_frees, recorded)
 
 
-def replay_steps(trace: Union[Trace, PathLike, Sequence[Event]], config: str = "", *, device: int = 0,
-                 host_capacity_mb: Optional[int] = None, skip_unknown_frees: bool = False) -> list[StepReplay]:
+def replay_steps(trace: Trace | PathLike | Sequence[Event], config: str = "", *, device: int = 0,
+                 host_capacity_mb: int | None = None, skip_unknown_frees: bool = False) -> list[StepReplay]:
     """One device of a trace (a path, a :class:`~memalloc.trace.trace_files.Trace`,
     or one device's events) replayed one step at a time (the events' step
     numbers, :func:`memalloc.step`), under ``config`` as in
@@ -478,7 +479,7 @@ def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
     real: dict[int, int] = {}                      # position -> address of the last step's allocation
     body: list[tuple[Event, tuple[int, int]]] = []
     for e in events:
-        at: Optional[tuple[int, int]]
+        at: tuple[int, int] | None
         if e.action == "alloc":
             at = (e.step, count.get(e.step, 0))
             count[e.step] = at[1] + 1
@@ -599,9 +600,9 @@ def results_table(results: Sequence[ReplayResult]) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def results_to_json(results: Sequence[ReplayResult], path: Optional[PathLike] = None,
-                    command: Optional[str] = None, smallest_device_mb: Optional[dict] = None,
-                    per_step: Optional[dict] = None) -> str:
+def results_to_json(results: Sequence[ReplayResult], path: PathLike | None = None,
+                    command: str | None = None, smallest_device_mb: dict | None = None,
+                    per_step: dict | None = None) -> str:
     """``{"command": command, "results": [result.to_dict(), ...]}`` as JSON
     text (plus ``"smallest_device_mb": {source: {config: MiB}}`` and
     ``"per_step": {source: {config: {device: [StepReplay.to_dict(), ...]}}}``

@@ -46,7 +46,7 @@ def memory_stats_as_nested_dict(device: DeviceLike = None) -> dict[str, Any]:
     return stats
 
 
-def memory_stats(device: DeviceLike = None) -> "collections.OrderedDict[str, int]":
+def memory_stats(device: DeviceLike = None) -> collections.OrderedDict[str, int]:
     """Like ``torch.cuda.memory_stats``: a sorted OrderedDict of
     ``"<stat>.<all|small_pool|large_pool>.<current|peak|allocated|freed>"``,
     ``"oversize_allocations.<...>"``, ``"num_ooms"``, ``"num_alloc_retries"``,

@@ -55,14 +55,14 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Union
 
 from memalloc import _C
 from memalloc.core import _state, iteration
-from memalloc.features import stats
-from memalloc.features.breakdown import CATEGORIES
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._format import describe_split, fmt_bytes
+from memalloc.features import stats
+from memalloc.features.breakdown import CATEGORIES
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -108,7 +108,7 @@ assert Row._fields == FIELDS
 # allocator's window is folded into every active tracker of its device.
 # Keyed by (id of the allocator, device): each allocator has its own windows.
 _lock = threading.Lock()
-_active: dict[tuple[int, int], list["StepTracker"]] = {}
+_active: dict[tuple[int, int], list[StepTracker]] = {}
 
 
 def _take_window(allocator: _C.Allocator, device: int) -> None:
@@ -156,15 +156,15 @@ class StepTracker:
 
     FIELDS = FIELDS
 
-    def __init__(self, device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> None:
+    def __init__(self, device: DeviceLike = None, *, allocator: _C.Allocator | None = None) -> None:
         stats.device_index(device)  # TypeError for a value of the wrong type, now
         self._device_spec = device
         self._given_allocator = allocator
-        self._allocator: Optional[_C.Allocator] = allocator
-        self._device: Optional[int] = self._resolve() if allocator is not None or _state.is_enabled() else None
+        self._allocator: _C.Allocator | None = allocator
+        self._device: int | None = self._resolve() if allocator is not None or _state.is_enabled() else None
         self._rows: list[Row] = []
         self._running = False
-        self._t0: Optional[float] = None
+        self._t0: float | None = None
         self._window = (0, 0, 0)  # (peak allocated, peak reserved, OOMs) taken so far in this step
         self._used: dict[str, int] = {}  # boundaries by source while running (iteration.boundary_counts)
         self._counts_at_start: dict[str, int] = {}
@@ -175,7 +175,7 @@ class StepTracker:
         self._allocator = _state.allocator_or_installed(self._given_allocator)
         return existing_device_index(self._device_spec, self._allocator)
 
-    def _backend(self) -> Optional[str]:
+    def _backend(self) -> str | None:
         """"cuda" or "host" for the tracked allocator (None before one is known)."""
         if self._allocator is not None:
             return self._allocator.backend_name
@@ -185,7 +185,7 @@ class StepTracker:
         return (id(self._allocator), self._device)
 
     @property
-    def device(self) -> Optional[int]:
+    def device(self) -> int | None:
         """The device index tracked (None until an allocator is known: given, or installed by enable())."""
         return self._device
 
@@ -194,7 +194,7 @@ class StepTracker:
         """Whether boundaries are being recorded."""
         return self._running
 
-    def start(self) -> "StepTracker":
+    def start(self) -> StepTracker:
         """Starts listening to :func:`memalloc.step` on the device; the first
         step's peaks count from here. RuntimeError when memalloc is not
         enabled or the tracker already runs. Returns the tracker."""
@@ -227,11 +227,11 @@ class StepTracker:
             if self in trackers:
                 trackers.remove(self)
 
-    def __enter__(self) -> "StepTracker":
+    def __enter__(self) -> StepTracker:
         return self.start()
 
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.stop()
 
     @property
@@ -259,7 +259,7 @@ class StepTracker:
     def _on_step(self, step: int) -> None:
         self._record(step, listener=True)
 
-    def record_row(self, step: Optional[int] = None) -> dict[str, Any]:
+    def record_row(self, step: int | None = None) -> dict[str, Any]:
         """Marks a boundary without :func:`memalloc.step` (which would also
         run the other step listeners and policies) and returns its row.
         ``step`` defaults to the previous row's step + 1 (1 for the first).
@@ -272,7 +272,7 @@ class StepTracker:
         assert row is not None
         return row._asdict()
 
-    def _record(self, step: Optional[int], listener: bool) -> Optional[Row]:
+    def _record(self, step: int | None, listener: bool) -> Row | None:
         with _lock:
             if not self._running:
                 if listener:  # a step() racing with stop() in another thread
@@ -318,7 +318,7 @@ class StepTracker:
         with _lock:
             self._rows.clear()
 
-    def to_csv(self, path: Optional[PathLike] = None) -> str:
+    def to_csv(self, path: PathLike | None = None) -> str:
         """The rows as CSV text (a header of :data:`FIELDS`, one line per
         row; bytes, seconds), also written to ``path`` when given.
         FileNotFoundError when its directory does not exist,
@@ -345,7 +345,7 @@ class StepTracker:
             "rows": self.rows,
         }
 
-    def to_json(self, path: Optional[PathLike] = None) -> str:
+    def to_json(self, path: PathLike | None = None) -> str:
         """The rows as JSON text, also written to ``path`` when given. Schema
         ``memalloc.step_tracker/1`` (keys may be added within a version;
         readers ignore those they do not know)::

@@ -21,20 +21,18 @@ memalloc/core/_state.py.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from memalloc import _C
 from memalloc.core import _policy, _settings, _state, iteration
-from memalloc.integration import _torch_patch
-from memalloc.features import flight, oom, phases
-from memalloc.trace import recording
 from memalloc.core._config import PRODUCT_DEFAULTS, ConfigLike, config_text, config_value
+from memalloc.features import flight, oom, phases
+from memalloc.integration import _torch_patch
+from memalloc.trace import recording
 
 
 def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
-           patch_torch: Optional[bool] = None) -> str:
+           patch_torch: bool | None = None) -> str:
     """Installs memalloc as this process's allocator and returns the backend
     used ("cuda" or "host").
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from memalloc.core import _hooks
-from memalloc.trace import recording, snapshots
 from memalloc.features import stats
+from memalloc.trace import recording, snapshots
 
 # torch name -> memalloc function, on every backend.
 _QUERIES: dict[str, Callable[..., Any]] = {

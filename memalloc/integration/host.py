@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator, Optional, Sequence, Union
+from collections.abc import Iterator, Sequence
+from typing import Union
 
 import torch
 
@@ -41,7 +42,7 @@ def _dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def _host_allocator(allocator: Optional[_C.Allocator]) -> _C.Allocator:
+def _host_allocator(allocator: _C.Allocator | None) -> _C.Allocator:
     if allocator is not None:
         if not isinstance(allocator, _C.Allocator):
             raise TypeError(f"allocator must be a memalloc.Allocator or None (the installed one), "
@@ -61,7 +62,7 @@ def empty(
     dtype: torch.dtype = torch.float32,
     device: int = 0,
     *,
-    allocator: Optional[_C.Allocator] = None,
+    allocator: _C.Allocator | None = None,
     stream: int = 0,
 ) -> torch.Tensor:
     """An uninitialised CPU tensor of ``shape`` and ``dtype`` whose
@@ -83,7 +84,7 @@ def empty(
 
 
 def zeros(shape: ShapeLike, dtype: torch.dtype = torch.float32, device: int = 0, *,
-          allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+          allocator: _C.Allocator | None = None) -> torch.Tensor:
     """Like :func:`empty`, filled with zeros."""
     return empty(shape, dtype, device, allocator=allocator).zero_()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass, field
-from typing import Optional
 
 from memalloc.core._format import fmt_bytes
 from memalloc.reporters.report_html import render_html
@@ -36,7 +35,7 @@ class Leak:
     retained_tensors: int
     first_step: int
     series: list
-    holder: Optional[dict] = None
+    holder: dict | None = None
     cause: str = "unknown"
     hint: str = ""
     also_allocated_at: list = field(default_factory=list)  # further sites kept alive by the same holder
@@ -84,7 +83,7 @@ class LeakReport:
                 "threshold_bytes_per_step": self.threshold_bytes_per_step, "warmup_steps": self.warmup_steps,
                 "leaks": [l.to_dict() for l in self.leaks], "notes": self.notes, "boundaries": self.boundaries}
 
-    def to_json(self, path: Optional[str] = None) -> str:
+    def to_json(self, path: str | None = None) -> str:
         """The report as JSON (docs/leak-report.md); written to ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=1)
         if path is not None:
@@ -93,7 +92,7 @@ class LeakReport:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> "LeakReport":
+    def from_json(cls, text_or_path: str) -> LeakReport:
         """Reads a report written by :meth:`to_json` (a path or the text)."""
         text = text_or_path
         if not text_or_path.lstrip().startswith("{"):
@@ -146,7 +145,7 @@ class LeakReport:
             lines.append(f"note: {note}")
         return "\n".join(lines)
 
-    def to_html(self, path: Optional[str] = None) -> str:
+    def to_html(self, path: str | None = None) -> str:
         """A self-contained HTML page (memalloc/reporters/report_html.py); written to
         ``path`` when given."""
         html = render_html(self.to_dict())

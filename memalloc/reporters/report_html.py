@@ -16,7 +16,8 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from memalloc.core._format import fmt_bytes
 
@@ -309,7 +310,7 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _where(site: Optional[dict], function: bool = False) -> str:
+def _where(site: dict | None, function: bool = False) -> str:
     if not site:
         return "?"
     text = f"{site.get('filename', '?')}:{site.get('line', '?')}"

@@ -43,7 +43,7 @@ import json
 import mmap
 import os
 import struct
-from typing import Optional, Union
+from typing import Union
 
 from memalloc.core._usercode import is_internal
 from memalloc.trace.recording import RECORD_FORMAT, Event, decode_records
@@ -99,11 +99,11 @@ class FlightFile:
     torn: list[int]  # per device, records whose sequence number was 0 or changed while read
     stacks: dict[int, list[list]]  # stack id -> [[file, line, function], ...] innermost first
     tags: dict[int, str]
-    checkpoint: Optional[dict]
+    checkpoint: dict | None
     history: list[dict]  # per step and device: step, time_ns, device, peak_allocated, allocated, reserved, split
     missing: int = 0  # bytes cut off the file's end (0: whole); what lies before the cut is read
 
-    def user_frame(self, stack_id: int) -> Optional[tuple]:
+    def user_frame(self, stack_id: int) -> tuple | None:
         """(file, line, function) of the innermost user-code frame of an
         interned stack, from the file's own stacks; None when there is none."""
         return next((tuple(fr) for fr in self.stacks.get(stack_id, []) if not is_internal(fr[0])), None)
@@ -117,7 +117,7 @@ class FlightFile:
         return self.user_frame(stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
 
 
-def replay(live: dict[int, Event], e: Event) -> Optional[Event]:
+def replay(live: dict[int, Event], e: Event) -> Event | None:
     """Replays one event of a ring onto ``live`` (address -> the alloc event
     of every block the ring saw allocated and not yet freed): an alloc adds
     its block, a free_requested removes it. Returns the alloc event of the
@@ -238,8 +238,8 @@ def _interned(region: bytes) -> tuple[dict[int, list[list]], dict[int, str]]:
     return stacks, tags
 
 
-def _checkpoint(data: bytes, offset: int, nbytes: int) -> Optional[dict]:
-    best: tuple[int, Optional[dict]] = (0, None)
+def _checkpoint(data: bytes, offset: int, nbytes: int) -> dict | None:
+    best: tuple[int, dict | None] = (0, None)
     half = nbytes // 2
     for slot in (0, 1):
         at = offset + slot * half

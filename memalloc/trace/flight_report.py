@@ -17,7 +17,6 @@ import html
 import statistics
 
 from memalloc import _C
-
 from memalloc.core._format import fmt_bytes
 from memalloc.reporters.report_html import chart, render_page
 from memalloc.trace.flight_files import FlightFile, live_at_end, replay
@@ -204,7 +203,7 @@ def snapshot_of(f: FlightFile) -> dict:
     events as its trace, named from the file's stacks, and the segments the
     ring saw made and not freed, with the blocks it saw allocated in them
     (a segment made before the ring's oldest record is not known)."""
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def frames_of(stack_id: int) -> list:
         return [{"filename": fr[0], "line": int(fr[1]), "name": fr[2]} for fr in f.stacks.get(stack_id, [])]
 

@@ -26,14 +26,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-from typing import Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Union
 
 from memalloc import _C
 from memalloc.core import _state
-from memalloc.trace import tags
 from memalloc.core._config import STACK_MODES
 from memalloc.core._device import DeviceLike, device_index
 from memalloc.core._usercode import is_internal
+from memalloc.trace import tags
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -97,7 +98,7 @@ _recording: dict[int, tuple[_C.Allocator, set[int]]] = {}
 _ring_owners: dict[int, tuple[_C.Allocator, Callable[[int], None]]] = {}
 
 
-def set_ring_owner(allocator: _C.Allocator, take_back: Optional[Callable[[int], None]]) -> None:
+def set_ring_owner(allocator: _C.Allocator, take_back: Callable[[int], None] | None) -> None:
     """While ``take_back`` is set, stopping the in-memory history of a device
     of ``allocator`` calls ``take_back(device)`` instead of leaving the ring
     off (None: no owner)."""
@@ -115,7 +116,7 @@ def history_on(device: int, allocator: _C.Allocator) -> bool:
 
 
 def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python",
-                          device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> None:
+                          device: DeviceLike = None, *, allocator: _C.Allocator | None = None) -> None:
     """Starts (or with ``enabled=False`` stops) recording allocator events.
 
     While the flight recorder runs (``flight_recorder:DIR``), starting this
@@ -170,21 +171,21 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
 
 
 # ---- reading events -------------------------------------------------------------
-def raw_records(device: int, *, allocator: Optional[_C.Allocator] = None) -> tuple[bytes, int]:
+def raw_records(device: int, *, allocator: _C.Allocator | None = None) -> tuple[bytes, int]:
     """(the ring's records of ``device`` of ``allocator`` (default: the
     installed one) as bytes, 64 per record, oldest first; the number of
     records dropped)."""
     return _state.allocator_or_installed(allocator).trace(device)
 
 
-def _device_records(device: DeviceLike, allocator: Optional[_C.Allocator]) -> tuple[bytes, int]:
+def _device_records(device: DeviceLike, allocator: _C.Allocator | None) -> tuple[bytes, int]:
     """raw_records of ``device`` as the readers below take it (None: device 0
     on the host backend, the current CUDA device on CUDA)."""
     backend = allocator.backend_name if allocator is not None else None  # None: the enabled one
     return raw_records(device_index(device, backend), allocator=allocator)
 
 
-def dropped(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> int:
+def dropped(device: DeviceLike = None, *, allocator: _C.Allocator | None = None) -> int:
     """Events of ``device`` of ``allocator`` (default: the installed one)
     overwritten because the ring was full."""
     return int(_device_records(device, allocator)[1])
@@ -201,13 +202,13 @@ def decode_records(raw: bytes, tags: Sequence[str]) -> list[Event]:
     return out
 
 
-def events(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> list[Event]:
+def events(device: DeviceLike = None, *, allocator: _C.Allocator | None = None) -> list[Event]:
     """The recorded events of ``device`` of ``allocator`` (default: the
     installed one), oldest first (sizes in bytes)."""
     return decode_records(_device_records(device, allocator)[0], _C.tag_names())
 
 
-def events_array(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None):
+def events_array(device: DeviceLike = None, *, allocator: _C.Allocator | None = None):
     """The recorded events of ``device`` of ``allocator`` (default: the
     installed one) as a numpy structured array (fields as in
     csrc/profiler/recorder.h: time_ns, addr, size, requested (bytes), stream,

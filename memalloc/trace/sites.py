@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Optional
 
 from memalloc import _C
 from memalloc.core import _state
@@ -23,15 +22,15 @@ LiveBlock = tuple[int, int, int, int, int, int]  # (addr, size, requested, stack
 assert tuple(f[0] for f in _C.LIVE_FIELDS) == ("addr", "size", "requested", "stack_id", "tag_id", "step")
 
 
-@functools.lru_cache(maxsize=None)  # an interned stack never changes (csrc/profiler/stacks.h)
-def site_of(stack_id: int) -> Optional[SiteKey]:
+@functools.cache  # an interned stack never changes (csrc/profiler/stacks.h)
+def site_of(stack_id: int) -> SiteKey | None:
     """(filename, line, function) of the innermost user-code frame of an
     interned stack; None for stack id 0 (no stack captured)."""
     f = user_frame(stack(stack_id)) if stack_id else None
     return (f.filename, f.line, f.name) if f else None
 
 
-def live_blocks(device: int, allocator: Optional[_C.Allocator] = None) -> list[LiveBlock]:
+def live_blocks(device: int, allocator: _C.Allocator | None = None) -> list[LiveBlock]:
     """(addr, size, requested, stack_id, tag_id, step) of every live block of
     ``device`` (bytes; ``step`` = memalloc.step() count at allocation), of
     ``allocator`` or the installed one."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-from typing import Optional, Union
+from typing import Union
 
 from memalloc import _C
 from memalloc.core import _state
@@ -16,7 +16,7 @@ from memalloc.trace.recording import ACTIONS, frames_json, raw_records
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def snapshot(device: DeviceLike = None, *, allocator: Optional[_C.Allocator] = None) -> dict:
+def snapshot(device: DeviceLike = None, *, allocator: _C.Allocator | None = None) -> dict:
     """The state and recorded events of ``allocator`` (default: the
     installed one) in the format of ``torch.cuda.memory._snapshot()``:
     {"segments": [...], "device_traces": [[...] per device]} (sizes in
@@ -58,7 +58,7 @@ _TORCH_KEEP = [a in _TORCH_ACTIONS for a in ACTIONS]
 
 
 def dump_snapshot(filename: PathLike = "dump_snapshot.pickle", *,
-                  allocator: Optional[_C.Allocator] = None) -> str:
+                  allocator: _C.Allocator | None = None) -> str:
     """Writes :func:`snapshot` of ``allocator`` (default: the installed one)
     as the pickle pytorch.org/memory_viz opens; returns the path.
     ``filename`` is a path (str or os.PathLike), never an open file

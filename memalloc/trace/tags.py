@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from memalloc import _C
 from memalloc.core import _hooks
 from memalloc.core._config import STACK_MODES
-
 
 _local = threading.local()
 

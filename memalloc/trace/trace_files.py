@@ -9,7 +9,7 @@ import io
 import json
 import os
 import struct
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from memalloc import _C
 from memalloc.core import _state
@@ -23,7 +23,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _HEADER = struct.Struct("<Q")  # metadata length in bytes, after the magic line
 
 
-def save_trace(path: PathLike, *, allocator: Optional[_C.Allocator] = None) -> str:
+def save_trace(path: PathLike, *, allocator: _C.Allocator | None = None) -> str:
     """Writes the records (raw, 64 bytes each) of every device of
     ``allocator`` (default: the installed one) with the stack and tag tables
     they refer to; returns the path. Read back with :func:`load_trace`.

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # strategies.py
-from strategies import (backward, cpu_autocast, end_step, grad_scaler, optimizer_step, parser,  # noqa: E402
-                        write_measurement)
+from strategies import backward, cpu_autocast, end_step, grad_scaler, optimizer_step, parser, write_measurement  # noqa: E402
 
 p = parser(batch=128, steps=12)
 p.add_argument("--no-leak", action="store_true")

@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plain_model.py, strategies.py
 import lightning as L  # noqa: E402
-
-import memalloc  # noqa: E402
 from plain_model import CLASSES, TOKENS, WIDTH, Net  # noqa: E402
 from strategies import parser, write_measurement  # noqa: E402
+
+import memalloc  # noqa: E402
 
 p = parser(batch=32, steps=5)
 p.add_argument("--checkpoint", action="store_true")

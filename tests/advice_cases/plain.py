@@ -23,8 +23,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plain_model.py, strategies.py
 from plain_model import CLASSES, TOKENS, WIDTH, Net  # noqa: E402
-from strategies import (backward, cpu_autocast, end_step, grad_scaler, optimizer_step, parser,  # noqa: E402
-                        write_measurement)
+from strategies import backward, cpu_autocast, end_step, grad_scaler, optimizer_step, parser, write_measurement  # noqa: E402
 
 p = parser(batch=32, steps=5)
 p.add_argument("--checkpoint", action="store_true")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from typing import Any, ContextManager, Optional
+from typing import Any, ContextManager
 
 import torch
 
@@ -30,7 +30,7 @@ def parser(batch: int, steps: int) -> argparse.ArgumentParser:
     return p
 
 
-def autocast_dtype(args: argparse.Namespace) -> Optional[torch.dtype]:
+def autocast_dtype(args: argparse.Namespace) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
 
 
@@ -40,17 +40,17 @@ def cpu_autocast(args: argparse.Namespace) -> ContextManager[Any]:
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
-def grad_scaler(args: argparse.Namespace) -> Optional[torch.amp.GradScaler]:
+def grad_scaler(args: argparse.Namespace) -> torch.amp.GradScaler | None:
     """fp16's GradScaler (None otherwise)."""
     return torch.amp.GradScaler("cpu") if args.autocast == "fp16" else None
 
 
-def backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
     """loss.backward(), through fp16's GradScaler when there is one."""
     (scaler.scale(loss) if scaler is not None else loss).backward()
 
 
-def optimizer_step(opt: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler]) -> None:
+def optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
     if scaler is not None:
         scaler.step(opt)
         scaler.update()

@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from memtest_helpers import REPO
 
 from benchmarks import vm_driver_costs as v
-from memtest_helpers import REPO
 
 CHECK = r"""
 #include <cstddef>

@@ -5,9 +5,9 @@ tests of its parts (tests/cpp/*_test.cpp, each part on its own)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 

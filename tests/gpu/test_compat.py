@@ -23,7 +23,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import record
 
 pytestmark = [

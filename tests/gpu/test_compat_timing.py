@@ -23,7 +23,6 @@ import statistics
 
 import pytest
 import torch
-
 from test_compat import TIME_FACTOR, require_ok, run_case
 from test_cuda import record
 

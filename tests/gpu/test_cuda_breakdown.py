@@ -15,7 +15,6 @@ import sys
 
 import pytest
 import torch
-
 from breakdown_cases import check_model_run, model_script
 from test_cuda import record
 

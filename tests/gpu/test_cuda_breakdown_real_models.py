@@ -21,7 +21,6 @@ import sys
 
 import pytest
 import torch
-
 from breakdown_real_models import MODELS, STEPS, figures, misses, model_script, table
 from test_cuda import record
 

@@ -16,7 +16,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import record
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

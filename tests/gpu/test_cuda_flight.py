@@ -22,7 +22,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import gpu_worker, record
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import record
 
 pytestmark = [

@@ -19,7 +19,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import record
 
 pytestmark = [

@@ -16,7 +16,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -15,7 +15,6 @@ import sys
 
 import pytest
 import torch
-
 from test_cuda import record
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_cuda import gpu_worker, scenario
 
 pytestmark = [

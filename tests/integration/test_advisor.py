@@ -103,6 +103,7 @@ def test_a_leaks_first_step_bytes_are_other_not_activations():
     # The first step is the breakdown's warm-up: what a leak kept from it is other (as far as
     # other holds it), so only the rest is taken out of the activations.
     from test_real_paths_advice import leak_of
+
     from memalloc.reporters.leak_report import LeakReport
     b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20, other=15)
     report = LeakReport(backend="host", device=0, steps=[1, 2, 3], allocated=[0] * 3, reserved=[0] * 3,

@@ -15,9 +15,9 @@ from __future__ import annotations
 import gc
 
 import pytest
+from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, SMALL_SEGMENT, MiB, rnd
 
 import memalloc
-from memtest_helpers import CONFIG_KEYS, LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd
 
 PRELUDE = ""  # tests/conftest.py CHILD_PRELUDE has all these scenarios need
 

@@ -43,8 +43,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "bad-input.md"
@@ -61,8 +62,8 @@ class Case:
     input: str                            # what is wrong with the input
     expect: tuple[tuple[str, str], ...]   # alternatives: (exception type name, message fragment)
     env: str = "inproc"
-    conf: Optional[str] = None            # MEMALLOC_CONF while the case runs
-    bug: Optional[str] = None             # a finding: why it does not get a clear error today
+    conf: str | None = None            # MEMALLOC_CONF while the case runs
+    bug: str | None = None             # a finding: why it does not get a clear error today
 
     @property
     def id(self) -> str:
@@ -74,7 +75,7 @@ CASES: list[Case] = []
 
 
 def add(area: str, call: str, input: str, error: str, fragment: str, *, env: str = "inproc",
-        conf: Optional[str] = None, bug: Optional[str] = None, alt: tuple[tuple[str, str], ...] = ()) -> None:
+        conf: str | None = None, bug: str | None = None, alt: tuple[tuple[str, str], ...] = ()) -> None:
     CASES.append(Case(area, call, input, ((error, fragment),) + tuple(alt), env, conf, bug))
 
 
@@ -756,7 +757,7 @@ def _open_fd(ns: dict) -> None:
     ns["_fd_ino"] = os.fstat(ns["fd"]).st_ino
 
 
-def _fd_is_ours(ns: dict) -> Optional[bool]:
+def _fd_is_ours(ns: dict) -> bool | None:
     if "_fd_ino" not in ns:
         return None
     try:
@@ -778,7 +779,7 @@ def run_case(case: Case, ns: dict, state: Callable[[dict], Any]) -> dict:
     if uses_fd:
         _open_fd(ns)
     before = state(ns)
-    raised: Optional[dict] = None
+    raised: dict | None = None
     with _captured_stderr() as err:
         if case.conf is not None:
             os.environ["MEMALLOC_CONF"] = case.conf
@@ -813,8 +814,9 @@ def _scratch_files(ns: dict) -> list:
 
 
 def _inproc_namespace() -> dict:
-    import memalloc
     import torch
+
+    import memalloc
     from memalloc import host
 
     a = memalloc.Allocator("host", HOST_CONFIG)
@@ -852,7 +854,7 @@ def _allocator_state(ns: dict) -> dict:
 def _trace_files(scratch: str) -> dict[str, str]:
     magic = b"MEMALLOC-TRACE-1\n"
 
-    def with_meta(meta: Any, raw_meta: Optional[bytes] = None) -> bytes:
+    def with_meta(meta: Any, raw_meta: bytes | None = None) -> bytes:
         blob = raw_meta if raw_meta is not None else json.dumps(meta).encode()
         return magic + struct.pack("<Q", len(blob)) + blob
 
@@ -877,8 +879,9 @@ def _trace_files(scratch: str) -> dict[str, str]:
 
 
 def _child_namespace(env: str, scratch: str) -> dict:
-    import memalloc
     import torch
+
+    import memalloc
     from memalloc import _C, host
 
     ns = {"memalloc": memalloc, "torch": torch, "host": host, "_C": _C, "scratch": scratch}
@@ -953,7 +956,7 @@ def child_main(process: str) -> int:
 # =============================================================================
 # Judging an outcome
 # =============================================================================
-def problems(case: Case, out: Optional[dict]) -> list[str]:
+def problems(case: Case, out: dict | None) -> list[str]:
     """What is wrong with ``out`` for ``case``; [] when it is the answer wanted."""
     if out is None:
         return ["no outcome: the interpreter running this case died before reporting it (a crash?)"]

@@ -20,7 +20,6 @@ and forks a child per model, each enabling memalloc afresh.
 from __future__ import annotations
 
 import pytest
-
 from breakdown_real_models import MODELS, STEPS, misses, runner_script, table
 
 pytest.importorskip("transformers")

@@ -10,10 +10,9 @@ import re
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 import pytest
-from memtest_helpers import REPO, CONFIG_KEYS
+from memtest_helpers import CONFIG_KEYS, REPO
 
 from memalloc import _C, load_trace, recording, replay, save_trace
 from memalloc.features.breakdown import CATEGORIES
@@ -26,7 +25,7 @@ def memalloc_cli(fresh_python):
     """memalloc_cli(*args, conf=None, cwd=REPO): ``python -m memalloc <args>`` in a
     fresh interpreter (tests/conftest.py: no GPU, MEMALLOC_CONF only ``conf``,
     the package importable from any cwd)."""
-    def run(*args: str, conf: Optional[str] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    def run(*args: str, conf: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
         return fresh_python.run(["-m", "memalloc", *args], cwd=cwd, conf=conf, timeout=120)
     return run
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 import pytest
 from memtest_helpers import REPO
@@ -49,7 +48,7 @@ def script(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def cli(fresh_python):
-    def run(*args: str, cwd: Optional[Path] = None):
+    def run(*args: str, cwd: Path | None = None):
         return fresh_python.run(["-m", "memalloc", *args], cwd=cwd or REPO, timeout=300)
     return run
 

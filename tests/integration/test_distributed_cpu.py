@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from memtest_helpers import REPO
 
 # the slow tier (CI runs it, `-m slow`): three torchrun jobs of two ranks (~40 s), over the README's fast-tier budget of 180 s on CI's 2 cores

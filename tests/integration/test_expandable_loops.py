@@ -22,7 +22,6 @@ import os
 import sys
 
 import pytest
-
 from memalloc.replay import replay_steps
 from memtest_helpers import REPO
 

@@ -17,14 +17,13 @@ import subprocess
 import sys
 
 import pytest
+from memtest_helpers import REPO
 
 from memalloc.trace import flight_files as ff
 from memalloc.trace.recording import ACTIONS, RECORD_FORMAT
-from memtest_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
-from flight_checks import (check_job, check_postmortem, check_snapshot, check_top, env,  # noqa: E402
-                           memalloc_cli, run_job, run_loop)
+from flight_checks import check_job, check_postmortem, check_snapshot, check_top, env, memalloc_cli, run_job, run_loop  # noqa: E402
 
 
 def comparable(raw: bytes) -> list[tuple]:

@@ -19,10 +19,10 @@ import threading
 
 import pytest
 import torch
+from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, MiB, rnd, stat
 
 import memalloc
 from memalloc import host
-from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, rnd, stat
 
 
 def nbytes_of(shape, dtype) -> int:

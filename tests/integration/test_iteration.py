@@ -4,7 +4,6 @@ Each scenario runs in a fresh interpreter (tests/conftest.py fresh_python):
 the step numbers asserted are absolute, counted from 0 in a new process."""
 from __future__ import annotations
 
-
 PRELUDE = """
 memalloc.enable(backend="host", config="host_capacity_mb:64")
 seen = []

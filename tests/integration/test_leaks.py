@@ -20,9 +20,9 @@ import gc
 import sys
 
 import pytest
+from memtest_helpers import REPO
 
 import memalloc
-from memtest_helpers import REPO
 
 LOOPS_FILE = REPO / "tests" / "leak_cases" / "loops.py"
 LOOPS_SOURCE = LOOPS_FILE.read_text()

@@ -15,9 +15,9 @@ import pathlib
 import sys
 
 import pytest
+from memtest_helpers import REPO
 
 import memalloc
-from memtest_helpers import REPO
 
 pytest.importorskip("transformers")
 # the slow tier (CI runs it, `-m slow`): GPT-2, BERT and T5 trained loop after loop (~35 s), over the README's fast-tier budget of 180 s on CI's 2 cores

@@ -12,9 +12,9 @@ import gc
 import sys
 
 import pytest
+from memtest_helpers import REPO
 
 import memalloc
-from memtest_helpers import REPO
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

@@ -17,7 +17,6 @@ import json
 import os
 
 import pytest
-
 from memtest_helpers import REPO
 
 CASES_SCRIPT = REPO / "tests" / "libraries" / "cases.py"

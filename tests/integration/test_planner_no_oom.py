@@ -73,10 +73,10 @@ def in_process(config: str, batch=None, steps: int = STEPS):
     import gc
 
     import torch
+    from models import MODELS
 
     import memalloc
     from memalloc import host
-    from models import MODELS
 
     a = memalloc.Allocator("host", config)
     with host.cpu_tensors_from(a):

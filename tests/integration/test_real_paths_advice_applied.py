@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from memtest_helpers import require_library
 
 from memalloc.core._format import fmt_bytes
-from memtest_helpers import require_library
 
 pytestmark = pytest.mark.slow
 

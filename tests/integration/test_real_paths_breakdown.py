@@ -17,7 +17,6 @@ accelerate (``AcceleratedOptimizer`` around AdamW)."""
 from __future__ import annotations
 
 import pytest
-
 from memtest_helpers import require_library
 
 PRELUDE = """

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+from memtest_helpers import REPO
 
 from memalloc.trace import flight_files as ff
-from memtest_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
 from flight_checks import env, memalloc_cli  # noqa: E402

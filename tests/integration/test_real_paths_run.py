@@ -37,10 +37,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from memtest_helpers import REPO, require_library
 
 from memalloc.core._format import fmt_bytes
 from memalloc.trace import flight_files as ff
-from memtest_helpers import REPO, require_library
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
 from flight_checks import SPLIT_ENTRY, env  # noqa: E402

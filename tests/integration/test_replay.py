@@ -21,15 +21,15 @@ import dataclasses
 import glob
 import json
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+from memalloc.recording import Event
+from memalloc.replay import repeat_last_step, replay_steps
+from memtest_helpers import LARGE_SEGMENT, REPO, SMALL_SEGMENT, MiB, rnd, rnd_pow2, segment_size
 
 from memalloc import _C, recording, replay, save_trace
-from memalloc.replay import repeat_last_step, replay_steps
-from memalloc.recording import Event
 from memalloc.trace.trace_files import Trace, load_trace
-from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd, rnd_pow2, segment_size
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

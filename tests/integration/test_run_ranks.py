@@ -18,7 +18,6 @@ import subprocess
 import sys
 
 import pytest
-
 from memtest_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
@@ -78,7 +77,7 @@ def test_each_rank_writes_its_own_files(job):
         doc = json.loads((out / f"rank{r}" / "steps.json").read_text())
         assert [int(row["step"]) for row in rows] == list(range(1, STEPS[r] + 1)), (r, rows)
         assert [row["step"] for row in doc["rows"]] == list(range(1, STEPS[r] + 1))
-        assert f"wrote steps.csv and steps.json" in p.stderr and f"to {out / f'rank{r}'}" in p.stderr, p.stderr
+        assert "wrote steps.csv and steps.json" in p.stderr and f"to {out / f'rank{r}'}" in p.stderr, p.stderr
     # the same loop on both ranks: what differs at the last step is the tensor each rank holds
     last = {r: int(steps_csv(out / f"rank{r}" / "steps.csv")[-1]["allocated"]) for r in (0, 1)}
     assert last[1] - last[0] == HELD[1] - HELD[0], last

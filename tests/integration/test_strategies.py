@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_advisor import TOLERANCE, compare
 
 from benchmarks import strategies
-from test_advisor import TOLERANCE, compare
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,7 @@ their own segment rounded up to 2 MiB.
 from __future__ import annotations
 
 import pytest
-
-from memtest_helpers import LARGE_SEGMENT, MiB, POOLS, SMALL_SEGMENT, STAT_KEYS, rnd
+from memtest_helpers import LARGE_SEGMENT, POOLS, SMALL_SEGMENT, STAT_KEYS, MiB, rnd
 
 # Every torch.cuda function memalloc answers on the host backend.
 PATCHED = (

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import gc
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import torch
 

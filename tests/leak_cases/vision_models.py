@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import random
 
+import real_models
 import torch
+from real_models import STEPS, freed_by_clearing, truth_of
 
 import memalloc
-from real_models import STEPS, freed_by_clearing, truth_of
-import real_models
 
 SIZES = (64, 80, 96)  # image sides (pixels); a batch stays under 1 MiB (the small pool's blocks)
 BATCHES = (2, 4)

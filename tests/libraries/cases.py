@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

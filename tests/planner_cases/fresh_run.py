@@ -23,9 +23,9 @@ sys.path.insert(0, HERE)
 
 def main(argv: list[str]) -> dict:
     import torch
+    from models import MODELS
 
     import memalloc
-    from models import MODELS
 
     mode, model, capacity = argv[0], argv[1], int(argv[2])
     memalloc.enable(backend="host", config=f"host_capacity_mb:{capacity}")

@@ -6,7 +6,7 @@ CNN with batch norm, and a transformers GPT-2 built from a config. Each
 one AdamW step at that batch size (inputs made inside the step)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -8,6 +8,7 @@ truth.py writes what the script knows of itself; second: the batch size
 import sys
 
 import truth
+
 truth.enable_if_asked()
 
 import torch  # noqa: E402

@@ -7,6 +7,7 @@ import sys
 import tempfile
 
 import truth
+
 truth.enable_if_asked()
 
 import torch  # noqa: E402

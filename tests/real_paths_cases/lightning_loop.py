@@ -8,6 +8,7 @@ knows of itself."""
 import sys
 
 import truth
+
 truth.enable_if_asked()
 
 import lightning as L  # noqa: E402

@@ -6,6 +6,7 @@ script knows of itself."""
 import sys
 
 import truth
+
 truth.enable_if_asked()
 
 import torch  # noqa: E402

@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 from memalloc.cli.postmortem import live_sites
 from memalloc.trace import flight_files as ff
@@ -161,7 +160,7 @@ def check_top(directory, backend: str = "host") -> None:
     assert p.returncode != 0 and f"no process {child.pid}" in p.stderr
 
 
-def run_job(out: Path, backend: str = "host", timeout: int = 300, device: Optional[str] = None):
+def run_job(out: Path, backend: str = "host", timeout: int = 300, device: str | None = None):
     """torchrun --nproc_per_node 2 -m memalloc run on two_ranks.py (its
     tensors on the CPU for the host backend, on the one GPU for cuda, or
     ``device`` as two_ranks.py takes it: cuda_per_rank), then ``python -m

@@ -8,7 +8,6 @@ their process, the installed one (None) in the fresh interpreter that
 enables memalloc.
 """
 import threading
-from typing import Optional
 
 import torch
 
@@ -16,30 +15,30 @@ import memalloc
 from memalloc import _C, host
 
 
-def alloc_a(nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+def alloc_a(nbytes: int = 1000, allocator: _C.Allocator | None = None) -> torch.Tensor:
     return host.empty(nbytes, torch.uint8, allocator=allocator)  # SITE:alloc_a
 
 
-def alloc_b(nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+def alloc_b(nbytes: int = 1000, allocator: _C.Allocator | None = None) -> torch.Tensor:
     return host.empty(nbytes, torch.uint8, allocator=allocator)  # SITE:alloc_b
 
 
-def outer(nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+def outer(nbytes: int = 1000, allocator: _C.Allocator | None = None) -> torch.Tensor:
     return middle(nbytes, allocator)  # SITE:outer
 
 
-def middle(nbytes: int, allocator: Optional[_C.Allocator]) -> torch.Tensor:
+def middle(nbytes: int, allocator: _C.Allocator | None) -> torch.Tensor:
     return alloc_a(nbytes, allocator)  # SITE:middle
 
 
-def loop_twice(allocator: Optional[_C.Allocator] = None) -> list:
+def loop_twice(allocator: _C.Allocator | None = None) -> list:
     out = []
     for _ in range(2):
         out.append(host.empty(1000, torch.uint8, allocator=allocator))  # SITE:loop
     return out
 
 
-def deep(depth: int, nbytes: int = 1000, allocator: Optional[_C.Allocator] = None) -> torch.Tensor:
+def deep(depth: int, nbytes: int = 1000, allocator: _C.Allocator | None = None) -> torch.Tensor:
     if depth == 0:
         return host.empty(nbytes, torch.uint8, allocator=allocator)  # SITE:deep
     return deep(depth - 1, nbytes, allocator)  # SITE:deep_rec

@@ -10,11 +10,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from breakdown_cases import check_model_run, model_script
 
 import memalloc
 from memalloc import _C
 from memalloc.features.breakdown import CATEGORIES, memory_breakdown
-from breakdown_cases import check_model_run, model_script
 
 MiB = 1 << 20
 PROVISIONAL = {"forward": "activations", "backward": "gradients", "optimizer": "optimizer_state", "idle": "other"}
@@ -481,8 +481,8 @@ def test_the_names_python_uses_are_the_ones_the_core_accepts(host_allocator):
     """Each concept is defined once, in C++ (breakdown.h, registry.h), and
     _C exports it: every exported phase is accepted and reported back by
     name, every category is accepted by resolve, every stack mode by number."""
-    from memalloc.core import _config
     from memalloc import phases
+    from memalloc.core import _config
 
     a = host_allocator
     assert phases.PHASES[0] == "idle" and len(set(phases.PHASES)) == len(phases.PHASES) == 4

@@ -12,9 +12,9 @@ tests are torch's test_graph_capture_reclaim_2_streams and _4_streams
 native gives there.
 """
 import pytest
+from memtest_helpers import Checked
 
 from memalloc import _C
-from memtest_helpers import Checked
 
 T = _C._testing
 GRAPH = (5, 0)

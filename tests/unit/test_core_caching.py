@@ -16,12 +16,25 @@ device after each allocator call.
 """
 import pytest
 import torch
+from memtest_helpers import (
+    LARGE_SEGMENT,
+    SCALAR_KEYS,
+    SMALL_SEGMENT,
+    STAT_KEYS,
+    Checked,
+    KiB,
+    MiB,
+    block_of,
+    cur,
+    live_block_bytes,
+    rnd,
+    rnd_pow2,
+    segment_of,
+    segment_size,
+    stat,
+)
 
 from memalloc import _C
-from memtest_helpers import (
-    KiB, LARGE_SEGMENT, MiB, SCALAR_KEYS, SMALL_SEGMENT, STAT_KEYS, Checked, block_of, cur,
-    live_block_bytes, rnd, rnd_pow2, segment_of, segment_size, stat,
-)
 
 
 # --------------------------------------------------------------- rounding ----

@@ -3,13 +3,12 @@ invalid pointers (double free, unknown, interior), invalid devices and
 fractions, and MEMALLOC_CONF parsing. Errors must leave the counters
 unchanged; every allocator call is followed by validate().
 """
-import re
 
 import pytest
 import torch
+from memtest_helpers import CONFIG_KEYS, SMALL_SEGMENT, Checked, MiB, cur, rnd
 
 from memalloc import _C
-from memtest_helpers import CONFIG_KEYS, MiB, SMALL_SEGMENT, Checked, cur, rnd
 
 VALID_KEYS = CONFIG_KEYS
 

@@ -6,10 +6,9 @@ events (malloc), or until the allocator synchronizes itself (empty_cache,
 the OOM retry). Every allocator call is followed by validate().
 """
 import pytest
-import torch
+from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, Checked, MiB, block_of, cur, rnd
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, Checked, block_of, cur, rnd
 
 
 def states(a, device=0):

@@ -14,9 +14,9 @@ import threading
 
 import pytest
 import torch
+from memtest_helpers import POOLS, STAT_KEYS, KiB, MiB, pool_of, rnd
 
 from memalloc import _C
-from memtest_helpers import KiB, MiB, POOLS, STAT_KEYS, pool_of, rnd
 
 
 def random_size(rng):

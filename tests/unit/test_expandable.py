@@ -11,11 +11,11 @@ import random
 
 import pytest
 import torch
+from memalloc._C import _testing
+from memalloc.recording import events
 
 import memalloc
 from memalloc import _C
-from memalloc._C import _testing
-from memalloc.recording import events
 
 T = _C._testing
 MiB = 1 << 20

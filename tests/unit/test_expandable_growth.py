@@ -148,9 +148,9 @@ def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
     no more than 2% above the 20 MiB pages of its peak reserved bytes (no
     churn, native's page), one access call per mapping, and the peak
     reserved stays within the reuse ceiling (5% over the peak allocated)."""
-    from memalloc.trace.trace_files import load_trace
-
     from memtest_helpers import REPO
+
+    from memalloc.trace.trace_files import load_trace
 
     events = load_trace(REPO / "benchmarks" / "traces" / "llama1b_growth.mtrace.gz").events[0]
     a, ptrs = h200, {}

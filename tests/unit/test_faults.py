@@ -8,9 +8,9 @@ import random
 
 import pytest
 import torch
+from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, Checked, MiB, cur
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, Checked, cur
 
 
 def stat(a, key):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pickle
 
-
 PRELUDE = """
 import os, pickle
 memalloc.enable(backend="host", config="host_capacity_mb:64")

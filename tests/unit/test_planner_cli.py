@@ -5,7 +5,6 @@ included), and a budget larger than the device is refused before the
 script runs in any probe."""
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 from pathlib import Path

@@ -19,10 +19,10 @@ import random
 
 import pytest
 import torch
+from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, MiB, segment_size
+from test_stats_model import Model, diff
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, segment_size
-from test_stats_model import Model, diff
 
 PRELUDE = """
 def footer():

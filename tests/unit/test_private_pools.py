@@ -7,9 +7,9 @@ A route's filter here is a set of streams (torch's are a capture id or a
 thread); every allocator call is followed by validate() (Checked).
 """
 import pytest
+from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, Checked, MiB, block_of, cur
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, SMALL_SEGMENT, Checked, block_of, cur
 
 POOL = (0, 7)
 GRAPH = (3, 0)

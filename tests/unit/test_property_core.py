@@ -65,10 +65,10 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-
-from memalloc import _C
 from memtest_helpers import KiB, MiB, segment_size
 from test_stats_model import Model
+
+from memalloc import _C
 
 pytestmark = pytest.mark.slow  # CI runs it; `pytest -m 'not slow'` skips it
 

@@ -49,21 +49,21 @@ import pickle
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
+from conftest import CHILD_PRELUDE
+from memtest_helpers import LARGE_SEGMENT, REPO, SMALL_SEGMENT, MiB, rnd
 from torch.cuda import _memory_viz as mv
 
 import memalloc
 from memalloc import _C, host, recording
 from memalloc.core import _hooks
+from memalloc.core._usercode import is_internal
 from memalloc.trace import snapshots, trace_files
 from memalloc.trace import tags as tags_module
-from memalloc.core._usercode import is_internal
-from conftest import CHILD_PRELUDE
-from memtest_helpers import LARGE_SEGMENT, MiB, REPO, SMALL_SEGMENT, rnd
 
 USER_FILE = REPO / "tests" / "recording_cases" / "user_code.py"
 USER_SOURCE = USER_FILE.read_text()

@@ -36,9 +36,9 @@ import random
 
 import pytest
 import torch
+from memtest_helpers import LARGE_SEGMENT, POOLS, SCALAR_KEYS, STAT_KEYS, MiB, rnd, segment_size
 
 from memalloc import _C
-from memtest_helpers import LARGE_SEGMENT, MiB, POOLS, SCALAR_KEYS, STAT_KEYS, rnd, segment_size
 
 KiB = 1 << 10
 SMALL, LARGE = "small_pool", "large_pool"

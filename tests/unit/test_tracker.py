@@ -19,12 +19,12 @@ import json
 
 import pytest
 import torch
+from memtest_helpers import stat
 
 import memalloc
 from memalloc import host
 from memalloc.core import iteration
 from memalloc.features import tracker as tracker_module
-from memtest_helpers import stat
 
 MiB = 1 << 20
 SEG_SMALL, SEG_LARGE = 2 * MiB, 20 * MiB
