@@ -17,6 +17,7 @@ What a build contains:
     come from $CUDA_HOME or the nvidia-cuda-runtime wheel). MEMALLOC_NO_CUDA=1
     leaves it out.
 """
+
 import glob
 import os
 import shutil
@@ -29,8 +30,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def sources(*patterns: str) -> list[str]:
-    return sorted(os.path.relpath(p, HERE) for pattern in patterns
-                  for p in glob.glob(os.path.join(HERE, pattern), recursive=True))
+    return sorted(
+        os.path.relpath(p, HERE) for pattern in patterns for p in glob.glob(os.path.join(HERE, pattern), recursive=True)
+    )
 
 
 def cuda_include_dirs() -> list[str]:
@@ -64,8 +66,10 @@ WITH_TORCH_CUDA = torch.version.cuda is not None and os.environ.get("MEMALLOC_NO
 if WITH_TORCH_CUDA:
     cuda_includes = cuda_include_dirs()
     if not cuda_includes:
-        raise RuntimeError("this torch has CUDA but no cuda_runtime_api.h was found: set CUDA_HOME, "
-                           "`pip install nvidia-cuda-runtime`, or build without the CUDA part (MEMALLOC_NO_CUDA=1)")
+        raise RuntimeError(
+            "this torch has CUDA but no cuda_runtime_api.h was found: set CUDA_HOME, "
+            "`pip install nvidia-cuda-runtime`, or build without the CUDA part (MEMALLOC_NO_CUDA=1)"
+        )
     SOURCES += sources("csrc/boundary/torch/cuda/*.cpp")
     INCLUDES += cuda_includes
     LIBRARIES += ["c10_cuda", "torch_cuda"]

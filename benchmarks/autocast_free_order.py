@@ -17,6 +17,7 @@ randomisation, or a library that allocates, such as memalloc). That is the
 difference between memalloc's plain mode and native on the fit benchmark
 (docs/results.md, "37 against 38").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,13 +74,27 @@ def main(argv=None) -> int:
     perturbs = [int(x) for x in args.perturb.split(",") if x] or [0] * args.runs
     seqs = []
     for n in perturbs:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.autocast_free_order", "--worker", str(n)], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.autocast_free_order", "--worker", str(n)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         seqs.append(json.loads(out.strip().splitlines()[-1]))
     for i, (n, s) in enumerate(zip(perturbs, seqs)):
         d = next((j for j, (x, y) in enumerate(zip(seqs[0], s)) if x != y), None)
-        print(json.dumps({"run": i, "perturb": n, "requests": len(s), "first_difference": d,
-                          "requests_there": s[d:d + 4] if d is not None else None}))
+        print(
+            json.dumps(
+                {
+                    "run": i,
+                    "perturb": n,
+                    "requests": len(s),
+                    "first_difference": d,
+                    "requests_there": s[d : d + 4] if d is not None else None,
+                }
+            )
+        )
     return 0
 
 

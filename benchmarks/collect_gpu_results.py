@@ -1,5 +1,6 @@
 """``python -m benchmarks.collect_gpu_results``: collects one device run (GPU test outcomes + scenario figures + machine
 facts) into the JSON committed under benchmarks/results/."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ def main() -> None:
         "machine": machine(),
         "command": args.command,
         "tests": tests,
-        "summary": {s: sum(1 for t in tests.values() if t["status"] == s)
-                    for s in ("passed", "failed", "error", "skipped")},
+        "summary": {
+            s: sum(1 for t in tests.values() if t["status"] == s) for s in ("passed", "failed", "error", "skipped")
+        },
         "scenarios": scenarios,
     }
     with open(args.out, "w") as f:

@@ -25,6 +25,7 @@ config each test's outcome natively and under memalloc (with the failure's
 last lines), and the counts: passed natively, of those passed under
 memalloc, and the list of tests that pass natively and not under memalloc.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SUITES = {"cuda": "test_cuda.py", "trees": "inductor/test_cudagraph_trees.py"}
 MODES = ("native", "memalloc")
-CONFIGS = {"default": "", "expandable": "expandable_segments:True",
-           # memalloc's expandable segments as its default would give them: set in
-           # MEMALLOC_CONF, which torch's tests do not read (EXPANDABLE_SEGMENTS stays
-           # False, as under an unset PYTORCH_CUDA_ALLOC_CONF); natively it is the
-           # default config, whose native outcomes it is compared with
-           "memalloc_expandable": "expandable_segments:True",
-           # expandable segments that the tests are not told of, in both modes:
-           # natively set at startup through torch.cuda.memory._set_allocator_settings
-           # (the plugin, before any allocation), under memalloc in MEMALLOC_CONF.
-           # The peer for memalloc's expandable default: what native torch does
-           # when expandable segments are on and PYTORCH_CUDA_ALLOC_CONF does not say so
-           "expandable_unsaid": "expandable_segments:True"}
+CONFIGS = {
+    "default": "",
+    "expandable": "expandable_segments:True",
+    # memalloc's expandable segments as its default would give them: set in
+    # MEMALLOC_CONF, which torch's tests do not read (EXPANDABLE_SEGMENTS stays
+    # False, as under an unset PYTORCH_CUDA_ALLOC_CONF); natively it is the
+    # default config, whose native outcomes it is compared with
+    "memalloc_expandable": "expandable_segments:True",
+    # expandable segments that the tests are not told of, in both modes:
+    # natively set at startup through torch.cuda.memory._set_allocator_settings
+    # (the plugin, before any allocation), under memalloc in MEMALLOC_CONF.
+    # The peer for memalloc's expandable default: what native torch does
+    # when expandable segments are on and PYTORCH_CUDA_ALLOC_CONF does not say so
+    "expandable_unsaid": "expandable_segments:True",
+}
 MEMALLOC_ONLY = {"memalloc_expandable": "default"}  # config -> the config its native outcomes are
 UNSAID = ("expandable_unsaid",)  # configs set where torch's tests do not look (EXPANDABLE_SEGMENTS stays False)
 OUTCOMES_PASSED = ("passed",)
@@ -61,10 +65,15 @@ def _env(upstream: Path, suite: str, mode: str, config: str, log: Path, skip: Pa
     env = dict(os.environ)
     env.pop("MEMALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.update(PYTHONUNBUFFERED="1", MEMALLOC_CONFORMANCE_MODE=mode, MEMALLOC_CONFORMANCE_SELECT=suite,
-               MEMALLOC_CONFORMANCE_LOG=str(log), MEMALLOC_CONFORMANCE_SKIP=str(skip),
-               MEMALLOC_CONFORMANCE_FILE=str(upstream / SUITES[suite]),
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
+    env.update(
+        PYTHONUNBUFFERED="1",
+        MEMALLOC_CONFORMANCE_MODE=mode,
+        MEMALLOC_CONFORMANCE_SELECT=suite,
+        MEMALLOC_CONFORMANCE_LOG=str(log),
+        MEMALLOC_CONFORMANCE_SKIP=str(skip),
+        MEMALLOC_CONFORMANCE_FILE=str(upstream / SUITES[suite]),
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+    )
     # torch.utils.cpp_extension builds (MemPool tests compile a dummy allocator)
     # take a lock in the extensions folder: one folder per run, so a run that
     # the budget kills cannot leave a lock that hangs the others.
@@ -107,7 +116,7 @@ def _crash_output(text: str) -> str:
     first, faulthandler's order) from its start, else the pass's last lines."""
     lines = text.splitlines()
     at = next((i for i, l in enumerate(lines) if "Timeout (" in l), None)  # after pytest's progress dots
-    return "\n".join(lines[at:at + 30] if at is not None else lines[-15:])[:3000]
+    return "\n".join(lines[at : at + 30] if at is not None else lines[-15:])[:3000]
 
 
 def _clear_build_locks(env: dict) -> None:
@@ -117,8 +126,7 @@ def _clear_build_locks(env: dict) -> None:
         lock.unlink(missing_ok=True)
 
 
-def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeout: int,
-            deadline: float) -> dict:
+def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeout: int, deadline: float) -> dict:
     """All passes of one (suite, mode, config); {id: {"outcome", "message"}}."""
     tag = f"{suite}-{mode}-{config}"
     log, skip, stdout = out / f"{tag}.jsonl", out / f"{tag}.skip", out / f"{tag}.log"
@@ -128,8 +136,20 @@ def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeo
     passes = 0
     while time.monotonic() < deadline:
         passes += 1
-        cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.conformance_plugin", str(upstream / SUITES[suite]),
-               "-q", "-rN", "-p", "no:cacheprovider", "-o", "addopts="]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "benchmarks.conformance_plugin",
+            str(upstream / SUITES[suite]),
+            "-q",
+            "-rN",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+        ]
         start = stdout.stat().st_size if stdout.exists() else 0
         with open(stdout, "a") as f:
             f.write(f"\n=== pass {passes}: {' '.join(cmd)}\n")
@@ -138,27 +158,41 @@ def run_one(upstream: Path, out: Path, suite: str, mode: str, config: str, timeo
             env["MEMALLOC_CONFORMANCE_TEST_TIMEOUT"] = str(timeout)
             _clear_build_locks(env)  # a restart after a crash: no process of this run holds one
             try:
-                rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
-                                    stderr=subprocess.STDOUT, timeout=max(1, deadline - time.monotonic())).returncode
+                rc = subprocess.run(
+                    cmd,
+                    cwd=REPO,
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    timeout=max(1, deadline - time.monotonic()),
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = "budget"
         results, started = _read_log(log)
         unfinished = [t for t in started if t not in results and t not in crashed]
         if not unfinished:
             if rc not in (0, 1, 5) and not results:
-                print(f"{tag}: pytest exited {rc} before any test; the end of {stdout}:\n"
-                      + "\n".join(stdout.read_text().splitlines()[-15:]), flush=True)
+                print(
+                    f"{tag}: pytest exited {rc} before any test; the end of {stdout}:\n"
+                    + "\n".join(stdout.read_text().splitlines()[-15:]),
+                    flush=True,
+                )
             break
-        crashed[unfinished[-1]] = {"outcome": "crashed",
-                                   "message": f"the process ended (rc {rc}) in this test; its output:\n"
-                                   + _crash_output(stdout.read_text()[start:])}
+        crashed[unfinished[-1]] = {
+            "outcome": "crashed",
+            "message": f"the process ended (rc {rc}) in this test; its output:\n"
+            + _crash_output(stdout.read_text()[start:]),
+        }
         skip.write_text("\n".join([*results, *crashed]) + "\n")
         if rc == "budget":
             break
     results, _ = _read_log(log)
     results.update(crashed)
-    print(f"{tag}: {sum(r['outcome'] == 'passed' for r in results.values())} passed of {len(results)} "
-          f"in {passes} pass(es)", flush=True)
+    print(
+        f"{tag}: {sum(r['outcome'] == 'passed' for r in results.values())} passed of {len(results)} "
+        f"in {passes} pass(es)",
+        flush=True,
+    )
     return results
 
 
@@ -183,20 +217,33 @@ def summarise(tables: dict) -> dict:
                 "tests": len(set(native) | set(ours)),
                 "passed_natively": len(passed_native),
                 "passed_natively_and_under_memalloc": len(passed_both),
-                "passed_only_under_memalloc": sorted(t for t, r in ours.items() if r["outcome"] in OUTCOMES_PASSED
-                                                     and native.get(t, {}).get("outcome") not in OUTCOMES_PASSED),
-                "regressions": {t: {"outcome": ours.get(t, {}).get("outcome", "not run"),
-                                    "message": _short(ours.get(t, {}).get("message", ""))}
-                                for t in passed_native if t not in passed_both},
+                "passed_only_under_memalloc": sorted(
+                    t
+                    for t, r in ours.items()
+                    if r["outcome"] in OUTCOMES_PASSED and native.get(t, {}).get("outcome") not in OUTCOMES_PASSED
+                ),
+                "regressions": {
+                    t: {
+                        "outcome": ours.get(t, {}).get("outcome", "not run"),
+                        "message": _short(ours.get(t, {}).get("message", "")),
+                    }
+                    for t in passed_native
+                    if t not in passed_both
+                },
             }
     return out
 
 
 def _machine() -> dict:
     import torch
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "gpu": gpu,
-            "python": sys.version.split()[0]}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "gpu": gpu,
+        "python": sys.version.split()[0],
+    }
 
 
 def _tables_of(result: dict) -> dict:
@@ -208,25 +255,45 @@ def _tables_of(result: dict) -> dict:
                 for mode, outcome in by_mode.items():
                     message = result["messages"].get(suite, {}).get(config, {}).get(mode, {}).get(test, "")
                     tables.setdefault(suite, {}).setdefault(config, {}).setdefault(mode, {})[test] = {
-                        "outcome": outcome, "message": message}
+                        "outcome": outcome,
+                        "message": message,
+                    }
     return tables
 
 
 def _result(tables: dict, meta: dict) -> dict:
-    return {"meta": meta, "summary": summarise(tables),
-            "tests": {s: {c: {t: {m: by_mode[m][t]["outcome"] for m in by_mode if t in by_mode[m]}
-                              for t in sorted(set().union(*[set(r) for r in by_mode.values()]) if by_mode else [])}
-                          for c, by_mode in by_config.items()} for s, by_config in tables.items()},
-            "messages": {s: {c: {m: {t: _short(r["message"]) for t, r in res.items()
-                                     if r["outcome"] in ("failed", "crashed")}
-                                 for m, res in by_mode.items()} for c, by_mode in by_config.items()}
-                         for s, by_config in tables.items()}}
+    return {
+        "meta": meta,
+        "summary": summarise(tables),
+        "tests": {
+            s: {
+                c: {
+                    t: {m: by_mode[m][t]["outcome"] for m in by_mode if t in by_mode[m]}
+                    for t in sorted(set().union(*[set(r) for r in by_mode.values()]) if by_mode else [])
+                }
+                for c, by_mode in by_config.items()
+            }
+            for s, by_config in tables.items()
+        },
+        "messages": {
+            s: {
+                c: {
+                    m: {t: _short(r["message"]) for t, r in res.items() if r["outcome"] in ("failed", "crashed")}
+                    for m, res in by_mode.items()
+                }
+                for c, by_mode in by_config.items()
+            }
+            for s, by_config in tables.items()
+        },
+    }
 
 
 def _print_summary(result: dict) -> None:
     for key, s in result["summary"].items():
-        print(f"{key}: {s['passed_natively']} pass natively, {s['passed_natively_and_under_memalloc']} of them "
-              f"under memalloc; regressions: {', '.join(t.split('::')[-1] for t in s['regressions']) or 'none'}")
+        print(
+            f"{key}: {s['passed_natively']} pass natively, {s['passed_natively_and_under_memalloc']} of them "
+            f"under memalloc; regressions: {', '.join(t.split('::')[-1] for t in s['regressions']) or 'none'}"
+        )
 
 
 def merge(paths: list, out: Path) -> dict:
@@ -256,11 +323,14 @@ def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", type=Path, default=REPO / "upstream" / "test")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--lanes", default="cuda:native:default+cuda:memalloc:default+cuda:native:expandable+"
-                   "cuda:memalloc:expandable,trees:native:default+trees:memalloc:default+trees:native:expandable+"
-                   "trees:memalloc:expandable",
-                   help="runs as suite:mode:config; '+' runs one after another, ',' separates lanes run side by "
-                        "side (keep a suite's memory-hungry runs in one lane)")
+    p.add_argument(
+        "--lanes",
+        default="cuda:native:default+cuda:memalloc:default+cuda:native:expandable+"
+        "cuda:memalloc:expandable,trees:native:default+trees:memalloc:default+trees:native:expandable+"
+        "trees:memalloc:expandable",
+        help="runs as suite:mode:config; '+' runs one after another, ',' separates lanes run side by "
+        "side (keep a suite's memory-hungry runs in one lane)",
+    )
     p.add_argument("--timeout", type=int, default=300, help="seconds per test")
     p.add_argument("--budget", type=float, default=1500, help="seconds for the whole run")
     p.add_argument("--merge", nargs="+", type=Path, help="merge these results files into --out instead of running")
@@ -298,9 +368,13 @@ def main(argv: list | None = None) -> int:
                 configs[log.stem] = json.loads(line)["allocator_config"]
             elif line.startswith('{"start"'):
                 break
-    meta = {**_machine(), "command": "python -m benchmarks.conformance " + " ".join(argv or sys.argv[1:]),
-            "upstream": source.read_text().strip() if source.exists() else "",
-            "shimmed_imports": shims, "allocator_config": configs}
+    meta = {
+        **_machine(),
+        "command": "python -m benchmarks.conformance " + " ".join(argv or sys.argv[1:]),
+        "upstream": source.read_text().strip() if source.exists() else "",
+        "shimmed_imports": shims,
+        "allocator_config": configs,
+    }
     result = _result(tables, meta)
     (args.out / "conformance.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     _print_summary(result)

@@ -30,6 +30,7 @@ The shims give torch 2.11's testing package the names newer upstream files
 import (``TEST_CUDAMALLOCASYNC``, ``HAS_CUDA``, the ``expecttest`` package
 that the GPU image lacks); the test files themselves are not changed.
 """
+
 from __future__ import annotations
 
 import ast
@@ -53,14 +54,18 @@ NATIVE_SETTINGS = os.environ.get("MEMALLOC_CONFORMANCE_NATIVE_SETTINGS", "")
 # fraction, graphs and their pools, snapshots, history); host (pinned)
 # memory is torch's host allocator, not the one memalloc replaces.
 CUDA_CLASSES = ("TestCudaMallocAsync", "TestMemPool", "TestBlockStateAbsorption", "TestFXMemoryProfiler")
-CUDA_NAMES = re.compile(r"memory|alloc|cach|stats|record_stream|oom|fraction|graph|pool|snapshot|history|"
-                        r"empty_cache|expandable|workspace|segment|leak")
+CUDA_NAMES = re.compile(
+    r"memory|alloc|cach|stats|record_stream|oom|fraction|graph|pool|snapshot|history|"
+    r"empty_cache|expandable|workspace|segment|leak"
+)
 CUDA_EXCLUDE = re.compile(r"pinned|host_memory|cudart_register")
 # test/inductor/test_cudagraph_trees.py (229 tests, each compiling): the
 # graph-tree tests about pools, checkpoints, liveness and deallocation, and
 # the basic forward/backward runs (56 names, about a quarter).
-TREES_NAMES = re.compile(r"memory|pool|checkpoint|dealloc|live|storage|multi_dispatch|free|workspace|allocat|"
-                         r"cleanup|dies|persist|run_simple|forward_backward|separate_recordings|mark_step|warmup")
+TREES_NAMES = re.compile(
+    r"memory|pool|checkpoint|dealloc|live|storage|multi_dispatch|free|workspace|allocat|"
+    r"cleanup|dies|persist|run_simple|forward_backward|separate_recordings|mark_step|warmup"
+)
 
 
 def selected(nodeid: str) -> bool:
@@ -92,14 +97,16 @@ def _shim_testing_package() -> None:
             sys.modules["expecttest"] = stub
     import torch
     from torch.testing._internal import common_utils
+
     if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):
-        common_utils.TEST_CUDAMALLOCASYNC = (torch.cuda.is_available()
-                                             and torch.cuda.get_allocator_backend() == "cudaMallocAsync")
+        common_utils.TEST_CUDAMALLOCASYNC = (
+            torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync"
+        )
     if not hasattr(common_utils, "EXPANDABLE_SEGMENTS"):
-        common_utils.EXPANDABLE_SEGMENTS = "expandable_segments:True" in os.environ.get(
-            "PYTORCH_CUDA_ALLOC_CONF", "")
+        common_utils.EXPANDABLE_SEGMENTS = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     try:
         from torch.testing._internal import inductor_utils
+
         if not hasattr(inductor_utils, "HAS_CUDA") and hasattr(inductor_utils, "HAS_CUDA_AND_TRITON"):
             inductor_utils.HAS_CUDA = inductor_utils.HAS_CUDA_AND_TRITON
     except ImportError:
@@ -107,8 +114,9 @@ def _shim_testing_package() -> None:
 
 
 def _lacking() -> unittest.SkipTest:
-    return unittest.SkipTest(f"this torch ({sys.modules['torch'].__version__}) lacks a name the upstream "
-                             "test file imports")
+    return unittest.SkipTest(
+        f"this torch ({sys.modules['torch'].__version__}) lacks a name the upstream test file imports"
+    )
 
 
 class _Skipper:
@@ -119,6 +127,7 @@ class _Skipper:
         @functools.wraps(fn)
         def skipped(*args, **kwargs):
             raise _lacking()
+
         return skipped
 
     def __enter__(self):
@@ -172,9 +181,11 @@ def _shim_missing_imports(path: str) -> None:
 
 if MODE == "memalloc":
     import memalloc
+
     memalloc.enable(backend="cuda")
 elif NATIVE_SETTINGS:
     import torch
+
     torch.cuda.memory._set_allocator_settings(NATIVE_SETTINGS)
 if os.environ.get("MEMALLOC_CONFORMANCE_SHIMS", "1") != "0":  # "0": a stand-in file needs none (tests)
     _shim_testing_package()
@@ -200,8 +211,14 @@ if SHIMMED:
 if MODE == "memalloc":
     _write({"allocator_config": memalloc.installed_allocator().config})
 else:
-    _write({"allocator_config": {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-                                 "_set_allocator_settings": NATIVE_SETTINGS}})
+    _write(
+        {
+            "allocator_config": {
+                "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                "_set_allocator_settings": NATIVE_SETTINGS,
+            }
+        }
+    )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -209,6 +226,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     path = os.environ.get("MEMALLOC_CONFORMANCE_SKIP")
     if path and os.path.exists(path):
         skip = {line.strip() for line in open(path) if line.strip()}
+
     def in_file(nodeid: str) -> str:  # "Class::test", whatever the path before it
         return nodeid.split(".py::", 1)[-1]
 
@@ -218,8 +236,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         this_file = os.path.basename(os.environ.get("MEMALLOC_CONFORMANCE_FILE", ""))
         mine = [l for l in lines if ".py::" not in l or os.path.basename(l.split(".py::", 1)[0] + ".py") == this_file]
         only = {in_file(l) for l in mine} if mine else None  # a list naming no test of this file leaves it whole
-    keep = [it for it in items if selected(it.nodeid) and it.nodeid not in skip
-            and (only is None or in_file(it.nodeid) in only)]
+    keep = [
+        it
+        for it in items
+        if selected(it.nodeid) and it.nodeid not in skip and (only is None or in_file(it.nodeid) in only)
+    ]
     dropped = [it for it in items if it not in keep]
     items[:] = keep
     config.hook.pytest_deselected(items=dropped)

@@ -31,6 +31,7 @@ Invariants:
   and whose ``output`` is what the compiler printed. Built.warnings is all the
   compiler and linker printed on a successful build ("" when cached).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -43,13 +44,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = REPO / "csrc"
 DEFAULT_LIBS = ("-ldl",)  # the CUDA driver backend (backend_cuda.cpp) is loaded with dlopen
 COMMAND_TIMEOUT_S = 600.0  # one compile or link
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 class BuildError(RuntimeError):
@@ -89,8 +89,10 @@ def find_compiler() -> str:
         return found
     found = shutil.which("g++") or shutil.which("c++")
     if not found:
-        raise BuildError("no C++ compiler found (tried $CXX, g++, c++): install g++ "
-                         "(apt-get install -y g++) or set CXX to a C++17 compiler")
+        raise BuildError(
+            "no C++ compiler found (tried $CXX, g++, c++): install g++ "
+            "(apt-get install -y g++) or set CXX to a C++17 compiler"
+        )
     return found
 
 
@@ -124,9 +126,17 @@ def _fingerprint(cxx: str, version: str, flag_groups: Sequence[Sequence[str]], s
     return h.hexdigest()
 
 
-def build_executable(name: str, extra_sources: Sequence[PathLike], out_dir: PathLike, flags: Sequence[str], *,
-                     compile_flags: Sequence[str] = (), libs: Sequence[str] = DEFAULT_LIBS,
-                     rebuild: bool = False, jobs: int | None = None) -> Built:
+def build_executable(
+    name: str,
+    extra_sources: Sequence[PathLike],
+    out_dir: PathLike,
+    flags: Sequence[str],
+    *,
+    compile_flags: Sequence[str] = (),
+    libs: Sequence[str] = DEFAULT_LIBS,
+    rebuild: bool = False,
+    jobs: int | None = None,
+) -> Built:
     """Compiles the core plus extra_sources (one of them defines main) into
     out_dir/name. ``flags`` go to every compile and to the link,
     ``compile_flags`` (warnings, say) to the compiles only, ``libs`` after the
@@ -152,15 +162,18 @@ def build_executable(name: str, extra_sources: Sequence[PathLike], out_dir: Path
 
     def compile_one(job: tuple[Path, Path]) -> subprocess.CompletedProcess:
         src, obj = job
-        return _run([cxx, *flags, *compile_flags, "-I", str(CSRC), "-c", str(src), "-o", str(obj)],
-                    f"compiling {_display(src)}")
+        return _run(
+            [cxx, *flags, *compile_flags, "-I", str(CSRC), "-c", str(src), "-o", str(obj)], f"compiling {_display(src)}"
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         results = list(pool.map(compile_one, zip(sources, objs)))
     for src, r in zip(sources, results):
         if r.returncode != 0:
-            raise BuildError(f"compiling {_display(src)} with {' '.join([*flags, *compile_flags])} failed:\n"
-                             f"{r.stderr[-4000:]}", r.stderr)
+            raise BuildError(
+                f"compiling {_display(src)} with {' '.join([*flags, *compile_flags])} failed:\n{r.stderr[-4000:]}",
+                r.stderr,
+            )
     r = _run([cxx, *flags, *map(str, objs), *libs, "-o", str(binary)], f"linking {name}")
     if r.returncode != 0:
         raise BuildError(f"linking {name} failed:\n{r.stderr[-4000:]}", r.stderr)
@@ -176,6 +189,6 @@ def probe(flags: Sequence[str], work_dir: PathLike) -> str | None:
     work_dir.mkdir(parents=True, exist_ok=True)
     tag = hashlib.sha1(" ".join(flags).encode()).hexdigest()[:12]
     src = work_dir / f"probe_{tag}.cpp"
-    src.write_text("#include <cstdio>\nint main() { std::puts(\"hello\"); return 0; }\n")
+    src.write_text('#include <cstdio>\nint main() { std::puts("hello"); return 0; }\n')
     r = _run([find_compiler(), *flags, str(src), "-o", str(work_dir / f"probe_{tag}")], "probing " + " ".join(flags))
     return None if r.returncode == 0 else r.stderr

@@ -27,6 +27,7 @@ Exit status: 0 fine, 1 regression (with --check), 2 the suite itself
 could not run (build failure, self-check failure, valgrind missing for
 --check, no baseline for --check).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,22 +113,38 @@ def callgrind_workloads(ops: int = CALLGRIND_OPS) -> dict[str, list[str]]:
 
 
 # ------------------------------------------------------------------ build ----
-def build(build_dir: Path | None = None, rebuild: bool = False, jobs: int | None = None,
-          log: Callable[[str], None] = print) -> dict[str, object]:
+def build(
+    build_dir: Path | None = None, rebuild: bool = False, jobs: int | None = None, log: Callable[[str], None] = print
+) -> dict[str, object]:
     """Compiles bench_core into build_dir with benchmarks/core_build.py (which
     reuses the binary when compiler, flags and every source are unchanged).
     Returns {binary, compiler, compiler_version, flags, link, seconds, cached,
     warnings}; SuiteError when it cannot build."""
     try:
-        b = core_build.build_executable("bench_core", [BENCH_SRC], Path(build_dir or BUILD_DIR), FLAGS,
-                                        compile_flags=WARNINGS, libs=LDLIBS, rebuild=rebuild, jobs=jobs)
+        b = core_build.build_executable(
+            "bench_core",
+            [BENCH_SRC],
+            Path(build_dir or BUILD_DIR),
+            FLAGS,
+            compile_flags=WARNINGS,
+            libs=LDLIBS,
+            rebuild=rebuild,
+            jobs=jobs,
+        )
     except core_build.BuildError as e:
         raise SuiteError(str(e)) from e
     if b.warnings:
         log("compiler warnings:\n" + b.warnings[-4000:])
-    return {"binary": str(b.binary), "compiler": b.compiler, "compiler_version": b.compiler_version,
-            "flags": FLAGS + WARNINGS, "link": LDLIBS, "cached": b.cached, "seconds": b.seconds,
-            "warnings": b.warnings}
+    return {
+        "binary": str(b.binary),
+        "compiler": b.compiler,
+        "compiler_version": b.compiler_version,
+        "flags": FLAGS + WARNINGS,
+        "link": LDLIBS,
+        "cached": b.cached,
+        "seconds": b.seconds,
+        "warnings": b.warnings,
+    }
 
 
 # ---------------------------------------------------------------- timings ----
@@ -137,11 +154,14 @@ def parse_bench_output(proc: subprocess.CompletedProcess, what: str) -> dict:
     try:
         doc = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        raise SuiteError(f"{what}: bench_core exited {proc.returncode} without its JSON output\n"
-                         f"{proc.stderr[-4000:]}") from None
+        raise SuiteError(
+            f"{what}: bench_core exited {proc.returncode} without its JSON output\n{proc.stderr[-4000:]}"
+        ) from None
     if proc.returncode != 0 or not doc.get("ok"):
-        raise SuiteError(f"{what}: bench_core exited {proc.returncode}; self-check failures: "
-                         f"{doc.get('failures')}\n{proc.stderr[-4000:]}")
+        raise SuiteError(
+            f"{what}: bench_core exited {proc.returncode}; self-check failures: "
+            f"{doc.get('failures')}\n{proc.stderr[-4000:]}"
+        )
     return doc
 
 
@@ -152,11 +172,11 @@ def timing_args(repeats: int, counts: dict[str, int] | None = None) -> list[str]
     return args
 
 
-def run_timings(binary: str, repeats: int, counts: dict[str, int] | None = None,
-                timeout: float = 300) -> dict:
+def run_timings(binary: str, repeats: int, counts: dict[str, int] | None = None, timeout: float = 300) -> dict:
     try:
-        proc = subprocess.run([binary, *timing_args(repeats, counts)], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            [binary, *timing_args(repeats, counts)], capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
         raise SuiteError(f"timings: bench_core did not finish within {timeout:.0f} s") from None
     return parse_bench_output(proc, "timings")
@@ -171,10 +191,14 @@ def summarize_timings(raw: dict) -> dict:
     th = raw["threads"]
 
     def threaded(entry: dict) -> dict:
-        return {"ns_per_op_per_thread": median(entry["ns_per_op_per_thread"]),
-                "ops_per_s": median(entry["ops_per_s"]),
-                "peak_reserved": entry["peak_reserved"], "peak_allocated": entry["peak_allocated"],
-                "num_ooms": entry["num_ooms"], "num_alloc_retries": entry["num_alloc_retries"]}
+        return {
+            "ns_per_op_per_thread": median(entry["ns_per_op_per_thread"]),
+            "ops_per_s": median(entry["ops_per_s"]),
+            "peak_reserved": entry["peak_reserved"],
+            "peak_allocated": entry["peak_allocated"],
+            "num_ooms": entry["num_ooms"],
+            "num_alloc_retries": entry["num_alloc_retries"],
+        }
 
     rows = {}
     for i, p in enumerate(raw["pair"]):
@@ -187,8 +211,11 @@ def summarize_timings(raw: dict) -> dict:
     if "pair_recording" in raw:  # same as "pair 64 KiB" with the event ring on (3 events a pair)
         rec = raw["pair_recording"]
         plain = rows[pair_name(rec["size"])]["ns_per_op"]
-        rows["pair_64KiB_recording"] = {"size": rec["size"], "ns_per_op": median(rec["ns_per_pair"]),
-                                        "ns_per_event_added": (median(rec["ns_per_pair"]) - plain) / 3}
+        rows["pair_64KiB_recording"] = {
+            "size": rec["size"],
+            "ns_per_op": median(rec["ns_per_pair"]),
+            "ns_per_event_added": (median(rec["ns_per_pair"]) - plain) / 3,
+        }
     r = raw["random"]
     rows["random"] = {
         "ns_per_op": median(r["ns_per_op"]),
@@ -215,8 +242,16 @@ def valgrind_version() -> str | None:
 def _callgrind_one(binary: str, name: str, args: list[str], workdir: Path) -> dict:
     out_file = workdir / f"callgrind.{name}.out"
     out_file.unlink(missing_ok=True)  # never read a stale total
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", "--collect-atstart=no",
-           f"--toggle-collect={CALLGRIND_REGION}", binary, "callgrind", *args]
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out_file}",
+        "--collect-atstart=no",
+        f"--toggle-collect={CALLGRIND_REGION}",
+        binary,
+        "callgrind",
+        *args,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -233,22 +268,31 @@ def _callgrind_one(binary: str, name: str, args: list[str], workdir: Path) -> di
     # Any real malloc+free runs hundreds of instructions: a total below one
     # per op means the region was not collected (e.g. the function renamed).
     if total is None or total < ops:
-        raise SuiteError(f"callgrind {name}: no instructions were collected in {CALLGRIND_REGION}() "
-                         f"(total {total}); is the function still extern \"C\" and noipa in bench_core.cpp?\n"
-                         + proc.stderr[-2000:])
-    return {"args": args, "ops": ops, "ir": total, "ir_per_op": round(total / ops, 2),
-            "command": " ".join(shlex.quote(display_path(Path(c)) if c == binary else c) for c in cmd),
-            "output": display_path(out_file)}
+        raise SuiteError(
+            f"callgrind {name}: no instructions were collected in {CALLGRIND_REGION}() "
+            f'(total {total}); is the function still extern "C" and noipa in bench_core.cpp?\n' + proc.stderr[-2000:]
+        )
+    return {
+        "args": args,
+        "ops": ops,
+        "ir": total,
+        "ir_per_op": round(total / ops, 2),
+        "command": " ".join(shlex.quote(display_path(Path(c)) if c == binary else c) for c in cmd),
+        "output": display_path(out_file),
+    }
 
 
-def run_callgrind(binary: str, workloads: dict[str, list[str]] | None = None, out_dir: Path | None = None,
-                  jobs: int | None = None) -> dict[str, dict]:
+def run_callgrind(
+    binary: str, workloads: dict[str, list[str]] | None = None, out_dir: Path | None = None, jobs: int | None = None
+) -> dict[str, dict]:
     """Instructions per op of each workload, one valgrind run each (in
     parallel: the counts do not depend on timing). The callgrind output files
     stay in out_dir (default build/cpu_bench/callgrind) for callgrind_annotate."""
     if not shutil.which("valgrind"):
-        raise SuiteError("valgrind is not installed: apt-get install -y valgrind "
-                         "(needed for the instruction counts of --check / --update-baseline)")
+        raise SuiteError(
+            "valgrind is not installed: apt-get install -y valgrind "
+            "(needed for the instruction counts of --check / --update-baseline)"
+        )
     workloads = workloads or callgrind_workloads()
     out_dir = Path(out_dir or BUILD_DIR / "callgrind")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -271,8 +315,7 @@ def baseline_figures(baseline: dict | None) -> dict[str, float]:
     return {k: float(v["ir_per_op"]) for k, v in baseline.get("workloads", {}).items()}
 
 
-def compare_to_baseline(measured: dict[str, float], baseline: dict[str, float],
-                        tolerance: float = TOLERANCE) -> dict:
+def compare_to_baseline(measured: dict[str, float], baseline: dict[str, float], tolerance: float = TOLERANCE) -> dict:
     """measured / baseline instructions per op, per workload.
 
     Fails (ok False) when a figure is more than `tolerance` above its
@@ -282,35 +325,35 @@ def compare_to_baseline(measured: dict[str, float], baseline: dict[str, float],
     for name, value in measured.items():
         base = baseline.get(name)
         if base is None or base <= 0:
-            rows.append({"workload": name, "measured": value, "baseline": None, "ratio": None,
-                         "status": "no baseline"})
+            rows.append({"workload": name, "measured": value, "baseline": None, "ratio": None, "status": "no baseline"})
             failures.append(f"{name}: no baseline figure")
             continue
         ratio = value / base
         status = "ok"
         if ratio > 1 + tolerance:
             status = "REGRESSION"
-            failures.append(f"{name}: {value:.1f} instructions/op vs baseline {base:.1f} "
-                            f"(+{(ratio - 1) * 100:.1f}%, limit +{tolerance * 100:.0f}%)")
+            failures.append(
+                f"{name}: {value:.1f} instructions/op vs baseline {base:.1f} "
+                f"(+{(ratio - 1) * 100:.1f}%, limit +{tolerance * 100:.0f}%)"
+            )
         elif ratio < 1 - tolerance:
             status = "improved"
-            notes.append(f"{name}: {value:.1f} instructions/op vs baseline {base:.1f} "
-                         f"({(ratio - 1) * 100:.1f}%)")
-        rows.append({"workload": name, "measured": value, "baseline": base, "ratio": round(ratio, 4),
-                     "status": status})
+            notes.append(f"{name}: {value:.1f} instructions/op vs baseline {base:.1f} ({(ratio - 1) * 100:.1f}%)")
+        rows.append({"workload": name, "measured": value, "baseline": base, "ratio": round(ratio, 4), "status": status})
     for name in baseline:
         if name not in measured:
             notes.append(f"{name}: in the baseline but not measured")
     return {"ok": not failures, "tolerance": tolerance, "rows": rows, "failures": failures, "notes": notes}
 
 
-def write_baseline(path: Path, figures: dict[str, dict], build_info: dict, valgrind: str | None,
-                   command: str, reason: str) -> dict:
+def write_baseline(
+    path: Path, figures: dict[str, dict], build_info: dict, valgrind: str | None, command: str, reason: str
+) -> dict:
     doc = {
         "description": "Instructions (valgrind callgrind Ir) per op of bench_core's measured region "
-                       f"({CALLGRIND_REGION}); an op is one malloc + one free. Checked by "
-                       "`python -m benchmarks.run --suite cpu --check` (fails above +10%); rewritten by "
-                       "--update-baseline.",
+        f"({CALLGRIND_REGION}); an op is one malloc + one free. Checked by "
+        "`python -m benchmarks.run --suite cpu --check` (fails above +10%); rewritten by "
+        "--update-baseline.",
         "updated": utc_now(),
         "command": command,
         "reason": reason,
@@ -318,8 +361,10 @@ def write_baseline(path: Path, figures: dict[str, dict], build_info: dict, valgr
         "flags": build_info["flags"],
         "valgrind": valgrind,
         "libc": " ".join(platform.libc_ver()),
-        "workloads": {n: {"ir_per_op": f["ir_per_op"], "ops": f["ops"], "ir": f["ir"], "args": f["args"]}
-                      for n, f in figures.items()},
+        "workloads": {
+            n: {"ir_per_op": f["ir_per_op"], "ops": f["ops"], "ir": f["ir"], "args": f["args"]}
+            for n, f in figures.items()
+        },
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,13 +399,17 @@ def machine_info() -> dict:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    return {"uname": " ".join([u.system, u.node, u.release, u.version, u.machine]),
-            "cpu_model": cpu, "nproc": usable, "cpu_count": os.cpu_count(),
-            "libc": " ".join(platform.libc_ver()), "python": platform.python_version()}
+    return {
+        "uname": " ".join([u.system, u.node, u.release, u.version, u.machine]),
+        "cpu_model": cpu,
+        "nproc": usable,
+        "cpu_count": os.cpu_count(),
+        "libc": " ".join(platform.libc_ver()),
+        "python": platform.python_version(),
+    }
 
 
-def format_table(summary: dict | None, callgrind: dict[str, dict] | None,
-                 comparison: dict | None) -> str:
+def format_table(summary: dict | None, callgrind: dict[str, dict] | None, comparison: dict | None) -> str:
     names = list(callgrind_workloads())
     threads = summary["threads"] if summary else 8
     cmp_rows = {r["workload"]: r for r in (comparison or {}).get("rows", [])}
@@ -368,10 +417,14 @@ def format_table(summary: dict | None, callgrind: dict[str, dict] | None,
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    head1 = (f"{'':<14}{'1 thread':>10}  {f'{threads} threads, 1 device':>22}  {f'{threads} threads, 2 devices':>22}"
-             f"  {'callgrind':>10}  {'baseline':>9}  {'ratio':>6}")
-    head2 = (f"{'workload':<14}{'ns/op':>10}  {'ns/op/thread':>13}{'Mops/s':>9}  {'ns/op/thread':>13}{'Mops/s':>9}"
-             f"  {'Ir/op':>10}  {'Ir/op':>9}  {'':>6}")
+    head1 = (
+        f"{'':<14}{'1 thread':>10}  {f'{threads} threads, 1 device':>22}  {f'{threads} threads, 2 devices':>22}"
+        f"  {'callgrind':>10}  {'baseline':>9}  {'ratio':>6}"
+    )
+    head2 = (
+        f"{'workload':<14}{'ns/op':>10}  {'ns/op/thread':>13}{'Mops/s':>9}  {'ns/op/thread':>13}{'Mops/s':>9}"
+        f"  {'Ir/op':>10}  {'Ir/op':>9}  {'':>6}"
+    )
     lines = [head1, head2, "-" * len(head2)]
     for n in names:
         row = (summary or {}).get("rows", {}).get(n, {})
@@ -384,43 +437,63 @@ def format_table(summary: dict | None, callgrind: dict[str, dict] | None,
             label = label[:-1] + " B"
         lines.append(
             f"{label:<14}{f(row.get('ns_per_op'), '.1f'):>10}  "
-            f"{f(t1.get('ns_per_op_per_thread'), '.0f'):>13}{f(t1.get('ops_per_s') and t1['ops_per_s'] / 1e6, '.2f'):>9}  "
-            f"{f(t2.get('ns_per_op_per_thread'), '.0f'):>13}{f(t2.get('ops_per_s') and t2['ops_per_s'] / 1e6, '.2f'):>9}  "
+            f"{f(t1.get('ns_per_op_per_thread'), '.0f'):>13}"
+            f"{f(t1.get('ops_per_s') and t1['ops_per_s'] / 1e6, '.2f'):>9}  "
+            f"{f(t2.get('ns_per_op_per_thread'), '.0f'):>13}"
+            f"{f(t2.get('ops_per_s') and t2['ops_per_s'] / 1e6, '.2f'):>9}  "
             f"{f(cg.get('ir_per_op'), '.1f'):>10}  {f(c.get('baseline'), '.1f'):>9}  {f(ratio, '.3f'):>6}"
-            + ("" if c.get("status") in (None, "ok") else f"  {c['status']}"))
+            + ("" if c.get("status") in (None, "ok") else f"  {c['status']}")
+        )
     if summary:
         r = summary["rows"]["random"]
         lines.append("")
-        lines.append("op = one malloc + one free; medians of "
-                     f"{summary['repeats']} repeats; ns/op/thread = wall time / ops of one thread; "
-                     "Mops/s = all threads' ops / wall time.")
+        lines.append(
+            "op = one malloc + one free; medians of "
+            f"{summary['repeats']} repeats; ns/op/thread = wall time / ops of one thread; "
+            "Mops/s = all threads' ops / wall time."
+        )
         rec = summary["rows"].get("pair_64KiB_recording")
         if rec:
-            lines.append(f"event recording on (ring of 64 Ki records): pair 64 KiB {rec['ns_per_op']:.1f} ns/op, "
-                         f"{rec['ns_per_event_added']:.1f} ns added per event (3 events a pair)")
-        lines.append(f"random workload fragmentation (peak reserved / peak allocated): "
-                     f"1 thread {r['peak_reserved'] / MiB:.0f} / {r['peak_allocated'] / MiB:.0f} MiB = "
-                     f"{r['fragmentation']:.2f}")
-        for key, label in (("threads_1dev", f"{threads} threads, 1 device"),
-                           ("threads_2dev", f"{threads} threads, 2 devices")):
+            lines.append(
+                f"event recording on (ring of 64 Ki records): pair 64 KiB {rec['ns_per_op']:.1f} ns/op, "
+                f"{rec['ns_per_event_added']:.1f} ns added per event (3 events a pair)"
+            )
+        lines.append(
+            f"random workload fragmentation (peak reserved / peak allocated): "
+            f"1 thread {r['peak_reserved'] / MiB:.0f} / {r['peak_allocated'] / MiB:.0f} MiB = "
+            f"{r['fragmentation']:.2f}"
+        )
+        for key, label in (
+            ("threads_1dev", f"{threads} threads, 1 device"),
+            ("threads_2dev", f"{threads} threads, 2 devices"),
+        ):
             t = r[key]
             extra = ""
             if t["num_ooms"]:
-                extra = (f"; over the {summary['repeats']} rounds + warm-up, {t['num_ooms']} allocations hit "
-                         f"OOM (4 GiB device) and were skipped, after {t['num_alloc_retries']} cache releases")
-            lines.append(f"  {label}: {t['peak_reserved'] / MiB:.0f} / {t['peak_allocated'] / MiB:.0f} MiB = "
-                         f"{t['fragmentation']:.2f}{extra}")
+                extra = (
+                    f"; over the {summary['repeats']} rounds + warm-up, {t['num_ooms']} allocations hit "
+                    f"OOM (4 GiB device) and were skipped, after {t['num_alloc_retries']} cache releases"
+                )
+            lines.append(
+                f"  {label}: {t['peak_reserved'] / MiB:.0f} / {t['peak_allocated'] / MiB:.0f} MiB = "
+                f"{t['fragmentation']:.2f}{extra}"
+            )
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------- main ----
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run --suite cpu",
-                                description="CPU benchmarks of the memalloc core (host backend).")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 when an instructions-per-op figure is >10%% above the baseline")
-    p.add_argument("--update-baseline", action="store_true",
-                   help=f"rewrite {BASELINE_PATH.relative_to(REPO)} from this run's callgrind figures")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.run --suite cpu", description="CPU benchmarks of the memalloc core (host backend)."
+    )
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 when an instructions-per-op figure is >10%% above the baseline"
+    )
+    p.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help=f"rewrite {BASELINE_PATH.relative_to(REPO)} from this run's callgrind figures",
+    )
     p.add_argument("--reason", default="", help="with --update-baseline: why (stored in the baseline)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} timing repeats instead of {DEFAULT_REPEATS}")
     p.add_argument("--repeats", type=int, help="timing repeats (overrides --quick)")
@@ -447,32 +520,52 @@ def main(argv: Sequence[str] = (), command: str | None = None) -> int:
     try:
         print("memalloc CPU suite: building bench_core ...", flush=True)
         b = build(rebuild=args.rebuild)
-        print(f"  {'up to date' if b['cached'] else 'built in %.1f s' % b['seconds']}: {b['compiler_version']}, "
-              f"{' '.join(FLAGS)}", flush=True)
-        doc.update(compiler=b["compiler_version"], compiler_path=b["compiler"], flags=b["flags"],
-                   link=b["link"], build={"seconds": b["seconds"], "cached": b["cached"]})
+        built = "up to date" if b["cached"] else f"built in {b['seconds']:.1f} s"
+        print(
+            f"  {built}: {b['compiler_version']}, {' '.join(FLAGS)}",
+            flush=True,
+        )
+        doc.update(
+            compiler=b["compiler_version"],
+            compiler_path=b["compiler"],
+            flags=b["flags"],
+            link=b["link"],
+            build={"seconds": b["seconds"], "cached": b["cached"]},
+        )
         summary = raw = None
         if not args.no_timings:
             print(f"timings: {repeats} repeats ...", flush=True)
             t0 = time.monotonic()
             raw = run_timings(b["binary"], repeats)
             summary = summarize_timings(raw)
-            doc["timings"] = {"informational": True, "repeats": repeats, "counts": TIMING_COUNTS,
-                              "seconds": round(time.monotonic() - t0, 2), "medians": summary, "raw": raw}
+            doc["timings"] = {
+                "informational": True,
+                "repeats": repeats,
+                "counts": TIMING_COUNTS,
+                "seconds": round(time.monotonic() - t0, 2),
+                "medians": summary,
+                "raw": raw,
+            }
         figures = None
         if vg is None and need_callgrind:
-            raise SuiteError("valgrind is not installed but --check/--update-baseline need its instruction "
-                             "counts: install it (apt-get install -y valgrind) and rerun")
+            raise SuiteError(
+                "valgrind is not installed but --check/--update-baseline need its instruction "
+                "counts: install it (apt-get install -y valgrind) and rerun"
+            )
         if vg is not None:
             print(f"callgrind: {len(callgrind_workloads())} workloads x {CALLGRIND_OPS} ops ...", flush=True)
             t0 = time.monotonic()
             figures = run_callgrind(b["binary"])
-            doc["callgrind"] = {"valgrind": vg, "region": CALLGRIND_REGION,
-                                "method": "valgrind --tool=callgrind --collect-atstart=no "
-                                          f"--toggle-collect={CALLGRIND_REGION}; Ir total of the region / ops",
-                                "ops": CALLGRIND_OPS, "seconds": round(time.monotonic() - t0, 2),
-                                "output_dir": str(BUILD_DIR / "callgrind"),
-                                "workloads": figures}
+            doc["callgrind"] = {
+                "valgrind": vg,
+                "region": CALLGRIND_REGION,
+                "method": "valgrind --tool=callgrind --collect-atstart=no "
+                f"--toggle-collect={CALLGRIND_REGION}; Ir total of the region / ops",
+                "ops": CALLGRIND_OPS,
+                "seconds": round(time.monotonic() - t0, 2),
+                "output_dir": str(BUILD_DIR / "callgrind"),
+                "workloads": figures,
+            }
         else:
             print("callgrind: skipped (valgrind not installed)", flush=True)
     except SuiteError as e:
@@ -481,16 +574,18 @@ def main(argv: Sequence[str] = (), command: str | None = None) -> int:
 
     if args.update_baseline:
         write_baseline(baseline_path, figures, b, vg, command, args.reason)
-        print(f"baseline written: {display_path(baseline_path)}: commit it with the reason for the change",
-              flush=True)
+        print(f"baseline written: {display_path(baseline_path)}: commit it with the reason for the change", flush=True)
     baseline = load_baseline(baseline_path)
     comparison = None
     if figures is not None and baseline is not None:
-        comparison = compare_to_baseline({n: f["ir_per_op"] for n, f in figures.items()},
-                                         baseline_figures(baseline))
-        comparison.update(baseline_path=display_path(baseline_path), baseline_compiler=baseline.get("compiler"),
-                          baseline_flags=baseline.get("flags"), baseline_updated=baseline.get("updated"),
-                          baseline_reason=baseline.get("reason"))
+        comparison = compare_to_baseline({n: f["ir_per_op"] for n, f in figures.items()}, baseline_figures(baseline))
+        comparison.update(
+            baseline_path=display_path(baseline_path),
+            baseline_compiler=baseline.get("compiler"),
+            baseline_flags=baseline.get("flags"),
+            baseline_updated=baseline.get("updated"),
+            baseline_reason=baseline.get("reason"),
+        )
     doc["baseline"] = comparison
 
     print()
@@ -505,30 +600,41 @@ def main(argv: Sequence[str] = (), command: str | None = None) -> int:
             if "not measured" in n:
                 print(f"note: {n}")
             else:
-                print(f"note: {n}, more than {TOLERANCE * 100:.0f}% below the baseline: if the improvement is "
-                      "real, rerun with --update-baseline --reason '...' and commit the new baseline")
+                print(
+                    f"note: {n}, more than {TOLERANCE * 100:.0f}% below the baseline: if the improvement is "
+                    "real, rerun with --update-baseline --reason '...' and commit the new baseline"
+                )
         if baseline.get("compiler") != b["compiler_version"] or baseline.get("flags") != b["flags"]:
-            print(f"note: the baseline was recorded with {baseline.get('compiler')} {baseline.get('flags')}; "
-                  f"this run used {b['compiler_version']} {b['flags']}: instruction counts depend on the "
-                  "toolchain")
+            print(
+                f"note: the baseline was recorded with {baseline.get('compiler')} {baseline.get('flags')}; "
+                f"this run used {b['compiler_version']} {b['flags']}: instruction counts depend on the "
+                "toolchain"
+            )
         if comparison["failures"]:
-            verdict.append(("CHECK FAILED" if args.check else "WARNING") +
-                           f": instructions per op more than {TOLERANCE * 100:.0f}% above "
-                           f"{display_path(baseline_path)}:")
+            verdict.append(
+                ("CHECK FAILED" if args.check else "WARNING")
+                + f": instructions per op more than {TOLERANCE * 100:.0f}% above "
+                f"{display_path(baseline_path)}:"
+            )
             verdict += [f"  {f}" for f in comparison["failures"]]
             verdict.append(
                 "Either fix the regression (`callgrind_annotate --inclusive=yes "
                 f"{display_path(Path(doc['callgrind']['output_dir']))}/callgrind.<workload>.out` shows where "
                 "the instructions go), or, if the cost is intended, rerun `python -m benchmarks.run --suite cpu "
-                "--update-baseline --reason '...'` and commit the new baseline with that reason.")
+                "--update-baseline --reason '...'` and commit the new baseline with that reason."
+            )
             if args.check:
                 rc = 1
         elif args.check:
-            verdict.append(f"check passed: every instructions-per-op figure is within +{TOLERANCE * 100:.0f}% "
-                           f"of {display_path(baseline_path)}")
+            verdict.append(
+                f"check passed: every instructions-per-op figure is within +{TOLERANCE * 100:.0f}% "
+                f"of {display_path(baseline_path)}"
+            )
     elif args.check:
-        verdict.append(f"CHECK FAILED: no baseline at {display_path(baseline_path)}: run `python -m benchmarks.run "
-                       "--suite cpu --update-baseline --reason '...'` and commit it")
+        verdict.append(
+            f"CHECK FAILED: no baseline at {display_path(baseline_path)}: run `python -m benchmarks.run "
+            "--suite cpu --update-baseline --reason '...'` and commit it"
+        )
         rc = 2
     doc["check"] = {"requested": args.check, "exit_status": rc, "verdict": verdict}
     doc["wall_s"] = round(time.monotonic() - t_start, 2)

@@ -12,6 +12,7 @@ memalloc writes the same format), one per allocator, of the same run
 
     python -m benchmarks.fit_diff A.pickle[.gz] B.pickle[.gz] [--json OUT]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def load(path: str) -> dict:
 @dataclass
 class Timeline:
     """One device's trace as requests and segment events, in order."""
-    requests: list = field(default_factory=list)   # ("alloc", size) or ("free", index of its alloc)
-    segments: list = field(default_factory=list)   # (request index, "segment_alloc"|"segment_free", size, reserved after)
+
+    requests: list = field(default_factory=list)  # ("alloc", size) or ("free", index of its alloc)
+    segments: list = field(
+        default_factory=list
+    )  # (request index, "segment_alloc"|"segment_free", size, reserved after)
     reserved_at: list = field(default_factory=list)  # reserved bytes after each request
     allocated_at: list = field(default_factory=list)
     peak_reserved: int = 0
@@ -65,8 +69,13 @@ def timeline(snapshot: dict, device: int = 0) -> Timeline:
             t.segments.append((len(t.requests), "segment_free", e["size"], reserved))
         else:
             if a == "oom":
-                t.last = {"action": "oom", "size": e.get("size"), "at_request": len(t.requests),
-                          "reserved": reserved, "allocated": allocated}
+                t.last = {
+                    "action": "oom",
+                    "size": e.get("size"),
+                    "at_request": len(t.requests),
+                    "reserved": reserved,
+                    "allocated": allocated,
+                }
             continue
         if a in ("alloc", "free_requested"):
             t.reserved_at.append(reserved)
@@ -86,9 +95,15 @@ def first_difference(a: list, b: list) -> int | None:
 def compare(a: Timeline, b: Timeline, names=("a", "b")) -> dict:
     out: dict = {"requests": {n: len(t.requests) for n, t in zip(names, (a, b))}}
     d = first_difference(a.requests, b.requests)
-    out["first_request_difference"] = None if d is None else {
-        "index": d, names[0]: a.requests[d] if d < len(a.requests) else None,
-        names[1]: b.requests[d] if d < len(b.requests) else None}
+    out["first_request_difference"] = (
+        None
+        if d is None
+        else {
+            "index": d,
+            names[0]: a.requests[d] if d < len(a.requests) else None,
+            names[1]: b.requests[d] if d < len(b.requests) else None,
+        }
+    )
     seg_a = [(i, k, s) for i, k, s, _ in a.segments]
     seg_b = [(i, k, s) for i, k, s, _ in b.segments]
     out["segment_events"] = {names[0]: len(seg_a), names[1]: len(seg_b)}
@@ -98,17 +113,27 @@ def compare(a: Timeline, b: Timeline, names=("a", "b")) -> dict:
         for n, t in zip(names, (a, b)):
             if s < len(t.segments):
                 req, kind, size, res = t.segments[s]
-                row[n] = {"at_request": req, "event": kind, "mib": round(size / MiB, 1), "reserved_mib": round(res / MiB, 1),
-                          "allocated_mib": round(t.allocated_at[req - 1] / MiB, 1) if req else 0.0,
-                          "request": t.requests[req - 1] if req else None}
-        row["context"] = {n: [(i, k, round(sz / MiB, 1)) for i, k, sz, _ in t.segments[max(0, s - 3):s + 4]]
-                          for n, t in zip(names, (a, b))}
+                row[n] = {
+                    "at_request": req,
+                    "event": kind,
+                    "mib": round(size / MiB, 1),
+                    "reserved_mib": round(res / MiB, 1),
+                    "allocated_mib": round(t.allocated_at[req - 1] / MiB, 1) if req else 0.0,
+                    "request": t.requests[req - 1] if req else None,
+                }
+        row["context"] = {
+            n: [(i, k, round(sz / MiB, 1)) for i, k, sz, _ in t.segments[max(0, s - 3) : s + 4]]
+            for n, t in zip(names, (a, b))
+        }
         out["first_segment_difference"] = row
     else:
         out["first_segment_difference"] = None
     for n, t in zip(names, (a, b)):
-        out[n] = {"peak_reserved_mib": round(t.peak_reserved / MiB, 1),
-                  "peak_allocated_mib": round(t.peak_allocated / MiB, 1), "last": t.last}
+        out[n] = {
+            "peak_reserved_mib": round(t.peak_reserved / MiB, 1),
+            "peak_allocated_mib": round(t.peak_allocated / MiB, 1),
+            "last": t.last,
+        }
     return out
 
 

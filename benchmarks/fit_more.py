@@ -30,6 +30,7 @@ fits and one that does not, starting near 0.85 x the limit; ``--parallel``
 trials share the GPU at a time (each is capped by its own fraction, so the
 results do not depend on it as long as parallel x budget fits the device).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,15 @@ from .gpu_suite import machine
 from .gpu_worker import ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ("native", "expandable", "cudaMallocAsync", "memalloc", "memalloc_plain", "memalloc_expandable",
-         "memalloc_expandable_noreuse")
+MODES = (
+    "native",
+    "expandable",
+    "cudaMallocAsync",
+    "memalloc",
+    "memalloc_plain",
+    "memalloc_expandable",
+    "memalloc_expandable_noreuse",
+)
 MIN_LEN, MAX_LEN = 64, 4096
 LOG_PATH = os.environ.get("FIT_MORE_LOG")  # every trial's JSON, appended as it ends
 
@@ -62,8 +70,14 @@ def lengths(steps: int, seed: int = 0, max_len: int = MAX_LEN) -> list[int]:
 VOCAB, CLASSES = 8192, 16
 
 
-def model_step(device: str = "cuda", width: int = 512, layers: int = 6, vocab: int = VOCAB, classes: int = CLASSES,
-               bf16: bool = True):
+def model_step(
+    device: str = "cuda",
+    width: int = 512,
+    layers: int = 6,
+    vocab: int = VOCAB,
+    classes: int = CLASSES,
+    bf16: bool = True,
+):
     """The workload's model (seed 0) and its optimizer; returns
     ``train(tokens, labels)``, one AdamW step on a batch (bf16 autocast on
     CUDA when ``bf16``). benchmarks/plan_vs_search.py builds it too."""
@@ -74,9 +88,13 @@ def model_step(device: str = "cuda", width: int = 512, layers: int = 6, vocab: i
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
-    model = nn.ModuleDict({"embed": nn.Embedding(vocab, width),
-                           "body": nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
-                           "head": nn.Linear(width, classes)}).to(device)
+    model = nn.ModuleDict(
+        {
+            "embed": nn.Embedding(vocab, width),
+            "body": nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+            "head": nn.Linear(width, classes),
+        }
+    ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train(tokens, labels) -> None:
@@ -86,12 +104,14 @@ def model_step(device: str = "cuda", width: int = 512, layers: int = 6, vocab: i
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return train
 
 
 # ---- one trial (a fresh process) ---------------------------------------------------
-def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN,
-          history: str | None = None) -> dict:
+def trial(
+    mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN, history: str | None = None
+) -> dict:
     """Trains `steps` steps at `batch` under `fraction` (0 = no limit). With
     `history`, torch's allocator history is on (no stacks) and its snapshot
     is written there at the end, OOM or not (torch's format under both
@@ -133,15 +153,26 @@ def trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX
     return out
 
 
-def run_trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN,
-              timeout: int = 300) -> dict:
+def run_trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN, timeout: int = 300) -> dict:
     """One trial in a fresh process (the allocator's environment set)."""
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "MEMALLOC_CONF"):
         env.pop(k, None)
     env.update(ENV.get(mode, {}))
-    cmd = [sys.executable, "-m", "benchmarks.fit_more", "--worker", mode, str(batch), "--steps", str(steps),
-           "--fraction", repr(fraction), "--max-len", str(max_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.fit_more",
+        "--worker",
+        mode,
+        str(batch),
+        "--steps",
+        str(steps),
+        "--fraction",
+        repr(fraction),
+        "--max-len",
+        str(max_len),
+    ]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -150,8 +181,14 @@ def run_trial(mode: str, batch: int, steps: int, fraction: float, max_len: int =
     try:
         return json.loads(lines[-1])
     except (IndexError, ValueError):
-        return {"mode": mode, "batch": batch, "ok": False, "crashed": True, "returncode": proc.returncode,
-                "error": proc.stderr[-1500:]}
+        return {
+            "mode": mode,
+            "batch": batch,
+            "ok": False,
+            "crashed": True,
+            "returncode": proc.returncode,
+            "error": proc.stderr[-1500:],
+        }
 
 
 # ---- the search -------------------------------------------------------------------
@@ -167,8 +204,11 @@ def largest_batch(mode: str, start: int, steps: int, fraction: float, log: list,
         if LOG_PATH:
             with open(LOG_PATH, "a") as f:
                 f.write(json.dumps(r) + "\n")
-        print(f"  {mode:28s} batch {b:4d}: {'fits' if r['ok'] else 'OOM at step %s' % r.get('steps_done')}"
-              f"{'  (' + str(r.get('error'))[:200] + ')' if r.get('crashed') else ''}", flush=True)
+        print(
+            f"  {mode:28s} batch {b:4d}: {'fits' if r['ok'] else 'OOM at step ' + str(r.get('steps_done'))}"
+            f"{'  (' + str(r.get('error'))[:200] + ')' if r.get('crashed') else ''}",
+            flush=True,
+        )
         if r.get("crashed"):
             break
         if r["ok"]:
@@ -186,9 +226,15 @@ def largest_batch(mode: str, start: int, steps: int, fraction: float, log: list,
         else:
             b = (lo + hi) // 2
     best = tried.get(lo, {})
-    return {"mode": mode, "largest_batch": lo, "smallest_failing": hi, "trials": len(tried),
-            "peak_allocated": best.get("peak_allocated"), "peak_reserved": best.get("peak_reserved"),
-            "step_ms_median": best.get("step_ms_median")}
+    return {
+        "mode": mode,
+        "largest_batch": lo,
+        "smallest_failing": hi,
+        "trials": len(tried),
+        "peak_allocated": best.get("peak_allocated"),
+        "peak_reserved": best.get("peak_reserved"),
+        "step_ms_median": best.get("step_ms_median"),
+    }
 
 
 def main(argv=None) -> int:
@@ -204,15 +250,21 @@ def main(argv=None) -> int:
     p.add_argument("--history", default=None, help="worker: torch's allocator snapshot, with its trace, here")
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(trial(args.worker[0], int(args.worker[1]), args.steps, args.fraction or 0.0, args.max_len,
-                               args.history)))
+        print(
+            json.dumps(
+                trial(args.worker[0], int(args.worker[1]), args.steps, args.fraction or 0.0, args.max_len, args.history)
+            )
+        )
         return 0
 
     t_start = time.time()
     command = "python -m benchmarks.fit_more " + " ".join(argv if argv is not None else sys.argv[1:])
     lens = lengths(args.steps, max_len=args.max_len)
-    print(f"lengths: max {max(lens)}, median {sorted(lens)[len(lens) // 2]}, "
-          f"{sum(n == args.max_len for n in lens)} of {len(lens)} at {args.max_len}", flush=True)
+    print(
+        f"lengths: max {max(lens)}, median {sorted(lens)[len(lens) // 2]}, "
+        f"{sum(n == args.max_len for n in lens)} of {len(lens)} at {args.max_len}",
+        flush=True,
+    )
     with ThreadPoolExecutor(2) as pool:
         cal = list(pool.map(lambda b: run_trial("native", b, args.steps, 0.0, args.max_len), (4, 8)))
     for r in cal:
@@ -225,8 +277,11 @@ def main(argv=None) -> int:
     fraction = args.fraction or round((fixed + args.target_limit * per_sample) / total, 4)
     budget = fraction * total
     limit = (budget - fixed) / per_sample
-    print(f"per sample {per_sample / 2**20:.1f} MiB, fixed {fixed / 2**20:.1f} MiB, fraction {fraction} "
-          f"= {budget / 2**30:.2f} GiB, limit {limit:.1f}", flush=True)
+    print(
+        f"per sample {per_sample / 2**20:.1f} MiB, fixed {fixed / 2**20:.1f} MiB, fraction {fraction} "
+        f"= {budget / 2**30:.2f} GiB, limit {limit:.1f}",
+        flush=True,
+    )
 
     modes = [m for m in args.modes.split(",") if m]
     log: list = []
@@ -241,18 +296,32 @@ def main(argv=None) -> int:
     out = {
         "machine": machine(),
         "command": command,
-        "workload": {"model": "6-layer 512-wide pre-norm encoder + classifier, bf16 autocast, AdamW",
-                     "steps": args.steps, "max_len": args.max_len, "lengths": lens},
-        "calibration": cal, "per_sample_bytes": per_sample, "fixed_bytes": fixed,
-        "fraction": fraction, "budget_bytes": budget, "limit": limit,
-        "results": results, "trials": log, "wall_s": time.time() - t_start,
+        "workload": {
+            "model": "6-layer 512-wide pre-norm encoder + classifier, bf16 autocast, AdamW",
+            "steps": args.steps,
+            "max_len": args.max_len,
+            "lengths": lens,
+        },
+        "calibration": cal,
+        "per_sample_bytes": per_sample,
+        "fixed_bytes": fixed,
+        "fraction": fraction,
+        "budget_bytes": budget,
+        "limit": limit,
+        "results": results,
+        "trials": log,
+        "wall_s": time.time() - t_start,
     }
     print("\n| allocator | largest batch | x native | of the limit | peak reserved at it (GiB) |")
     print("|---|---|---|---|---|")
     for r in results:
         pr = r["peak_reserved"]
-        print(f"| {r['mode']} | {r['largest_batch']} | {r['x_native']:.2f}x | {r['of_limit']:.3f} | "
-              f"{pr / 2**30 if pr else float('nan'):.2f} |" if r["x_native"] else f"| {r['mode']} | {r['largest_batch']} |")
+        print(
+            f"| {r['mode']} | {r['largest_batch']} | {r['x_native']:.2f}x | {r['of_limit']:.3f} | "
+            f"{pr / 2**30 if pr else float('nan'):.2f} |"
+            if r["x_native"]
+            else f"| {r['mode']} | {r['largest_batch']} |"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -13,6 +13,7 @@ the environment benchmarks/gpu_worker.ENV gives it). Prints one JSON object: the
 replayed, the first out-of-memory (request index and size) or none, and the
 peaks (bytes).
 """
+
 from __future__ import annotations
 
 import argparse

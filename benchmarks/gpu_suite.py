@@ -7,6 +7,7 @@ back to back, and their order rotates (and reverses) from repeat to repeat so
 that drift on a noisy machine does not favour one of them. Every figure is the
 median over repeats; ratios are to native from the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,10 @@ GiB = 1 << 30
 
 # (metric, label, unit, lower_is_better); the table in docs/results.md shows these rows.
 ROWS = [
-    *[(f"pair_us_{n}", f"torch.empty+del {label}", "µs", True)
-      for n, label in zip(PAIR_SIZES, ("512 B", "64 KiB", "1 MiB", "16 MiB", "256 MiB"))],
+    *[
+        (f"pair_us_{n}", f"torch.empty+del {label}", "µs", True)
+        for n, label in zip(PAIR_SIZES, ("512 B", "64 KiB", "1 MiB", "16 MiB", "256 MiB"))
+    ],
     ("random_ns_per_op", "random workload, per alloc+free", "ns", True),
     ("random_reserved_over_allocated", "random workload, peak reserved / peak allocated", "x", True),
     ("random_device_used", "random workload, device used at end", "GiB", True),
@@ -56,8 +59,9 @@ IN_PROCESS_RATIOS = {m for m, _, unit, _ in ROWS if m.startswith("rec_") and uni
 
 
 def rmm_available() -> tuple[bool, str]:
-    proc = subprocess.run([sys.executable, "-c", "import rmm, rmm.allocators.torch"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import rmm, rmm.allocators.torch"], capture_output=True, text=True, timeout=120
+    )
     if proc.returncode == 0:
         return True, ""
     last = (proc.stderr.strip().splitlines() or ["import failed"])[-1]
@@ -68,8 +72,14 @@ def run_worker(alloc: str, group: str, timeout: int) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_worker", alloc, group], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_worker", alloc, group],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
@@ -157,13 +167,21 @@ def recording_targets(med: dict) -> dict:
 def machine() -> dict:
     import torch
 
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     try:
-        drivers = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout.split()
+        drivers = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
         info["driver"] = drivers[0] if drivers else None  # one line per GPU
         info["gpus"] = len(drivers)
     except (OSError, subprocess.SubprocessError):
@@ -174,8 +192,9 @@ def machine() -> dict:
 def main(argv, command: str) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run --suite gpu")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--allocators", default=",".join(DEFAULT_ALLOCATORS),
-                   help=f"comma-separated, from {','.join(ALLOCATORS)}")
+    p.add_argument(
+        "--allocators", default=",".join(DEFAULT_ALLOCATORS), help=f"comma-separated, from {','.join(ALLOCATORS)}"
+    )
     p.add_argument("--groups", default=",".join(GROUPS))
     p.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<date>-gpu-bench.json)")
@@ -195,24 +214,37 @@ def main(argv, command: str) -> int:
         for group in groups:
             for alloc in order_for(allocators, r):
                 if (group == "recording" and alloc not in RECORDING_MODES) or (
-                        group == "call_sites" and alloc != "memalloc"):
+                    group == "call_sites" and alloc != "memalloc"
+                ):
                     continue
                 res = run_worker(alloc, group, args.timeout)
-                print(f"repeat {r + 1}/{args.repeats} {group:<12} {alloc:<16} {res['wall_s']:.1f}s"
-                      + (f"  ERROR {res['error']}" if "error" in res else ""), flush=True)
+                print(
+                    f"repeat {r + 1}/{args.repeats} {group:<12} {alloc:<16} {res['wall_s']:.1f}s"
+                    + (f"  ERROR {res['error']}" if "error" in res else ""),
+                    flush=True,
+                )
                 if "error" in res:
                     errors.append({"repeat": r, "group": group, "allocator": alloc, "error": res["error"]})
                     continue
                 res["group"] = group
                 raw[alloc].append(res)
     med = medians(raw)
-    doc = {"machine": machine(), "command": command, "repeats": args.repeats, "allocators": allocators,
-           "groups": groups, "notes": notes, "errors": errors, "medians": med, "ratios": ratios(med),
-           "raw": raw, "wall_s": time.perf_counter() - t_start}
+    doc = {
+        "machine": machine(),
+        "command": command,
+        "repeats": args.repeats,
+        "allocators": allocators,
+        "groups": groups,
+        "notes": notes,
+        "errors": errors,
+        "medians": med,
+        "ratios": ratios(med),
+        "raw": raw,
+        "wall_s": time.perf_counter() - t_start,
+    }
     doc["targets"] = recording_targets(med)
     doc["table_markdown"] = markdown_table(doc)
-    out = args.out or os.path.join(REPO, "benchmarks", "results",
-                                   f"{doc['machine']['date'][:10]}-gpu-bench.json")
+    out = args.out or os.path.join(REPO, "benchmarks", "results", f"{doc['machine']['date'][:10]}-gpu-bench.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)

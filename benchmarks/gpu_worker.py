@@ -22,6 +22,7 @@ statistics adaptor); "device_used" is total - free from cudaMemGetInfo for all,
 and "context_used" is the same before the first allocation, so the
 difference is what the allocator took.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,33 +34,57 @@ import resource
 import sys
 import time
 
-ALLOCATORS = ("native", "expandable", "cudaMallocAsync", "rmm", "memalloc",
-              # recording on: torch's own history (Python stacks) and memalloc's modes
-              "native_history", "memalloc_tags", "memalloc_stacks",
-              # memalloc's default is expandable segments; memalloc_plain is native's
-              # policy (MEMALLOC_CONF=expandable_segments:False); memalloc_expandable says
-              # the default explicitly, _noreuse without giving free pages back before
-              # growing (reuse_free_pages:False)
-              "memalloc_expandable", "memalloc_expandable_noreuse", "memalloc_plain",
-              # expandable segments whose pages are not created exportable (no CUDA IPC of
-              # them: torch's TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0), to weigh that choice
-              "memalloc_expandable_noipc",
-              # what `python -m memalloc run` turns on: the flight recorder's file and a
-              # step boundary (a heartbeat and checkpoint) at every optimizer.step()
-              "memalloc_flight",
-              # native under a second name: two native processes in lockstep measure
-              # the benchmark's own noise (an A/A control, benchmarks/lockstep.py)
-              "native_control",
-              # memalloc's default without call sites (no Python stack per
-              # allocation: MEMALLOC_CONF=call_sites:False), to weigh their cost in a step
-              "memalloc_nosites")
+ALLOCATORS = (
+    "native",
+    "expandable",
+    "cudaMallocAsync",
+    "rmm",
+    "memalloc",
+    # recording on: torch's own history (Python stacks) and memalloc's modes
+    "native_history",
+    "memalloc_tags",
+    "memalloc_stacks",
+    # memalloc's default is expandable segments; memalloc_plain is native's
+    # policy (MEMALLOC_CONF=expandable_segments:False); memalloc_expandable says
+    # the default explicitly, _noreuse without giving free pages back before
+    # growing (reuse_free_pages:False)
+    "memalloc_expandable",
+    "memalloc_expandable_noreuse",
+    "memalloc_plain",
+    # expandable segments whose pages are not created exportable (no CUDA IPC of
+    # them: torch's TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0), to weigh that choice
+    "memalloc_expandable_noipc",
+    # what `python -m memalloc run` turns on: the flight recorder's file and a
+    # step boundary (a heartbeat and checkpoint) at every optimizer.step()
+    "memalloc_flight",
+    # native under a second name: two native processes in lockstep measure
+    # the benchmark's own noise (an A/A control, benchmarks/lockstep.py)
+    "native_control",
+    # memalloc's default without call sites (no Python stack per
+    # allocation: MEMALLOC_CONF=call_sites:False), to weigh their cost in a step
+    "memalloc_nosites",
+)
 DEFAULT_ALLOCATORS = ALLOCATORS[:5]
-GROUPS = ("micro", "transformer", "resnet50", "recording", "call_sites", "flight", "flight_pair", "bf16",
-          # lockstep workers (benchmarks/lockstep.py): one step per "step" line of the bf16
-          # transformer, ResNet-50 and a transformers GPT-2
-          "bf16_lockstep", "resnet50_lockstep", "gpt2_lockstep")
-LOCKSTEP_STEPS = {"bf16_lockstep": lambda: transformer_steps()["bf16"], "resnet50_lockstep": lambda: resnet50_step(),
-                  "gpt2_lockstep": lambda: gpt2_step()}
+GROUPS = (
+    "micro",
+    "transformer",
+    "resnet50",
+    "recording",
+    "call_sites",
+    "flight",
+    "flight_pair",
+    "bf16",
+    # lockstep workers (benchmarks/lockstep.py): one step per "step" line of the bf16
+    # transformer, ResNet-50 and a transformers GPT-2
+    "bf16_lockstep",
+    "resnet50_lockstep",
+    "gpt2_lockstep",
+)
+LOCKSTEP_STEPS = {
+    "bf16_lockstep": lambda: transformer_steps()["bf16"],
+    "resnet50_lockstep": lambda: resnet50_step(),
+    "gpt2_lockstep": lambda: gpt2_step(),
+}
 # The recording group's modes per allocator ("python" = Python call stacks:
 # torch's _record_memory_history(stacks="python") for native).
 RECORDING_MODES = {"native": ("off", "python"), "memalloc": ("off", "tags", "python")}
@@ -74,8 +99,10 @@ ENV = {
     "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
     "memalloc_plain": {"MEMALLOC_CONF": "expandable_segments:False"},
     "memalloc_expandable": {"MEMALLOC_CONF": "expandable_segments:True"},
-    "memalloc_expandable_noipc": {"MEMALLOC_CONF": "expandable_segments:True",
-                                  "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC": "0"},
+    "memalloc_expandable_noipc": {
+        "MEMALLOC_CONF": "expandable_segments:True",
+        "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC": "0",
+    },
     "memalloc_expandable_noreuse": {"MEMALLOC_CONF": "expandable_segments:True,reuse_free_pages:False"},
     "memalloc_nosites": {"MEMALLOC_CONF": "call_sites:False"},
 }
@@ -212,6 +239,7 @@ def transformer_steps():
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         return step
 
     return {"fp32": make(None), "bf16": make(torch.bfloat16)}
@@ -365,8 +393,11 @@ def run_modes(set_mode, modes, prefix: str, rounds: int) -> dict:
     (<prefix>_*_<mode>). Cross-process noise (the machine's
     process-to-process spread) cancels out of the ratios."""
     bf16 = transformer_steps()["bf16"]
-    times: dict[str, dict[str, list[float]]] = {"bf16_ms": {m: [] for m in modes}, "pair_us_512": {m: [] for m in modes},
-                                                "pair_us_512_deep": {m: [] for m in modes}}
+    times: dict[str, dict[str, list[float]]] = {
+        "bf16_ms": {m: [] for m in modes},
+        "pair_us_512": {m: [] for m in modes},
+        "pair_us_512_deep": {m: [] for m in modes},
+    }
     for mode in rotated(modes, rounds):
         set_mode(mode)
         times["bf16_ms"][mode].append(timed_steps(bf16, warmup=2, steps=8))
@@ -419,6 +450,7 @@ def resnet50_step():
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -444,6 +476,7 @@ def gpt2_step(device: str = "cuda", n_layer: int = 12, batch: int = 8, bf16: boo
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -522,8 +555,9 @@ def main(argv) -> int:
             now = counts()
             per_step.append([now[k] - before[k] for k in counters[:2]])
 
-        result["steps"] = serve(LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize, ready=ready,
-                                after=after)
+        result["steps"] = serve(
+            LOCKSTEP_STEPS[group](), warmup=3, sync=torch.cuda.synchronize, ready=ready, after=after
+        )
         result["timed_steps_counts"] = {k: v - before[k] for k, v in counts().items()}
         result["device_alloc_free_after_each_step"] = per_step
     elif group == "flight_pair":

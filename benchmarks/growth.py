@@ -18,6 +18,7 @@ Each figure is the median over processes; ratios are memalloc's median over
 the other mode's, from the same run. The worker is
 ``python -m benchmarks.growth --worker MODE CASE`` (prints one JSON object).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,6 +68,7 @@ def _timed(torch, f) -> tuple[float, Any]:
 def _fresh(torch, sizes: list[int]) -> dict:
     def make():
         return [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
+
     fresh_ms, ts = _timed(torch, make)
     del ts
     again_ms, ts = _timed(torch, make)
@@ -78,26 +80,40 @@ def _train(torch) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    config = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        max_position_embeddings=2048,
+    )
     model = LlamaForCausalLM(config).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     step_ms, reserved, maps = [], [], []
     for n in lengths():
         ids = torch.randint(0, config.vocab_size, (8, n), device="cuda")
 
-        def step():
+        def step(ids=ids):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
         ms, _ = _timed(torch, step)
         step_ms.append(ms)
         reserved.append(torch.cuda.memory_reserved())
         maps.append(torch.cuda.memory_stats().get("num_device_alloc", 0))  # device allocations so far
-    return {"step_ms": step_ms, "lengths": lengths(), "reserved": reserved, "num_device_alloc": maps,
-            "peak_reserved": torch.cuda.max_memory_reserved(), "peak_allocated": torch.cuda.max_memory_allocated()}
+    return {
+        "step_ms": step_ms,
+        "lengths": lengths(),
+        "reserved": reserved,
+        "num_device_alloc": maps,
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+    }
 
 
 def worker(mode: str, case: str) -> dict:
@@ -139,9 +155,11 @@ def summarize(runs: Sequence[dict]) -> dict:
             grows = growing_steps(rs[0]["lengths"])
             figures = {
                 "growing_step_ms": statistics.median(
-                    statistics.median(ms for ms, g in zip(r["step_ms"], grows) if g) for r in rs),
+                    statistics.median(ms for ms, g in zip(r["step_ms"], grows) if g) for r in rs
+                ),
                 "other_step_ms": statistics.median(
-                    statistics.median(ms for ms, g in zip(r["step_ms"], grows) if not g) for r in rs),
+                    statistics.median(ms for ms, g in zip(r["step_ms"], grows) if not g) for r in rs
+                ),
                 "run_ms": statistics.median(sum(r["step_ms"]) for r in rs),
                 "peak_reserved": statistics.median(r["peak_reserved"] for r in rs),
                 "peak_allocated": statistics.median(r["peak_allocated"] for r in rs),
@@ -149,15 +167,17 @@ def summarize(runs: Sequence[dict]) -> dict:
         else:
             figures = {k: statistics.median(r[k] for r in rs) for k in ("fresh_ms", "again_ms")}
         out.setdefault(case, {})[mode] = {**figures, "processes": len(rs)}
-    for case, modes in out.items():
+    for modes in out.values():
         if "memalloc" not in modes:
             continue
         for other in [m for m in modes if m in MODES]:
             if other == "memalloc":
                 continue
             modes[f"memalloc_over_{other}"] = {
-                k: modes["memalloc"][k] / modes[other][k] for k in modes["memalloc"]
-                if k != "processes" and modes[other].get(k)}
+                k: modes["memalloc"][k] / modes[other][k]
+                for k in modes["memalloc"]
+                if k != "processes" and modes[other].get(k)
+            }
     return out
 
 
@@ -179,17 +199,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     for rnd in range(args.procs):
         for case in cases:
-            for mode in modes[rnd % len(modes):] + modes[:rnd % len(modes)]:  # the order turns each round
-                r = subprocess.run([sys.executable, "-m", "benchmarks.growth", "--worker", mode, case],
-                                   capture_output=True, text=True, timeout=900)
+            for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:  # the order turns each round
+                r = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.growth", "--worker", mode, case],
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
                 if r.returncode != 0:
                     print(f"{mode} {case}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
                     return 1
                 runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
-                print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("step_ms", "reserved", "lengths")}),
-                      flush=True)
-    result = {"command": "python -m benchmarks.growth " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "summary": summarize(runs), "runs": runs}
+                print(
+                    json.dumps({k: v for k, v in runs[-1].items() if k not in ("step_ms", "reserved", "lengths")}),
+                    flush=True,
+                )
+    result = {
+        "command": "python -m benchmarks.growth " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "summary": summarize(runs),
+        "runs": runs,
+    }
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -32,6 +32,7 @@ Workers: ``python -m benchmarks.gpu_worker NAME GROUP_lockstep`` (CUDA), or
 on any machine ``python -m benchmarks.lockstep --work N`` (a CPU step of N
 units, for testing this driver).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,9 +47,15 @@ from collections.abc import Callable, Mapping, Sequence
 READY, STEP, STOP = "ready", "step", "stop"
 
 
-def serve(step: Callable[[], None], warmup: int = 3, sync: Callable[[], None] = lambda: None,
-          out=None, inp=None, ready: Callable[[], None] = lambda: None,
-          after: Callable[[], None] = lambda: None) -> int:
+def serve(
+    step: Callable[[], None],
+    warmup: int = 3,
+    sync: Callable[[], None] = lambda: None,
+    out=None,
+    inp=None,
+    ready: Callable[[], None] = lambda: None,
+    after: Callable[[], None] = lambda: None,
+) -> int:
     """The worker's side: ``warmup`` steps, ``ready()``, then one timed step
     (ms, between two ``sync()`` calls) per ``step`` line on ``inp`` until
     ``stop``, each followed by ``after()`` once its time is out (untimed).
@@ -80,8 +87,15 @@ class _Worker:
     def __init__(self, label: str, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None):
         self.label = label
         self.err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker never blocks on it
-        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True, env=dict(env) if env else None, cwd=cwd)
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env=dict(env) if env else None,
+            cwd=cwd,
+        )
 
     def stderr_tail(self) -> str:
         self.err.seek(0)
@@ -90,8 +104,9 @@ class _Worker:
     def line(self) -> str:
         got = self.proc.stdout.readline()
         if not got:
-            raise RuntimeError(f"lockstep: worker {self.label} ended early (exit {self.proc.wait()}):\n"
-                               f"{self.stderr_tail()}")
+            raise RuntimeError(
+                f"lockstep: worker {self.label} ended early (exit {self.proc.wait()}):\n{self.stderr_tail()}"
+            )
         return got.strip()
 
     def step(self) -> float:
@@ -104,8 +119,9 @@ class _Worker:
         self.proc.stdin.flush()
         out, _ = self.proc.communicate(timeout=120)
         if self.proc.returncode != 0:
-            raise RuntimeError(f"lockstep: worker {self.label} failed (exit {self.proc.returncode}):\n"
-                               f"{self.stderr_tail()}")
+            raise RuntimeError(
+                f"lockstep: worker {self.label} failed (exit {self.proc.returncode}):\n{self.stderr_tail()}"
+            )
         lines = out.strip().splitlines()
         return json.loads(lines[-1]) if lines else {}
 
@@ -116,8 +132,9 @@ class _Worker:
         self.err.close()
 
 
-def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Mapping[str, str] | None = None,
-             cwd: str | None = None) -> dict:
+def lockstep(
+    workers: Mapping[str, Sequence[str]], steps: int, env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> dict:
     """Runs the two ``workers`` ({label: argv}; the first is the baseline)
     in lockstep for ``steps`` pairs of steps. Returns ``ratio`` (the median
     over pairs of the second's ms / the first's), ``ratios`` (every pair's),
@@ -126,8 +143,13 @@ def lockstep(workers: Mapping[str, Sequence[str]], steps: int, env: Mapping[str,
     return crowd(workers, steps, alive=1, env=env, cwd=cwd)[0]
 
 
-def crowd(workers: Mapping[str, Sequence[str]], steps: int, alive: int = 1, env: Mapping[str, str] | None = None,
-          cwd: str | None = None) -> list:
+def crowd(
+    workers: Mapping[str, Sequence[str]],
+    steps: int,
+    alive: int = 1,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> list:
     """``alive`` pairs of the two ``workers`` ({label: argv}; the first is
     the baseline) alive at once, started and warmed up together, then
     ``steps`` rounds in which every process takes one step, one process at a
@@ -156,24 +178,39 @@ def crowd(workers: Mapping[str, Sequence[str]], steps: int, alive: int = 1, env:
         ms = [{la: [], lb: []} for _ in range(alive)]
         order = list(range(len(started)))
         for i in range(steps):
-            for k in (order if i % 2 == 0 else reversed(order)):
+            for k in order if i % 2 == 0 else reversed(order):
                 ms[k // 2][started[k].label].append(started[k].step())
-        results = [{w.label: w.stop() for w in started[2 * j:2 * j + 2]} for j in range(alive)]
+        results = [{w.label: w.stop() for w in started[2 * j : 2 * j + 2]} for j in range(alive)]
     finally:
         for w in started:
             w.kill()
     pairs = []
     for j in range(alive):
         ratios = [y / x for x, y in zip(ms[j][la], ms[j][lb])]
-        pairs.append({"ratio": statistics.median(ratios), "ratios": ratios, "ms": ms[j],
-                      "median_ms": {k: statistics.median(v) for k, v in ms[j].items()}, "results": results[j],
-                      "steps": steps, "order": "alternating (a b, b a, ...)" if alive == 1 else
-                      f"{alive} pairs alive at once, a0 b0 a1 b1 ... then reversed, round by round"})
+        pairs.append(
+            {
+                "ratio": statistics.median(ratios),
+                "ratios": ratios,
+                "ms": ms[j],
+                "median_ms": {k: statistics.median(v) for k, v in ms[j].items()},
+                "results": results[j],
+                "steps": steps,
+                "order": "alternating (a b, b a, ...)"
+                if alive == 1
+                else f"{alive} pairs alive at once, a0 b0 a1 b1 ... then reversed, round by round",
+            }
+        )
     return pairs
 
 
-def pooled(workers: Mapping[str, Sequence[str]], process_pairs: int, steps: int,
-           env: Mapping[str, str] | None = None, cwd: str | None = None, alive: int = 1) -> dict:
+def pooled(
+    workers: Mapping[str, Sequence[str]],
+    process_pairs: int,
+    steps: int,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    alive: int = 1,
+) -> dict:
     """``process_pairs`` pairs of fresh workers, ``steps`` pairs of steps
     each, ``alive`` pairs at once (:func:`crowd`; 1: :func:`lockstep`, one
     pair after another). Returns ``median_ratio`` (over every pair of steps
@@ -184,9 +221,15 @@ def pooled(workers: Mapping[str, Sequence[str]], process_pairs: int, steps: int,
     while len(runs) < process_pairs:
         runs += crowd(workers, steps, alive=min(alive, process_pairs - len(runs)), env=env, cwd=cwd)
     ratios = [x for r in runs for x in r["ratios"]]
-    return {"median_ratio": statistics.median(ratios), "per_process_pair": [r["ratio"] for r in runs],
-            "median_ms": [r["median_ms"] for r in runs], "process_pairs": process_pairs,
-            "step_pairs": len(ratios), "alive": alive, "runs": runs}
+    return {
+        "median_ratio": statistics.median(ratios),
+        "per_process_pair": [r["ratio"] for r in runs],
+        "median_ms": [r["median_ms"] for r in runs],
+        "process_pairs": process_pairs,
+        "step_pairs": len(ratios),
+        "alive": alive,
+        "runs": runs,
+    }
 
 
 def _cpu_work(units: int) -> None:

@@ -24,6 +24,7 @@ Models (``tiny`` on the host backend, where the CPU runs them):
 The budget (MiB) is the memory fraction on CUDA (budget / the device's
 total) and the simulated device's capacity on the host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,12 +71,12 @@ def make_model(model: str, device: str) -> Callable[[int, int | None], None]:
 
         vocab = 512 if tiny else VOCAB
         lens = lengths(LENGTHS[device == "cpu"], max_len=256 if tiny else 4096)
-        train = (model_step(device, width=64, layers=2, vocab=vocab, bf16=False) if tiny
-                 else model_step(device))
+        train = model_step(device, width=64, layers=2, vocab=vocab, bf16=False) if tiny else model_step(device)
 
         def step(b: int, i: int | None) -> None:
             n = max(lens) if i is None else lens[i % len(lens)]
             train(torch.randint(0, vocab, (b, n), device=device), torch.randint(0, CLASSES, (b,), device=device))
+
         return step
     if model == "transformer":
         from benchmarks.fit_more import CLASSES, model_step
@@ -85,6 +86,7 @@ def make_model(model: str, device: str) -> Callable[[int, int | None], None]:
 
         def step(b: int, i: int | None) -> None:
             train(torch.randint(0, vocab, (b, seq), device=device), torch.randint(0, CLASSES, (b,), device=device))
+
         return step
     if model == "resnet":
         if tiny:
@@ -105,12 +107,16 @@ def make_model(model: str, device: str) -> Callable[[int, int | None], None]:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         return step
     if model == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        config = (GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128) if tiny
-                  else GPT2Config(n_positions=512))
+        config = (
+            GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+            if tiny
+            else GPT2Config(n_positions=512)
+        )
         seq = 64 if tiny else 512
         net = GPT2LMHeadModel(config).to(device)
         net.train()
@@ -123,6 +129,7 @@ def make_model(model: str, device: str) -> Callable[[int, int | None], None]:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         return step
     raise SystemExit(f"unknown model {model!r}: one of {', '.join(MODELS)}")
 
@@ -146,7 +153,9 @@ def worker_trial(model: str, batch: int, steps: int, backend: str, budget_mb: in
             memalloc.reset_peak_memory_stats()
             step(batch, i)
             s = memalloc.memory_stats()
-            peaks.append((s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"], s["allocated_bytes.all.current"]))
+            peaks.append(
+                (s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"], s["allocated_bytes.all.current"])
+            )
         if backend == "cuda":
             torch.cuda.synchronize()
     except torch.OutOfMemoryError as e:
@@ -170,11 +179,13 @@ def plan_step(step: Callable[[int, int | None], None], plan_steps: int | None) -
         i = calls[0] % (plan_steps + 1)
         calls[0] += 1
         step(b, i)
+
     return in_order
 
 
-def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: int | None = None,
-                probes: tuple[int, ...] | None = None) -> dict:
+def worker_plan(
+    model: str, backend: str, budget_mb: int, plan_steps: int | None = None, probes: tuple[int, ...] | None = None
+) -> dict:
     import memalloc
 
     step = make_model(model, setup(backend, budget_mb))
@@ -187,14 +198,28 @@ def worker_plan(model: str, backend: str, budget_mb: int, plan_steps: int | None
         def dumped(records, *args, **kwargs):
             planner.save_records(records, os.path.join(os.environ[DUMP], f"plan-{model}-{budget_mb}.json"))
             return plan_from(records, *args, **kwargs)
+
         planner.plan = dumped
-    p = memalloc.largest_batch(plan_step(step, plan_steps), steps=plan_steps or 2,
-                               **({"probes": probes} if probes else {}))
-    return {"batch": p.batch, "plan_s_in_process": time.perf_counter() - t0, "budget": p.budget,
-            "peak_reserved": p.peak_reserved, "peak_allocated": p.peak_allocated, "fixed_bytes": p.fixed_bytes,
-            "per_sample_bytes": p.per_sample_bytes, "limit": p.limit, "probes": p.probes,
-            "matched_share": p.matched_share, "growing_share": p.growing_share, "steady": p.steady,
-            "repeats": p.repeats, "text": str(p), "device": device_words(backend)}
+    p = memalloc.largest_batch(
+        plan_step(step, plan_steps), steps=plan_steps or 2, **({"probes": probes} if probes else {})
+    )
+    return {
+        "batch": p.batch,
+        "plan_s_in_process": time.perf_counter() - t0,
+        "budget": p.budget,
+        "peak_reserved": p.peak_reserved,
+        "peak_allocated": p.peak_allocated,
+        "fixed_bytes": p.fixed_bytes,
+        "per_sample_bytes": p.per_sample_bytes,
+        "limit": p.limit,
+        "probes": p.probes,
+        "matched_share": p.matched_share,
+        "growing_share": p.growing_share,
+        "steady": p.steady,
+        "repeats": p.repeats,
+        "text": str(p),
+        "device": device_words(backend),
+    }
 
 
 def device_words(backend: str) -> str:
@@ -208,9 +233,14 @@ def device_words(backend: str) -> str:
 
 # ---- the driver -----------------------------------------------------------------
 def run_worker(args: list[str], timeout: int = 600) -> dict:
-    p = subprocess.run([sys.executable, "-m", "benchmarks.plan_vs_search", "--worker", *args], cwd=REPO,
-                       capture_output=True, text=True, timeout=timeout,
-                       env={k: v for k, v in os.environ.items() if k not in ("MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")})
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.plan_vs_search", "--worker", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={k: v for k, v in os.environ.items() if k not in ("MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")},
+    )
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"plan_vs_search worker {args} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -264,8 +294,9 @@ def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> 
     trials = []
 
     def fits(b: int) -> bool:
-        r = run_worker(["trial", model, str(b), "--steps", str(steps), "--backend", backend,
-                        "--budget-mb", str(budget_mb)])
+        r = run_worker(
+            ["trial", model, str(b), "--steps", str(steps), "--backend", backend, "--budget-mb", str(budget_mb)]
+        )
         trials.append(r)
         return r["ok"]
 
@@ -294,18 +325,35 @@ def compare(model: str, backend: str, budget_mb: int, steps: int, start: int) ->
         tried: dict[int, bool] = {}
 
         def runs_long(b: int) -> bool:
-            tried[b] = run_worker(["trial", model, str(b), "--steps", str(horizon), "--backend", backend,
-                                   "--budget-mb", str(budget_mb)])["ok"]
+            tried[b] = run_worker(
+                ["trial", model, str(b), "--steps", str(horizon), "--backend", backend, "--budget-mb", str(budget_mb)]
+            )["ok"]
             return tried[b]
+
         t0 = time.perf_counter()
         largest = largest_that_runs_long(runs_long, planned["batch"], truth)
-        long = {"steps": horizon, "largest_batch": largest, "planned_runs": tried[planned["batch"]],
-                "tried": sorted(tried.items()), "seconds": time.perf_counter() - t0}
+        long = {
+            "steps": horizon,
+            "largest_batch": largest,
+            "planned_runs": tried[planned["batch"]],
+            "tried": sorted(tried.items()),
+            "seconds": time.perf_counter() - t0,
+        }
         truth = largest
-    return {"model": model, "backend": backend, "budget_mb": budget_mb, "steps_per_trial": steps,
-            "search": found, "search_s": search_s, "plan": planned, "plan_s": plan_s, "long": long,
-            "truth": truth, "planned_over_found": planned["batch"] / truth if truth else None,
-            "plan_time_share": plan_s / search_s}
+    return {
+        "model": model,
+        "backend": backend,
+        "budget_mb": budget_mb,
+        "steps_per_trial": steps,
+        "search": found,
+        "search_s": search_s,
+        "plan": planned,
+        "plan_s": plan_s,
+        "long": long,
+        "truth": truth,
+        "planned_over_found": planned["batch"] / truth if truth else None,
+        "plan_time_share": plan_s / search_s,
+    }
 
 
 def main(argv=None) -> int:
@@ -315,9 +363,12 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
     p.add_argument("--budget-mb", type=int, default=7168)
     p.add_argument("--steps", type=int, default=None, help="steps per trial (default: 30 for fit, 10 otherwise)")
-    p.add_argument("--plan-steps", type=int, default=None,
-                   help="the planner's steps per probe, each the job's own step in order (default: 2, each the "
-                        "worst case)")
+    p.add_argument(
+        "--plan-steps",
+        type=int,
+        default=None,
+        help="the planner's steps per probe, each the job's own step in order (default: 2, each the worst case)",
+    )
     p.add_argument("--start", type=int, default=16, help="the search's first batch")
     p.add_argument("--probes", default=None, help="the planner's probe batches, e.g. 2,4,8,16 (default: its own)")
     p.add_argument("--out", default=None)
@@ -327,8 +378,13 @@ def main(argv=None) -> int:
         if kind == "trial":
             r = worker_trial(model, int(rest[0]), args.steps or 10, args.backend, args.budget_mb)
         else:
-            r = worker_plan(model, args.backend, args.budget_mb, args.plan_steps,
-                            tuple(int(b) for b in args.probes.split(",")) if args.probes else None)
+            r = worker_plan(
+                model,
+                args.backend,
+                args.budget_mb,
+                args.plan_steps,
+                tuple(int(b) for b in args.probes.split(",")) if args.probes else None,
+            )
         print(json.dumps(r))
         return 0
     steps = args.steps or (30 if args.model == "fit" else 10)

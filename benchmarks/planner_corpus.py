@@ -61,6 +61,7 @@ tried ([batch, ran] in order), search_start; where the long runs were
 tried: long_steps, largest_that_runs_long, planned_runs_long, ratio_long,
 tried_long}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,10 +82,26 @@ MiB = 1 << 20
 WITHIN = 0.05  # the planned batch may be at most 5% below the largest that runs
 # (model, budget MiB) per device. Host budgets are small: the CPU trains every trial.
 CASES = {
-    "cpu": [("resnet", 32), ("resnet", 64), ("transformer", 48), ("transformer", 96), ("gpt2", 64),
-            ("gpt2", 96), ("fit", 48), ("fit", 64)],
-    "cuda": [("resnet", 6144), ("resnet", 12288), ("transformer", 8192), ("transformer", 16384), ("gpt2", 16384),
-             ("gpt2", 32768), ("fit", 7168), ("fit", 14336)],
+    "cpu": [
+        ("resnet", 32),
+        ("resnet", 64),
+        ("transformer", 48),
+        ("transformer", 96),
+        ("gpt2", 64),
+        ("gpt2", 96),
+        ("fit", 48),
+        ("fit", 64),
+    ],
+    "cuda": [
+        ("resnet", 6144),
+        ("resnet", 12288),
+        ("transformer", 8192),
+        ("transformer", 16384),
+        ("gpt2", 16384),
+        ("gpt2", 32768),
+        ("fit", 7168),
+        ("fit", 14336),
+    ],
 }
 # Steps per trial: 12 (host) or 10 (cuda), as the other planner checks; for fit, its lengths three times on
 # the host (8 lengths) and twice on CUDA (30): its second pass can run out of memory where the first did not
@@ -134,32 +151,59 @@ def host_plan(model: str, budget_mb: int, plan_steps: int | None) -> dict:
     with host.cpu_tensors_from(a):
         step = plan_vs_search.make_model(model, "cpu")
         try:
-            p = memalloc.largest_batch(plan_vs_search.plan_step(step, plan_steps), steps=plan_steps or 2,
-                                       allocator=a)
+            p = memalloc.largest_batch(plan_vs_search.plan_step(step, plan_steps), steps=plan_steps or 2, allocator=a)
         finally:
             del step
             gc.collect()
-    return {"batch": p.batch, "steady": p.steady, "repeats": p.repeats, "text": str(p),
-            "device": plan_vs_search.device_words("host")}
+    return {
+        "batch": p.batch,
+        "steady": p.steady,
+        "repeats": p.repeats,
+        "text": str(p),
+        "device": plan_vs_search.device_words("host"),
+    }
 
 
 # ---- fresh processes: plan_vs_search's workers ----------------------------------------
 def fresh_trial(model: str, budget_mb: int, batch: int, steps: int, backend: str) -> bool:
-    r = plan_vs_search.run_worker(["trial", model, str(batch), "--steps", str(steps), "--backend", backend,
-                                   "--budget-mb", str(budget_mb)])
+    r = plan_vs_search.run_worker(
+        ["trial", model, str(batch), "--steps", str(steps), "--backend", backend, "--budget-mb", str(budget_mb)]
+    )
     return bool(r["ok"])
 
 
 def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: int | None) -> dict:
-    r = plan_vs_search.run_worker(["plan", model, "--backend", backend, "--budget-mb", str(budget_mb),
-                                   *(["--plan-steps", str(plan_steps)] if plan_steps else [])])
-    return {"batch": r["batch"], "steady": r["steady"], "repeats": r["repeats"], "text": r["text"],
-            "device": r["device"]}
+    r = plan_vs_search.run_worker(
+        [
+            "plan",
+            model,
+            "--backend",
+            backend,
+            "--budget-mb",
+            str(budget_mb),
+            *(["--plan-steps", str(plan_steps)] if plan_steps else []),
+        ]
+    )
+    return {
+        "batch": r["batch"],
+        "steady": r["steady"],
+        "repeats": r["repeats"],
+        "text": r["text"],
+        "device": r["device"],
+    }
 
 
 # ---- one case -----------------------------------------------------------------------
-def run_case(model: str, budget_mb: int, device: str, steps: int, start: int | None, fresh: bool,
-             plan_steps: int | None = None, long_steps: int | None = None) -> dict:
+def run_case(
+    model: str,
+    budget_mb: int,
+    device: str,
+    steps: int,
+    start: int | None,
+    fresh: bool,
+    plan_steps: int | None = None,
+    long_steps: int | None = None,
+) -> dict:
     """One row: the plan, then the search (from ``start``, None: from the
     planned batch), then the planned batch on its own if the search did not
     try it. Where the largest that runs is above the plan and ``long_steps``
@@ -169,16 +213,20 @@ def run_case(model: str, budget_mb: int, device: str, steps: int, start: int | N
     backend = "cuda" if device == "cuda" else "host"
     in_process = device != "cuda" and not fresh
     t0 = time.perf_counter()
-    planned = (host_plan(model, budget_mb, plan_steps) if in_process
-               else fresh_plan(model, budget_mb, backend, plan_steps))
+    planned = (
+        host_plan(model, budget_mb, plan_steps) if in_process else fresh_plan(model, budget_mb, backend, plan_steps)
+    )
     plan_s = time.perf_counter() - t0
     tried: list[list] = []
     seen: dict[int, bool] = {}
 
     def runs(batch: int) -> bool:
         if batch not in seen:
-            seen[batch] = (host_trial(model, budget_mb, batch, steps) if in_process
-                           else fresh_trial(model, budget_mb, batch, steps, backend))
+            seen[batch] = (
+                host_trial(model, budget_mb, batch, steps)
+                if in_process
+                else fresh_trial(model, budget_mb, batch, steps, backend)
+            )
             tried.append([batch, seen[batch]])
         return seen[batch]
 
@@ -194,25 +242,56 @@ def run_case(model: str, budget_mb: int, device: str, steps: int, start: int | N
 
         def runs_long(batch: int) -> bool:
             if batch not in long_seen:
-                long_seen[batch] = (host_trial(model, budget_mb, batch, long_steps) if in_process
-                                    else fresh_trial(model, budget_mb, batch, long_steps, backend))
+                long_seen[batch] = (
+                    host_trial(model, budget_mb, batch, long_steps)
+                    if in_process
+                    else fresh_trial(model, budget_mb, batch, long_steps, backend)
+                )
             return long_seen[batch]
 
         lo = plan_vs_search.largest_that_runs_long(runs_long, planned["batch"], largest)
-        long = {"long_steps": long_steps, "largest_that_runs_long": lo, "planned_runs_long": long_seen[planned["batch"]],
-                "ratio_long": planned["batch"] / lo if lo else None, "tried_long": sorted(long_seen.items())}
-    return {"model": model, "budget": budget_mb, "planned": planned["batch"], "largest_that_runs": largest,
-            "ratio": ratio, "plan_s": round(plan_s, 3), "search_s": round(search_s, 3),
-            "planned_runs": planned_runs, "ok": bool(planned_runs and ratio is not None and ratio >= 1 - WITHIN),
-            "steady": planned["steady"], "repeats": planned["repeats"], "trials": trials, "tried": tried,
-            "search_start": start or "plan", "steps": steps, "plan_steps": plan_steps or 2,
-            "plan_text": planned["text"], "device": planned["device"], **long}
+        long = {
+            "long_steps": long_steps,
+            "largest_that_runs_long": lo,
+            "planned_runs_long": long_seen[planned["batch"]],
+            "ratio_long": planned["batch"] / lo if lo else None,
+            "tried_long": sorted(long_seen.items()),
+        }
+    return {
+        "model": model,
+        "budget": budget_mb,
+        "planned": planned["batch"],
+        "largest_that_runs": largest,
+        "ratio": ratio,
+        "plan_s": round(plan_s, 3),
+        "search_s": round(search_s, 3),
+        "planned_runs": planned_runs,
+        "ok": bool(planned_runs and ratio is not None and ratio >= 1 - WITHIN),
+        "steady": planned["steady"],
+        "repeats": planned["repeats"],
+        "trials": trials,
+        "tried": tried,
+        "search_start": start or "plan",
+        "steps": steps,
+        "plan_steps": plan_steps or 2,
+        "plan_text": planned["text"],
+        "device": planned["device"],
+        **long,
+    }
 
 
-def corpus(device: str = "cpu", cases: list | None = None, steps: int | None = None,
-           start: int | None = None, fresh: bool = False, out: str | None = None, fit_plan: str = "steps",
-           command: str | None = None, long_steps: int | None = None,
-           log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+def corpus(
+    device: str = "cpu",
+    cases: list | None = None,
+    steps: int | None = None,
+    start: int | None = None,
+    fresh: bool = False,
+    out: str | None = None,
+    fit_plan: str = "steps",
+    command: str | None = None,
+    long_steps: int | None = None,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict:
     """Every case's row (CASES[device] unless ``cases`` names them), the
     JSON written to ``out`` after each row (a run cut short keeps its rows)."""
     if device == "cuda":
@@ -228,13 +307,20 @@ def corpus(device: str = "cpu", cases: list | None = None, steps: int | None = N
         row = run_case(model, budget_mb, device, n, start, fresh, plan_steps, long_n)
         doc["rows"].append(row)
         doc["device"] = row["device"]
-        log(f"{model} {budget_mb} MiB: planned {row['planned']}, largest that runs {row['largest_that_runs']} "
+        log(
+            f"{model} {budget_mb} MiB: planned {row['planned']}, largest that runs {row['largest_that_runs']} "
             f"(ratio {row['ratio']:.3f}), planned runs {row['planned_runs']}, plan {row['plan_s']:.1f} s, "
             f"search {row['search_s']:.1f} s ({row['trials']} trials), steady {row['steady']} "
             f"({row['repeats']} repeats){'' if row['ok'] else '  <-- FAILS'}"
-            + (f"; over {row['long_steps']} steps the largest that runs is {row['largest_that_runs_long']}, planned "
-               f"runs {row['planned_runs_long']}" if "long_steps" in row else "") if row["ratio"] is not None else
-            f"{model} {budget_mb} MiB: nothing runs ({row['tried']})")
+            + (
+                f"; over {row['long_steps']} steps the largest that runs is {row['largest_that_runs_long']}, planned "
+                f"runs {row['planned_runs_long']}"
+                if "long_steps" in row
+                else ""
+            )
+            if row["ratio"] is not None
+            else f"{model} {budget_mb} MiB: nothing runs ({row['tried']})"
+        )
         if out:
             with open(out, "w") as f:
                 json.dump(doc, f, indent=1)
@@ -246,38 +332,87 @@ def parse_cases(text: str) -> list[tuple[str, int]]:
     for item in text.split(","):
         model, _, budget = item.partition(":")
         if model not in plan_vs_search.MODELS or not budget.isdigit():
-            raise SystemExit(f"planner_corpus: --cases {text!r}: give MODEL:BUDGET_MB,... with MODEL one of "
-                             f"{', '.join(plan_vs_search.MODELS)}")
+            raise SystemExit(
+                f"planner_corpus: --cases {text!r}: give MODEL:BUDGET_MB,... with MODEL one of "
+                f"{', '.join(plan_vs_search.MODELS)}"
+            )
         cases.append((model, int(budget)))
     return cases
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cpu: the host backend (default); cuda: a CUDA GPU, real OOMs")
-    p.add_argument("--cases", type=parse_cases, default=None,
-                   help="MODEL:BUDGET_MB,... (default: the device's corpus, CASES)")
-    p.add_argument("--steps", type=int, default=None, help="steps per trial (default: STEPS: 12 on the host, 10 "
-                                                           "on CUDA; fit's lengths 3 and 2 times)")
-    p.add_argument("--start", default=None, help="the search's first batch: a number, or 'plan' (default: 16 on "
-                                                 "CUDA, the planned batch on the host)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the host backend (default); cuda: a CUDA GPU, real OOMs",
+    )
+    p.add_argument(
+        "--cases", type=parse_cases, default=None, help="MODEL:BUDGET_MB,... (default: the device's corpus, CASES)"
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps per trial (default: STEPS: 12 on the host, 10 on CUDA; fit's lengths 3 and 2 times)",
+    )
+    p.add_argument(
+        "--start",
+        default=None,
+        help="the search's first batch: a number, or 'plan' (default: 16 on CUDA, the planned batch on the host)",
+    )
     p.add_argument("--fresh", action="store_true", help="host: trials and the plan in fresh processes")
-    p.add_argument("--long-steps", type=int, default=None,
-                   help="steps of the long run that checks a largest batch above the plan (default: 67, the "
-                        "planner's horizon; fit's lengths 3 times; 0: none)")
-    p.add_argument("--fit-plan", choices=("steps", "longest"), default="steps",
-                   help="what the planner's step runs for fit: the job's lengths in order (default), or the "
-                        "longest at every step")
+    p.add_argument(
+        "--long-steps",
+        type=int,
+        default=None,
+        help="steps of the long run that checks a largest batch above the plan (default: 67, the "
+        "planner's horizon; fit's lengths 3 times; 0: none)",
+    )
+    p.add_argument(
+        "--fit-plan",
+        choices=("steps", "longest"),
+        default="steps",
+        help="what the planner's step runs for fit: the job's lengths in order (default), or the longest at every step",
+    )
     p.add_argument("--out", default=None, help="the JSON file (written after each case)")
     args = p.parse_args(argv)
     start = args.start or ("16" if args.device == "cuda" else "plan")
-    doc = corpus(args.device, args.cases, args.steps, None if start == "plan" else int(start), args.fresh, args.out,
-                 args.fit_plan, "python -m benchmarks.planner_corpus " + " ".join(sys.argv[1:] if argv is None else argv),
-                 args.long_steps)
+    doc = corpus(
+        args.device,
+        args.cases,
+        args.steps,
+        None if start == "plan" else int(start),
+        args.fresh,
+        args.out,
+        args.fit_plan,
+        "python -m benchmarks.planner_corpus " + " ".join(sys.argv[1:] if argv is None else argv),
+        args.long_steps,
+    )
     failed = [r for r in doc["rows"] if not r["ok"]]
-    print(json.dumps([{k: r[k] for k in ("model", "budget", "planned", "largest_that_runs", "ratio", "plan_s",
-                                         "search_s", "planned_runs", "steady")} for r in doc["rows"]], indent=1))
+    print(
+        json.dumps(
+            [
+                {
+                    k: r[k]
+                    for k in (
+                        "model",
+                        "budget",
+                        "planned",
+                        "largest_that_runs",
+                        "ratio",
+                        "plan_s",
+                        "search_s",
+                        "planned_runs",
+                        "steady",
+                    )
+                }
+                for r in doc["rows"]
+            ],
+            indent=1,
+        )
+    )
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@ Compare two builds side by side by running it once per tree, alternating:
 
     PYTHONPATH=<tree> python benchmarks/pool_calls_bench.py
 """
+
 from __future__ import annotations
 
 import statistics

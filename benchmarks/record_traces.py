@@ -22,6 +22,7 @@ batch sizes, to test the plumbing without a GPU, and ``gpt2_cpu``: the same
 GPT-2 with 2 layers on the CPU (bf16 autocast), 12 steps, the loop whose
 every step moved pages under expandable segments' 5% ceiling (issue 25).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,6 +70,7 @@ def _steps(name: str, device: str):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         return resnet_step, 6
     if name == "varlen":
         layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, norm_first=True)
@@ -83,6 +85,7 @@ def _steps(name: str, device: str):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         return varlen_step, len(lengths)
     if name in ("gpt2", "gpt2_cpu"):
         sys.path.insert(0, REPO)
@@ -101,6 +104,7 @@ def _steps(name: str, device: str):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         return tiny_step, len(batches)
     raise SystemExit(f"unknown workload {name!r}")
 
@@ -128,10 +132,17 @@ def record_one(name: str, backend: str, out_dir: str, steps: int | None = None, 
         torch.cuda.synchronize()
     path = memalloc.save_trace(os.path.join(out_dir, f"{name}.mtrace.gz"))
     stats = memalloc.memory_stats()
-    return {"workload": name, "steps": n, "seconds": time.perf_counter() - t0, "path": path,
-            "events": len(memalloc.events()), "dropped": memalloc.recording.dropped(),
-            "bytes": os.path.getsize(path), "peak_allocated": stats["allocated_bytes.all.peak"],
-            "peak_reserved": stats["reserved_bytes.all.peak"]}
+    return {
+        "workload": name,
+        "steps": n,
+        "seconds": time.perf_counter() - t0,
+        "path": path,
+        "events": len(memalloc.events()),
+        "dropped": memalloc.recording.dropped(),
+        "bytes": os.path.getsize(path),
+        "peak_allocated": stats["allocated_bytes.all.peak"],
+        "peak_reserved": stats["reserved_bytes.all.peak"],
+    }
 
 
 def main(argv=None) -> int:
@@ -139,10 +150,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="folder for the .mtrace.gz files")
     p.add_argument("--backend", choices=("cuda", "host"), default="cuda")
     p.add_argument("--workloads", default=None, help="comma-separated (default: all of the backend's)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="steps of each workload (default: its own; varlen takes at most its 30 lengths)")
-    p.add_argument("--conf", default="", help="more allocator config for the recording run, e.g. "
-                                              "expandable_segments:True (the request stream as that mode saw it)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps of each workload (default: its own; varlen takes at most its 30 lengths)",
+    )
+    p.add_argument(
+        "--conf",
+        default="",
+        help="more allocator config for the recording run, e.g. "
+        "expandable_segments:True (the request stream as that mode saw it)",
+    )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one workload
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -155,24 +174,46 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     results = []
     for name in names:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.record_traces", "--out", args.out,
-                               "--backend", args.backend, "--one", name, "--conf", args.conf,
-                               *(["--steps", str(args.steps)] if args.steps else [])], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.record_traces",
+                "--out",
+                args.out,
+                "--backend",
+                args.backend,
+                "--one",
+                name,
+                "--conf",
+                args.conf,
+                *(["--steps", str(args.steps)] if args.steps else []),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if proc.returncode != 0:
             print(f"{name}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
             return 1
         r = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
         d = replay.replay_trace(r["path"]).devices[0]
-        r.update(replay_peak_allocated=d.peak_allocated, replay_peak_reserved=d.peak_reserved,
-                 replay_ratio=d.ratio)
+        r.update(replay_peak_allocated=d.peak_allocated, replay_peak_reserved=d.peak_reserved, replay_ratio=d.ratio)
         results.append(r)
-        print(f"{name:<12} {r['steps']:>3} steps {r['events']:>9} events {r['dropped']} dropped "
-              f"{r['bytes'] / 1e6:8.2f} MB  run peaks {r['peak_allocated']} / {r['peak_reserved']} B, "
-              f"replay {d.peak_allocated} / {d.peak_reserved} B ({d.ratio:.4f})", flush=True)
+        print(
+            f"{name:<12} {r['steps']:>3} steps {r['events']:>9} events {r['dropped']} dropped "
+            f"{r['bytes'] / 1e6:8.2f} MB  run peaks {r['peak_allocated']} / {r['peak_reserved']} B, "
+            f"replay {d.peak_allocated} / {d.peak_reserved} B ({d.ratio:.4f})",
+            flush=True,
+        )
     with open(os.path.join(args.out, "record_traces.json"), "w") as f:
-        json.dump({"command": "python -m benchmarks.record_traces " + " ".join(argv or sys.argv[1:]),
-                   "results": results}, f, indent=1)
+        json.dump(
+            {"command": "python -m benchmarks.record_traces " + " ".join(argv or sys.argv[1:]), "results": results},
+            f,
+            indent=1,
+        )
     return 0
 
 

@@ -5,6 +5,7 @@
 The section sits between the markers ``<!-- PERF-START -->`` and
 ``<!-- PERF-END -->``; without --readme it is printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,8 @@ def portable(command: str) -> str:
     """The recorded command with the machine's output folder written as
     $OUT (no machine paths in the docs)."""
     return re.sub(r"--out \S*/", "--out $OUT/", command)
+
+
 # Rows whose run-to-run range is shown next to the medians.
 SPREAD_ROWS = ("pair_us_512", "pair_us_1048576", "random_ns_per_op", "transformer_bf16_ms", "resnet50_ms")
 
@@ -29,8 +32,7 @@ SPREAD_ROWS = ("pair_us_512", "pair_us_1048576", "random_ns_per_op", "transforme
 def spread_table(doc: dict) -> str:
     allocs = [a for a in doc["allocators"] if a in doc["raw"]]
     labels = {m: (label, unit) for m, label, unit, _ in gpu_suite.ROWS}
-    lines = ["| case (min – max over repeats) | unit | " + " | ".join(allocs) + " |",
-             "|" + "---|" * (len(allocs) + 2)]
+    lines = ["| case (min – max over repeats) | unit | " + " | ".join(allocs) + " |", "|" + "---|" * (len(allocs) + 2)]
     for metric in SPREAD_ROWS:
         cells = []
         label, unit = labels[metric]
@@ -92,8 +94,10 @@ def recording_section(path: str) -> str:
         cells = [", ".join(f"{r[metric]:.3f}" for r in doc["raw"][a] if metric in r) or "—" for a in allocs]
         per_repeat.append(f"| {labels[metric]} | " + " | ".join(cells) + " |")
     t = doc.get("targets", {})
-    targets = ["| memalloc with recording / native without | via in-process ratio | across processes | target |",
-               "|---|---|---|---|"]
+    targets = [
+        "| memalloc with recording / native without | via in-process ratio | across processes | target |",
+        "|---|---|---|---|",
+    ]
     for key, label, goal in TARGETS:
         if key in t:
             across = t.get(key.replace("_via_in_process", ""))
@@ -104,14 +108,16 @@ def recording_section(path: str) -> str:
         f"    bash benchmarks/device_bench.sh --repeats {doc['repeats']} --allocators native,memalloc "
         f"--groups recording   # = {portable(doc['command'])}\n\n"
         "One process per allocator and repeat. Inside it, 11 rounds switch recording between off, tags "
-        "and Python stacks (native: off and torch's `_record_memory_history(stacks=\"python\")`); each "
+        'and Python stacks (native: off and torch\'s `_record_memory_history(stacks="python")`); each '
         "round times 8 bf16 transformer steps and 3 x 5,000 512 B pairs per mode, and divides by the same "
         "round's \"off\" figure, so the machine's process-to-process spread cancels out of the on / off "
         "ratios. Medians over rounds, then over repeats:\n\n"
-        + gpu_suite.markdown_table(doc) + "\n\n" + "\n".join(per_repeat)
-        + "\n\nAgainst native without recording (issue #5's targets): \"via in-process ratio\" is "
-        "(memalloc off / native off, across processes) x (memalloc on / off, in one process); \"across "
-        "processes\" divides the medians directly and carries the spread:\n\n" + "\n".join(targets)
+        + gpu_suite.markdown_table(doc)
+        + "\n\n"
+        + "\n".join(per_repeat)
+        + '\n\nAgainst native without recording (issue #5\'s targets): "via in-process ratio" is '
+        '(memalloc off / native off, across processes) x (memalloc on / off, in one process); "across '
+        'processes" divides the medians directly and carries the spread:\n\n' + "\n".join(targets)
     )
 
 

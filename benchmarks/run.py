@@ -5,6 +5,7 @@ writes a JSON file under benchmarks/results/ (date, machine, torch version,
 the exact command). The GPU suite is benchmarks/gpu_suite.py; the CPU suite
 (the C++ core on the host backend, no GPU) is benchmarks/cpu_suite.py.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ Also the browser plumbing that tests/integration/test_report_html.py uses:
 and :func:`distinct_colours` (a PNG decoder in the standard library, so no
 Pillow is needed to tell a rendered page from a blank one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,19 @@ def run_headless(browser: str, html_path: str, *args: str, timeout_s: float = 12
     ``--no-sandbox`` because the sandbox cannot start as root or in most
     containers; the page is our own local file."""
     with tempfile.TemporaryDirectory(prefix="memalloc-chromium-") as profile:
-        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               "--hide-scrollbars", "--no-first-run", "--no-default-browser-check", f"--user-data-dir={profile}",
-               *args, Path(html_path).resolve().as_uri()]
+        cmd = [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--no-default-browser-check",
+            f"--user-data-dir={profile}",
+            *args,
+            Path(html_path).resolve().as_uri(),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -83,8 +94,8 @@ def distinct_colours(path: str) -> int:
         data = f.read()
     pos, idat, ihdr = 8, [], b""
     while pos < len(data):
-        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
-        chunk = data[pos + 8:pos + 8 + length]
+        length, ctype = struct.unpack(">I4s", data[pos : pos + 8])
+        chunk = data[pos + 8 : pos + 8 + length]
         ihdr = chunk if ctype == b"IHDR" else ihdr
         if ctype == b"IDAT":
             idat.append(chunk)
@@ -96,10 +107,10 @@ def distinct_colours(path: str) -> int:
     raw, stride = zlib.decompress(b"".join(idat)), width * bpp
     prev, seen = bytearray(stride), set()
     for y in range(height):
-        ftype, row = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        ftype, row = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         _unfilter(ftype, row, prev, bpp)
         pixels = bytes(row)
-        seen.update(pixels[x:x + bpp] for x in range(0, stride, bpp))
+        seen.update(pixels[x : x + bpp] for x in range(0, stride, bpp))
         prev = row
     return len(seen)
 
@@ -124,8 +135,11 @@ def _unfilter(ftype: int, row: bytearray, prev: bytearray, bpp: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.screenshot_report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.screenshot_report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("report", help="leak report JSON (memalloc.leak_report/1)")
     parser.add_argument("png", help="screenshot to write")
     parser.add_argument("--html", help="also keep the rendered HTML here")
@@ -135,8 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     browser = find_browser()
     if browser is None:
-        raise SystemExit("no Chromium found (chromium, chromium-browser, google-chrome, Playwright's); "
-                         "install one, e.g. apt-get install -y --no-install-recommends chromium")
+        raise SystemExit(
+            "no Chromium found (chromium, chromium-browser, google-chrome, Playwright's); "
+            "install one, e.g. apt-get install -y --no-install-recommends chromium"
+        )
     with open(args.report) as f:
         page = render_html(json.load(f))
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,8 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.write(page)
         w, h = (int(v) for v in args.size.split(","))
         screenshot(browser, html_path, args.png, (w, h))
-    print(f"{args.png}: {w}x{h} screenshot of {len(page)} bytes of HTML, {distinct_colours(args.png)} colours "
-          f"({browser})")
+    print(
+        f"{args.png}: {w}x{h} screenshot of {len(page)} bytes of HTML, {distinct_colours(args.png)} colours ({browser})"
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ under benchmarks/results/); tests/integration/test_strategies.py checks that the
 current and that the advisor's estimates (memalloc/features/advisor.py) are within
 15% of the measured savings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,16 +31,26 @@ from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "strategies.md")
-STRATEGIES = ("baseline", "half_batch", "grad_accumulation", "bf16_autocast", "fp16_grad_scaler",
-              "checkpointing", "checkpointing_bf16", "del_empty_cache", "ddp")
+STRATEGIES = (
+    "baseline",
+    "half_batch",
+    "grad_accumulation",
+    "bf16_autocast",
+    "fp16_grad_scaler",
+    "checkpointing",
+    "checkpointing_bf16",
+    "del_empty_cache",
+    "ddp",
+)
 MODELS = ("transformer", "resnet50")
+
 
 # The guide's claim for each strategy and the verdict on a measurement
 # (ratios to the baseline: peak allocated "mem", step time "time", reserved
 # after the step "after", samples per step "samples"): "agrees", or in which
 # direction it does not. A claimed number agrees within +-0.1 of the ratio.
 def _about(value: float, target: float, more: str, less: str) -> str:
-    """"agrees" when value is within 0.1 of target, else `more` (below) or `less` (above)."""
+    """ "agrees" when value is within 0.1 of target, else `more` (below) or `less` (above)."""
     if abs(value - target) <= 0.1 + 1e-9:
         return "agrees"
     return more if value < target else less
@@ -47,30 +58,49 @@ def _about(value: float, target: float, more: str, less: str) -> str:
 
 CLAIMS: dict[str, tuple[str, Any]] = {
     "half_batch": ("a smaller batch needs less memory", lambda r: "agrees" if r["mem"] < 0.95 else "no saving"),
-    "grad_accumulation": ("the same effective batch in less memory",
-                          lambda r: "agrees" if r["mem"] < 0.95 and r["samples"] == 1.0 else "no saving"),
-    "bf16_autocast": ("mixed precision halves memory",
-                      lambda r: _about(r["mem"], 0.5, "saves more", "saves less")),
-    "fp16_grad_scaler": ("fp16 halves memory",
-                         lambda r: _about(r["mem"], 0.5, "saves more", "saves less")),
-    "checkpointing": ("20-30% more time; memory O(n) -> O(sqrt n)",
-                      lambda r: ("saves less" if r["mem"] >= 0.7 else
-                                 "agrees" if 1.15 <= r["time"] <= 1.35 else
-                                 "slower" if r["time"] > 1.35 else "faster")),
-    "checkpointing_bf16": ("with fp16, cuts memory by 60%",
-                           lambda r: _about(r["mem"], 0.4, "saves more", "saves less")),
-    "del_empty_cache": ("del + empty_cache frees memory",
-                        lambda r: "agrees" if r["after"] < 0.95 else "frees nothing"),
-    "ddp": ("splits the batch over GPUs: less memory per GPU",
-            lambda r: "agrees" if r["mem"] < 0.95 and r["samples"] == 1.0 else "no saving"),
+    "grad_accumulation": (
+        "the same effective batch in less memory",
+        lambda r: "agrees" if r["mem"] < 0.95 and r["samples"] == 1.0 else "no saving",
+    ),
+    "bf16_autocast": ("mixed precision halves memory", lambda r: _about(r["mem"], 0.5, "saves more", "saves less")),
+    "fp16_grad_scaler": ("fp16 halves memory", lambda r: _about(r["mem"], 0.5, "saves more", "saves less")),
+    "checkpointing": (
+        "20-30% more time; memory O(n) -> O(sqrt n)",
+        lambda r: (
+            "saves less"
+            if r["mem"] >= 0.7
+            else "agrees"
+            if 1.15 <= r["time"] <= 1.35
+            else "slower"
+            if r["time"] > 1.35
+            else "faster"
+        ),
+    ),
+    "checkpointing_bf16": (
+        "with fp16, cuts memory by 60%",
+        lambda r: _about(r["mem"], 0.4, "saves more", "saves less"),
+    ),
+    "del_empty_cache": ("del + empty_cache frees memory", lambda r: "agrees" if r["after"] < 0.95 else "frees nothing"),
+    "ddp": (
+        "splits the batch over GPUs: less memory per GPU",
+        lambda r: "agrees" if r["mem"] < 0.95 and r["samples"] == 1.0 else "no saving",
+    ),
 }
 
 
 def run_example(strategy: str, model: str, steps: int, warmup: int, timeout: int) -> dict:
     """One strategy script in a fresh process; its RESULT line as a dict
     (or {"error": ...})."""
-    cmd = [sys.executable, os.path.join(REPO, "examples", f"{strategy}.py"), "--model", model,
-           "--steps", str(steps), "--warmup", str(warmup)]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "examples", f"{strategy}.py"),
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+    ]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -79,7 +109,7 @@ def run_example(strategy: str, model: str, steps: int, warmup: int, timeout: int
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"strategy": strategy, "model": model, "error": (p.stderr or p.stdout)[-2000:]}
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -156,21 +186,37 @@ def overhead(rounds: int, model: str) -> dict:
         per_round.append(got["on"] / got["off"])
     phases.install()
     med = lambda v: sorted(v)[len(v) // 2]
-    return {"model": model, "backend": backend, "rounds": rounds, "step_ms_hooks_on": med(on),
-            "step_ms_hooks_off": med(off), "ratio_on_over_off": med(per_round),
-            "breakdown_after": memalloc.memory_breakdown().peak}
+    return {
+        "model": model,
+        "backend": backend,
+        "rounds": rounds,
+        "step_ms_hooks_on": med(on),
+        "step_ms_hooks_off": med(off),
+        "ratio_on_over_off": med(per_round),
+        "breakdown_after": memalloc.memory_breakdown().peak,
+    }
 
 
 # ---- the doc page ----------------------------------------------------------------------
 NAMES = {
-    "baseline": "baseline (fp32, full batch)", "half_batch": "half the batch",
-    "grad_accumulation": "gradient accumulation (2 x half)", "bf16_autocast": "bf16 autocast",
-    "fp16_grad_scaler": "fp16 autocast + GradScaler", "checkpointing": "activation checkpointing",
-    "checkpointing_bf16": "checkpointing + bf16", "del_empty_cache": "del + empty_cache each step",
+    "baseline": "baseline (fp32, full batch)",
+    "half_batch": "half the batch",
+    "grad_accumulation": "gradient accumulation (2 x half)",
+    "bf16_autocast": "bf16 autocast",
+    "fp16_grad_scaler": "fp16 autocast + GradScaler",
+    "checkpointing": "activation checkpointing",
+    "checkpointing_bf16": "checkpointing + bf16",
+    "del_empty_cache": "del + empty_cache each step",
     "ddp": "DDP, 2 ranks (half the batch each)",
 }
-SHORT = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim", "activations": "act",
-         "temporaries": "temp", "other": "other"}
+SHORT = {
+    "parameters": "params",
+    "gradients": "grads",
+    "optimizer_state": "optim",
+    "activations": "act",
+    "temporaries": "temp",
+    "other": "other",
+}
 
 
 def gib(n: float) -> str:
@@ -179,8 +225,11 @@ def gib(n: float) -> str:
 
 def split_text(split: dict) -> str:
     total = sum(split.values()) or 1
-    return " · ".join(f"{SHORT[c]} {100 * v / total:.0f}%" for c, v in sorted(split.items(), key=lambda kv: -kv[1])
-                      if v / total >= 0.01)
+    return " · ".join(
+        f"{SHORT[c]} {100 * v / total:.0f}%"
+        for c, v in sorted(split.items(), key=lambda kv: -kv[1])
+        if v / total >= 0.01
+    )
 
 
 def render(data: dict) -> str:
@@ -210,16 +259,20 @@ def render(data: dict) -> str:
         base = next((r for r in rows if r["strategy"] == "baseline" and "error" not in r), None)
         lines += [f"## {model}", ""]
         if base is not None:
-            lines += [f"Baseline: peak allocated {gib(base['peak_allocated'])} GiB, peak reserved "
-                      f"{gib(base['peak_reserved'])} GiB, {base['step_ms']:.1f} ms per step "
-                      f"(batch {base['batch']}); at its peak: {split_text(base['breakdown_at_peak'])}.", ""]
-        lines += ["| strategy | peak GiB | peak × | reserved × | after × | time × | split at the peak | "
-                  "the guide says | measured |",
-                  "|---|---:|---:|---:|---:|---:|---|---|---|"]
+            lines += [
+                f"Baseline: peak allocated {gib(base['peak_allocated'])} GiB, peak reserved "
+                f"{gib(base['peak_reserved'])} GiB, {base['step_ms']:.1f} ms per step "
+                f"(batch {base['batch']}); at its peak: {split_text(base['breakdown_at_peak'])}.",
+                "",
+            ]
+        lines += [
+            "| strategy | peak GiB | peak × | reserved × | after × | time × | split at the peak | "
+            "the guide says | measured |",
+            "|---|---:|---:|---:|---:|---:|---|---|---|",
+        ]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {NAMES[r['strategy']]} | failed: {r['error'].splitlines()[-1][:80]} "
-                             "| | | | | | | |")
+                lines.append(f"| {NAMES[r['strategy']]} | failed: {r['error'].splitlines()[-1][:80]} | | | | | | | |")
                 continue
             q = r.get("ratios", {})
             name = NAMES[r["strategy"]] + (f" [{r['process_group']}]" if "process_group" in r else "")
@@ -228,17 +281,22 @@ def render(data: dict) -> str:
             lines.append(
                 f"| {name} | {gib(r['peak_allocated'])} | {q.get('mem', 1):.2f} | "
                 f"{q.get('reserved', 1):.2f} | {q.get('after', 1):.2f} | {q.get('time', 1):.2f} | "
-                f"{split_text(r['breakdown_at_peak'])} | {r.get('claim', '')} | {agrees} |")
+                f"{split_text(r['breakdown_at_peak'])} | {r.get('claim', '')} | {agrees} |"
+            )
         lines.append("")
     o = data.get("overhead")
     if o and "error" in o:
         lines += ["## What the breakdown costs", "", f"The measurement failed: {o['error'].splitlines()[-1]}", ""]
     elif o:
-        lines += ["## What the breakdown costs", "",
-                  f"The {o['model']} trained in bf16 under memalloc, with the landmark hooks behind "
-                  f"memory_breakdown (memalloc.phases) installed and uninstalled in alternate rounds of one "
-                  f"process ({o['rounds']} rounds, median of per-round ratios): **{o['ratio_on_over_off']:.3f}x** "
-                  f"({o['step_ms_hooks_on']:.2f} ms against {o['step_ms_hooks_off']:.2f} ms per step).", ""]
+        lines += [
+            "## What the breakdown costs",
+            "",
+            f"The {o['model']} trained in bf16 under memalloc, with the landmark hooks behind "
+            f"memory_breakdown (memalloc.phases) installed and uninstalled in alternate rounds of one "
+            f"process ({o['rounds']} rounds, median of per-round ratios): **{o['ratio_on_over_off']:.3f}x** "
+            f"({o['step_ms_hooks_on']:.2f} ms against {o['step_ms_hooks_off']:.2f} ms per step).",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -279,15 +337,34 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in r.items() if k != "breakdown_at_peak"})[:400], flush=True)
             results.append(r)
     judge(results)
-    data = {"schema": "memalloc.strategies/1", "machine": machine(), "command": command, "models": models,
-            "steps": args.steps, "warmup": args.warmup, "results": results}
+    data = {
+        "schema": "memalloc.strategies/1",
+        "machine": machine(),
+        "command": command,
+        "models": models,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "results": results,
+    }
     if args.overhead_rounds > 0:
-        child = subprocess.run([sys.executable, "-m", "benchmarks.strategies", "--overhead",
-                                "--overhead-rounds", str(args.overhead_rounds),
-                                "--overhead-model", args.overhead_model],
-                               cwd=REPO, capture_output=True, text=True, timeout=600)
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.strategies",
+                "--overhead",
+                "--overhead-rounds",
+                str(args.overhead_rounds),
+                "--overhead-model",
+                args.overhead_model,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         got = [l for l in child.stdout.splitlines() if l.startswith("OVERHEAD ")]
-        data["overhead"] = json.loads(got[-1][len("OVERHEAD "):]) if got else {"error": child.stderr[-2000:]}
+        data["overhead"] = json.loads(got[-1][len("OVERHEAD ") :]) if got else {"error": child.stderr[-2000:]}
         print(json.dumps(data["overhead"])[:400], flush=True)
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1)

@@ -11,6 +11,7 @@ The driver is called through ctypes on torch's primary context, so this
 measures the driver alone: no allocator is involved. Each figure is the
 median over --repeats rounds of the whole 1 GiB.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,22 @@ class Location(ctypes.Structure):
 
 
 class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
 
 
 class Prop(ctypes.Structure):  # CUmemAllocationProp
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", Location),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", AllocFlags),
+    ]
 
 
 class Access(ctypes.Structure):  # CUmemAccessDesc
@@ -85,22 +95,39 @@ def round_of(d: Driver, size: int, exportable: bool) -> dict:
     """One round: 1 GiB in handles of `size` bytes, each call timed."""
     n = GiB // size
     base = ctypes.c_ulonglong()
-    d.call("cuMemAddressReserve", ctypes.byref(base), ctypes.c_size_t(GiB), ctypes.c_size_t(0),
-           ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))
+    d.call(
+        "cuMemAddressReserve",
+        ctypes.byref(base),
+        ctypes.c_size_t(GiB),
+        ctypes.c_size_t(0),
+        ctypes.c_ulonglong(0),
+        ctypes.c_ulonglong(0),
+    )
     t0 = time.perf_counter()
     handles = d.create(n, size, exportable)
     t1 = time.perf_counter()
     for i, h in enumerate(handles):
-        d.call("cuMemMap", ctypes.c_ulonglong(base.value + i * size), ctypes.c_size_t(size), ctypes.c_size_t(0),
-               ctypes.c_ulonglong(h), ctypes.c_ulonglong(0))
+        d.call(
+            "cuMemMap",
+            ctypes.c_ulonglong(base.value + i * size),
+            ctypes.c_size_t(size),
+            ctypes.c_size_t(0),
+            ctypes.c_ulonglong(h),
+            ctypes.c_ulonglong(0),
+        )
     t2 = time.perf_counter()
     # Access per handle, as a growing segment grants it to the pages it
     # has just mapped (one call for the whole 1 GiB failed with
     # CUDA_ERROR_INVALID_VALUE through ctypes on the H100 of 2026-12-05).
     access = Access(Location(LOCATION_DEVICE, d.device), PROT_READWRITE)
     for i in range(n):
-        d.call("cuMemSetAccess", ctypes.c_ulonglong(base.value + i * size), ctypes.c_size_t(size),
-               ctypes.byref(access), ctypes.c_size_t(1))
+        d.call(
+            "cuMemSetAccess",
+            ctypes.c_ulonglong(base.value + i * size),
+            ctypes.c_size_t(size),
+            ctypes.byref(access),
+            ctypes.c_size_t(1),
+        )
     t3 = time.perf_counter()
     for i in range(n):
         d.call("cuMemUnmap", ctypes.c_ulonglong(base.value + i * size), ctypes.c_size_t(size))
@@ -110,8 +137,14 @@ def round_of(d: Driver, size: int, exportable: bool) -> dict:
     t5 = time.perf_counter()
     d.call("cuMemAddressFree", ctypes.c_ulonglong(base.value), ctypes.c_size_t(GiB))
     us = 1e6 / n
-    return {"create_us": (t1 - t0) * us, "map_us": (t2 - t1) * us, "set_access_us": (t3 - t2) * us,
-            "unmap_us": (t4 - t3) * us, "release_us": (t5 - t4) * us, "grow_ms": (t3 - t0) * 1e3}
+    return {
+        "create_us": (t1 - t0) * us,
+        "map_us": (t2 - t1) * us,
+        "set_access_us": (t3 - t2) * us,
+        "unmap_us": (t4 - t3) * us,
+        "release_us": (t5 - t4) * us,
+        "grow_ms": (t3 - t0) * 1e3,
+    }
 
 
 def threaded_create(d: Driver, size: int, threads: int) -> float:
@@ -150,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", type=int, default=0)
     args = p.parse_args(argv)
     d = Driver(args.device)
-    doc: dict = {"command": "python -m benchmarks.vm_driver_costs --out FILE", "per_handle": {}, "threaded_create_ms": {}}
+    doc: dict = {
+        "command": "python -m benchmarks.vm_driver_costs --out FILE",
+        "per_handle": {},
+        "threaded_create_ms": {},
+    }
     for size in (2 * MiB, 20 * MiB):
         for exportable in (True, False):
             key = f"{size // MiB}MiB{'_exportable' if exportable else ''}"
@@ -163,13 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{size // MiB}MiB_x{threads}"
             try:
                 doc["threaded_create_ms"][key] = statistics.median(
-                    threaded_create(d, size, threads) for _ in range(args.repeats))
+                    threaded_create(d, size, threads) for _ in range(args.repeats)
+                )
             except RuntimeError as e:
                 doc["threaded_create_ms"][key] = {"error": str(e)}
     import torch
 
-    doc["machine"] = {"gpu": torch.cuda.get_device_name(args.device), "torch": torch.__version__,
-                      "cuda": torch.version.cuda}
+    doc["machine"] = {
+        "gpu": torch.cuda.get_device_name(args.device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(doc, indent=1))

@@ -20,6 +20,7 @@ memalloc's split of the peak by category (memalloc.memory_breakdown). Every
 script runs under memalloc (memalloc.enable(): CUDA when a GPU is usable,
 else the host backend with torch's CPU tensors on it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,7 @@ class Workload:
     inputs: torch.Tensor
     targets: torch.Tensor
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    blocks: list[nn.Module]   # the repeated blocks (what checkpointing wraps)
+    blocks: list[nn.Module]  # the repeated blocks (what checkpointing wraps)
     device: torch.device
 
     @property
@@ -78,7 +79,8 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
-            for _ in range(layers))
+            for _ in range(layers)
+        )
         self.norm = nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,8 +128,7 @@ def build(name: str, batch_scale: float = 1.0, device: torch.device | None = Non
     raise SystemExit(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
 
 
-def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None
-               ) -> argparse.Namespace:
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", default="transformer", choices=MODELS)
     p.add_argument("--steps", type=int, default=8, help="measured steps")
@@ -151,8 +152,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(strategy: str, w: Workload, step: Callable[[], Any], args: argparse.Namespace,
-        samples_per_step: int | None = None, quiet: bool = False, **extra: Any) -> dict:
+def run(
+    strategy: str,
+    w: Workload,
+    step: Callable[[], Any],
+    args: argparse.Namespace,
+    samples_per_step: int | None = None,
+    quiet: bool = False,
+    **extra: Any,
+) -> dict:
     """Runs ``step`` ``args.warmup`` times, then ``args.steps`` timed times;
     returns the result (bytes, ms) and prints it unless ``quiet``."""
     device = w.device.index if w.device.type == "cuda" else None

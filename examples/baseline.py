@@ -1,7 +1,8 @@
 """Baseline: the full batch in fp32, one optimizer step per batch.
 
-    python examples/baseline.py --model transformer
+python examples/baseline.py --model transformer
 """
+
 from _common import build, enable, parse_args, run
 
 args = parse_args(__doc__)

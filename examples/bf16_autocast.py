@@ -4,6 +4,7 @@ saved in bf16 (autocast also keeps bf16 copies of the weights it casts).
 
     python examples/bf16_autocast.py --model transformer
 """
+
 import torch
 from _common import build, enable, parse_args, run
 

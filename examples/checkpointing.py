@@ -5,6 +5,7 @@ backward (the guide: "20-30% more time", memory O(n) -> O(sqrt n)).
 
     python examples/checkpointing.py --model transformer
 """
+
 from _common import build, enable, parse_args, run
 
 args = parse_args(__doc__)

@@ -3,6 +3,7 @@ checkpointing together "cut memory by 60%").
 
     python examples/checkpointing_bf16.py --model transformer
 """
+
 import torch
 from _common import build, enable, parse_args, run
 

@@ -8,6 +8,7 @@ separate GPUs).
 
     python examples/ddp.py --model transformer --ranks 2
 """
+
 import os
 import socket
 
@@ -35,8 +36,16 @@ def worker(rank: int, args, port: int) -> None:
         w.optimizer.step()
 
     # Every rank measures; rank 0 reports (the ranks are alike).
-    result = run("ddp", w, step, args, samples_per_step=w.batch * args.ranks, ranks=args.ranks,
-                 process_group="nccl" if nccl else "gloo", quiet=rank != 0)
+    result = run(
+        "ddp",
+        w,
+        step,
+        args,
+        samples_per_step=w.batch * args.ranks,
+        ranks=args.ranks,
+        process_group="nccl" if nccl else "gloo",
+        quiet=rank != 0,
+    )
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -51,7 +60,11 @@ def free_port() -> int:
 
 
 if __name__ == "__main__":
-    args = parse_args(__doc__, lambda p: (p.add_argument("--ranks", type=int, default=2),
-                                          p.add_argument("--port", type=int, default=0,
-                                                         help="rendezvous port; 0 = a free one")))
+    args = parse_args(
+        __doc__,
+        lambda p: (
+            p.add_argument("--ranks", type=int, default=2),
+            p.add_argument("--port", type=int, default=0, help="rendezvous port; 0 = a free one"),
+        ),
+    )
     mp.spawn(worker, args=(args, args.port or free_port()), nprocs=args.ranks, join=True)

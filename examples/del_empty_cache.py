@@ -8,6 +8,7 @@ allocations every step.
 
     python examples/del_empty_cache.py --model transformer
 """
+
 from _common import build, enable, parse_args, run
 
 import memalloc  # after _common, which makes the repository importable

@@ -4,6 +4,7 @@ a GradScaler, which scales the loss so small fp16 gradients do not underflow
 
     python examples/fp16_grad_scaler.py --model transformer
 """
+
 import torch
 from _common import build, enable, parse_args, run
 

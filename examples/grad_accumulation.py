@@ -4,6 +4,7 @@ effective batch with the activations of one micro-batch.
 
     python examples/grad_accumulation.py --model transformer --micro 2
 """
+
 from _common import build, enable, parse_args, run
 
 args = parse_args(__doc__, lambda p: p.add_argument("--micro", type=int, default=2, help="micro-batches per step"))
@@ -19,5 +20,4 @@ def step() -> None:
     w.optimizer.step()
 
 
-run("grad_accumulation", w, step, args, samples_per_step=w.batch, micro_batches=args.micro,
-    micro_batch=xs[0].shape[0])
+run("grad_accumulation", w, step, args, samples_per_step=w.batch, micro_batches=args.micro, micro_batch=xs[0].shape[0])

@@ -3,6 +3,7 @@ parameters, gradients and optimizer state do not).
 
     python examples/half_batch.py --model transformer
 """
+
 from _common import build, enable, parse_args, run
 
 args = parse_args(__doc__)

@@ -11,6 +11,7 @@ Without a GPU, ``memalloc.enable(backend="host")`` runs the same allocator
 on a simulated device; :func:`memalloc.host.empty` makes real torch tensors
 whose storage comes from it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -69,8 +70,15 @@ __version__ = "0.1.0"
 # `from memalloc.replay import smallest_capacity_mb`), wherever the layout
 # keeps the module. (memalloc.pytest_plugin is a file of its own at the top:
 # pytest loads it by that name and it imports pytest.)
-_PUBLIC_MODULES = {"advisor": advisor, "host": host, "leaks": leaks, "phases": phases,
-                   "recording": recording, "replay": replay, "stats": stats}
+_PUBLIC_MODULES = {
+    "advisor": advisor,
+    "host": host,
+    "leaks": leaks,
+    "phases": phases,
+    "recording": recording,
+    "replay": replay,
+    "stats": stats,
+}
 for _name, _module in _PUBLIC_MODULES.items():
     sys.modules[f"{__name__}.{_name}"] = _module
 del _name, _module

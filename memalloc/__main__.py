@@ -1,5 +1,6 @@
 """Command line: ``python -m memalloc {demo,run,report,replay,info,postmortem,top}`` (one module per
 command under memalloc/cli/)."""
+
 from __future__ import annotations
 
 import argparse

@@ -14,6 +14,7 @@ AssertionError whose message is the leak report) when the reported leaks
 grow by more than ``max_bytes_per_step`` bytes per step. Other keyword
 arguments are those of :class:`memalloc.leak_check`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

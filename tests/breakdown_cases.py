@@ -2,6 +2,7 @@
 fresh interpreter (model_script) and the checks of its results
 (check_model_run), shared by tests/unit/test_breakdown.py (the host backend)
 and tests/gpu/test_cuda_breakdown.py (CUDA)."""
+
 from __future__ import annotations
 
 from memalloc.features.breakdown import CATEGORIES
@@ -143,6 +144,7 @@ def check_model_run(R: dict, compiled: bool = False, workspaces: int = 0) -> Non
 
     def other_is(other: int, inputs: int) -> None:
         assert inputs <= other <= inputs + workspaces
+
     first, *later = R["steps"]
     assert first["peak_step"] == 1
     for s in R["steps"]:

@@ -28,6 +28,7 @@ misses(R) holds the figures outside the issue's bounds (parameters,
 gradients and optimizer state within 2%, activations within 10% of what the
 tensors hold), table(R) every figure beside its truth.
 """
+
 from __future__ import annotations
 
 MODELS = ("gpt2", "bert", "t5", "encoder")
@@ -199,7 +200,7 @@ memalloc.installed_allocator().validate()
 '''
 
 
-RUNNER = r'''
+RUNNER = r"""
 import json, os, sys, traceback
 import torch
 NEEDS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "T5ForConditionalGeneration"}
@@ -227,7 +228,7 @@ for m, src in SCRIPTS.items():
         text = f.read()
     _, status = os.waitpid(pid, 0)
     R[m] = json.loads(text) if text else {"error": f"the child ended with status {status} and no result"}
-'''
+"""
 
 
 def runner_script(backend: str, models=MODELS) -> str:
@@ -249,11 +250,25 @@ def figures(R: dict) -> list[dict]:
     rows = []
     for i, s in enumerate(R["steps"], 1):
         for c in ("parameters", "gradients", "optimizer_state"):
-            rows.append({"step": i, "category": c, "reported": s["after_step"]["now"][c],
-                         "bytes": s[c + "_bytes"], "blocks": s[c + "_blocks"]})
+            rows.append(
+                {
+                    "step": i,
+                    "category": c,
+                    "reported": s["after_step"]["now"][c],
+                    "bytes": s[c + "_bytes"],
+                    "blocks": s[c + "_blocks"],
+                }
+            )
         if i > 1:  # the first step's forward is the warm-up: "other" (breakdown.py)
-            rows.append({"step": i, "category": "activations", "reported": s["before_backward"]["now"]["activations"],
-                         "bytes": s["activations_bytes"], "blocks": s["activations_blocks"]})
+            rows.append(
+                {
+                    "step": i,
+                    "category": "activations",
+                    "reported": s["before_backward"]["now"]["activations"],
+                    "bytes": s["activations_bytes"],
+                    "blocks": s["activations_blocks"],
+                }
+            )
     return rows
 
 
@@ -264,17 +279,21 @@ def misses(R: dict) -> list[str]:
     for f in figures(R):
         bound = BOUNDS[f["category"]]
         if f["bytes"] <= 0 or abs(f["reported"] - f["bytes"]) > bound * f["bytes"]:
-            out.append(f"step {f['step']} {f['category']}: reported {f['reported']:,} B, the tensors hold "
-                       f"{f['bytes']:,} B ({_rel(f['reported'], f['bytes'])}; bound {bound:.0%}), "
-                       f"their blocks {f['blocks']:,} B ({_rel(f['reported'], f['blocks'])})")
+            out.append(
+                f"step {f['step']} {f['category']}: reported {f['reported']:,} B, the tensors hold "
+                f"{f['bytes']:,} B ({_rel(f['reported'], f['bytes'])}; bound {bound:.0%}), "
+                f"their blocks {f['blocks']:,} B ({_rel(f['reported'], f['blocks'])})"
+            )
     return out
 
 
 def table(R: dict) -> str:
     """Every checked figure, one line each (for assertion messages and logs)."""
-    return "\n".join(f"  step {f['step']} {f['category']:<16} reported {f['reported']:>12,}  tensors {f['bytes']:>12,} "
-                     f"({_rel(f['reported'], f['bytes'])})  blocks {f['blocks']:>12,} ({_rel(f['reported'], f['blocks'])})"
-                     for f in figures(R))
+    return "\n".join(
+        f"  step {f['step']} {f['category']:<16} reported {f['reported']:>12,}  tensors {f['bytes']:>12,} "
+        f"({_rel(f['reported'], f['bytes'])})  blocks {f['blocks']:>12,} ({_rel(f['reported'], f['blocks'])})"
+        for f in figures(R)
+    )
 
 
 def _rel(got: int, want: int) -> str:

@@ -8,6 +8,7 @@ The commands that do neither (report, replay) run in this process
 (``memalloc_cli_here``), as does everything else (leak rules, reports, the
 step tracker, recording) on an allocator the test owns (``host_allocator``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -77,26 +78,45 @@ class FreshPython:
         env.update(extra)
         return env
 
-    def run(self, args: Sequence[str], *, cwd: Path | None = None, conf: str | None = None,
-            env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        cwd: Path | None = None,
+        conf: str | None = None,
+        env: dict | None = None,
+        timeout: float = 300,
+    ) -> subprocess.CompletedProcess:
         """``python <args>`` (e.g. ``["-m", "memalloc", "run", ...]`` or
         ``["-c", code]``) in ``cwd`` (default: the repository); ``env``
         replaces the environment ``self.env(conf)`` builds. Returns the
         finished process (text output captured), whatever its exit code."""
         if self._zygote is not None:
             return self._zygote.run(args, cwd=Path(cwd or REPO), env=env or self.env(conf), timeout=timeout)
-        return subprocess.run([sys.executable, *args], cwd=cwd or REPO, env=env or self.env(conf),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=cwd or REPO,
+            env=env or self.env(conf),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
-    def start(self, args: Sequence[str], *, cwd: Path | None = None,
-              conf: str | None = None) -> subprocess.Popen:
+    def start(self, args: Sequence[str], *, cwd: Path | None = None, conf: str | None = None) -> subprocess.Popen:
         """``python <args>`` started, not awaited (for children run side by
         side); text stdout and stderr are pipes."""
-        return subprocess.Popen([sys.executable, *args], cwd=cwd or REPO, env=self.env(conf),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=cwd or REPO,
+            env=self.env(conf),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
-    def code(self, prelude: str, code: str, conf: str | None = None, env: dict | None = None,
-             timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict, str]:
+    def code(
+        self, prelude: str, code: str, conf: str | None = None, env: dict | None = None, timeout: float = 120
+    ) -> tuple[subprocess.CompletedProcess, dict, str]:
         """``CHILD_PRELUDE + prelude + code``; the child ends by printing
         ``RESULT <json of R>``. Asserts that it exited 0 and printed that line
         once, within ``timeout`` seconds. ``env`` replaces the environment, as in :meth:`run`. Returns
@@ -106,7 +126,7 @@ class FreshPython:
         assert p.returncode == 0, f"child failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}"
         lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         assert len(lines) == 1, p.stdout
-        return p, json.loads(lines[0][len("RESULT "):]), src
+        return p, json.loads(lines[0][len("RESULT ") :]), src
 
 
 @pytest.fixture(scope="session")
@@ -164,14 +184,19 @@ def _torch_hooks_left_as_found(request):
     from torch.optim import optimizer as torch_optimizer
 
     def state():
-        return (torch.autograd.backward, len(torch_optimizer._global_optimizer_pre_hooks),
-                len(torch_optimizer._global_optimizer_post_hooks))
+        return (
+            torch.autograd.backward,
+            len(torch_optimizer._global_optimizer_pre_hooks),
+            len(torch_optimizer._global_optimizer_post_hooks),
+        )
 
     before = state()
     yield
     after = state()
     if after != before:
-        pytest.fail(f"{request.node.nodeid} left torch's hooks changed: backward "
-                    f"{'wrapped' if hasattr(after[0], '__wrapped__') else 'unwrapped'} (was "
-                    f"{'wrapped' if hasattr(before[0], '__wrapped__') else 'unwrapped'}), optimizer pre/post hooks "
-                    f"{before[1]}/{before[2]} -> {after[1]}/{after[2]}")
+        pytest.fail(
+            f"{request.node.nodeid} left torch's hooks changed: backward "
+            f"{'wrapped' if hasattr(after[0], '__wrapped__') else 'unwrapped'} (was "
+            f"{'wrapped' if hasattr(before[0], '__wrapped__') else 'unwrapped'}), optimizer pre/post hooks "
+            f"{before[1]}/{before[2]} -> {after[1]}/{after[2]}"
+        )

@@ -5,6 +5,7 @@ the utilities wrap and inspect a host-backend ``_C.Allocator``. Test files
 import what they need: ``from memtest_helpers import ...`` (pytest puts tests/
 on sys.path, as tests/ has no __init__.py).
 """
+
 import functools
 from pathlib import Path
 
@@ -19,16 +20,42 @@ LARGE_SEGMENT = 20 * MiB
 
 POOLS = ("all", "small_pool", "large_pool")
 STAT_KEYS = (
-    "allocation", "segment", "active", "inactive_split", "allocated_bytes",
-    "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
 )
-SCALAR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-               "num_device_free", "num_gc_releases", "num_device_free_failures")
+SCALAR_KEYS = (
+    "num_alloc_retries",
+    "num_ooms",
+    "num_sync_all_streams",
+    "num_device_alloc",
+    "num_device_free",
+    "num_gc_releases",
+    "num_device_free_failures",
+)
 # The keys MEMALLOC_CONF accepts, in documentation order.
 CONFIG_KEYS = [
-    "backend", "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-    "expandable_segments", "graph_capture_record_stream_reuse", "reuse_free_pages", "empty_cache_every_n_steps", "patch_torch", "record_history", "record_stacks", "call_sites", "flight_recorder",
-    "flight_recorder_keep", "host_capacity_mb",
+    "backend",
+    "max_split_size_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "expandable_segments",
+    "graph_capture_record_stream_reuse",
+    "reuse_free_pages",
+    "empty_cache_every_n_steps",
+    "patch_torch",
+    "record_history",
+    "record_stacks",
+    "call_sites",
+    "flight_recorder",
+    "flight_recorder_keep",
+    "host_capacity_mb",
     "host_devices",
 ]
 
@@ -125,8 +152,7 @@ def block_of(a, ptr, device=0):
 
 
 def live_block_bytes(a, device=0):
-    return sum(b["size"] for s in a.segments(device) for b in s["blocks"]
-               if b["state"] == "active_allocated")
+    return sum(b["size"] for s in a.segments(device) for b in s["blocks"] if b["state"] == "active_allocated")
 
 
 def require_library(name: str) -> None:

@@ -19,6 +19,7 @@ Protocol: one JSON request per line on the server's stdin,
 ``{"args", "cwd", "env", "out", "err", "timeout"}``; one line back on its
 stdout, ``{"rc": int}`` or ``{"timeout": true}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-SERVER = r'''
+SERVER = r"""
 import json, os, runpy, signal, sys, threading, traceback, types
 sys.path.insert(0, sys.argv[1])  # this folder, for exit_code; a child's sys.path starts without it
 from zygote import exit_code
@@ -111,7 +112,7 @@ while True:
         reply = {"rc": -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}
     replies.write(json.dumps(reply) + "\n")
     replies.flush()
-'''
+"""
 
 
 def exit_code(e: SystemExit) -> int:
@@ -134,9 +135,13 @@ class Zygote:
 
     def _server(self, env: dict) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen([sys.executable, "-c", SERVER, str(Path(__file__).parent)],
-                                          stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, text=True, env=env)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", SERVER, str(Path(__file__).parent)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
         return self._proc
 
     def run(self, args: Sequence[str], *, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
@@ -147,8 +152,19 @@ class Zygote:
             out, err = self._scratch / f"{self._n}.out", self._scratch / f"{self._n}.err"
             proc = self._server(env)
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(json.dumps({"args": list(args), "cwd": str(cwd), "env": env, "out": str(out),
-                                         "err": str(err), "timeout": timeout}) + "\n")
+            proc.stdin.write(
+                json.dumps(
+                    {
+                        "args": list(args),
+                        "cwd": str(cwd),
+                        "env": env,
+                        "out": str(out),
+                        "err": str(err),
+                        "timeout": timeout,
+                    }
+                )
+                + "\n"
+            )
             proc.stdin.flush()
             line = proc.stdout.readline()
         if not line:

@@ -1,5 +1,6 @@
 """Helpers shared by the commands: enabling with a clean error (no
 traceback) for configuration mistakes."""
+
 from __future__ import annotations
 
 from memalloc.core import _state

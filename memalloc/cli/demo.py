@@ -16,6 +16,7 @@ tensors come from the simulated device for that part
 AdamW steps and memalloc.memory_breakdown() shows where its memory goes
 (parameters, gradients, optimizer state, activations, temporaries, other).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,19 +50,25 @@ def main(args: argparse.Namespace) -> int:
     where = "CUDA GPU" if backend == "cuda" else f"host backend (simulated {HOST_CAPACITY_MB} MiB device)"
     print(f"memalloc demo on the {where}")
     step = _cuda_trainer() if backend == "cuda" else _host_trainer()
-    print(f"{'step':>4} {'loss':>10} {'allocated':>12} {'reserved':>12} {'peak alloc':>12} "
-          f"{'allocs':>7} {'from device':>11}")
+    print(
+        f"{'step':>4} {'loss':>10} {'allocated':>12} {'reserved':>12} {'peak alloc':>12} "
+        f"{'allocs':>7} {'from device':>11}"
+    )
     for i in range(1, args.steps + 1):
         loss = step()
         _row(a, i, loss)
     s = a.stats(0)
     hits = s["allocation"]["all"]["allocated"] - s["num_device_alloc"]
-    print(f"{hits} of {s['allocation']['all']['allocated']} allocations were served from the cache; "
-          f"{s['num_device_alloc']} segments came from the device.")
+    print(
+        f"{hits} of {s['allocation']['all']['allocated']} allocations were served from the cache; "
+        f"{s['num_device_alloc']} segments came from the device."
+    )
     _oom_then_recover(a, backend, step)
     released = sum(a.empty_cache(d) for d in range(a.device_count))
-    print(f"empty_cache(): returned {fmt_bytes(released)} to the device; "
-          f"reserved now {fmt_bytes(a.stats(0)['reserved_bytes']['all']['current'])}")
+    print(
+        f"empty_cache(): returned {fmt_bytes(released)} to the device; "
+        f"reserved now {fmt_bytes(a.stats(0)['reserved_bytes']['all']['current'])}"
+    )
     a.validate(0)
     print("allocator invariants hold (validate() passed)")
     del step  # the first model and its optimizer go: the breakdown below is the encoder's
@@ -95,17 +102,21 @@ def _leak_hunt(backend: str) -> None:
     device = "cuda" if backend == "cuda" else "cpu"
     for keep_item in (False, True):
         print()
-        print("leak hunt (memalloc/examples/leaky_training.py): a loop that keeps "
-              + ("loss.item()" if keep_item else "every loss tensor"))
+        print(
+            "leak hunt (memalloc/examples/leaky_training.py): a loop that keeps "
+            + ("loss.item()" if keep_item else "every loss tensor")
+        )
         print(leaky_training.train(device, keep_item=keep_item).to_text())
 
 
 def _row(a, i: int, loss: float) -> None:
     s = a.stats(0)
-    print(f"{i:>4} {loss:>10.4f} {fmt_bytes(s['allocated_bytes']['all']['current']):>12} "
-          f"{fmt_bytes(s['reserved_bytes']['all']['current']):>12} "
-          f"{fmt_bytes(s['allocated_bytes']['all']['peak']):>12} "
-          f"{s['allocation']['all']['allocated']:>7} {s['num_device_alloc']:>11}")
+    print(
+        f"{i:>4} {loss:>10.4f} {fmt_bytes(s['allocated_bytes']['all']['current']):>12} "
+        f"{fmt_bytes(s['reserved_bytes']['all']['current']):>12} "
+        f"{fmt_bytes(s['allocated_bytes']['all']['peak']):>12} "
+        f"{s['allocation']['all']['allocated']:>7} {s['num_device_alloc']:>11}"
+    )
 
 
 def _oom_then_recover(a, backend: str, step: Callable[[], float]) -> None:
@@ -121,11 +132,15 @@ def _oom_then_recover(a, backend: str, step: Callable[[], float]) -> None:
     after_oom = a.stats(0)["reserved_bytes"]["all"]["current"]
     loss = step()
     s = a.stats(0)
-    print(f"before raising, memalloc released its unused cache and retried: reserved "
-          f"{fmt_bytes(before)} -> {fmt_bytes(after_oom)} (num_alloc_retries="
-          f"{s['num_alloc_retries']}, num_ooms={s['num_ooms']})")
-    print(f"training continued after the OOM: loss {loss:.4f}, reserved "
-          f"{fmt_bytes(s['reserved_bytes']['all']['current'])}")
+    print(
+        f"before raising, memalloc released its unused cache and retried: reserved "
+        f"{fmt_bytes(before)} -> {fmt_bytes(after_oom)} (num_alloc_retries="
+        f"{s['num_alloc_retries']}, num_ooms={s['num_ooms']})"
+    )
+    print(
+        f"training continued after the OOM: loss {loss:.4f}, reserved "
+        f"{fmt_bytes(s['reserved_bytes']['all']['current'])}"
+    )
 
 
 def _host_trainer(batch: int = 256, dim: int = 512, hidden: int = 1024, lr: float = 0.002):
@@ -137,20 +152,20 @@ def _host_trainer(batch: int = 256, dim: int = 512, hidden: int = 1024, lr: floa
     w2 = host.empty((hidden, 1)).copy_(torch.randn(hidden, 1, generator=g) / hidden**0.5)
 
     def step() -> float:
-        h = host.empty((batch, hidden))           # 1 MiB: small pool
+        h = host.empty((batch, hidden))  # 1 MiB: small pool
         torch.mm(x, w1, out=h).relu_()
         out = host.empty((batch, 1))
-        torch.mm(h, w2, out=out).sub_(y)          # out now holds the residual
+        torch.mm(h, w2, out=out).sub_(y)  # out now holds the residual
         loss = float(out.square().mean())
         g_w2 = host.empty((hidden, 1))
         torch.mm(h.t(), out, out=g_w2)
         g_h = host.empty((batch, hidden))
         torch.mm(out, w2.t(), out=g_h).masked_fill_(h <= 0, 0.0)
-        g_w1 = host.empty((dim, hidden))          # 2 MiB: large pool
+        g_w1 = host.empty((dim, hidden))  # 2 MiB: large pool
         torch.mm(x.t(), g_h, out=g_w1)
         w1.sub_(g_w1, alpha=2 * lr / batch)
         w2.sub_(g_w2, alpha=2 * lr / batch)
-        return loss                                # h, out, grads die here
+        return loss  # h, out, grads die here
 
     return step
 
@@ -158,9 +173,7 @@ def _host_trainer(batch: int = 256, dim: int = 512, hidden: int = 1024, lr: floa
 def _cuda_trainer(batch: int = 512, dim: int = 1024):
     """One AdamW step of a small MLP on CUDA through autograd."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim)
-    ).cuda()
+    model = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(batch, dim, device="cuda")
     y = torch.randn(batch, dim, device="cuda")

@@ -27,6 +27,7 @@ each probe in MEMALLOC_FIT_BUDGET: the parent does not touch the device
 before its probes; memalloc/cli/run.py's _fit_first passes it), and again
 by the parent before it plans.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,9 @@ def parse_probes(text: str) -> tuple[int, ...]:
     except ValueError:
         probes = ()
     if len(set(probes)) < 2 or min(probes) < 1:
-        raise SystemExit(f"memalloc: --fit-probes {text!r}: give two or more different batch sizes, "
-                         "comma-separated (2,4,8)")
+        raise SystemExit(
+            f"memalloc: --fit-probes {text!r}: give two or more different batch sizes, comma-separated (2,4,8)"
+        )
     return probes
 
 
@@ -70,8 +72,10 @@ def with_batch(script_args: Sequence[str], batch: int) -> list[str]:
 
 def check_placeholder(script_args: Sequence[str]) -> None:
     if not any(PLACEHOLDER in a for a in script_args):
-        raise SystemExit(f"memalloc: --fit needs the script's batch size argument written as {PLACEHOLDER} "
-                         f"(for example: run --fit 7GiB train.py --batch-size {PLACEHOLDER})")
+        raise SystemExit(
+            f"memalloc: --fit needs the script's batch size argument written as {PLACEHOLDER} "
+            f"(for example: run --fit 7GiB train.py --batch-size {PLACEHOLDER})"
+        )
 
 
 # ---- the child: one probe ---------------------------------------------------------
@@ -97,8 +101,11 @@ def start_probe(batch: int, steps: int, out: str) -> None:
             return
         record, lost = rec.finish()
         if record is None:
-            print(f"memalloc: the probe at batch {batch} lost {lost} events (more than {PROBE_RING} recorded): "
-                  "give --fit-steps 1 or smaller --fit-probes", file=sys.stderr)
+            print(
+                f"memalloc: the probe at batch {batch} lost {lost} events (more than {PROBE_RING} recorded): "
+                "give --fit-steps 1 or smaller --fit-probes",
+                file=sys.stderr,
+            )
             os._exit(3)
         planner.save_records([record], out)
         sys.stdout.flush()
@@ -110,14 +117,17 @@ def start_probe(batch: int, steps: int, out: str) -> None:
 
 def probe_ended_early(steps: int) -> None:
     """The script returned before the probe's last step."""
-    print(f"memalloc: the script ended before optimizer.step() number {1 + steps}: a probe runs 1 + "
-          f"--fit-steps ({steps}) steps; give the script more steps or --fit-steps {max(1, steps - 1)}",
-          file=sys.stderr)
+    print(
+        f"memalloc: the script ended before optimizer.step() number {1 + steps}: a probe runs 1 + "
+        f"--fit-steps ({steps}) steps; give the script more steps or --fit-steps {max(1, steps - 1)}",
+        file=sys.stderr,
+    )
 
 
 # ---- the parent: probes, plan, run ------------------------------------------------
-def run_probes(argv_for: Callable[[int, str, str], list[str]], probes: Sequence[int],
-               budget: int | None = None) -> list[planner.ProbeRecord]:
+def run_probes(
+    argv_for: Callable[[int, str, str], list[str]], probes: Sequence[int], budget: int | None = None
+) -> list[planner.ProbeRecord]:
     """One child process per probe (``argv_for(batch, record path, report
     folder)``). ``budget`` (bytes; None: ``free``) goes to each child, which
     refuses one larger than its device can give before the script runs:

@@ -1,4 +1,5 @@
 """``python -m memalloc info``: which backend ``enable()`` would pick, and the config keys."""
+
 from __future__ import annotations
 
 import argparse

@@ -11,6 +11,7 @@ breakdown at the last finished step, and the last N events with their lines.
 With ``--snapshot``: each file also as a memory_viz snapshot, written beside
 it as ``<file>.pickle`` (pytorch.org/memory_viz opens it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def how_it_ended(f: FlightFile, now_ns: int | None = None) -> str:
-    """"exited cleanly", "running" (its pid is alive on this host) or "no
+    """ "exited cleanly", "running" (its pid is alive on this host) or "no
     clean exit: killed or crashed, last heartbeat <when>"."""
     if f.state == "exited":
         return "exited cleanly (file kept)"
@@ -64,8 +65,7 @@ def how_it_ended(f: FlightFile, now_ns: int | None = None) -> str:
         return f"exited on an uncaught exception at step {f.step}"
     if f.host == os.uname().nodename and _alive(f.pid):
         return f"running (pid {f.pid} is alive)"
-    when = (f"{((now_ns or _now_ns()) - f.heartbeat_ns) / 1e9:.0f} s ago, at step {f.step}"
-            if f.heartbeat_ns else "none")
+    when = f"{((now_ns or _now_ns()) - f.heartbeat_ns) / 1e9:.0f} s ago, at step {f.step}" if f.heartbeat_ns else "none"
     return f"no clean exit (killed, crashed or aborted); last heartbeat {when}"
 
 
@@ -82,20 +82,29 @@ def live_sites(f: FlightFile, device: int) -> list[tuple[tuple, int, int]]:
 
 def describe(f: FlightFile, events: int = 10, top: int = 5) -> str:
     started = datetime.datetime.fromtimestamp(f.start_ns / 1e9, datetime.timezone.utc).isoformat(timespec="seconds")
-    lines = [f"== {f.path}",
-             f"pid {f.pid} on {f.host}, rank {f.rank} of {f.world_size}, {f.backend} backend, started {started}",
-             f"how it ended: {how_it_ended(f)}",
-             f"last step: {f.step}"]
+    lines = [
+        f"== {f.path}",
+        f"pid {f.pid} on {f.host}, rank {f.rank} of {f.world_size}, {f.backend} backend, started {started}",
+        f"how it ended: {how_it_ended(f)}",
+        f"last step: {f.step}",
+    ]
     cp = f.checkpoint or {}
     for d, ring in enumerate(f.rings):
-        lines.append(f"device {d}: {len(ring)} events in the file"
-                     + (f", {f.torn[d]} torn (being written at the end)" if f.torn[d] else "")
-                     + (f", the ring wrapped ({f.sequences[d][0] - 1} older ones overwritten)"
-                        if f.sequences[d] and f.sequences[d][0] > 1 else ""))
+        lines.append(
+            f"device {d}: {len(ring)} events in the file"
+            + (f", {f.torn[d]} torn (being written at the end)" if f.torn[d] else "")
+            + (
+                f", the ring wrapped ({f.sequences[d][0] - 1} older ones overwritten)"
+                if f.sequences[d] and f.sequences[d][0] > 1
+                else ""
+            )
+        )
         dev = next((x for x in cp.get("devices", []) if x["device"] == d), None)
         if dev:
-            lines.append(f"  at step {cp['step']}'s checkpoint: {fmt_bytes(dev['allocated'])} allocated, "
-                         f"{fmt_bytes(dev['reserved'])} reserved, peak {fmt_bytes(dev['peak_allocated'])}")
+            lines.append(
+                f"  at step {cp['step']}'s checkpoint: {fmt_bytes(dev['allocated'])} allocated, "
+                f"{fmt_bytes(dev['reserved'])} reserved, peak {fmt_bytes(dev['peak_allocated'])}"
+            )
             split = (dev.get("breakdown") or {}).get("split")
             if split:
                 lines.append("  breakdown at the last finished step: " + describe_split(split))

@@ -8,6 +8,7 @@ simulated device that runs it without an OOM; ``--per-step`` prints each
 step's page moves (does the loop keep mapping and unmapping under expandable
 segments?); ``--repeat-last-step N`` runs each trace's last step N more times
 first (memalloc/features/replay.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,29 +34,61 @@ from memalloc.trace.trace_files import load_trace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="replay traces on the host backend under allocator configs",
-                       description="Replays traces saved by memalloc.save_trace (and the GPU benchmark's "
-                                   "random workload) on the host backend under each config; prints peak "
-                                   "allocated, peak reserved, their ratio and OOMs.")
+    p = sub.add_parser(
+        "replay",
+        help="replay traces on the host backend under allocator configs",
+        description="Replays traces saved by memalloc.save_trace (and the GPU benchmark's "
+        "random workload) on the host backend under each config; prints peak "
+        "allocated, peak reserved, their ratio and OOMs.",
+    )
     p.add_argument("traces", nargs="*", metavar="TRACE", help="a trace file written by memalloc.save_trace")
-    p.add_argument("--random", type=int, action="append", default=[], metavar="N",
-                   help="also replay the GPU benchmark's random workload with N allocations (it used 50000)")
-    p.add_argument("--config", action="append", default=None, metavar="TEXT",
-                   help="allocator config text, e.g. max_split_size_mb:64; repeat for several "
-                        "(default: the default config, '')")
-    p.add_argument("--host-capacity-mb", type=int, default=None, metavar="MB",
-                   help="capacity of each simulated device (default: more than any replay can reserve)")
-    p.add_argument("--skip-unknown-frees", action="store_true",
-                   help="skip (and count) frees of blocks allocated before the trace began")
-    p.add_argument("--smallest-device", action="store_true",
-                   help="also find the smallest simulated device (MiB, to 8 MiB) each workload runs on "
-                        "without an OOM under each config (a bisection: ~10 replays each)")
-    p.add_argument("--per-step", action="store_true",
-                   help="also replay each trace step by step (memalloc.step() numbers) and print each step's "
-                        "page moves and peaks, beside the recording run's own moves when the trace has them")
-    p.add_argument("--repeat-last-step", type=int, default=0, metavar="N",
-                   help="run each trace's last step N more times first: a longer run of a loop whose steps "
-                        "repeat (refused for a trace whose steps differ)")
+    p.add_argument(
+        "--random",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="also replay the GPU benchmark's random workload with N allocations (it used 50000)",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="allocator config text, e.g. max_split_size_mb:64; repeat for several (default: the default config, '')",
+    )
+    p.add_argument(
+        "--host-capacity-mb",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="capacity of each simulated device (default: more than any replay can reserve)",
+    )
+    p.add_argument(
+        "--skip-unknown-frees",
+        action="store_true",
+        help="skip (and count) frees of blocks allocated before the trace began",
+    )
+    p.add_argument(
+        "--smallest-device",
+        action="store_true",
+        help="also find the smallest simulated device (MiB, to 8 MiB) each workload runs on "
+        "without an OOM under each config (a bisection: ~10 replays each)",
+    )
+    p.add_argument(
+        "--per-step",
+        action="store_true",
+        help="also replay each trace step by step (memalloc.step() numbers) and print each step's "
+        "page moves and peaks, beside the recording run's own moves when the trace has them",
+    )
+    p.add_argument(
+        "--repeat-last-step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run each trace's last step N more times first: a longer run of a loop whose steps "
+        "repeat (refused for a trace whose steps differ)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results here as JSON")
     p.set_defaults(func=main)
 
@@ -68,8 +101,9 @@ def main(args: argparse.Namespace) -> int:
     if args.repeat_last_step < 0:
         raise SystemExit("memalloc: --repeat-last-step N needs N >= 0")
     if (args.per_step or args.repeat_last_step) and not args.traces:
-        raise SystemExit("memalloc: --per-step and --repeat-last-step need trace files "
-                         "(a random workload has no steps)")
+        raise SystemExit(
+            "memalloc: --per-step and --repeat-last-step need trace files (a random workload has no steps)"
+        )
     if args.repeat_last_step and args.smallest_device:
         raise SystemExit("memalloc: --smallest-device replays the trace files as saved: drop --repeat-last-step")
     configs = args.config if args.config is not None else [""]
@@ -82,17 +116,27 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"memalloc: cannot read {path}: {e}") from None
         if args.repeat_last_step:
             try:
-                trace = dataclasses.replace(trace, events=[repeat_last_step(events, args.repeat_last_step)
-                                                           for events in trace.events])
+                trace = dataclasses.replace(
+                    trace, events=[repeat_last_step(events, args.repeat_last_step) for events in trace.events]
+                )
             except ValueError as e:
                 raise SystemExit(f"memalloc: --repeat-last-step on {path}: {e}") from None
         traces[path] = trace
-        workloads.append(lambda config, path=path, trace=trace: replay_trace(
-            trace, config, host_capacity_mb=args.host_capacity_mb, skip_unknown_frees=args.skip_unknown_frees,
-            name=path))
+        workloads.append(
+            lambda config, path=path, trace=trace: replay_trace(
+                trace,
+                config,
+                host_capacity_mb=args.host_capacity_mb,
+                skip_unknown_frees=args.skip_unknown_frees,
+                name=path,
+            )
+        )
     for n in args.random:
-        workloads.append(lambda config, n=n: replay_ops(
-            random_workload(n), config, host_capacity_mb=args.host_capacity_mb, name=f"{RANDOM_SOURCE}{n}"))
+        workloads.append(
+            lambda config, n=n: replay_ops(
+                random_workload(n), config, host_capacity_mb=args.host_capacity_mb, name=f"{RANDOM_SOURCE}{n}"
+            )
+        )
     try:
         results = [replay(config) for replay in workloads for config in configs]
     except (ValueError, TypeError, _C.MemallocError) as e:
@@ -104,10 +148,14 @@ def main(args: argparse.Namespace) -> int:
             for path, trace in traces.items():
                 for config in configs:
                     for device in range(len(trace.events)):
-                        rows = replay_steps(trace, config, device=device, host_capacity_mb=args.host_capacity_mb,
-                                            skip_unknown_frees=args.skip_unknown_frees)
-                        per_step.setdefault(path, {}).setdefault(config, {})[str(device)] = \
-                            [r.to_dict() for r in rows]
+                        rows = replay_steps(
+                            trace,
+                            config,
+                            device=device,
+                            host_capacity_mb=args.host_capacity_mb,
+                            skip_unknown_frees=args.skip_unknown_frees,
+                        )
+                        per_step.setdefault(path, {}).setdefault(config, {})[str(device)] = [r.to_dict() for r in rows]
                         print(f"\n== {path} under {config or '(default)'}, device {device}, step by step")
                         print(steps_table(rows), end="")
         except (ValueError, TypeError, _C.MemallocError) as e:
@@ -121,8 +169,11 @@ def main(args: argparse.Namespace) -> int:
         try:
             for source in sources:
                 for config in configs:
-                    options = {"skip_unknown_frees": True} if args.skip_unknown_frees and \
-                        not source.startswith(RANDOM_SOURCE) else {}
+                    options = (
+                        {"skip_unknown_frees": True}
+                        if args.skip_unknown_frees and not source.startswith(RANDOM_SOURCE)
+                        else {}
+                    )
                     mb = smallest_capacity_mb(source, config, **options)
                     smallest.setdefault(source, {})[config] = mb
                     print(f"  {source}  {config or '(default)'}  {mb}")
@@ -130,8 +181,7 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"memalloc: {e}") from None
     if args.json:
         try:
-            results_to_json(results, args.json, command=_command(args), smallest_device_mb=smallest,
-                            per_step=per_step)
+            results_to_json(results, args.json, command=_command(args), smallest_device_mb=smallest, per_step=per_step)
         except OSError as e:
             raise SystemExit(f"memalloc: cannot write {args.json}: {e}") from None
         print(f"wrote {args.json}")

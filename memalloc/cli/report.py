@@ -13,6 +13,7 @@ as the self-contained HTML page. A trace saved with ``memalloc.save_trace``
 is summarised: events per action and the call sites holding the most bytes
 at the end of the trace.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,16 +100,21 @@ def _none_found(given: str, directory: str) -> str:
     """Why ``directory`` (from the argument ``given``) holds no flight files,
     as far as can be known, and what else is there to render."""
     where = f"{given} (nor {directory})" if directory != given else given
-    text = (f"{where}: no flight recorder files (*{SUFFIX}). `python -m memalloc run` removes a process's file "
-            "when the script ends cleanly in a single process (a job of several ranks keeps them, as does "
-            "--config flight_recorder_keep:True), writes none with --no-flight-recorder, and keeps one after "
-            "an exception, a kill or a crash; outside `memalloc run`, MEMALLOC_CONF=flight_recorder:DIR "
-            "writes them in DIR")
-    reports = sorted(os.path.join(root, n) for root, _, names in os.walk(given)
-                     for n in names if n == "leaks.json")
+    text = (
+        f"{where}: no flight recorder files (*{SUFFIX}). `python -m memalloc run` removes a process's file "
+        "when the script ends cleanly in a single process (a job of several ranks keeps them, as does "
+        "--config flight_recorder_keep:True), writes none with --no-flight-recorder, and keeps one after "
+        "an exception, a kill or a crash; outside `memalloc run`, MEMALLOC_CONF=flight_recorder:DIR "
+        "writes them in DIR"
+    )
+    reports = sorted(os.path.join(root, n) for root, _, names in os.walk(given) for n in names if n == "leaks.json")
     if reports:
-        text += "; the leak report" + ("s" * (len(reports) > 1)) + " here: " + ", ".join(
-            f"python -m memalloc report {r}" for r in reports[:8])
+        text += (
+            "; the leak report"
+            + ("s" * (len(reports) > 1))
+            + " here: "
+            + ", ".join(f"python -m memalloc report {r}" for r in reports[:8])
+        )
     return text
 
 

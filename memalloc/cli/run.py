@@ -54,6 +54,7 @@ single process too; False: remove it in a job as well).
 ``--no-flight-recorder`` turns it off; a ``flight_recorder:`` config entry
 chooses the folder instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,17 +86,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
     p.add_argument("--steps", action="store_true", help="record memory per step (steps.csv, .json, .png)")
-    p.add_argument("--advise", action="store_true",
-                   help="profile the forward and print which strategies would save memory (advice.json)")
-    p.add_argument("--no-flight-recorder", action="store_true",
-                   help="do not keep the event rings in a file that outlives the process (DIR/flight)")
-    p.add_argument("--out", default="memalloc-report",
-                   help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports "
-                        "(in a job of several ranks: OUT/rank<RANK>/ for each rank's) and the flight recorder "
-                        "(OUT/flight)")
-    p.add_argument("--fit", metavar="BUDGET", default=None,
-                   help="find the largest batch that fits BUDGET (bytes, 7GiB, 512MiB or 'free') before running: "
-                        "the script's batch size argument is written {batch} (memalloc/cli/fit.py)")
+    p.add_argument(
+        "--advise",
+        action="store_true",
+        help="profile the forward and print which strategies would save memory (advice.json)",
+    )
+    p.add_argument(
+        "--no-flight-recorder",
+        action="store_true",
+        help="do not keep the event rings in a file that outlives the process (DIR/flight)",
+    )
+    p.add_argument(
+        "--out",
+        default="memalloc-report",
+        help="folder for leaks.json/.html (--leaks), steps.csv/.json/.png (--steps) and OOM reports "
+        "(in a job of several ranks: OUT/rank<RANK>/ for each rank's) and the flight recorder "
+        "(OUT/flight)",
+    )
+    p.add_argument(
+        "--fit",
+        metavar="BUDGET",
+        default=None,
+        help="find the largest batch that fits BUDGET (bytes, 7GiB, 512MiB or 'free') before running: "
+        "the script's batch size argument is written {batch} (memalloc/cli/fit.py)",
+    )
     p.add_argument("--fit-probes", default="2,4,8", help="the small batch sizes --fit runs (default 2,4,8)")
     p.add_argument("--fit-steps", type=int, default=2, help="recorded optimizer steps per probe, after one (--fit)")
     p.add_argument("--fit-max", type=int, default=1 << 16, help="the largest batch --fit considers")
@@ -127,9 +141,26 @@ def _fit_first(args: argparse.Namespace, probes: tuple[int, ...], budget: int | 
     config = ["--config", args.config] if args.config else []
 
     def argv_for(batch: int, out: str, folder: str) -> list[str]:
-        return [sys.executable, "-m", "memalloc", "run", "--backend", args.backend, *config, "--no-flight-recorder",
-                "--out", folder, "--fit-probe-out", out, "--fit-probe-batch", str(batch),
-                "--fit-steps", str(args.fit_steps), args.script, *fit.with_batch(args.script_args, batch)]
+        return [
+            sys.executable,
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            args.backend,
+            *config,
+            "--no-flight-recorder",
+            "--out",
+            folder,
+            "--fit-probe-out",
+            out,
+            "--fit-probe-batch",
+            str(batch),
+            "--fit-steps",
+            str(args.fit_steps),
+            args.script,
+            *fit.with_batch(args.script_args, batch),
+        ]
 
     return fit.run_probes(argv_for, probes, budget)
 
@@ -223,8 +254,11 @@ def main(args: argparse.Namespace) -> int:
                 pass
             if clean and keep_flight:
                 how = f"rank {rank} of {world}: " if world > 1 else ""
-                print(f"memalloc: {how}the flight recorder file stays in {flight_dir} "
-                      f"(python -m memalloc report {args.out})", file=sys.stderr)
+                print(
+                    f"memalloc: {how}the flight recorder file stays in {flight_dir} "
+                    f"(python -m memalloc report {args.out})",
+                    file=sys.stderr,
+                )
     return 0
 
 
@@ -248,8 +282,11 @@ def _keep_flight(config: str | None, world: int) -> bool:
     ``flight_recorder_keep`` says when MEMALLOC_CONF or --config gives it,
     otherwise in a job of several ranks (``report OUT`` merges them) and not
     in a single process."""
-    given = any(key == "flight_recorder_keep" for text in (os.environ.get("MEMALLOC_CONF", ""), config or "")
-                for key, _ in _C.config_entries(text))
+    given = any(
+        key == "flight_recorder_keep"
+        for text in (os.environ.get("MEMALLOC_CONF", ""), config or "")
+        for key, _ in _C.config_entries(text)
+    )
     if given:
         return config_value(_state.installed_config(), "flight_recorder_keep") == "True"
     return world > 1
@@ -286,9 +323,17 @@ def _write_advice(profile: advisor.ForwardProfile, seen: dict, out: str, leaks: 
     print(advisor.to_text(advice, b), file=sys.stderr)
     path = os.path.join(out, "advice.json")
     with open(path, "w") as f:
-        json.dump({"schema": "memalloc.advice/1", "breakdown": b.to_dict(), "reserved_after": seen["reserved_after"],
-                   "profile": p.to_dict() if p is not None else None,
-                   "advice": [a.to_dict() for a in advice]}, f, indent=1)
+        json.dump(
+            {
+                "schema": "memalloc.advice/1",
+                "breakdown": b.to_dict(),
+                "reserved_after": seen["reserved_after"],
+                "profile": p.to_dict() if p is not None else None,
+                "advice": [a.to_dict() for a in advice],
+            },
+            f,
+            indent=1,
+        )
     print(f"memalloc: wrote {path}", file=sys.stderr)
 
 
@@ -313,8 +358,7 @@ def _write_leaks(tracker, out: str) -> Any:
     print(report.to_text(), file=sys.stderr)
     report.to_json(os.path.join(out, "leaks.json"))
     report.to_html(os.path.join(out, "leaks.html"))
-    print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and {os.path.join(out, 'leaks.html')}",
-          file=sys.stderr)
+    print(f"memalloc: wrote {os.path.join(out, 'leaks.json')} and {os.path.join(out, 'leaks.html')}", file=sys.stderr)
     return report
 
 

@@ -14,6 +14,7 @@ frame (for scripts and tests); otherwise the view refreshes every
 ``--interval`` seconds until Ctrl-C (through ``rich`` when it is installed,
 else by redrawing the terminal).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,10 @@ def sources(target: str | None) -> list[str]:
             raise FlightFileError(f"no process {target} on this machine")
         files = mapped_files(int(target))
         if not files:
-            raise FlightFileError(f"process {target} maps no flight recorder file: run it with `python -m memalloc "
-                                  f"run` or MEMALLOC_CONF=flight_recorder:DIR")
+            raise FlightFileError(
+                f"process {target} maps no flight recorder file: run it with `python -m memalloc "
+                f"run` or MEMALLOC_CONF=flight_recorder:DIR"
+            )
         return files
     return files_in(target)
 
@@ -89,8 +92,10 @@ def _process(f: FlightFile, top: int, now_ns: int) -> list[str]:
     cp = f.checkpoint or {"devices": []}
     for dev in cp["devices"]:
         d = dev["device"]
-        out.append(f"  device {d}: allocated {fmt_bytes(dev['allocated'])}, reserved {fmt_bytes(dev['reserved'])}, "
-                   f"peak {fmt_bytes(dev['peak_allocated'])} (at step {cp['step']})")
+        out.append(
+            f"  device {d}: allocated {fmt_bytes(dev['allocated'])}, reserved {fmt_bytes(dev['reserved'])}, "
+            f"peak {fmt_bytes(dev['peak_allocated'])} (at step {cp['step']})"
+        )
         split = (dev.get("breakdown") or {}).get("split") or {}
         if any(split.values()):
             out.append("    by category: " + describe_split(split))

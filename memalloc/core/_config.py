@@ -6,15 +6,15 @@ The format is PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` style,
 (``_C.parse_config``), so the environment, the Python API and the tests share
 one parser and one set of error messages.
 """
+
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Union
 
 from memalloc import _C
 
-ConfigLike = Union[str, Mapping[str, object], None]
+ConfigLike = str | Mapping[str, object] | None
 
 ENV_VAR = "MEMALLOC_CONF"
 # What memalloc.enable() (and so ``python -m memalloc run`` and the
@@ -30,8 +30,9 @@ PRODUCT_DEFAULTS = "expandable_segments:True"
 STACK_MODES: dict[str, int] = dict(_C.STACK_MODES)
 
 
-def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = "",
-                base_source: str = "memalloc's base config") -> str:
+def config_text(
+    config: ConfigLike = None, *, use_env: bool = True, base: str = "", base_source: str = "memalloc's base config"
+) -> str:
     """Returns the canonical config text: ``base`` (raw config text, e.g.
     :data:`PRODUCT_DEFAULTS`) first, then ``$MEMALLOC_CONF``, then ``config``
     (a ``key:value,...`` string or a mapping), later keys winning; all parsed
@@ -49,14 +50,13 @@ def config_text(config: ConfigLike = None, *, use_env: bool = True, base: str = 
     if use_env and os.environ.get(ENV_VAR):
         layers.append((lambda: ENV_VAR, os.environ[ENV_VAR]))
     if isinstance(config, Mapping):
-        layers.append((lambda: f"the config argument {dict(config)!r}",
-                       ",".join(_entry_text(k, v) for k, v in config.items())))
+        layers.append(
+            (lambda: f"the config argument {dict(config)!r}", ",".join(_entry_text(k, v) for k, v in config.items()))
+        )
     elif isinstance(config, str):
         layers.append((lambda: f"the config argument {config!r}", config))
     elif config is not None:
-        raise TypeError(
-            f"config must be a 'key:value,...' string or a mapping, not {type(config).__name__}"
-        )
+        raise TypeError(f"config must be a 'key:value,...' string or a mapping, not {type(config).__name__}")
     try:
         return _C.parse_config(",".join(text for _, text in layers if text))
     except _C.InvalidArgumentError as e:
@@ -78,7 +78,7 @@ def _blamed(error: Exception, layers: list) -> Exception:
         except _C.InvalidArgumentError as alone:
             message = str(alone)
             if message.startswith(_CORE_PREFIX):
-                message = message[len(_CORE_PREFIX):]
+                message = message[len(_CORE_PREFIX) :]
             return type(error)(f"{source()}: {message}")
     return error
 

@@ -9,16 +9,15 @@ that does not exist) are the allocator's: memalloc._C names its devices;
 :func:`existing_device_index` checks up front for objects that keep the
 index for later (the leak and step trackers).
 """
-from __future__ import annotations
 
-from typing import Union
+from __future__ import annotations
 
 import torch
 
 from memalloc import _C
 from memalloc.core import _state
 
-DeviceLike = Union[int, str, torch.device, None]
+DeviceLike = int | str | torch.device | None
 
 
 def device_index(device: DeviceLike, backend: str | None = None) -> int:
@@ -59,6 +58,8 @@ def existing_device_index(device: DeviceLike, allocator: _C.Allocator | None = N
     a = _state.allocator_or_installed(allocator)
     index = device_index(device, a.backend_name)
     if not 0 <= index < a.device_count:
-        raise _C.InvalidArgumentError(f"device {index} does not exist: the {a.backend_name} backend has "
-                                   f"{a.device_count} device(s), indices 0..{a.device_count - 1}")
+        raise _C.InvalidArgumentError(
+            f"device {index} does not exist: the {a.backend_name} backend has "
+            f"{a.device_count} device(s), indices 0..{a.device_count - 1}"
+        )
     return index

@@ -1,5 +1,6 @@
 """Formatting shared by every layer that prints sizes (bottom layer: no
 memalloc imports)."""
+
 from __future__ import annotations
 
 
@@ -18,5 +19,6 @@ def describe_split(split: dict[str, int]) -> str:
     ("" when every category is 0). The one rendering of a breakdown's split:
     the step tracker, ``run``'s summary, ``top`` and ``postmortem``."""
     whole = sum(split.values())
-    return ", ".join(f"{c} {fmt_bytes(v)} ({100 * v / whole:.0f}%)"
-                     for c, v in sorted(split.items(), key=lambda kv: -kv[1]) if v)
+    return ", ".join(
+        f"{c} {fmt_bytes(v)} ({100 * v / whole:.0f}%)" for c, v in sorted(split.items(), key=lambda kv: -kv[1]) if v
+    )

@@ -28,6 +28,7 @@ Rules every subscriber is held to (the user's code must not see memalloc):
 Dispatch reads a tuple of subscribers without a lock (a new tuple is
 swapped in on every change), so a hook costs one loop over its subscribers.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,15 +46,22 @@ from memalloc import _C
 
 T = TypeVar("T")
 
-BACKWARD = "backward"                          # torch.autograd.backward (also Tensor.backward)
-OPTIMIZER_STEP_PRE = "optimizer_step_pre"      # before any optimizer.step()
-OPTIMIZER_STEP_POST = "optimizer_step_post"    # after any optimizer.step()
+BACKWARD = "backward"  # torch.autograd.backward (also Tensor.backward)
+OPTIMIZER_STEP_PRE = "optimizer_step_pre"  # before any optimizer.step()
+OPTIMIZER_STEP_POST = "optimizer_step_post"  # after any optimizer.step()
 PARAMETER_REGISTRATION = "parameter_registration"  # a module registers an nn.Parameter
-MODULE_FORWARD_PRE = "module_forward_pre"      # before any module's forward (observes; returns nothing)
-MODULE_FORWARD = "module_forward"              # after any module's forward (observes; the output is untouched)
-OUT_OF_MEMORY = "out_of_memory"                # memalloc's allocator failed an allocation for good
-POINTS = (BACKWARD, OPTIMIZER_STEP_PRE, OPTIMIZER_STEP_POST, PARAMETER_REGISTRATION, MODULE_FORWARD_PRE,
-          MODULE_FORWARD, OUT_OF_MEMORY)
+MODULE_FORWARD_PRE = "module_forward_pre"  # before any module's forward (observes; returns nothing)
+MODULE_FORWARD = "module_forward"  # after any module's forward (observes; the output is untouched)
+OUT_OF_MEMORY = "out_of_memory"  # memalloc's allocator failed an allocation for good
+POINTS = (
+    BACKWARD,
+    OPTIMIZER_STEP_PRE,
+    OPTIMIZER_STEP_POST,
+    PARAMETER_REGISTRATION,
+    MODULE_FORWARD_PRE,
+    MODULE_FORWARD,
+    OUT_OF_MEMORY,
+)
 
 _lock = threading.Lock()
 _failed: dict[str, str] = {}  # feature -> what went wrong (turned off)
@@ -108,10 +116,13 @@ def _turn_off(feature: str, point: str, error: BaseException) -> None:
             f"memalloc: its {feature} feature failed in torch's {point} hook "
             f"({type(error).__name__}: {error}) and is turned off for this process; your code goes on "
             "unchanged. Please report this at memalloc's issue tracker with the traceback above.",
-            RuntimeWarning, stacklevel=3)
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 # --- the torch side of each point ------------------------------------------
+
 
 def _install_backward(point: _Point) -> Callable[[], None]:
     original = torch.autograd.backward
@@ -170,12 +181,15 @@ def _install_oom(point: _Point) -> Callable[[], None]:
 
 _points: dict[str, _Point] = {
     BACKWARD: _Point(BACKWARD, _install_backward),
-    OPTIMIZER_STEP_PRE: _Point(OPTIMIZER_STEP_PRE,
-                               _install_torch_hook(torch_optimizer.register_optimizer_step_pre_hook)),
-    OPTIMIZER_STEP_POST: _Point(OPTIMIZER_STEP_POST,
-                                _install_torch_hook(torch_optimizer.register_optimizer_step_post_hook)),
-    PARAMETER_REGISTRATION: _Point(PARAMETER_REGISTRATION,
-                                   _install_torch_hook(torch_module.register_module_parameter_registration_hook)),
+    OPTIMIZER_STEP_PRE: _Point(
+        OPTIMIZER_STEP_PRE, _install_torch_hook(torch_optimizer.register_optimizer_step_pre_hook)
+    ),
+    OPTIMIZER_STEP_POST: _Point(
+        OPTIMIZER_STEP_POST, _install_torch_hook(torch_optimizer.register_optimizer_step_post_hook)
+    ),
+    PARAMETER_REGISTRATION: _Point(
+        PARAMETER_REGISTRATION, _install_torch_hook(torch_module.register_module_parameter_registration_hook)
+    ),
     # Global forward hooks may replace a module's inputs or output by returning
     # a value: the dispatcher returns None, so nothing a subscriber does can.
     MODULE_FORWARD_PRE: _Point(MODULE_FORWARD_PRE, _install_torch_hook(torch_module.register_module_forward_pre_hook)),
@@ -193,15 +207,16 @@ def _point(name: str) -> _Point:
 
 # --- the subscriber API -----------------------------------------------------
 
-def subscribe(point: str, feature: str, fn: Callable[..., Any],
-              after: Callable[[Any], None] | None = None) -> None:
+
+def subscribe(point: str, feature: str, fn: Callable[..., Any], after: Callable[[Any], None] | None = None) -> None:
     """Calls ``fn`` at ``point`` for ``feature`` (a name for warnings), after
     the point's earlier subscribers. Arguments by point: ``backward``:
     ``fn()`` before the backward, its result passed to ``after(result)`` when
     the backward returns or raises; optimizer points: ``fn(optimizer, args,
     kwargs)``; ``parameter_registration``: ``fn(module, name, param)``;
     ``module_forward_pre``: ``fn(module, args)``; ``module_forward``:
-    ``fn(module, args, output)`` (return values are ignored); ``out_of_memory``: ``fn(device, size_in_bytes) -> str`` (appended to the
+    ``fn(module, args, output)`` (return values are ignored);
+    ``out_of_memory``: ``fn(device, size_in_bytes) -> str`` (appended to the
     error). Subscribing a feature again replaces its subscription in place.
     A feature that has failed (:func:`failures`) stays off."""
     if not isinstance(feature, str) or not feature:
@@ -292,6 +307,7 @@ def replaced_attributes() -> list[tuple[Any, str]]:
 
 
 # --- tensors by identity ----------------------------------------------------
+
 
 class IdentityRegistry(Generic[T]):
     """A weak set of objects (tensors, optimizers) known by identity: an

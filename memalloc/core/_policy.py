@@ -12,6 +12,7 @@
   (``empty_cache_every_n_steps`` in MEMALLOC_CONF); a step listener
   (memalloc/core/iteration.py), registered when the allocator is enabled.
 """
+
 from __future__ import annotations
 
 import threading
@@ -50,8 +51,9 @@ def set_empty_cache_policy(*, threshold: float | None = None, every_n_steps: int
     """
     global _every_n
     a = _state.installed_allocator()
-    if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
-                                      or every_n_steps < 0):
+    if every_n_steps is not None and (
+        isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0
+    ):
         raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
     if threshold is not None:
         # memalloc._C checks the type and the range before it sets anything:
@@ -67,8 +69,12 @@ def empty_cache_policy(device: DeviceLike = None) -> dict:
     """The active policies of ``device``: {"manual": True, "on_oom": True,
     "threshold": float (0 = off), "every_n_steps": int (0 = off)}."""
     a = _state.installed_allocator()
-    return {"manual": True, "on_oom": True, "threshold": a.gc_threshold(device_index(device)),
-            "every_n_steps": _every()}
+    return {
+        "manual": True,
+        "on_oom": True,
+        "threshold": a.gc_threshold(device_index(device)),
+        "every_n_steps": _every(),
+    }
 
 
 def describe(device: int = 0) -> str:

@@ -23,6 +23,7 @@ Every other key (``backend:cudaMallocAsync``, ``release_lock_on_cudamalloc``,
 ``max_non_split_rounding_mb``...)
 has no effect under memalloc, and one ``RuntimeWarning`` names them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,13 @@ from memalloc.core import _hooks
 from memalloc.core._config import config_value
 
 TORCH_ENV_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch reads the first that is set
-SHARED_KEYS = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-               "expandable_segments", "graph_capture_record_stream_reuse")
+SHARED_KEYS = (
+    "max_split_size_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "expandable_segments",
+    "graph_capture_record_stream_reuse",
+)
 KEPT_KEYS = ("expandable_segments", "graph_capture_record_stream_reuse")  # kept at run time unless given
 FRACTION_KEY = "per_process_memory_fraction"
 
@@ -84,7 +90,10 @@ def _warn_unsupported(unsupported: list[str], where: str) -> None:
             f"{', '.join(unsupported)} (memalloc applies max_split_size_mb, roundup_power2_divisions, "
             "garbage_collection_threshold, expandable_segments, graph_capture_record_stream_reuse and "
             "per_process_memory_fraction; torch "
-            "applies the pinned_* keys)", RuntimeWarning, stacklevel=4)
+            "applies the pinned_* keys)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def startup_text() -> str:
@@ -117,8 +126,7 @@ def apply(allocator: _C.Allocator, text: str) -> None:
     value of a shared key, changing nothing."""
     shared, fraction, unsupported = split(text)
     current = allocator.settings()
-    keep = [f"{key}:{config_value(current, key) or 'False'}" for key in KEPT_KEYS
-            if config_value(shared, key) is None]
+    keep = [f"{key}:{config_value(current, key) or 'False'}" for key in KEPT_KEYS if config_value(shared, key) is None]
     allocator.apply_settings(",".join(keep + ([shared] if shared else [])))
     _set_fraction(allocator, fraction)
     _warn_unsupported(unsupported, "torch.cuda.memory._set_allocator_settings")

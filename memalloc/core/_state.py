@@ -5,6 +5,7 @@ which backend "auto" resolves to.
 Only :func:`memalloc.enable` (memalloc/integration/_install.py) changes the state, once
 per process (:func:`set_enabled`); everything else reads it.
 """
+
 from __future__ import annotations
 
 import threading
@@ -54,7 +55,7 @@ def is_enabled() -> bool:
 
 
 def enabled_backend() -> str | None:
-    """"cuda", "host", or None when memalloc is not enabled."""
+    """ "cuda", "host", or None when memalloc is not enabled."""
     return _backend
 
 

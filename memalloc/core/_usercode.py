@@ -6,6 +6,7 @@ packages (torchvision's layers, transformers' modules), so that a call site
 is the user's own line that called into them. memalloc's examples are user
 code (they stand for a user's script).
 """
+
 from __future__ import annotations
 
 import linecache
@@ -19,9 +20,14 @@ import torch
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # memalloc/
 _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
-_INTERNAL_DIRS = tuple(os.path.abspath(d) + os.sep for d in {
-    _PACKAGE_DIR, os.path.dirname(os.path.abspath(torch.__file__)),
-    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
+_INTERNAL_DIRS = tuple(
+    os.path.abspath(d) + os.sep
+    for d in {
+        _PACKAGE_DIR,
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+    }
+)
 
 
 class FrameLike(Protocol):

@@ -25,6 +25,7 @@ so a training loop gets them with no change. The first explicit
 iteration ends once, not twice. :func:`boundary_counts`
 says which source marked how many, so a report can say what it used.
 """
+
 from __future__ import annotations
 
 import threading
@@ -93,8 +94,9 @@ def describe_boundaries(before: dict[str, int], after: dict[str, int]) -> str:
     """Which sources marked the boundaries between two
     :func:`boundary_counts`, in words: "24 from optimizer.step()",
     "10 from memalloc.step()", "none" ..."""
-    parts = [f"{after[k] - before.get(k, 0)} from {k}" for k in (EXPLICIT, OPTIMIZER)
-             if after[k] - before.get(k, 0) > 0]
+    parts = [
+        f"{after[k] - before.get(k, 0)} from {k}" for k in (EXPLICIT, OPTIMIZER) if after[k] - before.get(k, 0) > 0
+    ]
     return " and ".join(parts) if parts else "none"
 
 
@@ -153,8 +155,9 @@ def steps_of(iterable: Iterable[T]) -> Iterator[T]:
     try:
         items = iter(iterable)
     except TypeError:
-        raise TypeError(f"steps_of needs an iterable (a DataLoader, a range, a list), not "
-                        f"{type(iterable).__name__}") from None
+        raise TypeError(
+            f"steps_of needs an iterable (a DataLoader, a range, a list), not {type(iterable).__name__}"
+        ) from None
     return _stepping(items)
 
 
@@ -176,8 +179,8 @@ class _AutoStep:
     def __init__(self) -> None:
         self.hooked = False
         self.first: weakref.ref | None = None  # the optimizer that marks boundaries
-        self.on = False            # auto_step(True)
-        self.watchers = 0          # want_boundaries() - release_boundaries()
+        self.on = False  # auto_step(True)
+        self.watchers = 0  # want_boundaries() - release_boundaries()
         self.explicit_seen = False  # an explicit step() since the first watcher asked
         # The last boundary was marked by optimizer.step() standing in for an
         # explicit step() (for watchers, auto_step off), and no step() came since.

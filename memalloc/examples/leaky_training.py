@@ -2,6 +2,7 @@
 most common "my memory grows every iteration" report), and the fixed one.
 Runs on CUDA or, on the host backend, on the CPU with torch's CPU tensors
 coming from memalloc."""
+
 from __future__ import annotations
 
 import torch

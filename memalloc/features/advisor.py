@@ -72,6 +72,7 @@ the host backend; tests/integration/test_real_paths_advice_applied.py
 against the savings measured by applying each strategy to a plain script,
 a Lightning loop and a leaking script on the host backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,11 +114,11 @@ class Advice:
 class Profile:
     """What one training step's forward kept, by module (bytes)."""
 
-    blocks: list[tuple[str, int, int]]   # the repeated blocks in forward order: (name, kept bytes, input bytes)
-    leaf_bytes: int                      # kept by leaf modules (no children)
-    parent_bytes: int                    # kept by parent modules' own code (residual sums...)
-    cast_weight_bytes: int               # fp32 weights of linear/convolution layers autocast would copy
-    trainable_bytes: int                 # bytes of parameters that require grad
+    blocks: list[tuple[str, int, int]]  # the repeated blocks in forward order: (name, kept bytes, input bytes)
+    leaf_bytes: int  # kept by leaf modules (no children)
+    parent_bytes: int  # kept by parent modules' own code (residual sums...)
+    cast_weight_bytes: int  # fp32 weights of linear/convolution layers autocast would copy
+    trainable_bytes: int  # bytes of parameters that require grad
     # bytes allocated at the last step boundary the profile saw: what the run
     # held across it (None: no boundary seen, or a profile written before it was read)
     held_between_steps: int | None = None
@@ -140,8 +141,12 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict) -> Profile:
-        return cls(**{f.name: d[f.name] if f.default is dataclasses.MISSING else d.get(f.name, f.default)
-                      for f in dataclasses.fields(cls)})
+        return cls(
+            **{
+                f.name: d[f.name] if f.default is dataclasses.MISSING else d.get(f.name, f.default)
+                for f in dataclasses.fields(cls)
+            }
+        )
 
 
 FEATURE = "advisor's forward profile"  # its name in hook warnings (memalloc.core._hooks)
@@ -269,8 +274,9 @@ class ForwardProfile:
             return None
         kept = {k: v[1] for k, v in last.items()}
         root = max(roots, key=lambda m: kept.get(id(m), 0))
-        blocks = [(name, kept.get(id(m), 0), last[id(m)][2] if id(m) in last else 0)
-                  for name, m in repeated_blocks(root)]
+        blocks = [
+            (name, kept.get(id(m), 0), last[id(m)][2] if id(m) in last else 0) for name, m in repeated_blocks(root)
+        ]
         leaf = parent = 0
         for m in root.modules():
             if id(m) not in last:
@@ -281,11 +287,26 @@ class ForwardProfile:
                 parent += kept[id(m)] - sum(kept[id(c)] for c in _profiled_below(m, last))
         finished = [k for k, v in last.items() if v[0]() is not None and not any(True for _ in v[0]().children())]
         output = kept[finished[-1]] if finished else 0  # the last leaf to finish its forward (dicts keep order)
-        cast = sum(p.untyped_storage().nbytes() for m in root.modules() if isinstance(m, CAST_WEIGHTS)
-                   for p in m.parameters(recurse=False) if p.dtype == torch.float32)
+        cast = sum(
+            p.untyped_storage().nbytes()
+            for m in root.modules()
+            if isinstance(m, CAST_WEIGHTS)
+            for p in m.parameters(recurse=False)
+            if p.dtype == torch.float32
+        )
         trainable = sum(p.untyped_storage().nbytes() for p in root.parameters() if p.requires_grad)
-        return Profile(blocks, leaf, max(0, parent), cast, trainable, self.held_between_steps, self.kept_reserved,
-                       self.peak_phase, self.grads_at_backward, output)
+        return Profile(
+            blocks,
+            leaf,
+            max(0, parent),
+            cast,
+            trainable,
+            self.held_between_steps,
+            self.kept_reserved,
+            self.peak_phase,
+            self.grads_at_backward,
+            output,
+        )
 
 
 def _profiled_below(module: nn.Module, profiled: dict) -> list[nn.Module]:
@@ -377,9 +398,15 @@ def _held_from_the_first_step(leak: Any, steps: list) -> int:
     return int(series[steps.index(1)]) if 1 in steps and len(steps) == len(series) else 0
 
 
-def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
-           reserved_after: int | None = None, *, leaks: Any = None, gpus: int | None = None,
-           held_between_steps: int | None = None) -> list[Advice]:
+def advise(
+    breakdown: MemoryBreakdown,
+    profile: Profile | None = None,
+    reserved_after: int | None = None,
+    *,
+    leaks: Any = None,
+    gpus: int | None = None,
+    held_between_steps: int | None = None,
+) -> list[Advice]:
     """The strategies that apply, the run's leaks first, then largest saving
     first (bytes); a strategy that would save nothing is not listed.
     ``profile`` adds checkpointing, sharpens the mixed-precision estimate,
@@ -419,17 +446,23 @@ def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
         if holds_activations:
             counted = f"it held {fmt_bytes(at_peak)} when the peak's step began, counted as activations there"
             if min(at_peak, warm_up):
-                counted += (f" (but {fmt_bytes(min(at_peak, warm_up))} from the first step, as other: that step is "
-                            "the breakdown's warm-up)")
+                counted += (
+                    f" (but {fmt_bytes(min(at_peak, warm_up))} from the first step, as other: that step is "
+                    "the breakdown's warm-up)"
+                )
             counted += "; the estimates below are of the run with the leak fixed"
         else:
             counted = "its bytes are parameters, gradients and optimizer state, not activations"
-        first.append(Advice(
-            "fix_leak", at_peak,
-            f"fix the leak at {leak.where()}: +{fmt_bytes(leak.bytes_per_step)} per step "
-            f"({fmt_bytes(leak.retained_bytes)} in {leak.retained_tensors} tensors since step {leak.first_step}"
-            f"{held_by}); {counted}",
-            leak.hint or "look for references kept across steps (lists, dicts, attributes, closures)"))
+        first.append(
+            Advice(
+                "fix_leak",
+                at_peak,
+                f"fix the leak at {leak.where()}: +{fmt_bytes(leak.bytes_per_step)} per step "
+                f"({fmt_bytes(leak.retained_bytes)} in {leak.retained_tensors} tensors since step {leak.first_step}"
+                f"{held_by}); {counted}",
+                leak.hint or "look for references kept across steps (lists, dicts, attributes, closures)",
+            )
+        )
     act = max(0, act - leaked_at_peak)
     # What scales with the batch at the peak: the activations, and the
     # temporaries, unless the peak came after the step's last backward: the
@@ -437,21 +470,35 @@ def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
     varying = act + (0 if after_backward else tmp)
     leak_note = f" (less {fmt_bytes(leaked_at_peak)} the leaks held)" if leaked_at_peak else ""
     if after_backward:
-        scales = (f"the peak came in the optimizer's step: activations {fmt_bytes(act)}{leak_note} still live there "
-                  f"scale with the batch, the optimizer's temporaries ({fmt_bytes(tmp)}) do not")
+        scales = (
+            f"the peak came in the optimizer's step: activations {fmt_bytes(act)}{leak_note} still live there "
+            f"scale with the batch, the optimizer's temporaries ({fmt_bytes(tmp)}) do not"
+        )
     else:
-        scales = (f"activations {fmt_bytes(act)}{leak_note} and temporaries {fmt_bytes(tmp)} at the peak scale with "
-                  "the batch")
+        scales = (
+            f"activations {fmt_bytes(act)}{leak_note} and temporaries {fmt_bytes(tmp)} at the peak scale with the batch"
+        )
     out: list[Advice] = []
     if varying > 0:
         out.append(Advice("half_batch", varying // 2, scales, "half the samples per step"))
-        out.append(Advice("grad_accumulation", max(0, varying // 2 - max(0, params - grads)),
-                          "half the activations per micro-batch; every gradient is live in the second one",
-                          "the same samples per optimizer step; two forward/backward passes each"))
+        out.append(
+            Advice(
+                "grad_accumulation",
+                max(0, varying // 2 - max(0, params - grads)),
+                "half the activations per micro-batch; every gradient is live in the second one",
+                "the same samples per optimizer step; two forward/backward passes each",
+            )
+        )
         if gpus >= 2:
-            out.append(Advice("ddp", max(0, varying // 2 - params),
-                              "each of 2 GPUs trains half the batch; DDP adds gradient buckets the size of the "
-                              "trainable parameters", "a second GPU"))
+            out.append(
+                Advice(
+                    "ddp",
+                    max(0, varying // 2 - params),
+                    "each of 2 GPUs trains half the batch; DDP adds gradient buckets the size of the "
+                    "trainable parameters",
+                    "a second GPU",
+                )
+            )
     ckpt = mixed = None
     # Checkpointing drops what autograd saves for backward, which is gone by
     # the optimizer's step: a peak there is not lowered by it.
@@ -468,19 +515,27 @@ def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
         if phase == "forward" and profile.grads_at_backward is not None:
             freed = max(0, grads - profile.grads_at_backward)
         ckpt = max(0, kept - max(inputs, worst - freed))
-        freed_note = (f", less {fmt_bytes(freed)} of gradients the peak held that were freed before the backward"
-                      if freed else "")
-        out.append(Advice("checkpointing", ckpt,
-                          f"{len(profile.blocks)} repeated blocks keep {fmt_bytes(kept)} in the forward; "
-                          f"checkpointed, they keep their inputs ({fmt_bytes(inputs)}), {fmt_bytes(worst)} at "
-                          f"the worst moment of the backward's recomputation{freed_note}",
-                          "each block's forward runs twice (the guide: 20-30% more time)"))
+        freed_note = (
+            f", less {fmt_bytes(freed)} of gradients the peak held that were freed before the backward" if freed else ""
+        )
+        out.append(
+            Advice(
+                "checkpointing",
+                ckpt,
+                f"{len(profile.blocks)} repeated blocks keep {fmt_bytes(kept)} in the forward; "
+                f"checkpointed, they keep their inputs ({fmt_bytes(inputs)}), {fmt_bytes(worst)} at "
+                f"the worst moment of the backward's recomputation{freed_note}",
+                "each block's forward runs twice (the guide: 20-30% more time)",
+            )
+        )
     if varying > 0:
         if after_backward:
             # the loop's own tensors (outputs, the loss) live past the backward, made in half precision
             mixed = act // 2
-            why = (f"the activations live in the optimizer's step ({fmt_bytes(act)}: outputs and the loss the loop "
-                   "keeps) are made in half precision; autocast's weight copies are gone by then")
+            why = (
+                f"the activations live in the optimizer's step ({fmt_bytes(act)}: outputs and the loss the loop "
+                "keeps) are made in half precision; autocast's weight copies are gone by then"
+            )
         else:
             # The temporaries at a forward peak are the loss's (log_softmax, cross_entropy,
             # mse_loss: autocast runs them in fp32); at a backward peak they are gradients of
@@ -493,10 +548,12 @@ def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
                 # the loss casts the model's half output back to fp32: what the last module keeps saves nothing
                 output = profile.output_bytes or 0
                 mixed = max(0, (profile.leaf_bytes - output) // 2 + t_half - profile.cast_weight_bytes // 2)
-                why = (f"leaf modules keep {fmt_bytes(profile.leaf_bytes)}, half of it in half precision but for "
-                       f"the model's output ({fmt_bytes(output)}), which the loss casts back to fp32; "
-                       f"{fmt_bytes(profile.parent_bytes)} made by parent modules stays fp32; {t_why}; autocast "
-                       f"adds half copies of {fmt_bytes(profile.cast_weight_bytes)} of weights")
+                why = (
+                    f"leaf modules keep {fmt_bytes(profile.leaf_bytes)}, half of it in half precision but for "
+                    f"the model's output ({fmt_bytes(output)}), which the loss casts back to fp32; "
+                    f"{fmt_bytes(profile.parent_bytes)} made by parent modules stays fp32; {t_why}; autocast "
+                    f"adds half copies of {fmt_bytes(profile.cast_weight_bytes)} of weights"
+                )
             else:
                 mixed = max(0, act // 2 + t_half - params // 2)
                 why = f"activations in half precision; {t_why}; autocast adds half copies of the weights"
@@ -505,8 +562,14 @@ def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
         if ckpt is not None:
             left = 1.0 - (ckpt / varying)
             both = int(varying * (1.0 - max(0.0, left) * (1.0 - mixed / varying)))
-            out.append(Advice("checkpointing_bf16", both, "checkpointing, then autocast on what is left",
-                              "the recomputation of checkpointing"))
+            out.append(
+                Advice(
+                    "checkpointing_bf16",
+                    both,
+                    "checkpointing, then autocast on what is left",
+                    "the recomputation of checkpointing",
+                )
+            )
     if reserved_after is not None:
         stays = b["parameters"] + b["optimizer_state"] + b["other"] + leaked_at_end
         what = "parameters, optimizer state and other" + (" and the leaks" if leaked_at_end else "")
@@ -517,14 +580,23 @@ def advise(breakdown: MemoryBreakdown, profile: Profile | None = None,
             held = f"the {fmt_bytes(held_between_steps)} " if held_between_steps is not None else "what "
             what = f"the segments and pages that hold {held}the run kept allocated at the last step boundary"
             stays = kept_reserved
-        out.append(Advice("del_empty_cache", max(0, reserved_after - stays),
-                          f"between steps only {what} ({fmt_bytes(stays)}) must stay reserved, "
-                          f"not {fmt_bytes(reserved_after)}",
-                          "the peak is unchanged; every step allocates its memory from the device again"))
+        out.append(
+            Advice(
+                "del_empty_cache",
+                max(0, reserved_after - stays),
+                f"between steps only {what} ({fmt_bytes(stays)}) must stay reserved, not {fmt_bytes(reserved_after)}",
+                "the peak is unchanged; every step allocates its memory from the device again",
+            )
+        )
     if b["optimizer_state"] > varying:
-        out.append(Advice("optimizer_state", b["optimizer_state"] * 3 // 4,
-                          f"optimizer state ({fmt_bytes(b['optimizer_state'])}) is more than the activations",
-                          "an 8-bit optimizer (3/4 of it) or one sharded over GPUs (FSDP/ZeRO); not measured"))
+        out.append(
+            Advice(
+                "optimizer_state",
+                b["optimizer_state"] * 3 // 4,
+                f"optimizer state ({fmt_bytes(b['optimizer_state'])}) is more than the activations",
+                "an 8-bit optimizer (3/4 of it) or one sharded over GPUs (FSDP/ZeRO); not measured",
+            )
+        )
     return first + sorted((a for a in out if a.saves > 0), key=lambda a: -a.saves)
 
 

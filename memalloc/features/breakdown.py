@@ -36,6 +36,7 @@ temporaries like any step's. What the first forward made and still holds
 when the first step ends (a library's workspace made on first use, as
 cuBLAS's on a GPU) is ``other`` from then on, at that step's peak too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -98,15 +99,21 @@ class MemoryBreakdown:
     def to_text(self) -> str:
         """A table: one row per category, bytes and share now and at the peak."""
         where = f"step {self.peak_step}'s peak" if self.peak_step is not None else "peak so far"
-        lines = [f"memory by category, device {self.device} (phase: {self.phase})",
-                 f"  {'category':<16}{'now':>12}{'':>7}{where:>20}{'':>7}"]
+        lines = [
+            f"memory by category, device {self.device} (phase: {self.phase})",
+            f"  {'category':<16}{'now':>12}{'':>7}{where:>20}{'':>7}",
+        ]
         for c in CATEGORIES:
-            lines.append(f"  {c:<16}{fmt_bytes(self.now[c]):>12}{_share(self.now[c], self.now_total):>7}"
-                         f"{fmt_bytes(self.peak[c]):>20}{_share(self.peak[c], self.peak_total):>7}")
+            lines.append(
+                f"  {c:<16}{fmt_bytes(self.now[c]):>12}{_share(self.now[c], self.now_total):>7}"
+                f"{fmt_bytes(self.peak[c]):>20}{_share(self.peak[c], self.peak_total):>7}"
+            )
         lines.append(f"  {'total':<16}{fmt_bytes(self.now_total):>12}{'':>7}{fmt_bytes(self.peak_total):>20}")
         if self.now_provisional or self.peak_provisional:
-            lines.append(f"  (provisional: {fmt_bytes(self.now_provisional)} now, "
-                         f"{fmt_bytes(self.peak_provisional)} at the peak; decided when the step goes on)")
+            lines.append(
+                f"  (provisional: {fmt_bytes(self.now_provisional)} now, "
+                f"{fmt_bytes(self.peak_provisional)} at the peak; decided when the step goes on)"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:

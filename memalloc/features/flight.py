@@ -17,6 +17,7 @@ wrapped. A clean exit removes the file, unless
 exception leaves it marked raised; SIGKILL, a segfault or an abort leave
 it as it was, for ``python -m memalloc postmortem DIR``.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -72,17 +73,42 @@ class FlightRecorder:
         self.path = self.map.path
         self.buf = self.map.buffer()
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        ff.HEADER.pack_into(self.buf, 0, ff.MAGIC, ff.VERSION, ff.HEADER_BYTES, file_bytes, os.getpid(), start_ns,
-                            rank, world, n, ff.RECORD_BYTES, ring_offset, records, stride, stacks_offset,
-                            STACKS_BYTES, cp_offset, CHECKPOINT_BYTES, history_offset, HISTORY_BYTES)
-        self.buf[ff.HOST_AT:ff.HOST_AT + len(host.encode()[:ff.HOST_BYTES])] = host.encode()[:ff.HOST_BYTES]
-        backend = allocator.backend_name.encode()[:ff.BACKEND_BYTES]
-        self.buf[ff.BACKEND_AT:ff.BACKEND_AT + len(backend)] = backend
-        meta = json.dumps({"config": _state.installed_config() if _C.installed() is allocator else "",
-                           "argv": list(sys.argv), "local_rank": os.environ.get("LOCAL_RANK")}).encode()
-        meta = meta[:ff.HEADER_BYTES - ff.META_AT - 4]
+        ff.HEADER.pack_into(
+            self.buf,
+            0,
+            ff.MAGIC,
+            ff.VERSION,
+            ff.HEADER_BYTES,
+            file_bytes,
+            os.getpid(),
+            start_ns,
+            rank,
+            world,
+            n,
+            ff.RECORD_BYTES,
+            ring_offset,
+            records,
+            stride,
+            stacks_offset,
+            STACKS_BYTES,
+            cp_offset,
+            CHECKPOINT_BYTES,
+            history_offset,
+            HISTORY_BYTES,
+        )
+        self.buf[ff.HOST_AT : ff.HOST_AT + len(host.encode()[: ff.HOST_BYTES])] = host.encode()[: ff.HOST_BYTES]
+        backend = allocator.backend_name.encode()[: ff.BACKEND_BYTES]
+        self.buf[ff.BACKEND_AT : ff.BACKEND_AT + len(backend)] = backend
+        meta = json.dumps(
+            {
+                "config": _state.installed_config() if _C.installed() is allocator else "",
+                "argv": list(sys.argv),
+                "local_rank": os.environ.get("LOCAL_RANK"),
+            }
+        ).encode()
+        meta = meta[: ff.HEADER_BYTES - ff.META_AT - 4]
         struct.pack_into("<I", self.buf, ff.META_AT, len(meta))
-        self.buf[ff.META_AT + 4:ff.META_AT + 4 + len(meta)] = meta
+        self.buf[ff.META_AT + 4 : ff.META_AT + 4 + len(meta)] = meta
         self._stacks_at = stacks_offset
         self._stacks_used = 0
         self._stacks_written = 0  # stack ids 1..this are in the file
@@ -130,8 +156,9 @@ class FlightRecorder:
             self._write_heartbeat(step, ff.RUNNING)
 
     def _write_heartbeat(self, step: int, state: int) -> None:
-        ff.HEARTBEAT.pack_into(self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, state, 0,
-                               self._stacks_used, self._history_rows)
+        ff.HEARTBEAT.pack_into(
+            self.buf, ff.HEARTBEAT_AT, time.time_ns(), step, state, 0, self._stacks_used, self._history_rows
+        )
 
     def _append(self, entry: dict) -> bool:
         data = json.dumps(entry, separators=(",", ":")).encode()
@@ -139,7 +166,7 @@ class FlightRecorder:
             return False  # region full: later stacks stay unnamed in the file
         at = self._stacks_at + self._stacks_used
         struct.pack_into("<I", self.buf, at, len(data))
-        self.buf[at + 4:at + 4 + len(data)] = data
+        self.buf[at + 4 : at + 4 + len(data)] = data
         self._stacks_used += 4 + len(data)
         return True
 
@@ -163,20 +190,35 @@ class FlightRecorder:
         devices = []
         for d in range(self.allocator.device_count):
             s = self.allocator.stats(d)
-            devices.append({"device": d, "allocated": s["allocated_bytes"]["all"]["current"],
-                            "reserved": s["reserved_bytes"]["all"]["current"],
-                            "peak_allocated": s["allocated_bytes"]["all"]["peak"],
-                            "peak_reserved": s["reserved_bytes"]["all"]["peak"],
-                            "top": self._top[d], "top_step": self._top_at[0],
-                            "breakdown": self.allocator.breakdown(d)["last"]})
+            devices.append(
+                {
+                    "device": d,
+                    "allocated": s["allocated_bytes"]["all"]["current"],
+                    "reserved": s["reserved_bytes"]["all"]["current"],
+                    "peak_allocated": s["allocated_bytes"]["all"]["peak"],
+                    "peak_reserved": s["reserved_bytes"]["all"]["peak"],
+                    "top": self._top[d],
+                    "top_step": self._top_at[0],
+                    "breakdown": self.allocator.breakdown(d)["last"],
+                }
+            )
         now = time.time_ns()
         for dev in devices:
             # the step's row: its peak (the breakdown's last finished window) and the counters at its end
             last = dev["breakdown"] or {"split": {}, "total": dev["allocated"]}
             if (self._history_rows + 1) * ff.HISTORY_ROW.size <= HISTORY_BYTES:
-                ff.HISTORY_ROW.pack_into(self.buf, self._history_at + self._history_rows * ff.HISTORY_ROW.size,
-                                         step, now, dev["device"], 0, last["total"], dev["allocated"],
-                                         dev["reserved"], *(last["split"].get(c, 0) for c in ff.CATEGORIES))
+                ff.HISTORY_ROW.pack_into(
+                    self.buf,
+                    self._history_at + self._history_rows * ff.HISTORY_ROW.size,
+                    step,
+                    now,
+                    dev["device"],
+                    0,
+                    last["total"],
+                    dev["allocated"],
+                    dev["reserved"],
+                    *(last["split"].get(c, 0) for c in ff.CATEGORIES),
+                )
                 self._history_rows += 1
         data = json.dumps({"step": step, "time_ns": now, "devices": devices}, default=str).encode()
         half = CHECKPOINT_BYTES // 2
@@ -185,7 +227,7 @@ class FlightRecorder:
         self._checkpoints += 1
         at = self._cp_offset + (self._checkpoints % 2) * half
         ff.SLOT_HEAD.pack_into(self.buf, at, 0, 0)  # being written
-        self.buf[at + ff.SLOT_HEAD.size:at + ff.SLOT_HEAD.size + len(data)] = data
+        self.buf[at + ff.SLOT_HEAD.size : at + ff.SLOT_HEAD.size + len(data)] = data
         ff.SLOT_HEAD.pack_into(self.buf, at, self._checkpoints, len(data))
 
     # ---- the end ---------------------------------------------------------------
@@ -209,8 +251,9 @@ class FlightRecorder:
 _recorder: FlightRecorder | None = None
 
 
-def start(directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False,
-          allocator: _C.Allocator | None = None) -> FlightRecorder:
+def start(
+    directory: str, *, records: int = DEFAULT_RECORDS, keep: bool = False, allocator: _C.Allocator | None = None
+) -> FlightRecorder:
     """Starts the flight recorder of this process in ``directory`` (made if
     missing): every device's event ring of ``allocator`` (default: the
     installed one) moves into the file, ``records`` 64-byte records per

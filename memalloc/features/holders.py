@@ -4,6 +4,7 @@ frame, an attribute, a closure variable) that keeps most of a leak's tensors
 alive, its name, and the line of source that adds to it
 (``losses.append(loss)``). Called by memalloc/features/leaks.py on the leaks it found.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,8 +30,7 @@ from memalloc.reporters.leak_report import Leak
 _CONTAINERS = (list, dict, set, collections.deque)
 
 
-def attribute_holders(leaks: list[Leak], live: list,
-                      groups_at_start: dict[int, int] | None = None) -> list[Leak]:
+def attribute_holders(leaks: list[Leak], live: list, groups_at_start: dict[int, int] | None = None) -> list[Leak]:
     """Fills ``holder`` and merges the leaks one container keeps alive.
     ``groups_at_start``: {id(optimizer): its parameter groups} when the
     check began (optimizer_groups()); an optimizer holds a leak through the
@@ -89,8 +89,14 @@ def attribute_holders(leaks: list[Leak], live: list,
             leak.graph = any(t.grad_fn is not None for t in held_tensors)
             leak.graph_extra = False
             if leak.graph:
-                reached = _measure_graph_held(leak, held_tensors, block_at, site_of_addr, site_id,
-                                              ours={id(tensors) for tensors in by_leak.values()})
+                reached = _measure_graph_held(
+                    leak,
+                    held_tensors,
+                    block_at,
+                    site_of_addr,
+                    site_id,
+                    ours={id(tensors) for tensors in by_leak.values()},
+                )
                 measured = reached is not None
                 reached_by[id(leak)] = reached or set()
             else:
@@ -141,8 +147,9 @@ def attribute_holders(leaks: list[Leak], live: list,
 _MIN_HELD_STEPS = 3
 
 
-def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict,
-                        site_id: int, ours: set[int]) -> set[int] | None:
+def _measure_graph_held(
+    leak: Leak, held: list, block_at: dict, site_of_addr: dict, site_id: int, ours: set[int]
+) -> set[int] | None:
     """The leak's figures when its container's tensors carry their graphs:
     the blocks of the container's tensors and of every tensor their graphs
     saved (autograd's saved variables, read by walking the graph:
@@ -165,8 +172,13 @@ def _measure_graph_held(leak: Leak, held: list, block_at: dict, site_of_addr: di
     # parameters) emptying the container would not free.
     reached = own | (saved - _held_elsewhere(saved, held, ours))
     blocks = {p: block_at[p] for p in reached if p in block_at and block_at[p][1] >= first}
-    _set_figures(leak, sum(size for size, _ in blocks.values()), len(held), first,
-                 max(step for _, step in blocks.values()) - first + 1)
+    _set_figures(
+        leak,
+        sum(size for size, _ in blocks.values()),
+        len(held),
+        first,
+        max(step for _, step in blocks.values()) - first + 1,
+    )
     leak.graph_extra = any(p not in own for p in blocks)
     return set(blocks)
 
@@ -213,8 +225,11 @@ def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
     own_ids = {id(t) for t in own}
     with warnings.catch_warnings():  # isinstance() wakes deprecated module attributes
         warnings.simplefilter("ignore")
-        candidates = [o for o in gc.get_objects()
-                      if isinstance(o, torch.Tensor) and id(o) not in own_ids and _storage_of(o) in ptrs]
+        candidates = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, torch.Tensor) and id(o) not in own_ids and _storage_of(o) in ptrs
+        ]
     if not candidates:
         return set()
     by_id = {id(t): t for t in candidates}
@@ -224,9 +239,14 @@ def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
         if id(o) in by_id:
             held.add(_storage_of(o))
     for r in gc.get_referrers(*candidates):
-        if r is candidates or r is by_id or r is own or id(r) in ours or (
-                isinstance(r, types.FrameType) and is_internal(r.f_code.co_filename)) or (
-                isinstance(r, tuple) and len(r) == len(candidates) and all(a is b for a, b in zip(r, candidates))):
+        if (
+            r is candidates
+            or r is by_id
+            or r is own
+            or id(r) in ours
+            or (isinstance(r, types.FrameType) and is_internal(r.f_code.co_filename))
+            or (isinstance(r, tuple) and len(r) == len(candidates) and all(a is b for a, b in zip(r, candidates)))
+        ):
             continue
         for o in gc.get_referents(r):
             if id(o) in by_id:
@@ -278,7 +298,8 @@ def _saved_names(node_type: type) -> tuple[str, ...]:
     names = _SAVED_NAMES.get(node_type)
     if names is None:
         names = tuple(n for n in dir(node_type) if n.startswith("_saved_")) + (
-            ("saved_tensors",) if hasattr(node_type, "saved_tensors") else ())
+            ("saved_tensors",) if hasattr(node_type, "saved_tensors") else ()
+        )
         _SAVED_NAMES[node_type] = names
     return names
 
@@ -304,8 +325,13 @@ def _measure_held(leak: Leak, held: list, block_at: dict, site_of_addr: dict, si
         return False
     # The iterations the blocks were allocated over, counted from their own
     # step stamps, not from the boundaries sampled.
-    _set_figures(leak, sum(block_at[ptr][0] for ptr in storages), sum(storages.values()), min(steps) + 1,
-                 max(steps) - min(steps) + 1)
+    _set_figures(
+        leak,
+        sum(block_at[ptr][0] for ptr in storages),
+        sum(storages.values()),
+        min(steps) + 1,
+        max(steps) - min(steps) + 1,
+    )
     return True
 
 
@@ -340,7 +366,7 @@ def optimizer_groups() -> dict[int, int]:
 
 def _added_groups(optimizer: Any) -> list[dict]:
     """The parameter groups an optimizer gained during the check."""
-    return optimizer.param_groups[_GROUPS_AT_START.get(optimizer, 1):]
+    return optimizer.param_groups[_GROUPS_AT_START.get(optimizer, 1) :]
 
 
 # optimizer -> its parameter groups when the check began, set by
@@ -398,8 +424,10 @@ def _hook_code(modules) -> list[tuple[str, int, int]]:
     torch's global module hooks: a line there that adds to a holder runs on
     every call."""
     from torch.nn.modules import module as module_mod
-    hook_dicts = [getattr(module_mod, name) for name in dir(module_mod)
-                  if name.startswith("_global_") and name.endswith("_hooks")]
+
+    hook_dicts = [
+        getattr(module_mod, name) for name in dir(module_mod) if name.startswith("_global_") and name.endswith("_hooks")
+    ]
     for m in modules:
         hook_dicts += [d for name, d in vars(m).items() if name.endswith("_hooks") and isinstance(d, dict)]
     out = []
@@ -414,8 +442,14 @@ def _hook_code(modules) -> list[tuple[str, int, int]]:
 def _absorb(into: Leak, other: Leak, figures: bool = True) -> None:
     """Merges ``other`` into ``into``: its allocating line, and its figures
     unless ``into``'s already count its blocks (``figures`` False)."""
-    into.also_allocated_at.append({**other.alloc_site, "code": other.alloc_code,
-                                   "bytes_per_step": other.bytes_per_step, "retained_bytes": other.retained_bytes})
+    into.also_allocated_at.append(
+        {
+            **other.alloc_site,
+            "code": other.alloc_code,
+            "bytes_per_step": other.bytes_per_step,
+            "retained_bytes": other.retained_bytes,
+        }
+    )
     into.stack_ids = sorted(set(into.stack_ids) | set(other.stack_ids))
     if not figures:
         return
@@ -457,8 +491,7 @@ def _holders_of(tensors: list, parts: dict[int, Any] | None = None) -> list:
         containers[id(holder)] = holder
     del sample
     ranked = sorted(holding, key=lambda h: -len(holding[h]))
-    return [containers[h] for i, h in enumerate(ranked)
-            if i == 0 or len(holding[h]) >= _MIN_OTHER_HOLDER_TENSORS]
+    return [containers[h] for i, h in enumerate(ranked) if i == 0 or len(holding[h]) >= _MIN_OTHER_HOLDER_TENSORS]
 
 
 def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
@@ -469,8 +502,7 @@ def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
     else:
         kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
         length = len(container)
-    holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": length,
-              "where": "", "code": ""}
+    holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": length, "where": "", "code": ""}
     if kind == "optimizer":
         holder["added_groups"] = len(_added_groups(container))
     if kind == "dict" and container and all(isinstance(k, int) for k in container):
@@ -526,7 +558,8 @@ def _name_of(container: Any) -> tuple[str | None, str | None, str, tuple[int, in
                         file = sys.modules.get(cls.__module__)
                         return f"self.{name}", getattr(file, "__file__", None), "attribute", None
         elif not isinstance(r, (type, types.ModuleType, types.FrameType)) and isinstance(
-                getattr(r, "__dict__", None), dict):
+            getattr(r, "__dict__", None), dict
+        ):
             # An instance whose attributes live inline (CPython 3.11+): it refers to the value itself.
             for name, value in vars(r).items():
                 if value is container:
@@ -575,8 +608,9 @@ _ADDERS = {
 }
 
 
-def _adding_line(file: str, name: str, kind: str, leak: Leak,
-                 scope: tuple[int, int] | None = None) -> tuple[int, str] | None:
+def _adding_line(
+    file: str, name: str, kind: str, leak: Leak, scope: tuple[int, int] | None = None
+) -> tuple[int, str] | None:
     """(line, enclosing function) of the source line that adds to ``name``:
     one inside ``scope`` (the lines of the function whose local it is) when
     there is one, then the nearest after the allocating line."""
@@ -592,13 +626,16 @@ def _adding_line(file: str, name: str, kind: str, leak: Leak,
     # (`losses.append(loss)` over `losses.append(loss.item())`), then the
     # nearest one after the allocating line.
     var = re.match(r"\s*(\w+)\s*=(?!=)", leak.alloc_code or "")
+
     def score(h: int) -> tuple:
         text = lines[h - 1]
         exact = bool(var) and re.search(r"[(\[=,]\s*" + re.escape(var.group(1)) + r"\s*[)\],]?\s*(#.*)?$", text)
-        mentions = bool(var) and re.search(r"\b" + re.escape(var.group(1)) + r"\b(?!\.(?:item|tolist|cpu|numpy)\()",
-                                           text)
+        mentions = bool(var) and re.search(
+            r"\b" + re.escape(var.group(1)) + r"\b(?!\.(?:item|tolist|cpu|numpy)\()", text
+        )
         outside = scope is not None and not scope[0] <= h <= scope[1]
         return (outside, not exact, not mentions, h < alloc_line, abs(h - alloc_line))
+
     line = min(hits, key=score)
     return line, _enclosing_function(lines, line)
 
@@ -611,5 +648,3 @@ def _enclosing_function(lines: list[str], line: int) -> str:
         if stripped.startswith(("def ", "async def ")) and len(text) - len(stripped) < indent:
             return stripped.split("def ", 1)[1].split("(", 1)[0]
     return "<module>"
-
-

@@ -41,6 +41,7 @@ JSON (schema in docs/leak-report.md) and a self-contained HTML page; the
 holder search is memalloc/features/holders.py. This module holds the tracker and the
 rules.
 """
+
 from __future__ import annotations
 
 import threading
@@ -99,8 +100,14 @@ class LeakTracker:
             :func:`memalloc.enable` installed); tests pass their own.
     """
 
-    def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1,
-                 threshold_bytes_per_step: int = 0, allocator: _C.Allocator | None = None) -> None:
+    def __init__(
+        self,
+        device: DeviceLike = None,
+        *,
+        warmup_steps: int = 1,
+        threshold_bytes_per_step: int = 0,
+        allocator: _C.Allocator | None = None,
+    ) -> None:
         for name, value in (("warmup_steps", warmup_steps), ("threshold_bytes_per_step", threshold_bytes_per_step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, not {value!r}")
@@ -167,10 +174,14 @@ class LeakTracker:
             age[1] += size
         s = self.allocator.stats(self.device)
         with self._lock:
-            self.samples.append(_Sample(
-                step=int(_C.step()) if step is None else step,
-                allocated=s["allocated_bytes"]["all"]["current"], reserved=s["reserved_bytes"]["all"]["current"],
-                by_stack={k: (v[0], v[1]) for k, v in by_stack.items()}))
+            self.samples.append(
+                _Sample(
+                    step=int(_C.step()) if step is None else step,
+                    allocated=s["allocated_bytes"]["all"]["current"],
+                    reserved=s["reserved_bytes"]["all"]["current"],
+                    by_stack={k: (v[0], v[1]) for k, v in by_stack.items()},
+                )
+            )
             self._last_ages = ages  # stack id -> step allocated -> [live blocks, bytes], at the latest sample
 
     # ---- analysis ---------------------------------------------------------------
@@ -181,18 +192,26 @@ class LeakTracker:
         with self._lock:
             samples = list(self.samples)
         notes: list[str] = []
-        report = LeakReport(backend=self.allocator.backend_name, device=self.device,
-                            steps=[s.step for s in samples], allocated=[s.allocated for s in samples],
-                            reserved=[s.reserved for s in samples],
-                            threshold_bytes_per_step=self.threshold_bytes_per_step,
-                            warmup_steps=self.warmup_steps, notes=notes,
-                            boundaries=iteration.describe_boundaries(
-                                self._counts_at_start, self._counts_at_stop or iteration.boundary_counts()))
-        window = samples[self.warmup_steps:]
+        report = LeakReport(
+            backend=self.allocator.backend_name,
+            device=self.device,
+            steps=[s.step for s in samples],
+            allocated=[s.allocated for s in samples],
+            reserved=[s.reserved for s in samples],
+            threshold_bytes_per_step=self.threshold_bytes_per_step,
+            warmup_steps=self.warmup_steps,
+            notes=notes,
+            boundaries=iteration.describe_boundaries(
+                self._counts_at_start, self._counts_at_stop or iteration.boundary_counts()
+            ),
+        )
+        window = samples[self.warmup_steps :]
         if len(window) < 4:
-            notes.append(f"{len(samples)} steps sampled: at least warmup_steps + 4 = {self.warmup_steps + 4} "
-                         "are needed to judge growth (iterations are marked by optimizer.step(), or by "
-                         "memalloc.step() where the code has no optimizer)")
+            notes.append(
+                f"{len(samples)} steps sampled: at least warmup_steps + 4 = {self.warmup_steps + 4} "
+                "are needed to judge growth (iterations are marked by optimizer.step(), or by "
+                "memalloc.step() where the code has no optimizer)"
+            )
             return report
         sites = self._site_series(samples)
         live = live_blocks(self.device, self.allocator)
@@ -206,7 +225,7 @@ class LeakTracker:
             ages_by_stack = self._last_ages
         leaks = []
         for key, (stacks, bytes_series, count_series) in sites.items():
-            ys = bytes_series[self.warmup_steps:]
+            ys = bytes_series[self.warmup_steps :]
             if not min(ys[half:]) > min(ys[:half]):
                 continue
             ages: dict[int, list[int]] = {}  # step allocated -> [live blocks, bytes], over the site's stacks
@@ -224,8 +243,9 @@ class LeakTracker:
             # judged iterations before the last allocated, per iteration. It
             # stands where the series' slope drowns in the noise of the
             # line's other blocks (a loop's outputs whose shapes vary).
-            kept_before_last = sum(nbytes for step, (_n, nbytes) in ages.items()
-                                   if window[0].step - 1 <= step < last_step - 1)
+            kept_before_last = sum(
+                nbytes for step, (_n, nbytes) in ages.items() if window[0].step - 1 <= step < last_step - 1
+            )
             per_step = max(per_step, kept_before_last / max(1, last_step - window[0].step))
             if per_step < max(1, self.threshold_bytes_per_step):
                 continue
@@ -234,13 +254,24 @@ class LeakTracker:
             # one-off allocations before them, e.g. a cuBLAS workspace).
             since = [s for s in ages if s >= window[0].step - 1]
             alloc = {"filename": key[0], "line": key[1], "function": key[2]}
-            leaks.append(Leak(
-                site=dict(alloc), code=source_line(key[0], key[1]), alloc_site=alloc, alloc_code=source_line(key[0], key[1]),
-                stack=[f.to_dict() for f in frames], bytes_per_step=per_step,
-                tensors_per_step=_slope(xs, [float(c) for c in count_series[self.warmup_steps:]]),
-                retained_bytes=sum(ages[s][1] for s in since), retained_tensors=sum(ages[s][0] for s in since),
-                first_step=min(since) + 1,  # a block stamped s was allocated in the step that ends at boundary s + 1
-                series=bytes_series, stack_ids=sorted(stacks), last_step=last_step))
+            leaks.append(
+                Leak(
+                    site=dict(alloc),
+                    code=source_line(key[0], key[1]),
+                    alloc_site=alloc,
+                    alloc_code=source_line(key[0], key[1]),
+                    stack=[f.to_dict() for f in frames],
+                    bytes_per_step=per_step,
+                    tensors_per_step=_slope(xs, [float(c) for c in count_series[self.warmup_steps :]]),
+                    retained_bytes=sum(ages[s][1] for s in since),
+                    retained_tensors=sum(ages[s][0] for s in since),
+                    first_step=min(since)
+                    + 1,  # a block stamped s was allocated in the step that ends at boundary s + 1
+                    series=bytes_series,
+                    stack_ids=sorted(stacks),
+                    last_step=last_step,
+                )
+            )
         if find_holders and leaks:
             leaks = attribute_holders(leaks, live, self._groups_at_start)
         for leak in leaks:
@@ -270,31 +301,48 @@ def _cause(leak: Leak) -> tuple[str, str]:
     h = leak.holder
     name = f"`{h['name']}`" if h else ""
     in_hook = bool(h and h.get("in_hook")) or any(
-        "hook" in f["name"].lower() for f in leak.stack if not is_internal(f["filename"]))
+        "hook" in f["name"].lower() for f in leak.stack if not is_internal(f["filename"])
+    )
     if h and h["kind"] == "optimizer":
-        return ("optimizer_state", f"{name} gains a parameter group every step and keeps its parameters, their "
-                f"gradients and their state: make the parameters once, before the loop, or take the old groups "
-                f"out of {h['name']}.param_groups and {h['name']}.state")
+        return (
+            "optimizer_state",
+            f"{name} gains a parameter group every step and keeps its parameters, their "
+            f"gradients and their state: make the parameters once, before the loop, or take the old groups "
+            f"out of {h['name']}.param_groups and {h['name']}.state",
+        )
     if h and leak.graph_extra:
-        return ("no_grad_eval", f"the tensors kept in {name} carry their autograd graph, saved activations "
-                "included: evaluate under torch.no_grad() (or torch.inference_mode()), or keep .detach() / .item()")
+        return (
+            "no_grad_eval",
+            f"the tensors kept in {name} carry their autograd graph, saved activations "
+            "included: evaluate under torch.no_grad() (or torch.inference_mode()), or keep .detach() / .item()",
+        )
     if h and leak.graph:
         # A single number (a loss) reads as a float; anything larger (logits,
         # outputs) is a tensor to detach.
-        keep = "loss.item() (a float) or loss.detach()" if h.get("scalars", True) else \
-            "t.detach() (or t.detach().cpu(), or only the figure you need: t.argmax(-1), t.mean().item())"
-        return ("graph_in_container", f"each tensor kept in {name} still holds its autograd graph: keep "
-                f"{keep} instead")
+        keep = (
+            "loss.item() (a float) or loss.detach()"
+            if h.get("scalars", True)
+            else "t.detach() (or t.detach().cpu(), or only the figure you need: t.argmax(-1), t.mean().item())"
+        )
+        return ("graph_in_container", f"each tensor kept in {name} still holds its autograd graph: keep {keep} instead")
     if in_hook:
-        return ("hook_storage", "a hook stores a tensor on every call: keep .detach().cpu() copies, or clear the "
-                "store each step")
+        return (
+            "hook_storage",
+            "a hook stores a tensor on every call: keep .detach().cpu() copies, or clear the store each step",
+        )
     if h and h.get("int_keys"):
         return ("cache_by_step", f"{name} is keyed by step and keeps every entry: evict old keys or bound it")
     if h:
-        return ("container", f"{name} gains tensors every step and never lets them go: keep only what you need "
-                "(a bounded collections.deque, .item(), or clear it)")
-    return ("unknown", "allocations from this line survive every step: look for references kept across "
-            "iterations (lists, dicts, attributes, closures, global caches)")
+        return (
+            "container",
+            f"{name} gains tensors every step and never lets them go: keep only what you need "
+            "(a bounded collections.deque, .item(), or clear it)",
+        )
+    return (
+        "unknown",
+        "allocations from this line survive every step: look for references kept across "
+        "iterations (lists, dicts, attributes, closures, global caches)",
+    )
 
 
 # ---- the one-call API ---------------------------------------------------------------
@@ -312,13 +360,24 @@ class leak_check:
     by more than that many bytes per step (for tests).
     """
 
-    def __init__(self, device: DeviceLike = None, *, warmup_steps: int = 1, threshold_bytes_per_step: int = 0,
-                 max_bytes_per_step: float | None = None, allocator: _C.Allocator | None = None) -> None:
-        if max_bytes_per_step is not None and (isinstance(max_bytes_per_step, bool) or not isinstance(
-                max_bytes_per_step, (int, float)) or not max_bytes_per_step >= 0):
+    def __init__(
+        self,
+        device: DeviceLike = None,
+        *,
+        warmup_steps: int = 1,
+        threshold_bytes_per_step: int = 0,
+        max_bytes_per_step: float | None = None,
+        allocator: _C.Allocator | None = None,
+    ) -> None:
+        if max_bytes_per_step is not None and (
+            isinstance(max_bytes_per_step, bool)
+            or not isinstance(max_bytes_per_step, (int, float))
+            or not max_bytes_per_step >= 0
+        ):
             raise ValueError(f"max_bytes_per_step must be a number >= 0 (bytes) or None, not {max_bytes_per_step!r}")
-        self.tracker = LeakTracker(device, warmup_steps=warmup_steps,
-                                   threshold_bytes_per_step=threshold_bytes_per_step, allocator=allocator)
+        self.tracker = LeakTracker(
+            device, warmup_steps=warmup_steps, threshold_bytes_per_step=threshold_bytes_per_step, allocator=allocator
+        )
         self.max_bytes_per_step = max_bytes_per_step
         self.report: LeakReport | None = None
 
@@ -329,8 +388,11 @@ class leak_check:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.tracker.stop()
         self.report = self.tracker.report()
-        if exc_type is None and self.max_bytes_per_step is not None \
-                and self.report.bytes_per_step() > self.max_bytes_per_step:
+        if (
+            exc_type is None
+            and self.max_bytes_per_step is not None
+            and self.report.bytes_per_step() > self.max_bytes_per_step
+        ):
             raise LeakError(self.report, self.max_bytes_per_step)
 
     # The report's API, once the block has ended.
@@ -352,5 +414,3 @@ class leak_check:
 
     def to_html(self, path: str | None = None) -> str:
         return self._finished().to_html(path)
-
-

@@ -18,6 +18,7 @@ The report is built by a hook the C++ allocator calls after the failed
 allocation has released its lock (csrc/boundary/torch/oom_report.cpp); a failing
 hook never hides the out-of-memory error.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,13 +36,16 @@ from memalloc.trace import snapshots
 from memalloc.trace.sites import live_blocks, site_of
 
 _lock = threading.Lock()
-_settings = {"enabled": True, "directory": os.environ.get("MEMALLOC_OOM_REPORT_DIR") or None,
-             "max_reports": 3, "top": 5}
+_settings = {
+    "enabled": True,
+    "directory": os.environ.get("MEMALLOC_OOM_REPORT_DIR") or None,
+    "max_reports": 3,
+    "top": 5,
+}
 _written = 0
 
 
-def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_reports: int = 3,
-                   top: int = 5) -> None:
+def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_reports: int = 3, top: int = 5) -> None:
     """Configures the out-of-memory report.
 
     Args:
@@ -61,8 +65,12 @@ def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_re
             raise TypeError(f"directory must be a path or None, not {type(directory).__name__}")
         os.makedirs(directory, exist_ok=True)
     with _lock:
-        _settings.update(enabled=enabled, directory=None if directory is None else os.fspath(directory),
-                         max_reports=max_reports, top=top)
+        _settings.update(
+            enabled=enabled,
+            directory=None if directory is None else os.fspath(directory),
+            max_reports=max_reports,
+            top=top,
+        )
     install()
 
 
@@ -103,22 +111,38 @@ def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: _C.Allocato
         g[1] += count
     out = []
     for (filename, line, function, tag), (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]:
-        out.append({"bytes": nbytes, "tensors": count, "filename": filename, "line": line, "function": function,
-                    "code": source_line(filename, line) if filename else "", "tag": tag})
+        out.append(
+            {
+                "bytes": nbytes,
+                "tensors": count,
+                "filename": filename,
+                "line": line,
+                "function": function,
+                "code": source_line(filename, line) if filename else "",
+                "tag": tag,
+            }
+        )
     return out
 
 
 def _describe(holders: list[dict]) -> str:
     lines = ["", "Live allocations holding the most memory (memalloc):"]
     for h in holders:
-        where = (f"{h['filename']}:{h['line']} in {h['function']}" if h["filename"]
-                 else f"tag {h['tag']!r}" if h["tag"] else "no call site recorded")
+        where = (
+            f"{h['filename']}:{h['line']} in {h['function']}"
+            if h["filename"]
+            else f"tag {h['tag']!r}"
+            if h["tag"]
+            else "no call site recorded"
+        )
         lines.append(f"  {fmt_bytes(h['bytes']):>11} in {h['tensors']:>5} allocations  {where}")
         if is_source(h["code"]):  # the message stays one line per holder
             lines.append(f"  {'':>11}    {h['code']}")
     if holders and all(h["filename"] is None for h in holders):
-        lines.append("  (call sites are off: remove call_sites:False from MEMALLOC_CONF or enable()'s config, "
-                     "or call memalloc.record_memory_history(stacks='python'))")
+        lines.append(
+            "  (call sites are off: remove call_sites:False from MEMALLOC_CONF or enable()'s config, "
+            "or call memalloc.record_memory_history(stacks='python'))"
+        )
     return "\n".join(lines)
 
 

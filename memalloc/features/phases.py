@@ -53,6 +53,7 @@ Each landmark costs one call into the allocator (a few microseconds with a
 walk over the live blocks of the phase it resolves); the malloc/free path
 only stamps the current phase on each block.
 """
+
 from __future__ import annotations
 
 import threading
@@ -124,8 +125,12 @@ def uninstall() -> None:
         _marks.allocator = None
         _marks.stepping.clear()
         _marks.backward_in_step = False
-    for point in (_hooks.OPTIMIZER_STEP_PRE, _hooks.OPTIMIZER_STEP_POST, _hooks.PARAMETER_REGISTRATION,
-                  _hooks.BACKWARD):
+    for point in (
+        _hooks.OPTIMIZER_STEP_PRE,
+        _hooks.OPTIMIZER_STEP_POST,
+        _hooks.PARAMETER_REGISTRATION,
+        _hooks.BACKWARD,
+    ):
         _hooks.unsubscribe(point, FEATURE)
     _hooks.unsubscribe(_hooks.MODULE_FORWARD_PRE, FIRST_FORWARD)
     iteration.remove_step_listener(_end_step)
@@ -295,12 +300,15 @@ def _parameter_registered(module: Any, name: str, param: Any) -> None:
 
 
 def _optimizer_parameters(optimizer: Any) -> list[torch.Tensor]:
-    return [p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())
-            if isinstance(p, torch.Tensor)]
+    return [
+        p
+        for group in getattr(optimizer, "param_groups", ())
+        for p in group.get("params", ())
+        if isinstance(p, torch.Tensor)
+    ]
 
 
-def mark_parameters(allocator: _C.Allocator | None = None,
-                    params: Iterable[torch.Tensor] | None = None) -> int:
+def mark_parameters(allocator: _C.Allocator | None = None, params: Iterable[torch.Tensor] | None = None) -> int:
     """Marks the storages of ``params`` (default: every ``nn.Parameter``
     registered in a module since :func:`install`, and the parameters of
     every optimizer that has stepped) as ``parameters`` in ``allocator``

@@ -105,6 +105,7 @@ small batches a block is often a little larger than asked (the remainder of
 a cached block too small to split off), so per sample comes out a little
 high and the limit a little low: the planned batch can pass it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -129,8 +130,22 @@ from memalloc.trace.sites import live_blocks
 MiB = 1 << 20
 # The units a budget's size string takes (memalloc.largest_batch, ``run --fit``):
 # binary (k, KiB, M, MiB, G, GiB, T, TiB) and decimal (kB, MB, GB, TB), any case.
-UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20, "mib": 1 << 20, "mb": 10 ** 6,
-         "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
+UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 10**3,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 10**6,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 10**9,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "tb": 10**12,
+}
 BUDGET_FORMS = "bytes (an int), a number with a unit (7GiB, 7.5G, 512MiB, 500MB) or 'free'"
 DEFAULT_PROBES = (2, 4, 8)
 MAX_REPEATS = 64  # the most steps a replay runs after the recorded ones, looking for a steady state (_replay)
@@ -138,8 +153,13 @@ SMALL = 1 << 20  # the largest allocation of the small pool (csrc/pool/block.h: 
 RING = 1 << 17  # records per device a probe starts with (8 MiB; run_probe takes more when they overflow)
 # The allocator's policy keys that shape what a replay reserves; the rest
 # (backend, capacity, recording, call sites) are the replay's own business.
-POLICY_KEYS = ("expandable_segments", "garbage_collection_threshold", "max_split_size_mb", "reuse_free_pages",
-               "roundup_power2_divisions")
+POLICY_KEYS = (
+    "expandable_segments",
+    "garbage_collection_threshold",
+    "max_split_size_mb",
+    "reuse_free_pages",
+    "roundup_power2_divisions",
+)
 
 
 class PlannerError(ValueError):
@@ -173,8 +193,10 @@ def as_budget(budget: Any) -> int | None:
     if isinstance(budget, str):
         budget = parse_size(budget)
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < MiB):
-        raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, or a size string such as '7GiB', "
-                           f"'7.5G', '512MiB', '500MB' ('free' or None: the default), not {given!r}")
+        raise PlannerError(
+            f"budget must be an int of bytes, at least 1 MiB, or a size string such as '7GiB', "
+            f"'7.5G', '512MiB', '500MB' ('free' or None: the default), not {given!r}"
+        )
     return budget
 
 
@@ -190,17 +212,20 @@ def device_limit(allocator: _C.Allocator, device: int) -> tuple[int, str]:
     return total, fmt_bytes(total)
 
 
-def check_budget(allocator: _C.Allocator, device: int, budget: int,
-                 default: str = "leave it out (budget=None)") -> None:
+def check_budget(
+    allocator: _C.Allocator, device: int, budget: int, default: str = "leave it out (budget=None)"
+) -> None:
     """PlannerError when ``budget`` (bytes) is more than device ``device``
     can give (:func:`device_limit`): a plan for memory the device does not
     have runs out of memory at the planned batch. ``default`` says how the
     caller asks for the default budget (the device's free memory)."""
     limit, words = device_limit(allocator, device)
     if budget > limit:
-        raise PlannerError(f"budget {fmt_bytes(budget)} ({budget} bytes) is larger than device {device}'s {words}: "
-                           f"give a budget of at most {fmt_bytes(limit)} ({limit} bytes), or {default} "
-                           "to use what is free")
+        raise PlannerError(
+            f"budget {fmt_bytes(budget)} ({budget} bytes) is larger than device {device}'s {words}: "
+            f"give a budget of at most {fmt_bytes(limit)} ({limit} bytes), or {default} "
+            "to use what is free"
+        )
 
 
 # ---- one probe ------------------------------------------------------------------
@@ -234,25 +259,37 @@ class ProbeRecord:
     layout: tuple[tuple[str, tuple[tuple[Key | None, int], ...]], ...] = ()
 
     def to_json(self) -> dict:
-        return {"batch": self.batch, "live": [[list(k), n] for k, n in self.live],
-                "ops": [[op[0], list(op[1]), *op[2:]] for op in self.ops],
-                "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "step_allocs": list(self.step_allocs),
-                "layout": [[pool, [[None if k is None else list(k), n] for k, n in blocks]]
-                           for pool, blocks in self.layout]}
+        return {
+            "batch": self.batch,
+            "live": [[list(k), n] for k, n in self.live],
+            "ops": [[op[0], list(op[1]), *op[2:]] for op in self.ops],
+            "peak_allocated": self.peak_allocated,
+            "peak_reserved": self.peak_reserved,
+            "step_allocs": list(self.step_allocs),
+            "layout": [
+                [pool, [[None if k is None else list(k), n] for k, n in blocks]] for pool, blocks in self.layout
+            ],
+        }
 
     @staticmethod
     def from_json(d: dict) -> ProbeRecord:
         try:
-            return ProbeRecord(int(d["batch"]), tuple((tuple(k), int(n)) for k, n in d["live"]),
-                               tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
-                               int(d["peak_allocated"]), int(d["peak_reserved"]),
-                               tuple(int(n) for n in d.get("step_allocs", ())),
-                               tuple((str(pool), tuple((None if k is None else tuple(k), int(n)) for k, n in blocks))
-                                     for pool, blocks in d.get("layout", ())))
+            return ProbeRecord(
+                int(d["batch"]),
+                tuple((tuple(k), int(n)) for k, n in d["live"]),
+                tuple((op[0], tuple(op[1]), *op[2:]) for op in d["ops"]),
+                int(d["peak_allocated"]),
+                int(d["peak_reserved"]),
+                tuple(int(n) for n in d.get("step_allocs", ())),
+                tuple(
+                    (str(pool), tuple((None if k is None else tuple(k), int(n)) for k, n in blocks))
+                    for pool, blocks in d.get("layout", ())
+                ),
+            )
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise PlannerError(f"not a probe record of memalloc's batch planner ({e!r}): "
-                               "write it with ProbeRecord.to_json") from None
+            raise PlannerError(
+                f"not a probe record of memalloc's batch planner ({e!r}): write it with ProbeRecord.to_json"
+            ) from None
 
 
 # torch.nn.Module's call dispatch: the line of these frames says whether any
@@ -292,8 +329,13 @@ class _Sites:
         return self.names[tag_id] if 0 <= tag_id < len(self.names) else ""
 
 
-def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.Event],
-                 reserved_at_start: int, segments: Sequence[dict] = ()) -> ProbeRecord:
+def probe_record(
+    batch: int,
+    live: Sequence[tuple],
+    events: Sequence[recording.Event],
+    reserved_at_start: int,
+    segments: Sequence[dict] = (),
+) -> ProbeRecord:
     """A ProbeRecord from the blocks live when recording began (live_blocks
     tuples: addr, size, requested, stack_id, tag_id, step), the device's
     segments then (the allocator's ``segments(device)``: its layout) and
@@ -313,8 +355,9 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
     # addresses move between probes (gradients set to None are made anew each
     # step), their sizes keep their order as the batch grows.
     live = sorted(live)
-    numbered = sorted(range(len(live)), key=lambda i: (sites.stack(live[i][3]), sites.tag(live[i][4]),
-                                                       live[i][2], live[i][0]))
+    numbered = sorted(
+        range(len(live)), key=lambda i: (sites.stack(live[i][3]), sites.tag(live[i][4]), live[i][2], live[i][0])
+    )
     live_keys: list = [None] * len(live)
     for i in numbered:
         live_keys[i] = key("live", live[i][3], sites.tag(live[i][4]))
@@ -340,12 +383,24 @@ def probe_record(batch: int, live: Sequence[tuple], events: Sequence[recording.E
         elif e.action in ("segment_free", "segment_unmap"):
             reserved -= e.size
     key_at = {b[0]: k for b, k in zip(live, live_keys)}
-    layout = tuple((seg["segment_type"],
-                    tuple((key_at.get(b["address"]) if b["state"] == "active_allocated" else None, b["size"])
-                          for b in sorted(seg["blocks"], key=lambda b: b["address"])))
-                   for seg in sorted(segments, key=lambda seg: seg["address"]))
-    return ProbeRecord(batch, tuple((k, b[2]) for b, k in zip(live, live_keys)), tuple(ops),
-                       peak_allocated, peak_reserved, layout=layout)
+    layout = tuple(
+        (
+            seg["segment_type"],
+            tuple(
+                (key_at.get(b["address"]) if b["state"] == "active_allocated" else None, b["size"])
+                for b in sorted(seg["blocks"], key=lambda b: b["address"])
+            ),
+        )
+        for seg in sorted(segments, key=lambda seg: seg["address"])
+    )
+    return ProbeRecord(
+        batch,
+        tuple((k, b[2]) for b, k in zip(live, live_keys)),
+        tuple(ops),
+        peak_allocated,
+        peak_reserved,
+        layout=layout,
+    )
 
 
 class ProbeRecording:
@@ -361,9 +416,11 @@ class ProbeRecording:
 
     def __init__(self, allocator: _C.Allocator, device: int, ring: int, batch: int, steps: int) -> None:
         if recording.history_on(device, allocator):
-            raise PlannerError(f"device {device} is recording (memalloc.record_memory_history): the planner needs "
-                               "the event ring for its probes; stop the history first "
-                               "(memalloc.record_memory_history(enabled=False))")
+            raise PlannerError(
+                f"device {device} is recording (memalloc.record_memory_history): the planner needs "
+                "the event ring for its probes; stop the history first "
+                "(memalloc.record_memory_history(enabled=False))"
+            )
         self.allocator, self.device, self.ring, self.batch, self.steps = allocator, device, ring, batch, steps
         self.live = live_blocks(device, allocator)
         self.segments = allocator.segments(device)
@@ -402,8 +459,9 @@ class ProbeRecording:
         return record, 0
 
 
-def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int,
-              ring: int = RING) -> ProbeRecord:
+def run_probe(
+    step: Callable[[int], Any], batch: int, allocator: _C.Allocator, device: int, steps: int, ring: int = RING
+) -> ProbeRecord:
     """``1 + steps`` calls of ``step(batch)``, recorded from the first: the
     first probe's first step is the model's first (the optimizer state comes
     into being in it, between the batch's tensors, as in a fresh run). A
@@ -417,9 +475,11 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
             done = rec.step_ended()
     except torch.OutOfMemoryError as e:
         rec.stop()
-        raise PlannerError(f"the probe at batch {batch} ran out of memory already "
-                           f"({str(e).splitlines()[0]}): give smaller probes (probes=(1, 2, 4)) "
-                           "or a smaller model") from None
+        raise PlannerError(
+            f"the probe at batch {batch} ran out of memory already "
+            f"({str(e).splitlines()[0]}): give smaller probes (probes=(1, 2, 4)) "
+            "or a smaller model"
+        ) from None
     except BaseException:
         rec.stop()
         raise
@@ -428,8 +488,10 @@ def run_probe(step: Callable[[int], Any], batch: int, allocator: _C.Allocator, d
         return record
     if ring < _C.max_trace_records():
         return run_probe(step, batch, allocator, device, steps, min(ring * 8, _C.max_trace_records()))
-    raise PlannerError(f"the probe at batch {batch} recorded more than {ring} events per device and lost "
-                       f"{lost}: record fewer steps (steps=1) or give smaller probes")
+    raise PlannerError(
+        f"the probe at batch {batch} recorded more than {ring} events per device and lost "
+        f"{lost}: record fewer steps (steps=1) or give smaller probes"
+    )
 
 
 # ---- the prediction -------------------------------------------------------------
@@ -442,9 +504,9 @@ def _sizes_by_key(record: ProbeRecord) -> dict[Key, int]:
 
 
 RESYNC = 1024  # ops either side an alignment looks past to find the two sequences in step again
-CONFIRM = 4    # ops that must agree after a resync point
-LOCAL = 8      # ops either side a swap of neighbours is looked for first
-NEARBY = 64    # positions a second pass looks either side for an allocation that came out of order
+CONFIRM = 4  # ops that must agree after a resync point
+LOCAL = 8  # ops either side a swap of neighbours is looked for first
+NEARBY = 64  # positions a second pass looks either side for an allocation that came out of order
 
 
 def _growth_fits(small: int, large: int, ratio: float) -> bool:
@@ -597,7 +659,7 @@ def _period(sites: list) -> int:
     step's layers repeat within it too: the longest tail is the whole
     step); 0 when there is none."""
     for m in range(len(sites) // 2, 0, -1):
-        if sites[-m:] == sites[-2 * m:-m]:
+        if sites[-m:] == sites[-2 * m : -m]:
             return m
     return 0
 
@@ -706,8 +768,9 @@ def _pattern_at(record: ProbeRecord, scaler: _Scaler, batch: int) -> _Pattern:
     return _Pattern(ops, steps, sites, [c for c in cycle if c] if len(starts) >= 2 else [])
 
 
-def _carry_across_turns(cycle: list[list[tuple]], made_at: dict[Key, tuple[int, Site, int]],
-                        freed_in: dict[Key, int]) -> None:
+def _carry_across_turns(
+    cycle: list[list[tuple]], made_at: dict[Key, tuple[int, Site, int]], freed_in: dict[Key, int]
+) -> None:
     """Renames, in place, the cycle's frees of blocks made before the cycle
     began (the first step's, which is not repeated) as the blocks that the
     replay's step as many steps back makes. In a turn after the first, the
@@ -729,9 +792,11 @@ def _carry_across_turns(cycle: list[list[tuple]], made_at: dict[Key, tuple[int, 
 
     def kept_at_least(step: int, site: Site, n: int) -> list[int]:
         if (step, site, n) not in lasting:
-            lasting[step, site, n] = sorted(r for (t, s, k), rs in kept.items() if t == step and s == site and k >= n
-                                            for r in rs)
+            lasting[step, site, n] = sorted(
+                r for (t, s, k), rs in kept.items() if t == step and s == site and k >= n for r in rs
+            )
         return lasting[step, site, n]
+
     for i, template in enumerate(cycle):
         for j, op in enumerate(template):
             if op[0] != "free" or i + 1 - op[1] >= 1:
@@ -770,14 +835,16 @@ def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _R
     the run reserves more or runs out of memory (``steady``). Stops at the
     first allocation that runs out of memory (not ``fits``). ``repeats``:
     the steps run after the recorded ones."""
-    a = _C.Allocator("host", ",".join(part for part in (config, "host_devices:1",
-                                                        f"host_capacity_mb:{budget // MiB}") if part))
+    a = _C.Allocator(
+        "host", ",".join(part for part in (config, "host_devices:1", f"host_capacity_mb:{budget // MiB}") if part)
+    )
     ptrs: list[int] = []
-    step_of: list[int] = []      # each key's step (-1: live before recording began) ...
-    place_of: list[int] = []     # ... and its place among that step's allocations
-    live: dict[int, int] = {}    # pointer -> key
-    made_in: dict[int, tuple[int, int]] = {k: (s, j) for s, made in enumerate(pattern.steps)
-                                           for j, k in enumerate(made)}
+    step_of: list[int] = []  # each key's step (-1: live before recording began) ...
+    place_of: list[int] = []  # ... and its place among that step's allocations
+    live: dict[int, int] = {}  # pointer -> key
+    made_in: dict[int, tuple[int, int]] = {
+        k: (s, j) for s, made in enumerate(pattern.steps) for j, k in enumerate(made)
+    }
 
     def run(repeats: int, steady: bool, fits: bool = True) -> _Run:
         st = a.stats(0)
@@ -812,11 +879,18 @@ def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _R
     reach = max((op[1] for step in pattern.cycle for op in step if op[0] == "free"), default=0)
 
     def state(steps: int) -> tuple:
-        roles = {ptr: (steps - step_of[k], place_of[k]) if 0 <= steps - step_of[k] <= reach else (-1, k)
-                 for ptr, k in live.items()}
-        return tuple((seg["address"], seg["total_size"],
-                      tuple((b["address"], b["size"], b["state"], roles.get(b["address"])) for b in seg["blocks"]))
-                     for seg in a.segments(0))
+        roles = {
+            ptr: (steps - step_of[k], place_of[k]) if 0 <= steps - step_of[k] <= reach else (-1, k)
+            for ptr, k in live.items()
+        }
+        return tuple(
+            (
+                seg["address"],
+                seg["total_size"],
+                tuple((b["address"], b["size"], b["state"], roles.get(b["address"])) for b in seg["blocks"]),
+            )
+            for seg in a.segments(0)
+        )
 
     sites = list(pattern.sites)
     seen = {state(len(sites))}
@@ -896,20 +970,26 @@ class BatchPlan:
     matched_share: float
     predictions: tuple[Prediction, ...]
     capped: bool = False  # the search reached max_batch
-    steady: bool = True   # the replay at ``batch`` reached a steady state (Prediction.steady) ...
-    repeats: int = 0      # ... after this many steps beyond the recorded ones
+    steady: bool = True  # the replay at ``batch`` reached a steady state (Prediction.steady) ...
+    repeats: int = 0  # ... after this many steps beyond the recorded ones
 
     def __str__(self) -> str:
         limit = "no limit (nothing grows with the batch)" if self.limit is None else f"{self.limit}"
-        return (f"largest batch that fits {fmt_bytes(self.budget)}: {self.batch}"
-                f"{' (the most asked for: max_batch)' if self.capped else ''}; predicted peak reserved "
-                f"{fmt_bytes(self.peak_reserved)}, allocated {fmt_bytes(self.peak_allocated)}\n"
-                f"  the peak: {fmt_bytes(self.fixed_bytes)} that does not grow with the batch, "
-                f"{fmt_bytes(self.per_sample_bytes)} per sample; a perfect allocator would fit {limit}\n"
-                f"  probes (batch: peak allocated / reserved): "
-                + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes)
-                + ("" if self.steady else f"\n  not steady: the replay ran {self.repeats} more steps without coming "
-                   "back to a state it had been in; the plan is for that many steps"))
+        return (
+            f"largest batch that fits {fmt_bytes(self.budget)}: {self.batch}"
+            f"{' (the most asked for: max_batch)' if self.capped else ''}; predicted peak reserved "
+            f"{fmt_bytes(self.peak_reserved)}, allocated {fmt_bytes(self.peak_allocated)}\n"
+            f"  the peak: {fmt_bytes(self.fixed_bytes)} that does not grow with the batch, "
+            f"{fmt_bytes(self.per_sample_bytes)} per sample; a perfect allocator would fit {limit}\n"
+            f"  probes (batch: peak allocated / reserved): "
+            + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes)
+            + (
+                ""
+                if self.steady
+                else f"\n  not steady: the replay ran {self.repeats} more steps without coming "
+                "back to a state it had been in; the plan is for that many steps"
+            )
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -921,8 +1001,14 @@ def policy_config(allocator: _C.Allocator) -> str:
     return ",".join(f"{k}:{v}" for k, v in items if k in POLICY_KEYS)
 
 
-def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_batch: int = 1 << 16,
-         repeats: int | None = None) -> BatchPlan:
+def plan(
+    records: Sequence[ProbeRecord],
+    budget: int,
+    config: str = "",
+    *,
+    max_batch: int = 1 << 16,
+    repeats: int | None = None,
+) -> BatchPlan:
     """The largest batch predicted to fit ``budget`` bytes from the probes'
     records (ascending batch sizes, at least two), replayed under the
     policy ``config`` (:func:`policy_config` of the allocator), the
@@ -930,8 +1016,9 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
     steady, at most ``repeats`` steps (default MAX_REPEATS)."""
     records = sorted(records, key=lambda r: r.batch)
     if len(records) < 2 or len({r.batch for r in records}) != len(records):
-        raise PlannerError(f"the planner needs probes at two or more different batch sizes, got "
-                           f"{[r.batch for r in records]}")
+        raise PlannerError(
+            f"the planner needs probes at two or more different batch sizes, got {[r.batch for r in records]}"
+        )
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < MiB:
         raise PlannerError(f"budget must be an int of bytes, at least 1 MiB, not {budget!r}")
     base, largest = records[0], records[-1]
@@ -947,8 +1034,10 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
 
     lo = largest.batch
     if not judge(lo).fits:
-        raise PlannerError(f"the largest probe, batch {lo}, does not fit {fmt_bytes(budget)} in the replay "
-                           "already: give smaller probes or a larger budget")
+        raise PlannerError(
+            f"the largest probe, batch {lo}, does not fit {fmt_bytes(budget)} in the replay "
+            "already: give smaller probes or a larger budget"
+        )
     hi = None
     while hi is None:
         nxt = min(max_batch, lo * 2)
@@ -966,14 +1055,21 @@ def plan(records: Sequence[ProbeRecord], budget: int, config: str = "", *, max_b
     fixed = max(0, a2 - per_sample * b2)
     best = judge(lo)
     return BatchPlan(
-        batch=lo, budget=budget, peak_allocated=best.peak_allocated, peak_reserved=best.peak_reserved,
-        fixed_bytes=fixed, per_sample_bytes=per_sample,
+        batch=lo,
+        budget=budget,
+        peak_allocated=best.peak_allocated,
+        peak_reserved=best.peak_reserved,
+        fixed_bytes=fixed,
+        per_sample_bytes=per_sample,
         limit=(budget - fixed) // per_sample if per_sample else None,
         probes=tuple((r.batch, r.peak_allocated, r.peak_reserved) for r in records),
         growing_share=sum(scaler.growing(k) for k in scaler.keys) / max(1, len(scaler.keys)),
         matched_share=scaler.matched,
-        predictions=tuple(sorted(tried.values(), key=lambda p: p.batch)), capped=hi is None and lo == max_batch,
-        steady=best.steady, repeats=best.repeats)
+        predictions=tuple(sorted(tried.values(), key=lambda p: p.batch)),
+        capped=hi is None and lo == max_batch,
+        steady=best.steady,
+        repeats=best.repeats,
+    )
 
 
 def default_budget(allocator: _C.Allocator, device: int) -> int:
@@ -985,9 +1081,16 @@ def default_budget(allocator: _C.Allocator, device: int) -> int:
     return min(free + reserved, device_limit(allocator, device)[0])
 
 
-def largest_batch(step: Callable[[int], Any], budget: int | str | None = None, *,
-                  probes: Sequence[int] = DEFAULT_PROBES, steps: int = 2, max_batch: int = 1 << 16,
-                  device: DeviceLike = None, allocator: _C.Allocator | None = None) -> BatchPlan:
+def largest_batch(
+    step: Callable[[int], Any],
+    budget: int | str | None = None,
+    *,
+    probes: Sequence[int] = DEFAULT_PROBES,
+    steps: int = 2,
+    max_batch: int = 1 << 16,
+    device: DeviceLike = None,
+    allocator: _C.Allocator | None = None,
+) -> BatchPlan:
     """The largest batch size at which ``step(batch)`` is predicted to fit
     ``budget`` bytes of this allocator's memory, from a few steps at the
     ``probes`` batch sizes (see the module's docstring for how).
@@ -1040,7 +1143,7 @@ def largest_batch(step: Callable[[int], Any], budget: int | str | None = None, *
         while True:
             # every probe from this one line: a probe's allocations are named by their Python stacks
             # (this frame's line among them), and matched across probes by those names
-            for b in batches[len(records):]:
+            for b in batches[len(records) :]:
                 records.append(run_probe(step, b, a, d, steps))
             p = plan(records, budget, config, max_batch=max_batch)
             extra = refinement(p) if len(records) == len(set(probes)) else None

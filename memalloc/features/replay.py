@@ -37,6 +37,7 @@ go to the default pool. Events the trace's ring dropped are lost: frees of
 blocks allocated before the trace's first event are refused unless
 ``skip_unknown_frees=True``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,9 +60,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 Op = tuple  # ("alloc", size) | ("free", key) | ("empty_cache",)
 
 MiB = 1 << 20
-RANDOM_SOURCE = "random:"      # replay_source("random:N"): random_workload(N)
-RANDOM_CAP = 512 * MiB         # the random workload's largest allocation (bytes)
-_MAX_CAPACITY_MB = 1 << 40     # the largest host_capacity_mb the config accepts
+RANDOM_SOURCE = "random:"  # replay_source("random:N"): random_workload(N)
+RANDOM_CAP = 512 * MiB  # the random workload's largest allocation (bytes)
+_MAX_CAPACITY_MB = 1 << 40  # the largest host_capacity_mb the config accepts
 _REPLAY_KEYS = ("backend", "host_devices")  # the replay sets these itself
 
 # The replay's own ops: (code, key, size in bytes, stream, index of the op or
@@ -120,8 +121,12 @@ class ReplayResult:
 
     def to_dict(self) -> dict:
         """The result as JSON takes it (``devices``: a list of dicts)."""
-        return {"source": self.source, "config": self.config, "capacity": self.capacity,
-                "devices": [d.to_dict() for d in self.devices]}
+        return {
+            "source": self.source,
+            "config": self.config,
+            "capacity": self.capacity,
+            "devices": [d.to_dict() for d in self.devices],
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +198,10 @@ def _ops_of(ops: Iterable[Op]) -> list[_Code]:
             out.append((_ALLOC, n_allocs, arg, 0, index) if name == "alloc" else (_FREE, arg, 0, 0, index))
             n_allocs += name == "alloc"
         else:
-            raise ValueError(f"op {index} is {op!r}: ops are ('alloc', size), ('free', key) and "
-                             "('empty_cache',), with sizes and keys ints >= 0 (the k-th alloc makes key k)")
+            raise ValueError(
+                f"op {index} is {op!r}: ops are ('alloc', size), ('free', key) and "
+                "('empty_cache',), with sizes and keys ints >= 0 (the k-th alloc makes key k)"
+            )
     return out
 
 
@@ -259,14 +266,13 @@ def capacity_bound(sizes: Iterable[int]) -> int:
 class _Replayer:
     """One device of a host allocator driven by the replay's ops."""
 
-    def __init__(self, allocator: _C.Allocator, device: int, streams_in_use: set[int], source: str,
-                 synthetic: bool):
+    def __init__(self, allocator: _C.Allocator, device: int, streams_in_use: set[int], source: str, synthetic: bool):
         self.a, self.device, self.source, self.synthetic = allocator, device, source, synthetic
-        self.ptrs: dict[int, int | None] = {}    # live key -> replay pointer (None: its malloc ran out of memory)
-        self.pending: dict[int, int] = {}           # key of a free not completed yet -> its private stream
-        self.spare: list[int] = []                  # private streams with nothing pending
+        self.ptrs: dict[int, int | None] = {}  # live key -> replay pointer (None: its malloc ran out of memory)
+        self.pending: dict[int, int] = {}  # key of a free not completed yet -> its private stream
+        self.spare: list[int] = []  # private streams with nothing pending
         self.private = (s for s in itertools.count((1 << 64) - 1, -1) if s not in streams_in_use)
-        self.skipped: set[int] = set()              # keys of skipped frees whose completion is still to come
+        self.skipped: set[int] = set()  # keys of skipped frees whose completion is still to come
         self.unknown_frees = 0
 
     def run(self, ops: Sequence[_Code], skip_unknown_frees: bool) -> None:
@@ -274,8 +280,10 @@ class _Replayer:
         for code, key, size, stream, where in ops:
             if code == _ALLOC:
                 if key in self.ptrs or key in self.pending:
-                    raise ValueError(f"{self.source}: device {device}, event {where}: allocation at {key:#x}, "
-                                     "which is still allocated (the trace is corrupt)")
+                    raise ValueError(
+                        f"{self.source}: device {device}, event {where}: allocation at {key:#x}, "
+                        "which is still allocated (the trace is corrupt)"
+                    )
                 try:
                     self.ptrs[key] = a.malloc(size, device, stream)
                 except torch.OutOfMemoryError:
@@ -295,12 +303,15 @@ class _Replayer:
 
     def _unknown_free(self, key: int, where: int) -> str:
         if self.synthetic:
-            return (f"{self.source}: op {where} frees key {key}, which no earlier alloc op made, "
-                    "or which was freed already")
-        return (f"{self.source}: device {self.device}, event {where} frees {key:#x}, which no earlier alloc of the "
-                "trace returned (or which was freed already): the trace began after that allocation (recording "
-                "started late, or its ring dropped events); skip_unknown_frees=True (--skip-unknown-frees on the "
-                "command line) skips such frees and counts them")
+            return (
+                f"{self.source}: op {where} frees key {key}, which no earlier alloc op made, or which was freed already"
+            )
+        return (
+            f"{self.source}: device {self.device}, event {where} frees {key:#x}, which no earlier alloc of the "
+            "trace returned (or which was freed already): the trace began after that allocation (recording "
+            "started late, or its ring dropped events); skip_unknown_frees=True (--skip-unknown-frees on the "
+            "command line) skips such frees and counts them"
+        )
 
     def _free(self, code: int, key: int) -> None:
         if code == _COMPLETE:
@@ -319,9 +330,17 @@ class _Replayer:
 
     def result(self, recorded: tuple[int | None, int | None]) -> DeviceReplay:
         s = self.a.stats(self.device)
-        return DeviceReplay(self.device, s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"],
-                            s["allocation"]["all"]["allocated"], s["num_ooms"], s["reserved_bytes"]["all"]["current"],
-                            s["allocated_bytes"]["all"]["current"], self.unknown_frees, *recorded)
+        return DeviceReplay(
+            self.device,
+            s["allocated_bytes"]["all"]["peak"],
+            s["reserved_bytes"]["all"]["peak"],
+            s["allocation"]["all"]["allocated"],
+            s["num_ooms"],
+            s["reserved_bytes"]["all"]["current"],
+            s["allocated_bytes"]["all"]["current"],
+            self.unknown_frees,
+            *recorded,
+        )
 
 
 def _allocator(config: str, host_capacity_mb: int | None, bound: int, devices: int) -> tuple[_C.Allocator, int]:
@@ -332,13 +351,17 @@ def _allocator(config: str, host_capacity_mb: int | None, bound: int, devices: i
     keys = {item.partition(":")[0].strip() for item in config.split(",") if item.strip()}
     refused = [k for k in _REPLAY_KEYS if k in keys]
     if refused:
-        raise ValueError(f"config {config!r} sets {', '.join(refused)}: the replay sets "
-                         "those itself (the host backend, one device per device of the trace)")
+        raise ValueError(
+            f"config {config!r} sets {', '.join(refused)}: the replay sets "
+            "those itself (the host backend, one device per device of the trace)"
+        )
     if host_capacity_mb is not None and "host_capacity_mb" in keys:
-        raise ValueError(f"the capacity is given twice: host_capacity_mb={host_capacity_mb} and "
-                         f"config {config!r}")
-    if host_capacity_mb is not None and (isinstance(host_capacity_mb, bool) or not isinstance(host_capacity_mb, int)
-                                         or not 0 < host_capacity_mb <= _MAX_CAPACITY_MB):
+        raise ValueError(f"the capacity is given twice: host_capacity_mb={host_capacity_mb} and config {config!r}")
+    if host_capacity_mb is not None and (
+        isinstance(host_capacity_mb, bool)
+        or not isinstance(host_capacity_mb, int)
+        or not 0 < host_capacity_mb <= _MAX_CAPACITY_MB
+    ):
         raise ValueError(f"host_capacity_mb must be an int in 1..{_MAX_CAPACITY_MB}, not {host_capacity_mb!r}")
     parts = [config] if config.strip() else []
     parts.append(f"host_devices:{devices}")
@@ -348,8 +371,9 @@ def _allocator(config: str, host_capacity_mb: int | None, bound: int, devices: i
     return a, a.mem_get_info(0)[1]
 
 
-def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: int | None, source: str,
-               synthetic: bool) -> tuple[_C.Allocator, int, list[_Replayer]]:
+def _replayers(
+    device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: int | None, source: str, synthetic: bool
+) -> tuple[_C.Allocator, int, list[_Replayer]]:
     """A fresh host allocator sized for each device's op codes, its capacity
     (bytes) and a replayer per device (for _replay, and for replay_steps,
     which runs the ops a step at a time)."""
@@ -359,9 +383,14 @@ def _replayers(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity
     return a, capacity, [_Replayer(a, device, streams, source, synthetic) for device in range(len(device_ops))]
 
 
-def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb: int | None,
-            source: str, skip_unknown_frees: bool,
-            recorded: Sequence[tuple[int | None, int | None]] | None) -> ReplayResult:
+def _replay(
+    device_ops: Sequence[Sequence[_Code]],
+    config: str,
+    host_capacity_mb: int | None,
+    source: str,
+    skip_unknown_frees: bool,
+    recorded: Sequence[tuple[int | None, int | None]] | None,
+) -> ReplayResult:
     """Replays each device's op codes (recorded: each device's recorded
     peaks; None for synthetic ops)."""
     _, capacity, replayers = _replayers(device_ops, config, host_capacity_mb, source, synthetic=recorded is None)
@@ -372,8 +401,9 @@ def _replay(device_ops: Sequence[Sequence[_Code]], config: str, host_capacity_mb
     return ReplayResult(source, config, capacity, tuple(devices))
 
 
-def replay_ops(ops: Iterable[Op], config: str = "", *, host_capacity_mb: int | None = None,
-               name: str = "ops") -> ReplayResult:
+def replay_ops(
+    ops: Iterable[Op], config: str = "", *, host_capacity_mb: int | None = None, name: str = "ops"
+) -> ReplayResult:
     """Replays synthetic ops (``("alloc", size)`` in bytes, ``("free", key)``
     where the k-th alloc made key k, ``("empty_cache",)``) on device 0,
     stream 0 of a fresh host allocator built with ``config`` (e.g. ``""``
@@ -389,8 +419,14 @@ def replay_ops(ops: Iterable[Op], config: str = "", *, host_capacity_mb: int | N
     return _replay([_ops_of(ops)], config, host_capacity_mb, name, False, None)
 
 
-def replay_trace(trace: Trace | PathLike, config: str = "", *, host_capacity_mb: int | None = None,
-                 skip_unknown_frees: bool = False, name: str | None = None) -> ReplayResult:
+def replay_trace(
+    trace: Trace | PathLike,
+    config: str = "",
+    *,
+    host_capacity_mb: int | None = None,
+    skip_unknown_frees: bool = False,
+    name: str | None = None,
+) -> ReplayResult:
     """Replays a trace (a path of a file written by :func:`memalloc.save_trace`,
     or a :class:`~memalloc.trace.trace_files.Trace`) on a fresh host allocator
     built with ``config``, one simulated device per device of the trace,
@@ -406,15 +442,22 @@ def replay_trace(trace: Trace | PathLike, config: str = "", *, host_capacity_mb:
         name = name if name is not None else os.fspath(trace)
         trace = load_trace(trace)
     device_ops = [_trace_ops(events) for events in trace.events]
-    recorded = [_recorded_peaks(events) if not dropped else (None, None)
-                for events, dropped in zip(trace.events, trace.dropped)]
+    recorded = [
+        _recorded_peaks(events) if not dropped else (None, None) for events, dropped in zip(trace.events, trace.dropped)
+    ]
     if not device_ops:
         raise ValueError(f"{name or 'trace'}: the trace has no device")
     return _replay(device_ops, config, host_capacity_mb, name or "trace", skip_unknown_frees, recorded)
 
 
-def replay_steps(trace: Trace | PathLike | Sequence[Event], config: str = "", *, device: int = 0,
-                 host_capacity_mb: int | None = None, skip_unknown_frees: bool = False) -> list[StepReplay]:
+def replay_steps(
+    trace: Trace | PathLike | Sequence[Event],
+    config: str = "",
+    *,
+    device: int = 0,
+    host_capacity_mb: int | None = None,
+    skip_unknown_frees: bool = False,
+) -> list[StepReplay]:
     """One device of a trace (a path, a :class:`~memalloc.trace.trace_files.Trace`,
     or one device's events) replayed one step at a time (the events' step
     numbers, :func:`memalloc.step`), under ``config`` as in
@@ -428,8 +471,13 @@ def replay_steps(trace: Trace | PathLike | Sequence[Event], config: str = "", *,
             raise ValueError(f"device {device}: the trace has {len(trace.events)} device(s)")
         events, source = trace.events[device], "trace"
     elif isinstance(trace, (str, os.PathLike)):
-        return replay_steps(load_trace(trace), config, device=device, host_capacity_mb=host_capacity_mb,
-                            skip_unknown_frees=skip_unknown_frees)
+        return replay_steps(
+            load_trace(trace),
+            config,
+            device=device,
+            host_capacity_mb=host_capacity_mb,
+            skip_unknown_frees=skip_unknown_frees,
+        )
     else:
         events, source = list(trace), "events"
     ops = _trace_ops(events)
@@ -448,9 +496,18 @@ def replay_steps(trace: Trace | PathLike | Sequence[Event], config: str = "", *,
         player.run(by_step[step], skip_unknown_frees)
         s = a.stats(0)
         now = (s["num_device_alloc"], s["num_device_free"])
-        rows.append(StepReplay(step, now[0] - before[0], now[1] - before[1], s["allocated_bytes"]["all"]["peak"],
-                               s["reserved_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["current"],
-                               recorded.get((step, "segment_map"), 0), recorded.get((step, "segment_unmap"), 0)))
+        rows.append(
+            StepReplay(
+                step,
+                now[0] - before[0],
+                now[1] - before[1],
+                s["allocated_bytes"]["all"]["peak"],
+                s["reserved_bytes"]["all"]["peak"],
+                s["reserved_bytes"]["all"]["current"],
+                recorded.get((step, "segment_map"), 0),
+                recorded.get((step, "segment_unmap"), 0),
+            )
+        )
         before = now
     return rows
 
@@ -473,10 +530,10 @@ def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
     last = max(e.step for e in events)
     if min(e.step for e in events) == last:
         raise ValueError(f"the trace has one step (step {last}): a loop needs two steps to repeat the last")
-    owner: dict[int, tuple[int, int]] = {}        # live address -> (step, position of its alloc in the step)
+    owner: dict[int, tuple[int, int]] = {}  # live address -> (step, position of its alloc in the step)
     count: dict[int, int] = {}
     sizes: dict[int, list[int]] = {last - 1: [], last: []}
-    real: dict[int, int] = {}                      # position -> address of the last step's allocation
+    real: dict[int, int] = {}  # position -> address of the last step's allocation
     body: list[tuple[Event, tuple[int, int]]] = []
     for e in events:
         at: tuple[int, int] | None
@@ -495,14 +552,18 @@ def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
         if e.step == last and e.action in ("alloc", "free_requested", "free_completed", "empty_cache"):
             if at is None or at[0] < last - 1:
                 what = "no event of the trace allocated" if at is None else f"step {at[0]} allocated"
-                raise ValueError(f"the last step (step {last}) frees {e.addr:#x}, which {what}: only a loop "
-                                 "whose step frees what it or the step before allocated repeats")
+                raise ValueError(
+                    f"the last step (step {last}) frees {e.addr:#x}, which {what}: only a loop "
+                    "whose step frees what it or the step before allocated repeats"
+                )
             body.append((e, at))
         if e.action == "free_completed":
             owner.pop(e.addr, None)
     if sizes[last - 1] != sizes[last]:
-        raise ValueError(f"steps {last - 1} and {last} allocate other sizes ({len(sizes[last - 1])} and "
-                         f"{len(sizes[last])} allocations): not one loop's steps")
+        raise ValueError(
+            f"steps {last - 1} and {last} allocate other sizes ({len(sizes[last - 1])} and "
+            f"{len(sizes[last])} allocations): not one loop's steps"
+        )
     base = 1 << 60  # above any device address: the copies' keys clash with no real one
 
     def addr(copy: int, step: int, position: int) -> int:
@@ -513,8 +574,7 @@ def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
     out = list(events)
     for k in range(1, times + 1):
         for e, (step, position) in body:
-            out.append(dataclasses.replace(e, step=last + k,
-                                           addr=e.addr if position < 0 else addr(k, step, position)))
+            out.append(dataclasses.replace(e, step=last + k, addr=e.addr if position < 0 else addr(k, step, position)))
     return out
 
 
@@ -525,9 +585,11 @@ def steps_table(rows: Sequence[StepReplay]) -> str:
     lines = []
     for r in rows:
         ratio = r.peak_reserved / r.peak_allocated if r.peak_allocated else 0.0
-        lines.append(f"step {r.step:>4}: {r.maps:>4} mapped {r.unmaps:>4} unmapped  "
-                     f"reserved {fmt_bytes(r.reserved):>10}  peak reserved / allocated {ratio:.4f}"
-                     + (f"  (recorded run: {r.recorded_maps} mapped {r.recorded_unmaps} unmapped)" if live else ""))
+        lines.append(
+            f"step {r.step:>4}: {r.maps:>4} mapped {r.unmaps:>4} unmapped  "
+            f"reserved {fmt_bytes(r.reserved):>10}  peak reserved / allocated {ratio:.4f}"
+            + (f"  (recorded run: {r.recorded_maps} mapped {r.recorded_unmaps} unmapped)" if live else "")
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -536,7 +598,7 @@ def replay_source(source: str, config: str = "", **options) -> ReplayResult:
     64 slots and seed 7) through :func:`replay_ops`; anything else: a trace
     path through :func:`replay_trace`. ``options`` go to that function."""
     if source.startswith(RANDOM_SOURCE):
-        n = source[len(RANDOM_SOURCE):]
+        n = source[len(RANDOM_SOURCE) :]
         if not n.isdigit():
             raise ValueError(f"{source!r}: write random:N with N the number of allocations, e.g. random:50000")
         return replay_ops(random_workload(int(n)), config, name=source, **options)
@@ -568,10 +630,12 @@ def smallest_capacity_mb(source: str, config: str = "", *, step_mb: int = 8, **o
     if any(d.ooms for d in free.devices):
         raise ValueError(f"{source} has OOMs under {config or 'the default config'!r} without a capacity limit")
     hi = -(-max(d.peak_reserved for d in free.devices) // step) + 1  # fits
-    lo = max(d.peak_allocated for d in free.devices) // step - 1     # fails, as a rule
+    lo = max(d.peak_allocated for d in free.devices) // step - 1  # fails, as a rule
     if not fits(hi):
-        raise ValueError(f"{source}: a device of {hi * step_mb} MiB, above the unlimited replay's peak reserved, "
-                         "still runs out of memory")
+        raise ValueError(
+            f"{source}: a device of {hi * step_mb} MiB, above the unlimited replay's peak reserved, "
+            "still runs out of memory"
+        )
     if lo > 0 and fits(lo):
         lo = 0
     while hi - lo > 1:
@@ -592,17 +656,32 @@ def results_table(results: Sequence[ReplayResult]) -> str:
     rows = [_COLUMNS]
     for r in results:
         for d in r.devices:
-            rows.append((r.source, r.config or "(default)", str(d.device), fmt_bytes(d.peak_allocated),
-                         fmt_bytes(d.peak_reserved), "-" if d.ratio is None else f"{d.ratio:.4f}", str(d.ooms)))
+            rows.append(
+                (
+                    r.source,
+                    r.config or "(default)",
+                    str(d.device),
+                    fmt_bytes(d.peak_allocated),
+                    fmt_bytes(d.peak_reserved),
+                    "-" if d.ratio is None else f"{d.ratio:.4f}",
+                    str(d.ooms),
+                )
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def results_to_json(results: Sequence[ReplayResult], path: PathLike | None = None,
-                    command: str | None = None, smallest_device_mb: dict | None = None,
-                    per_step: dict | None = None) -> str:
+def results_to_json(
+    results: Sequence[ReplayResult],
+    path: PathLike | None = None,
+    command: str | None = None,
+    smallest_device_mb: dict | None = None,
+    per_step: dict | None = None,
+) -> str:
     """``{"command": command, "results": [result.to_dict(), ...]}`` as JSON
     text (plus ``"smallest_device_mb": {source: {config: MiB}}`` and
     ``"per_step": {source: {config: {device: [StepReplay.to_dict(), ...]}}}``
@@ -619,6 +698,21 @@ def results_to_json(results: Sequence[ReplayResult], path: PathLike | None = Non
     return text
 
 
-__all__ = ["DeviceReplay", "Op", "RANDOM_CAP", "RANDOM_SOURCE", "ReplayResult", "StepReplay", "capacity_bound",
-           "random_workload", "repeat_last_step", "replay_ops", "replay_source", "replay_steps", "replay_trace",
-           "results_table", "results_to_json", "steps_table"]
+__all__ = [
+    "DeviceReplay",
+    "Op",
+    "RANDOM_CAP",
+    "RANDOM_SOURCE",
+    "ReplayResult",
+    "StepReplay",
+    "capacity_bound",
+    "random_workload",
+    "repeat_last_step",
+    "replay_ops",
+    "replay_source",
+    "replay_steps",
+    "replay_trace",
+    "results_table",
+    "results_to_json",
+    "steps_table",
+]

@@ -7,6 +7,7 @@ queries are read from it exactly as torch reads its own. All sizes are bytes.
 ``memory_summary`` renders torch's own table (torch's formatter, fed with
 memalloc's statistics) and adds a memalloc footer.
 """
+
 from __future__ import annotations
 
 import collections
@@ -154,10 +155,14 @@ def list_gpu_processes(device: DeviceLike = None) -> str:
     ``pynvml`` is importable), plus memalloc's share, as text."""
     index = device_index(device)
     free, total = mem_get_info(index)
-    lines = [f"device {index} ({_state.enabled_backend()} backend): "
-             f"{(total - free) / 2**20:.2f} MiB used of {total / 2**20:.2f} MiB"]
-    lines.append(f"memalloc in this process: {memory_reserved(index) / 2**20:.2f} MiB reserved, "
-                 f"{memory_allocated(index) / 2**20:.2f} MiB allocated")
+    lines = [
+        f"device {index} ({_state.enabled_backend()} backend): "
+        f"{(total - free) / 2**20:.2f} MiB used of {total / 2**20:.2f} MiB"
+    ]
+    lines.append(
+        f"memalloc in this process: {memory_reserved(index) / 2**20:.2f} MiB reserved, "
+        f"{memory_allocated(index) / 2**20:.2f} MiB allocated"
+    )
     if _state.enabled_backend() == "cuda":
         lines.extend(_nvml_processes(index))
     return "\n".join(lines)

@@ -44,6 +44,7 @@ Several trackers may watch one device: the allocator's window is shared and
 each take is folded into every active tracker of that device, so each one
 still sees the peak over its own steps.
 """
+
 from __future__ import annotations
 
 import csv
@@ -71,14 +72,29 @@ SCHEMA = "memalloc.step_tracker/1"
 BREAKDOWN_FIELDS: tuple[str, ...] = tuple(f"peak_{c}" for c in CATEGORIES)
 
 FIELDS: tuple[str, ...] = (
-    "step", "time_s", "allocated", "reserved", "peak_allocated", "peak_reserved",
-    "device_used", "device_total", "num_ooms", *BREAKDOWN_FIELDS,
+    "step",
+    "time_s",
+    "allocated",
+    "reserved",
+    "peak_allocated",
+    "peak_reserved",
+    "device_used",
+    "device_total",
+    "num_ooms",
+    *BREAKDOWN_FIELDS,
 )
 
 UNITS: dict[str, str] = {
-    "step": "count", "time_s": "seconds", "allocated": "bytes", "reserved": "bytes",
-    "peak_allocated": "bytes", "peak_reserved": "bytes", "device_used": "bytes",
-    "device_total": "bytes", "num_ooms": "count", **dict.fromkeys(BREAKDOWN_FIELDS, "bytes"),
+    "step": "count",
+    "time_s": "seconds",
+    "allocated": "bytes",
+    "reserved": "bytes",
+    "peak_allocated": "bytes",
+    "peak_reserved": "bytes",
+    "device_used": "bytes",
+    "device_total": "bytes",
+    "num_ooms": "count",
+    **dict.fromkeys(BREAKDOWN_FIELDS, "bytes"),
 }
 
 
@@ -176,7 +192,7 @@ class StepTracker:
         return existing_device_index(self._device_spec, self._allocator)
 
     def _backend(self) -> str | None:
-        """"cuda" or "host" for the tracked allocator (None before one is known)."""
+        """ "cuda" or "host" for the tracked allocator (None before one is known)."""
         if self._allocator is not None:
             return self._allocator.backend_name
         return _state.enabled_backend()
@@ -230,8 +246,9 @@ class StepTracker:
     def __enter__(self) -> StepTracker:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     @property
@@ -246,14 +263,17 @@ class StepTracker:
         """Boundaries by source over every running period, the current one
         included; ``_lock`` held."""
         now = iteration.boundary_counts()
-        return {source: self._used.get(source, 0)
-                + (n - self._counts_at_start.get(source, 0) if self._running else 0)
-                for source, n in now.items()}
+        return {
+            source: self._used.get(source, 0) + (n - self._counts_at_start.get(source, 0) if self._running else 0)
+            for source, n in now.items()
+        }
 
     def __repr__(self) -> str:
         state = "running" if self._running else "stopped"
-        return (f"<memalloc.StepTracker device={self._device} {state}, {len(self._rows)} rows, "
-                f"boundaries: {self.boundaries}>")
+        return (
+            f"<memalloc.StepTracker device={self._device} {state}, {len(self._rows)} rows, "
+            f"boundaries: {self.boundaries}>"
+        )
 
     # --------------------------------------------------------- recording --
     def _on_step(self, step: int) -> None:
@@ -277,8 +297,10 @@ class StepTracker:
             if not self._running:
                 if listener:  # a step() racing with stop() in another thread
                     return None
-                raise RuntimeError("StepTracker: the tracker is not running; call start() "
-                                   "(or use `with memalloc.StepTracker() as tracker:`) first")
+                raise RuntimeError(
+                    "StepTracker: the tracker is not running; call start() "
+                    "(or use `with memalloc.StepTracker() as tracker:`) first"
+                )
             device, a = self._device, self._allocator
             s = a.stats(device)  # currents before the window: the step's peaks then cover them
             _take_window(a, device)
@@ -392,8 +414,10 @@ class StepTracker:
             from matplotlib.figure import Figure
             from matplotlib.ticker import MaxNLocator
         except ImportError as e:
-            raise ImportError("StepTracker.plot needs matplotlib, which is not installed: "
-                              "pip install matplotlib (to_csv and to_json need nothing)") from e
+            raise ImportError(
+                "StepTracker.plot needs matplotlib, which is not installed: "
+                "pip install matplotlib (to_csv and to_json need nothing)"
+            ) from e
         p = _output_path(path, "plot")
         rows = self.rows
         if not rows:
@@ -402,9 +426,11 @@ class StepTracker:
         fig = Figure(figsize=(8, 4.5))
         FigureCanvasAgg(fig)  # draws without pyplot: no global backend or figure state
         ax = fig.add_subplot()
-        for key, label, style in (("peak_allocated", "peak allocated in step", ":"),
-                                  ("allocated", "allocated at step end", "-"),
-                                  ("reserved", "reserved at step end", "--")):
+        for key, label, style in (
+            ("peak_allocated", "peak allocated in step", ":"),
+            ("allocated", "allocated at step end", "-"),
+            ("reserved", "reserved at step end", "--"),
+        ):
             ax.plot(steps, [r[key] / 2**20 for r in rows], style, marker=".", label=label)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -19,6 +19,7 @@ This is the top of the library's layers (below only ``__init__``, the pytest
 plugin and the CLI): it wires every feature; the state it sets lives in
 memalloc/core/_state.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,9 @@ from memalloc.integration import _torch_patch
 from memalloc.trace import recording
 
 
-def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False,
-           patch_torch: bool | None = None) -> str:
+def enable(
+    backend: str = "auto", config: ConfigLike = None, *, verbose: bool = False, patch_torch: bool | None = None
+) -> str:
     """Installs memalloc as this process's allocator and returns the backend
     used ("cuda" or "host").
 
@@ -59,9 +61,11 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     # memalloc's defaults first (expandable segments), then torch's own
     # variable (its shared keys), then MEMALLOC_CONF, then config: later keys win.
     torch_var, _ = _settings.torch_env_text()  # memalloc's defaults never fail: a bad base is torch's variable's
-    text = config_text(config, base=",".join(p for p in (PRODUCT_DEFAULTS, _settings.startup_text()) if p),
-                       base_source=f"{torch_var} (its keys memalloc shares with torch)" if torch_var
-                       else "memalloc's base config")
+    text = config_text(
+        config,
+        base=",".join(p for p in (PRODUCT_DEFAULTS, _settings.startup_text()) if p),
+        base_source=f"{torch_var} (its keys memalloc shares with torch)" if torch_var else "memalloc's base config",
+    )
     chosen = _state.resolve_backend(backend, text)
     with _state.lock:
         if _state.is_enabled():
@@ -96,11 +100,15 @@ def enable(backend: str = "auto", config: ConfigLike = None, *, verbose: bool = 
     flight_dir = config_value(text, "flight_recorder")
     if flight_dir:
         # the rings in a file that outlives the process (memalloc/features/flight.py)
-        flight.start(flight_dir, records=entries or flight.DEFAULT_RECORDS,
-                     keep=config_value(text, "flight_recorder_keep") == "True")
+        flight.start(
+            flight_dir,
+            records=entries or flight.DEFAULT_RECORDS,
+            keep=config_value(text, "flight_recorder_keep") == "True",
+        )
     elif entries:
-        recording.record_memory_history(True, max_entries=entries,
-                                        stacks=config_value(text, "record_stacks") or "python")
+        recording.record_memory_history(
+            True, max_entries=entries, stacks=config_value(text, "record_stacks") or "python"
+        )
     if verbose:
         why = "" if chosen == "cuda" or backend == "host" else f" ({_state.cuda_usable()[1]})"
         print(f"memalloc: enabled on the {chosen} backend{why}")

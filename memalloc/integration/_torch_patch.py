@@ -14,6 +14,7 @@ meanings), including the device-level ones (``mem_get_info``,
 Code written against ``torch.cuda`` (Lightning's DeviceStatsMonitor, HF
 Trainer's memory metrics) then runs against the simulated device in tests.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,8 +53,14 @@ def _empty_cache() -> None:
 DEFAULT_TORCH_ENTRIES = 1_000_000
 
 
-def _torch_record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all",
-                                 max_entries: int = sys.maxsize, device: Any = None, **_: Any) -> None:
+def _torch_record_memory_history(
+    enabled: Any = "all",
+    context: Any = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    **_: Any,
+) -> None:
     if enabled is None or enabled is False:
         recording.record_memory_history(False, device=device)
         return
@@ -72,11 +79,13 @@ def _torch_dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx
     snapshots.dump_snapshot(filename)
 
 
-_QUERIES.update({
-    "_record_memory_history": _torch_record_memory_history,
-    "_snapshot": _torch_snapshot,
-    "_dump_snapshot": _torch_dump_snapshot,
-})
+_QUERIES.update(
+    {
+        "_record_memory_history": _torch_record_memory_history,
+        "_snapshot": _torch_snapshot,
+        "_dump_snapshot": _torch_dump_snapshot,
+    }
+)
 
 # Device-level functions, patched on the host backend together with the
 # queries above (torch has no device to ask there).
@@ -87,8 +96,9 @@ _HOST_ONLY: dict[str, Callable[..., Any]] = {
 }
 
 _lock = threading.Lock()
-_originals: dict[str, Any] = {name: getattr(torch.cuda.memory, name)
-                              for name in (*_QUERIES, *_HOST_ONLY) if hasattr(torch.cuda.memory, name)}
+_originals: dict[str, Any] = {
+    name: getattr(torch.cuda.memory, name) for name in (*_QUERIES, *_HOST_ONLY) if hasattr(torch.cuda.memory, name)
+}
 _MODULES = (torch.cuda.memory, torch.cuda)
 
 

@@ -6,18 +6,18 @@ by memalloc; when the last view of it dies, its memory goes back to the
 allocator (a DLPack capsule with a deleter). Python lifetimes, loops and
 leaks are therefore real in tests that run without a GPU.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from typing import Union
 
 import torch
 
 from memalloc import _C
 
-ShapeLike = Union[int, Sequence[int], torch.Size]
+ShapeLike = int | Sequence[int] | torch.Size
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
@@ -45,8 +45,9 @@ def _dtype(dtype: torch.dtype) -> torch.dtype:
 def _host_allocator(allocator: _C.Allocator | None) -> _C.Allocator:
     if allocator is not None:
         if not isinstance(allocator, _C.Allocator):
-            raise TypeError(f"allocator must be a memalloc.Allocator or None (the installed one), "
-                            f"not {type(allocator).__name__}")
+            raise TypeError(
+                f"allocator must be a memalloc.Allocator or None (the installed one), not {type(allocator).__name__}"
+            )
         return allocator
     a = _C.installed()
     if a is None or a.backend_name != "host":
@@ -83,8 +84,9 @@ def empty(
     return raw.view(dtype).view(dims)
 
 
-def zeros(shape: ShapeLike, dtype: torch.dtype = torch.float32, device: int = 0, *,
-          allocator: _C.Allocator | None = None) -> torch.Tensor:
+def zeros(
+    shape: ShapeLike, dtype: torch.dtype = torch.float32, device: int = 0, *, allocator: _C.Allocator | None = None
+) -> torch.Tensor:
     """Like :func:`empty`, filled with zeros."""
     return empty(shape, dtype, device, allocator=allocator).zero_()
 

@@ -7,6 +7,7 @@ One meaning per method name: ``to_dict()`` is the JSON object as a dict,
 ``to_json(path=None)`` the JSON text (also written to ``path``),
 ``to_html(path=None)`` and ``to_text()`` likewise.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -46,9 +47,26 @@ class Leak:
 
     def to_dict(self) -> dict:
         """The leak as docs/leak-report.md's JSON object."""
-        d = {k: getattr(self, k) for k in ("site", "code", "alloc_site", "alloc_code", "stack", "bytes_per_step",
-                                           "tensors_per_step", "retained_bytes", "retained_tensors", "first_step",
-                                           "series", "holder", "cause", "hint", "also_allocated_at")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "site",
+                "code",
+                "alloc_site",
+                "alloc_code",
+                "stack",
+                "bytes_per_step",
+                "tensors_per_step",
+                "retained_bytes",
+                "retained_tensors",
+                "first_step",
+                "series",
+                "holder",
+                "cause",
+                "hint",
+                "also_allocated_at",
+            )
+        }
         return d
 
     def where(self) -> str:
@@ -70,18 +88,29 @@ class LeakReport:
     leaks: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     boundaries: str = ""  # which sources marked the steps, e.g. "24 from optimizer.step()"
-    created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
-                         .isoformat(timespec="seconds"))
+    created: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
 
     def bytes_per_step(self) -> float:
         """Total growth of the reported leaks, bytes per step."""
         return sum(l.bytes_per_step for l in self.leaks)
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "created": self.created, "backend": self.backend, "device": self.device,
-                "steps": self.steps, "allocated": self.allocated, "reserved": self.reserved,
-                "threshold_bytes_per_step": self.threshold_bytes_per_step, "warmup_steps": self.warmup_steps,
-                "leaks": [l.to_dict() for l in self.leaks], "notes": self.notes, "boundaries": self.boundaries}
+        return {
+            "schema": SCHEMA,
+            "created": self.created,
+            "backend": self.backend,
+            "device": self.device,
+            "steps": self.steps,
+            "allocated": self.allocated,
+            "reserved": self.reserved,
+            "threshold_bytes_per_step": self.threshold_bytes_per_step,
+            "warmup_steps": self.warmup_steps,
+            "leaks": [l.to_dict() for l in self.leaks],
+            "notes": self.notes,
+            "boundaries": self.boundaries,
+        }
 
     def to_json(self, path: str | None = None) -> str:
         """The report as JSON (docs/leak-report.md); written to ``path`` when given."""
@@ -103,17 +132,28 @@ class LeakReport:
             raise ValueError(f"not a memalloc leak report (schema {d.get('schema')!r}, expected {SCHEMA!r})")
         known = {f for f in Leak.__dataclass_fields__}
         leaks = [Leak(**{k: v for k, v in l.items() if k in known}) for l in d["leaks"]]
-        return cls(backend=d["backend"], device=d["device"], steps=d["steps"], allocated=d["allocated"],
-                   reserved=d["reserved"], threshold_bytes_per_step=d.get("threshold_bytes_per_step", 0),
-                   warmup_steps=d.get("warmup_steps", 0), leaks=leaks, notes=d.get("notes", []),
-                   boundaries=d.get("boundaries", ""), created=d.get("created", ""))
+        return cls(
+            backend=d["backend"],
+            device=d["device"],
+            steps=d["steps"],
+            allocated=d["allocated"],
+            reserved=d["reserved"],
+            threshold_bytes_per_step=d.get("threshold_bytes_per_step", 0),
+            warmup_steps=d.get("warmup_steps", 0),
+            leaks=leaks,
+            notes=d.get("notes", []),
+            boundaries=d.get("boundaries", ""),
+            created=d.get("created", ""),
+        )
 
     def to_text(self) -> str:
         """A report for the terminal."""
         n = len(self.steps)
-        head = (f"memalloc leak report: {self.backend} device {self.device}, {n} steps sampled"
-                + (f" ({self.steps[0]}..{self.steps[-1]})" if n else "")
-                + (f"; boundaries: {self.boundaries}" if self.boundaries else ""))
+        head = (
+            f"memalloc leak report: {self.backend} device {self.device}, {n} steps sampled"
+            + (f" ({self.steps[0]}..{self.steps[-1]})" if n else "")
+            + (f"; boundaries: {self.boundaries}" if self.boundaries else "")
+        )
         lines = [head]
         if not self.leaks:
             lines.append("no leaks found" if n >= self.warmup_steps + 4 else "not enough steps to judge")
@@ -121,9 +161,11 @@ class LeakReport:
             lines.append(f"{len(self.leaks)} leak(s), {fmt_bytes(self.bytes_per_step())} per step in all")
         for i, l in enumerate(self.leaks, 1):
             lines.append("")
-            lines.append(f"#{i} {l.where()} in {l.site['function']}: +{fmt_bytes(l.bytes_per_step)} per step "
-                         f"({l.tensors_per_step:.1f} tensors), {fmt_bytes(l.retained_bytes)} retained in "
-                         f"{l.retained_tensors} tensors since step {l.first_step}")
+            lines.append(
+                f"#{i} {l.where()} in {l.site['function']}: +{fmt_bytes(l.bytes_per_step)} per step "
+                f"({l.tensors_per_step:.1f} tensors), {fmt_bytes(l.retained_bytes)} retained in "
+                f"{l.retained_tensors} tensors since step {l.first_step}"
+            )
             if l.code:
                 lines.append(f"    {l.code}")
             if l.holder:
@@ -137,8 +179,10 @@ class LeakReport:
                 a = l.alloc_site
                 lines.append(f"    allocated at {a['filename']}:{a['line']} in {a['function']}: {l.alloc_code}")
             for extra in l.also_allocated_at:
-                lines.append(f"    also allocated at {extra['filename']}:{extra['line']}: "
-                             f"+{fmt_bytes(extra['bytes_per_step'])} per step")
+                lines.append(
+                    f"    also allocated at {extra['filename']}:{extra['line']}: "
+                    f"+{fmt_bytes(extra['bytes_per_step'])} per step"
+                )
             if l.hint:
                 lines.append(f"    hint: {l.hint}")
         for note in self.notes:
@@ -163,5 +207,7 @@ class LeakError(AssertionError):
 
     def __init__(self, report: LeakReport, limit: float) -> None:
         self.report = report
-        super().__init__(f"the loop leaks {fmt_bytes(report.bytes_per_step())} per step "
-                         f"(allowed: {fmt_bytes(limit)})\n{report.to_text()}")
+        super().__init__(
+            f"the loop leaks {fmt_bytes(report.bytes_per_step())} per step "
+            f"(allowed: {fmt_bytes(limit)})\n{report.to_text()}"
+        )

@@ -11,6 +11,7 @@ leak ``<article class="leak" id="leak-N" data-bytes-per-step=...>`` (N = 0
 for the largest bytes/step) holding ``id="chart-leak-N"``; every chart is an
 ``<svg class="chart">`` with one ``<polyline class="series ...">`` per line.
 """
+
 from __future__ import annotations
 
 import html
@@ -101,43 +102,62 @@ def render_html(report: dict) -> str:
     body = [
         _summary(report, steps, n, total),
         '<section class="card" id="memory"><h2>Allocated and reserved memory</h2>'
-        + _chart("chart-memory", steps, [("allocated", "allocated", report.get("allocated", [])),
-                                         ("reserved", "reserved", report.get("reserved", []))], "memory")
+        + _chart(
+            "chart-memory",
+            steps,
+            [
+                ("allocated", "allocated", report.get("allocated", [])),
+                ("reserved", "reserved", report.get("reserved", [])),
+            ],
+            "memory",
+        )
         + "</section>",
     ]
     if leaks:
         body.append(_overview(leaks))
         body.extend(_leak(i, leak, steps) for i, leak in enumerate(leaks))
     else:
-        body.append('<section class="card no-leaks" id="no-leaks"><h2 class="good">No leaks found</h2>'
-                    f"<p>No allocation site kept growing over the {len(steps)} sampled steps (threshold "
-                    f'{_e(fmt_bytes(report.get("threshold_bytes_per_step", 0)))}/step, the first '
-                    f'{_e(report.get("warmup_steps", 0))} ignored as warm-up).</p></section>')
-    body.append(f'<footer>schema {_e(report.get("schema", "?"))} · created {_e(report.get("created", "?"))} · '
-                "rendered by memalloc.reporters.report_html</footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><main>\n"
-            + "\n".join(body) + "\n</main></body></html>\n")
+        body.append(
+            '<section class="card no-leaks" id="no-leaks"><h2 class="good">No leaks found</h2>'
+            f"<p>No allocation site kept growing over the {len(steps)} sampled steps (threshold "
+            f"{_e(fmt_bytes(report.get('threshold_bytes_per_step', 0)))}/step, the first "
+            f"{_e(report.get('warmup_steps', 0))} ignored as warm-up).</p></section>"
+        )
+    body.append(
+        f"<footer>schema {_e(report.get('schema', '?'))} · created {_e(report.get('created', '?'))} · "
+        "rendered by memalloc.reporters.report_html</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body><main>\n"
+        + "\n".join(body)
+        + "\n</main></body></html>\n"
+    )
 
 
 def render_page(title: str, sections: Sequence[str], css: str = "") -> str:
     """A complete self-contained page in this module's style: ``sections``
     are HTML fragments (already escaped), ``css`` extra rules."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{_e(title)}</title><style>{_CSS}{css}</style></head>\n<body><main>\n"
-            + "\n".join(sections) + "\n</main></body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}{css}</style></head>\n<body><main>\n"
+        + "\n".join(sections)
+        + "\n</main></body></html>\n"
+    )
 
 
-def chart(chart_id: str, steps: Sequence[int], lines: Sequence[tuple[str, str, Sequence[float]]],
-          kind: str = "memory") -> str:
+def chart(
+    chart_id: str, steps: Sequence[int], lines: Sequence[tuple[str, str, Sequence[float]]], kind: str = "memory"
+) -> str:
     """A line chart of byte series over ``steps`` (inline SVG and legend):
     ``lines`` as (css class, legend label, bytes at each step)."""
     return _chart(chart_id, steps, lines, kind)
 
 
 # ------------------------------------------------------------ sections ----
+
 
 def _summary(report: dict, steps: list[int], n: int, total: float) -> str:
     span = f" (steps {steps[0]}–{steps[-1]})" if steps else ""
@@ -150,13 +170,18 @@ def _summary(report: dict, steps: list[int], n: int, total: float) -> str:
         ("Leaked per step", f"{fmt_bytes(total)}/step"),
     ]
     cls = {"Leaks": "bad" if n else "good", "Leaked per step": "bad" if n else "good"}
-    kv = "".join(f'<div><dt>{_e(k)}</dt><dd class="{cls.get(k, "")}" data-key="{_e(k.lower())}">{_e(v)}</dd></div>'
-                 for k, v in facts)
+    kv = "".join(
+        f'<div><dt>{_e(k)}</dt><dd class="{cls.get(k, "")}" data-key="{_e(k.lower())}">{_e(v)}</dd></div>'
+        for k, v in facts
+    )
     notes = "".join(f"<li>{_e(x)}</li>" for x in report.get("notes", []) or [])
-    return ('<header><h1>memalloc leak report</h1>'
-            f'<p class="muted">created {_e(report.get("created", "?"))}</p></header>\n'
-            f'<section class="card summary" id="summary"><dl class="kv">{kv}</dl>'
-            + (f'<ul class="notes">{notes}</ul>' if notes else "") + "</section>")
+    return (
+        "<header><h1>memalloc leak report</h1>"
+        f'<p class="muted">created {_e(report.get("created", "?"))}</p></header>\n'
+        f'<section class="card summary" id="summary"><dl class="kv">{kv}</dl>'
+        + (f'<ul class="notes">{notes}</ul>' if notes else "")
+        + "</section>"
+    )
 
 
 def _overview(leaks: Sequence[dict]) -> str:
@@ -165,58 +190,86 @@ def _overview(leaks: Sequence[dict]) -> str:
         f'<td class="num">{_e(fmt_bytes(float(k.get("bytes_per_step", 0))))}</td>'
         f'<td class="num">{_e(_count(k.get("tensors_per_step", 0)))}</td>'
         f'<td class="num">{_e(fmt_bytes(k.get("retained_bytes", 0)))}</td><td>{_e(k.get("cause", ""))}</td></tr>'
-        for i, k in enumerate(leaks))
-    return ('<section class="card" id="overview"><h2>Leaks by growth per step</h2><table><thead><tr>'
-            '<th class="num">#</th><th>site</th><th class="num">bytes/step</th><th class="num">tensors/step</th>'
-            f'<th class="num">retained</th><th>cause</th></tr></thead><tbody>{rows}</tbody></table></section>')
+        for i, k in enumerate(leaks)
+    )
+    return (
+        '<section class="card" id="overview"><h2>Leaks by growth per step</h2><table><thead><tr>'
+        '<th class="num">#</th><th>site</th><th class="num">bytes/step</th><th class="num">tensors/step</th>'
+        f'<th class="num">retained</th><th>cause</th></tr></thead><tbody>{rows}</tbody></table></section>'
+    )
 
 
 def _leak(i: int, leak: dict, steps: list[int]) -> str:
     site, alloc = leak.get("site") or {}, leak.get("alloc_site") or {}
     bps = float(leak.get("bytes_per_step", 0))
-    parts = [f'<h3><span class="rank">#{i + 1}</span><code class="site">{_e(_where(site, True))}</code>'
-             f'<span class="badge">+{_e(fmt_bytes(bps))}/step</span></h3>', _code(leak.get("code", ""))]
+    parts = [
+        f'<h3><span class="rank">#{i + 1}</span><code class="site">{_e(_where(site, True))}</code>'
+        f'<span class="badge">+{_e(fmt_bytes(bps))}/step</span></h3>',
+        _code(leak.get("code", "")),
+    ]
     if alloc and (alloc.get("filename"), alloc.get("line")) != (site.get("filename"), site.get("line")):
-        parts.append(f'<p class="label">allocated at <code class="alloc-site">{_e(_where(alloc, True))}</code></p>'
-                     + _code(leak.get("alloc_code", "")))
-    facts = [("Bytes / step", f"{fmt_bytes(bps)}"), ("Tensors / step", _count(leak.get("tensors_per_step", 0))),
-             ("Retained", f"{fmt_bytes(leak.get('retained_bytes', 0))} in {leak.get('retained_tensors', 0)} tensors"),
-             ("First step", leak.get("first_step", "?")), ("Cause", leak.get("cause", "unknown"))]
-    parts.append('<dl class="kv facts">' + "".join(f'<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>' for k, v in facts)
-                 + "</dl>")
+        parts.append(
+            f'<p class="label">allocated at <code class="alloc-site">{_e(_where(alloc, True))}</code></p>'
+            + _code(leak.get("alloc_code", ""))
+        )
+    facts = [
+        ("Bytes / step", f"{fmt_bytes(bps)}"),
+        ("Tensors / step", _count(leak.get("tensors_per_step", 0))),
+        ("Retained", f"{fmt_bytes(leak.get('retained_bytes', 0))} in {leak.get('retained_tensors', 0)} tensors"),
+        ("First step", leak.get("first_step", "?")),
+        ("Cause", leak.get("cause", "unknown")),
+    ]
+    parts.append(
+        '<dl class="kv facts">' + "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in facts) + "</dl>"
+    )
     holder = leak.get("holder")
     if holder:
         length = f", {holder['length']} items" if holder.get("length") is not None else ""
-        parts.append(f'<div class="holder"><p class="label">held by {_e(holder.get("kind", "?"))} '
-                     f'<code>{_e(holder.get("name", ""))}</code>{_e(length)} at '
-                     f'<code>{_e(holder.get("where", ""))}</code></p>{_code(holder.get("code", ""))}</div>')
+        parts.append(
+            f'<div class="holder"><p class="label">held by {_e(holder.get("kind", "?"))} '
+            f"<code>{_e(holder.get('name', ''))}</code>{_e(length)} at "
+            f"<code>{_e(holder.get('where', ''))}</code></p>{_code(holder.get('code', ''))}</div>"
+        )
     if leak.get("hint"):
         parts.append(f'<p class="hint">{_inline_code(leak["hint"])}</p>')
-    parts.append(_chart(f"chart-leak-{i}", steps, [("live", "live bytes of this site", leak.get("series", []))],
-                        "live", _H_LEAK))
+    parts.append(
+        _chart(f"chart-leak-{i}", steps, [("live", "live bytes of this site", leak.get("series", []))], "live", _H_LEAK)
+    )
     frames = leak.get("stack") or []
     if frames:
         key = (alloc.get("filename"), alloc.get("line"))
         mark = ' class="alloc"'
-        items = "".join(f'<li{mark if (f.get("filename"), f.get("line")) == key else ""}>'
-                        f'{_e(f.get("filename", "?"))}:{_e(f.get("line", "?"))} {_e(f.get("name", ""))}</li>'
-                        for f in frames)
-        parts.append(f'<details class="stack"><summary>Full stack ({len(frames)} frames, innermost first)</summary>'
-                     f'<ol class="frames">{items}</ol></details>')
-    return (f'<article class="card leak" id="leak-{i}" data-bytes-per-step="{bps!r}" '
-            f'data-tensors-per-step="{float(leak.get("tensors_per_step", 0))!r}" '
-            f'data-site="{_e(_where(site))}">' + "\n".join(parts) + "</article>")
+        items = "".join(
+            f"<li{mark if (f.get('filename'), f.get('line')) == key else ''}>"
+            f"{_e(f.get('filename', '?'))}:{_e(f.get('line', '?'))} {_e(f.get('name', ''))}</li>"
+            for f in frames
+        )
+        parts.append(
+            f'<details class="stack"><summary>Full stack ({len(frames)} frames, innermost first)</summary>'
+            f'<ol class="frames">{items}</ol></details>'
+        )
+    return (
+        f'<article class="card leak" id="leak-{i}" data-bytes-per-step="{bps!r}" '
+        f'data-tensors-per-step="{float(leak.get("tensors_per_step", 0))!r}" '
+        f'data-site="{_e(_where(site))}">' + "\n".join(parts) + "</article>"
+    )
 
 
 # -------------------------------------------------------------- charts ----
 
-def _chart(chart_id: str, steps: Sequence[int], lines: Sequence[tuple[str, str, Sequence[float]]],
-           kind: str, height: int = _H_MEMORY) -> str:
+
+def _chart(
+    chart_id: str,
+    steps: Sequence[int],
+    lines: Sequence[tuple[str, str, Sequence[float]]],
+    kind: str,
+    height: int = _H_MEMORY,
+) -> str:
     """A line chart of byte series over ``steps`` as inline SVG plus legend.
     ``lines``: (css class, legend label, bytes at each step); a series is
     cut to the number of steps. The y axis is in the binary unit that fits
     the largest value; hover bands carry ``<title>`` tooltips."""
-    lines = [(cls, label, [float(v) for v in vals][:len(steps)]) for cls, label, vals in lines]
+    lines = [(cls, label, [float(v) for v in vals][: len(steps)]) for cls, label, vals in lines]
     top_value = max([v for _, _, vals in lines for v in vals] + [0.0])
     unit, scale = _unit_for(top_value)
     tick, ymax = _nice_axis(top_value / scale)
@@ -231,31 +284,41 @@ def _chart(chart_id: str, steps: Sequence[int], lines: Sequence[tuple[str, str, 
     def py(v: float) -> float:
         return _TOP + ph - v / scale / ymax * ph
 
-    out = [f'<svg class="chart chart-{kind}" id="{chart_id}" viewBox="0 0 {_W} {height}" role="img" '
-           f'data-unit="{unit}" data-steps="{len(steps)}">']
+    out = [
+        f'<svg class="chart chart-{kind}" id="{chart_id}" viewBox="0 0 {_W} {height}" role="img" '
+        f'data-unit="{unit}" data-steps="{len(steps)}">'
+    ]
     for k in range(int(round(ymax / tick)) + 1):  # horizontal grid and y labels
         y = py(k * tick * scale)
-        out.append(f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                   f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{k * tick:g}</text>')
+        out.append(
+            f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{k * tick:g}</text>'
+        )
     xtick, _ = _nice_axis(x1 - x0, target=8, integer=True)
     s = math.ceil(x0 / xtick) * xtick
     while s <= x1:
-        out.append(f'<line class="axis" x1="{px(s):.1f}" x2="{px(s):.1f}" y1="{_TOP + ph}" y2="{_TOP + ph + 4}"/>'
-                   f'<text x="{px(s):.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{s:.0f}</text>')
+        out.append(
+            f'<line class="axis" x1="{px(s):.1f}" x2="{px(s):.1f}" y1="{_TOP + ph}" y2="{_TOP + ph + 4}"/>'
+            f'<text x="{px(s):.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{s:.0f}</text>'
+        )
         s += xtick
-    out.append(f'<line class="axis" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{_TOP + ph}" y2="{_TOP + ph}"/>'
-               f'<line class="axis" x1="{_LEFT}" x2="{_LEFT}" y1="{_TOP}" y2="{_TOP + ph}"/>'
-               f'<text class="axis-title" x="{_LEFT + pw / 2:.0f}" y="{height - 6}" text-anchor="middle">step</text>'
-               f'<text class="axis-title" transform="translate(14 {_TOP + ph / 2:.0f}) rotate(-90)" '
-               f'text-anchor="middle">bytes ({unit})</text>')
+    out.append(
+        f'<line class="axis" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{_TOP + ph}" y2="{_TOP + ph}"/>'
+        f'<line class="axis" x1="{_LEFT}" x2="{_LEFT}" y1="{_TOP}" y2="{_TOP + ph}"/>'
+        f'<text class="axis-title" x="{_LEFT + pw / 2:.0f}" y="{height - 6}" text-anchor="middle">step</text>'
+        f'<text class="axis-title" transform="translate(14 {_TOP + ph / 2:.0f}) rotate(-90)" '
+        f'text-anchor="middle">bytes ({unit})</text>'
+    )
     for cls, label, vals in lines:
         pts = " ".join(f"{px(st):.1f},{py(v):.1f}" for st, v in zip(steps, vals))
         if not pts:
             continue
         if cls != "reserved":  # shade under the main series
             first, last = px(steps[0]), px(steps[len(vals) - 1])
-            out.append(f'<path class="area {cls}" d="M{first:.1f},{_TOP + ph} L{pts.replace(" ", " L")} '
-                       f'L{last:.1f},{_TOP + ph} Z"/>')
+            out.append(
+                f'<path class="area {cls}" d="M{first:.1f},{_TOP + ph} L{pts.replace(" ", " L")} '
+                f'L{last:.1f},{_TOP + ph} Z"/>'
+            )
         out.append(f'<polyline class="series {cls}" data-label="{_e(label)}" points="{pts}"/>')
     out.extend(_hover_bands(steps, lines, px, _TOP, ph))
     out.append("</svg>")
@@ -263,8 +326,9 @@ def _chart(chart_id: str, steps: Sequence[int], lines: Sequence[tuple[str, str, 
     return "".join(out) + f'<div class="legend">{legend}</div>'
 
 
-def _hover_bands(steps: Sequence[int], lines: Sequence[tuple[str, str, list[float]]], px: Any,
-                 top: float, height: float) -> list[str]:
+def _hover_bands(
+    steps: Sequence[int], lines: Sequence[tuple[str, str, list[float]]], px: Any, top: float, height: float
+) -> list[str]:
     """Invisible vertical bands (at most _MAX_HOVER_BANDS) whose ``<title>``
     gives the step and every series' value there."""
     stride = max(1, math.ceil(len(steps) / _MAX_HOVER_BANDS))
@@ -276,8 +340,10 @@ def _hover_bands(steps: Sequence[int], lines: Sequence[tuple[str, str, list[floa
         if right - left < 1:
             left, right = left - 3, right + 3
         vals = "; ".join(f"{label} {fmt_bytes(v[i])}" for _, label, v in lines if i < len(v))
-        bands.append(f'<rect class="band" x="{left:.1f}" y="{top}" width="{right - left:.1f}" height="{height}">'
-                     f"<title>step {steps[i]}: {_e(vals)}</title></rect>")
+        bands.append(
+            f'<rect class="band" x="{left:.1f}" y="{top}" width="{right - left:.1f}" height="{height}">'
+            f"<title>step {steps[i]}: {_e(vals)}</title></rect>"
+        )
     return bands
 
 
@@ -304,6 +370,7 @@ def _nice_axis(top: float, target: int = 4, integer: bool = False) -> tuple[floa
 
 
 # ------------------------------------------------------------- helpers ----
+
 
 def _e(value: Any) -> str:
     """``value`` as text, escaped for HTML content and quoted attributes."""

@@ -36,6 +36,7 @@ A record is read as committed when its sequence number reads the same,
 non-zero, before and after the record (a torn one, written when the process
 died, has 0), and a ring's records are the committed ones in sequence order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,7 +67,11 @@ HEARTBEAT = struct.Struct("<qqIIQQ")
 HOST_AT, HOST_BYTES = 256, 64
 BACKEND_AT, BACKEND_BYTES = 320, 16
 META_AT = 336  # 4-byte length, then JSON, up to the header's end
-RUNNING, EXITED, RAISED = 0, 1, 2  # the writer's state: running (or ended otherwise), exited cleanly, exited on an uncaught exception
+RUNNING, EXITED, RAISED = (
+    0,
+    1,
+    2,
+)  # the writer's state: running (or ended otherwise), exited cleanly, exited on an uncaught exception
 SLOT_HEAD = struct.Struct("<QI")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 # one row per step and device: step, unix ns, device, (pad), the step's peak allocated, allocated and
@@ -161,24 +166,45 @@ def read(path: PathLike) -> FlightFile:
 def _parse(path: str, data) -> FlightFile:
     if data[:8] != MAGIC:
         raise FlightFileError(f"{path}: not a memalloc flight recorder file (no {MAGIC[:7].decode()} header)")
-    (_, version, header_bytes, file_bytes, pid, start_ns, rank, world, n_rings, record_bytes, ring_offset,
-     capacity, stride, stacks_offset, stacks_bytes, cp_offset, cp_bytes, history_offset,
-     history_bytes) = HEADER.unpack_from(data, 0)
+    (
+        _,
+        version,
+        header_bytes,
+        file_bytes,
+        pid,
+        start_ns,
+        rank,
+        world,
+        n_rings,
+        record_bytes,
+        ring_offset,
+        capacity,
+        stride,
+        stacks_offset,
+        stacks_bytes,
+        cp_offset,
+        cp_bytes,
+        history_offset,
+        history_bytes,
+    ) = HEADER.unpack_from(data, 0)
     if version != VERSION:
-        raise FlightFileError(f"{path}: flight recorder format version {version}; this memalloc reads version "
-                              f"{VERSION} (read it with the memalloc that wrote it)")
+        raise FlightFileError(
+            f"{path}: flight recorder format version {version}; this memalloc reads version "
+            f"{VERSION} (read it with the memalloc that wrote it)"
+        )
     # A file cut short (a full disk, a copy that stopped): what lies before
     # the cut is read, every region clipped to it; what lies after is lost.
     missing = max(0, file_bytes - len(data))
     if record_bytes != RECORD_BYTES or header_bytes != HEADER_BYTES:
-        raise FlightFileError(f"{path}: records of {record_bytes} bytes, header of {header_bytes}: not version "
-                              f"{VERSION}'s layout")
+        raise FlightFileError(
+            f"{path}: records of {record_bytes} bytes, header of {header_bytes}: not version {VERSION}'s layout"
+        )
     hb_ns, step, state, _, stacks_used, history_rows = HEARTBEAT.unpack_from(data, HEARTBEAT_AT)
-    host = data[HOST_AT:HOST_AT + HOST_BYTES].rstrip(b"\0").decode("utf-8", "replace")
-    backend = data[BACKEND_AT:BACKEND_AT + BACKEND_BYTES].rstrip(b"\0").decode("utf-8", "replace")
+    host = data[HOST_AT : HOST_AT + HOST_BYTES].rstrip(b"\0").decode("utf-8", "replace")
+    backend = data[BACKEND_AT : BACKEND_AT + BACKEND_BYTES].rstrip(b"\0").decode("utf-8", "replace")
     (meta_len,) = struct.unpack_from("<I", data, META_AT)
-    meta = json.loads(data[META_AT + 4:META_AT + 4 + meta_len] or b"{}")
-    stacks, tags = _interned(bytes(data[stacks_offset:stacks_offset + min(stacks_used, stacks_bytes)]))
+    meta = json.loads(data[META_AT + 4 : META_AT + 4 + meta_len] or b"{}")
+    stacks, tags = _interned(bytes(data[stacks_offset : stacks_offset + min(stacks_used, stacks_bytes)]))
     tag_names = [f"<tag {i}>" for i in range(max(tags, default=0) + 1)]
     tag_names[0] = ""
     for i, name in tags.items():
@@ -190,12 +216,28 @@ def _parse(path: str, data) -> FlightFile:
         raws.append(raw)
         sequences.append(seqs)
         torn.append(bad)
-    return FlightFile(path=path, pid=pid, host=host, rank=rank, world_size=world, backend=backend,
-                      start_ns=start_ns, meta=meta, state={EXITED: "exited", RAISED: "raised"}.get(state, "running"),
-                      heartbeat_ns=hb_ns, step=step, rings=rings, raw=raws, sequences=sequences, torn=torn,
-                      stacks=stacks, tags=tags, checkpoint=_checkpoint(data, cp_offset, cp_bytes),
-                      history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)),
-                      missing=missing)
+    return FlightFile(
+        path=path,
+        pid=pid,
+        host=host,
+        rank=rank,
+        world_size=world,
+        backend=backend,
+        start_ns=start_ns,
+        meta=meta,
+        state={EXITED: "exited", RAISED: "raised"}.get(state, "running"),
+        heartbeat_ns=hb_ns,
+        step=step,
+        rings=rings,
+        raw=raws,
+        sequences=sequences,
+        torn=torn,
+        stacks=stacks,
+        tags=tags,
+        checkpoint=_checkpoint(data, cp_offset, cp_bytes),
+        history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)),
+        missing=missing,
+    )
 
 
 def _ring(data, offset: int, capacity: int) -> tuple[bytes, list[int], int]:
@@ -211,7 +253,7 @@ def _ring(data, offset: int, capacity: int) -> tuple[bytes, list[int], int]:
         if seq_at + (i + 1) * SEQ_BYTES > len(data):  # cut off: the slot's number is lost, so is its record
             break
         (seq,) = struct.unpack_from("<Q", data, seq_at + i * SEQ_BYTES)
-        raw = bytes(data[offset + i * RECORD_BYTES:offset + (i + 1) * RECORD_BYTES])
+        raw = bytes(data[offset + i * RECORD_BYTES : offset + (i + 1) * RECORD_BYTES])
         (again,) = struct.unpack_from("<Q", data, seq_at + i * SEQ_BYTES)
         if seq == 0 or again != seq or (seq - 1) % capacity != i:
             empty_written += seq != 0 or again != 0 or any(raw)
@@ -229,7 +271,7 @@ def _interned(region: bytes) -> tuple[dict[int, list[list]], dict[int, str]]:
         (n,) = struct.unpack_from("<I", region, at)
         if n == 0 or at + 4 + n > len(region):
             break
-        entry = json.loads(region[at + 4:at + 4 + n])
+        entry = json.loads(region[at + 4 : at + 4 + n])
         if "stack" in entry:
             stacks[int(entry["stack"])] = entry["frames"]
         else:
@@ -249,7 +291,7 @@ def _checkpoint(data: bytes, offset: int, nbytes: int) -> dict | None:
         if seq == 0 or n > half - SLOT_HEAD.size or seq <= best[0] or at + SLOT_HEAD.size + n > len(data):
             continue
         try:
-            best = (seq, json.loads(data[at + SLOT_HEAD.size:at + SLOT_HEAD.size + n]))
+            best = (seq, json.loads(data[at + SLOT_HEAD.size : at + SLOT_HEAD.size + n]))
         except ValueError:
             continue
     return best[1]
@@ -259,9 +301,20 @@ def _history(data, offset: int, rows: int) -> list[dict]:
     out = []
     rows = max(0, min(rows, (len(data) - offset) // HISTORY_ROW.size))  # those before a cut
     for i in range(rows):
-        step, t, device, _, peak, allocated, reserved, *split = HISTORY_ROW.unpack_from(data, offset + i * HISTORY_ROW.size)
-        out.append({"step": step, "time_ns": t, "device": device, "peak_allocated": peak, "allocated": allocated,
-                    "reserved": reserved, "split": dict(zip(CATEGORIES, split))})
+        step, t, device, _, peak, allocated, reserved, *split = HISTORY_ROW.unpack_from(
+            data, offset + i * HISTORY_ROW.size
+        )
+        out.append(
+            {
+                "step": step,
+                "time_ns": t,
+                "device": device,
+                "peak_allocated": peak,
+                "allocated": allocated,
+                "reserved": reserved,
+                "split": dict(zip(CATEGORIES, split)),
+            }
+        )
     return out
 
 
@@ -273,11 +326,32 @@ def files_in(directory: PathLike) -> list[str]:
         raise FlightFileError(f"{directory}: not a directory (give the flight_recorder:DIR directory)")
     found = sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(SUFFIX))
     if not found:
-        raise FlightFileError(f"{directory}: no flight recorder files (*{SUFFIX}) in it: was the job run with "
-                              f"MEMALLOC_CONF=flight_recorder:{directory}?")
+        raise FlightFileError(
+            f"{directory}: no flight recorder files (*{SUFFIX}) in it: was the job run with "
+            f"MEMALLOC_CONF=flight_recorder:{directory}?"
+        )
     return found
 
 
-__all__ = ["CATEGORIES", "HISTORY_ROW", "EXITED", "RAISED", "FlightFile", "FlightFileError", "HEADER", "HEADER_BYTES", "HEARTBEAT", "HEARTBEAT_AT",
-           "MAGIC", "RECORD_BYTES", "RUNNING", "SEQ_BYTES", "SUFFIX", "VERSION", "files_in", "live_at_end", "read",
-           "replay"]
+__all__ = [
+    "CATEGORIES",
+    "HISTORY_ROW",
+    "EXITED",
+    "RAISED",
+    "FlightFile",
+    "FlightFileError",
+    "HEADER",
+    "HEADER_BYTES",
+    "HEARTBEAT",
+    "HEARTBEAT_AT",
+    "MAGIC",
+    "RECORD_BYTES",
+    "RUNNING",
+    "SEQ_BYTES",
+    "SUFFIX",
+    "VERSION",
+    "files_in",
+    "live_at_end",
+    "read",
+    "replay",
+]

@@ -8,6 +8,7 @@ difference (its live memory by line at its end against the median rank's:
 the ring covers (leaks). Text (:func:`to_text`) and a self-contained HTML
 page with a per-rank memory-over-steps chart (:func:`to_html`).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -36,28 +37,49 @@ def merge(files: list[FlightFile]) -> dict:
             per_step[h["step"]].append(h)
         steps = sorted(per_step)
         peaks = [max(h["peak_allocated"] for h in per_step[s]) for s in steps]
-        ranks.append({
-            "rank": f.rank, "pid": f.pid, "host": f.host, "state": f.state, "path": f.path, "steps": steps,
-            "peak_allocated": peaks,
-            "reserved": [max(h["reserved"] for h in per_step[s]) for s in steps],
-            "split": [per_step[s][0]["split"] for s in steps],
-            "peak": max(peaks, default=0),
-            "sites": _sites(f),
-            "leaks": leaks_of(f),
-        })
+        ranks.append(
+            {
+                "rank": f.rank,
+                "pid": f.pid,
+                "host": f.host,
+                "state": f.state,
+                "path": f.path,
+                "steps": steps,
+                "peak_allocated": peaks,
+                "reserved": [max(h["reserved"] for h in per_step[s]) for s in steps],
+                "split": [per_step[s][0]["split"] for s in steps],
+                "peak": max(peaks, default=0),
+                "sites": _sites(f),
+                "leaks": leaks_of(f),
+            }
+        )
     median = statistics.median([r["peak"] for r in ranks]) if ranks else 0
     out = {"ranks": ranks, "median_peak": median, "outliers": []}
     median_rank = min(ranks, key=lambda r: abs(r["peak"] - median)) if ranks else None
     for r in ranks:
         if median and r["peak"] > STANDS_OUT * median:
             base = median_rank["sites"] if median_rank is not None else {}
-            diff = sorted(((site, b - base.get(site, 0)) for site, b in r["sites"].items()
-                           if b > base.get(site, 0)), key=lambda x: -x[1])
-            out["outliers"].append({"rank": r["rank"], "peak": r["peak"], "above_median": r["peak"] / median - 1,
-                                    "median_rank": median_rank["rank"] if median_rank else None,
-                                    "lines": [{"site": list(site), "bytes_more": d,
-                                               "bytes": r["sites"][site], "median_rank_bytes": base.get(site, 0)}
-                                              for site, d in diff[:5]]})
+            diff = sorted(
+                ((site, b - base.get(site, 0)) for site, b in r["sites"].items() if b > base.get(site, 0)),
+                key=lambda x: -x[1],
+            )
+            out["outliers"].append(
+                {
+                    "rank": r["rank"],
+                    "peak": r["peak"],
+                    "above_median": r["peak"] / median - 1,
+                    "median_rank": median_rank["rank"] if median_rank else None,
+                    "lines": [
+                        {
+                            "site": list(site),
+                            "bytes_more": d,
+                            "bytes": r["sites"][site],
+                            "median_rank_bytes": base.get(site, 0),
+                        }
+                        for site, d in diff[:5]
+                    ],
+                }
+            )
     return out
 
 
@@ -121,9 +143,14 @@ def leaks_of(f: FlightFile) -> list[dict]:
             values = [b for _, b in series]
             grows = len(values) > MIN_LEAK_STEPS and all(b > a for a, b in zip(values, values[1:]))
             if grows:
-                out.append({"device": d, "site": list(site),
-                            "bytes_per_step": (values[-1] - values[0]) / (len(values) - 1),
-                            "steps": [series[0][0], series[-1][0]]})
+                out.append(
+                    {
+                        "device": d,
+                        "site": list(site),
+                        "bytes_per_step": (values[-1] - values[0]) / (len(values) - 1),
+                        "steps": [series[0][0], series[-1][0]],
+                    }
+                )
     return sorted(out, key=lambda l: -l["bytes_per_step"])
 
 
@@ -135,18 +162,26 @@ def _where(site) -> str:
 def to_text(m: dict) -> str:
     lines = [f"memalloc job report: {len(m['ranks'])} rank(s), median peak {fmt_bytes(m['median_peak'])}"]
     for r in m["ranks"]:
-        lines.append(f"rank {r['rank']} (pid {r['pid']} on {r['host']}, {r['state']}): peak {fmt_bytes(r['peak'])} "
-                     f"over {len(r['steps'])} steps")
+        lines.append(
+            f"rank {r['rank']} (pid {r['pid']} on {r['host']}, {r['state']}): peak {fmt_bytes(r['peak'])} "
+            f"over {len(r['steps'])} steps"
+        )
     for o in m["outliers"]:
-        lines.append(f"rank {o['rank']} stands out: peak {fmt_bytes(o['peak'])}, {o['above_median']:.0%} above the "
-                     f"median; the lines that make the difference (against rank {o['median_rank']}):")
+        lines.append(
+            f"rank {o['rank']} stands out: peak {fmt_bytes(o['peak'])}, {o['above_median']:.0%} above the "
+            f"median; the lines that make the difference (against rank {o['median_rank']}):"
+        )
         for l in o["lines"]:
-            lines.append(f"    +{fmt_bytes(l['bytes_more'])}  {_where(l['site'])}  ({fmt_bytes(l['bytes'])} against "
-                         f"{fmt_bytes(l['median_rank_bytes'])})")
+            lines.append(
+                f"    +{fmt_bytes(l['bytes_more'])}  {_where(l['site'])}  ({fmt_bytes(l['bytes'])} against "
+                f"{fmt_bytes(l['median_rank_bytes'])})"
+            )
     for r in m["ranks"]:
         for leak in r["leaks"]:
-            lines.append(f"rank {r['rank']} leaks: {_where(leak['site'])} grows by "
-                         f"{fmt_bytes(leak['bytes_per_step'])} per step (steps {leak['steps'][0]}-{leak['steps'][1]})")
+            lines.append(
+                f"rank {r['rank']} leaks: {_where(leak['site'])} grows by "
+                f"{fmt_bytes(leak['bytes_per_step'])} per step (steps {leak['steps'][0]}-{leak['steps'][1]})"
+            )
     if m["ranks"]:
         lines.append("peak allocated per step:")
         lines.append("  step  " + "".join(f"{'rank ' + str(r['rank']):>14}" for r in m["ranks"]))
@@ -170,27 +205,43 @@ def to_html(m: dict) -> str:
     for r in m["ranks"]:
         at = dict(zip(r["steps"], r["peak_allocated"]))
         series.append((f"rank-{r['rank']}", f"rank {r['rank']}", [at.get(s, 0) for s in steps]))
-    rows = "".join(f'<tr data-rank="{r["rank"]}" data-peak="{r["peak"]}"><td>{r["rank"]}</td><td>{r["pid"]}</td>'
-                   f'<td>{e(r["host"])}</td><td>{e(r["state"])}</td><td>{e(fmt_bytes(r["peak"]))}</td></tr>'
-                   for r in m["ranks"])
-    outliers = "".join(
-        f'<p data-rank="{o["rank"]}">rank {o["rank"]} stands out: peak {e(fmt_bytes(o["peak"]))}, '
-        f'{o["above_median"]:.0%} above the median</p><ul>'
-        + "".join(f'<li>+{e(fmt_bytes(l["bytes_more"]))} <code>{e(_where(l["site"]))}</code></li>' for l in o["lines"])
-        + "</ul>" for o in m["outliers"]) or "<p>No rank stands out.</p>"
-    leaks = "".join(f'<li data-rank="{r["rank"]}">rank {r["rank"]}: <code>{e(_where(l["site"]))}</code> +'
-                    f'{e(fmt_bytes(l["bytes_per_step"]))} per step</li>' for r in m["ranks"] for l in r["leaks"])
+    rows = "".join(
+        f'<tr data-rank="{r["rank"]}" data-peak="{r["peak"]}"><td>{r["rank"]}</td><td>{r["pid"]}</td>'
+        f"<td>{e(r['host'])}</td><td>{e(r['state'])}</td><td>{e(fmt_bytes(r['peak']))}</td></tr>"
+        for r in m["ranks"]
+    )
+    outliers = (
+        "".join(
+            f'<p data-rank="{o["rank"]}">rank {o["rank"]} stands out: peak {e(fmt_bytes(o["peak"]))}, '
+            f"{o['above_median']:.0%} above the median</p><ul>"
+            + "".join(
+                f"<li>+{e(fmt_bytes(l['bytes_more']))} <code>{e(_where(l['site']))}</code></li>" for l in o["lines"]
+            )
+            + "</ul>"
+            for o in m["outliers"]
+        )
+        or "<p>No rank stands out.</p>"
+    )
+    leaks = "".join(
+        f'<li data-rank="{r["rank"]}">rank {r["rank"]}: <code>{e(_where(l["site"]))}</code> +'
+        f"{e(fmt_bytes(l['bytes_per_step']))} per step</li>"
+        for r in m["ranks"]
+        for l in r["leaks"]
+    )
     # a legend swatch is the 2px top border of a box 0 high (report_html's .legend rule): the border takes the colour
-    css = "".join(f".series.rank-{r['rank']}{{stroke:{_PALETTE[i % len(_PALETTE)]};fill:none;stroke-width:2}}"
-                  f".legend .rank-{r['rank']}::before{{border-color:{_PALETTE[i % len(_PALETTE)]}}}"
-                  f".area.rank-{r['rank']}{{fill:none}}"
-                  for i, r in enumerate(m["ranks"]))
+    css = "".join(
+        f".series.rank-{r['rank']}{{stroke:{_PALETTE[i % len(_PALETTE)]};fill:none;stroke-width:2}}"
+        f".legend .rank-{r['rank']}::before{{border-color:{_PALETTE[i % len(_PALETTE)]}}}"
+        f".area.rank-{r['rank']}{{fill:none}}"
+        for i, r in enumerate(m["ranks"])
+    )
     sections = [
         f'<section class="card" id="summary"><h1>memalloc job report: {len(m["ranks"])} ranks</h1>'
         f'<table id="ranks"><tr><th>rank</th><th>pid</th><th>host</th><th>end</th><th>peak allocated</th></tr>'
         f"{rows}</table></section>",
         '<section class="card" id="memory"><h2>Peak allocated per step, by rank</h2>'
-        + chart("chart-ranks", steps, series) + "</section>",
+        + chart("chart-ranks", steps, series)
+        + "</section>",
         f'<section class="card" id="outliers"><h2>Ranks that stand out</h2>{outliers}</section>',
         f'<section class="card" id="leaks"><h2>Leaks per rank</h2><ul>{leaks or "<li>none found</li>"}</ul></section>',
     ]
@@ -203,6 +254,7 @@ def snapshot_of(f: FlightFile) -> dict:
     events as its trace, named from the file's stacks, and the segments the
     ring saw made and not freed, with the blocks it saw allocated in them
     (a segment made before the ring's oldest record is not known)."""
+
     @functools.cache
     def frames_of(stack_id: int) -> list:
         return [{"filename": fr[0], "line": int(fr[1]), "name": fr[2]} for fr in f.stacks.get(stack_id, [])]
@@ -228,20 +280,46 @@ def snapshot_of(f: FlightFile) -> dict:
             blocks, at = [], addr
             for b_addr, (size, requested, stack_id) in sorted(seg["blocks"].items()):
                 if b_addr > at:
-                    blocks.append({"address": at, "size": b_addr - at, "requested_size": 0, "state": "inactive",
-                                   "frames": []})
-                blocks.append({"address": b_addr, "size": size, "requested_size": requested,
-                               "state": "active_allocated", "frames": frames_of(stack_id)})
+                    blocks.append(
+                        {"address": at, "size": b_addr - at, "requested_size": 0, "state": "inactive", "frames": []}
+                    )
+                blocks.append(
+                    {
+                        "address": b_addr,
+                        "size": size,
+                        "requested_size": requested,
+                        "state": "active_allocated",
+                        "frames": frames_of(stack_id),
+                    }
+                )
                 at = b_addr + size
             if at < addr + seg["size"]:
-                blocks.append({"address": at, "size": addr + seg["size"] - at, "requested_size": 0,
-                               "state": "inactive", "frames": []})
+                blocks.append(
+                    {
+                        "address": at,
+                        "size": addr + seg["size"] - at,
+                        "requested_size": 0,
+                        "state": "inactive",
+                        "frames": [],
+                    }
+                )
             live = [b for b in blocks if b["state"] == "active_allocated"]
-            segments.append({"device": d, "address": addr, "total_size": seg["size"], "stream": seg["stream"],
-                             "allocated_size": sum(b["size"] for b in live), "active_size": sum(b["size"] for b in live),
-                             "requested_size": sum(b["requested_size"] for b in live), "segment_type":
-                             "small" if seg["size"] <= (2 << 20) else "large", "segment_pool_id": (0, 0),
-                             "is_expandable": False, "frames": [], "blocks": blocks})
+            segments.append(
+                {
+                    "device": d,
+                    "address": addr,
+                    "total_size": seg["size"],
+                    "stream": seg["stream"],
+                    "allocated_size": sum(b["size"] for b in live),
+                    "active_size": sum(b["size"] for b in live),
+                    "requested_size": sum(b["requested_size"] for b in live),
+                    "segment_type": "small" if seg["size"] <= (2 << 20) else "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": [],
+                    "blocks": blocks,
+                }
+            )
     return {"segments": segments, "device_traces": traces}
 
 

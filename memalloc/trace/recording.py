@@ -21,6 +21,7 @@ sit in their own modules: memalloc/trace/snapshots.py (torch's snapshot format a
 the memory_viz pickle), memalloc/trace/trace_files.py (compact trace files); tags
 and the backward context in memalloc/trace/tags.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,6 +39,7 @@ from memalloc.trace import tags
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+
 def struct_format(fields: Sequence[tuple[str, int, int, bool]], nbytes: int) -> str:
     """The little-endian struct format of a C struct that _C describes as
     (name, byte offset, bytes, signed) fields of ``nbytes`` in all (padding
@@ -50,7 +52,9 @@ def struct_format(fields: Sequence[tuple[str, int, int, bool]], nbytes: int) -> 
     return out + "x" * (nbytes - at)
 
 
-RECORD_FORMAT = struct_format(_C.RECORD_FIELDS, _C.RECORD_BYTES)  # "<qQQQQIIIIBBBxxxxx": 64 bytes, one definition (recorder.h)
+RECORD_FORMAT = struct_format(
+    _C.RECORD_FIELDS, _C.RECORD_BYTES
+)  # "<qQQQQIIIIBBBxxxxx": 64 bytes, one definition (recorder.h)
 assert struct.calcsize(RECORD_FORMAT) == _C.RECORD_BYTES == 64
 ACTIONS: tuple[str, ...] = tuple(_C.action_names())
 
@@ -115,8 +119,14 @@ def history_on(device: int, allocator: _C.Allocator) -> bool:
     return entry is not None and device in entry[1]
 
 
-def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python",
-                          device: DeviceLike = None, *, allocator: _C.Allocator | None = None) -> None:
+def record_memory_history(
+    enabled: bool = True,
+    max_entries: int = 100_000,
+    stacks: str = "python",
+    device: DeviceLike = None,
+    *,
+    allocator: _C.Allocator | None = None,
+) -> None:
     """Starts (or with ``enabled=False`` stops) recording allocator events.
 
     While the flight recorder runs (``flight_recorder:DIR``), starting this
@@ -144,8 +154,10 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, stac
     if enabled and (isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries <= 0):
         raise ValueError(f"max_entries must be a positive int (events per device), not {max_entries!r}")
     if enabled and max_entries > _C.max_trace_records():
-        raise ValueError(f"max_entries {max_entries} is too large: at most {_C.max_trace_records()} "
-                         "records (64 bytes each) per device")
+        raise ValueError(
+            f"max_entries {max_entries} is too large: at most {_C.max_trace_records()} "
+            "records (64 bytes each) per device"
+        )
     a = _state.allocator_or_installed(allocator)
     devices = range(a.device_count) if device is None else [device_index(device, a.backend_name)]
     _, on = _recording.setdefault(id(a), (a, set()))
@@ -194,11 +206,25 @@ def dropped(device: DeviceLike = None, *, allocator: _C.Allocator | None = None)
 def decode_records(raw: bytes, tags: Sequence[str]) -> list[Event]:
     """Events of raw 64-byte records; ``tags`` names the tag ids."""
     out = []
-    for (t, addr, size, req, stream, stack, tag_id, thread, step, action, dev, pool) in struct.iter_unpack(
-            RECORD_FORMAT, raw):
-        out.append(Event(t, ACTIONS[action], dev, stream, addr, size, req, stack,
-                         tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>", thread, step,
-                         "small" if pool == 0 else "large"))
+    for t, addr, size, req, stream, stack, tag_id, thread, step, action, dev, pool in struct.iter_unpack(
+        RECORD_FORMAT, raw
+    ):
+        out.append(
+            Event(
+                t,
+                ACTIONS[action],
+                dev,
+                stream,
+                addr,
+                size,
+                req,
+                stack,
+                tags[tag_id] if tag_id < len(tags) else f"<tag {tag_id}>",
+                thread,
+                step,
+                "small" if pool == 0 else "large",
+            )
+        )
     return out
 
 
@@ -215,9 +241,14 @@ def events_array(device: DeviceLike = None, *, allocator: _C.Allocator | None = 
     stack_id, tag_id, thread, step, action, device, pool)."""
     import numpy as np
 
-    dtype = np.dtype({"names": [f[0] for f in _C.RECORD_FIELDS],
-                      "formats": [f"<{'i' if signed else 'u'}{nbytes}" for _, _, nbytes, signed in _C.RECORD_FIELDS],
-                      "offsets": [f[1] for f in _C.RECORD_FIELDS], "itemsize": _C.RECORD_BYTES})
+    dtype = np.dtype(
+        {
+            "names": [f[0] for f in _C.RECORD_FIELDS],
+            "formats": [f"<{'i' if signed else 'u'}{nbytes}" for _, _, nbytes, signed in _C.RECORD_FIELDS],
+            "offsets": [f[1] for f in _C.RECORD_FIELDS],
+            "itemsize": _C.RECORD_BYTES,
+        }
+    )
     return np.frombuffer(_device_records(device, allocator)[0], dtype=dtype)
 
 
@@ -242,5 +273,18 @@ def frames_json(stack_id: int) -> list[dict]:
     return [f.to_dict() for f in stack(stack_id)] if stack_id else []
 
 
-__all__ = ["ACTIONS", "Event", "Frame", "RECORD_FORMAT", "STACK_MODES", "decode_records", "dropped", "events",
-           "events_array", "frames_json", "raw_records", "record_memory_history", "stack"]
+__all__ = [
+    "ACTIONS",
+    "Event",
+    "Frame",
+    "RECORD_FORMAT",
+    "STACK_MODES",
+    "decode_records",
+    "dropped",
+    "events",
+    "events_array",
+    "frames_json",
+    "raw_records",
+    "record_memory_history",
+    "stack",
+]

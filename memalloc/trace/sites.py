@@ -6,6 +6,7 @@ interned Python stack that allocated a block; live blocks are read from an
 allocator (default: the installed one) so that callers can be tested
 in-process on any allocator.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,6 +1,7 @@
 """The allocator state and recorded events in the format of
 ``torch.cuda.memory._snapshot()``, and the pickle pytorch.org/memory_viz
 opens (:func:`dump_snapshot`)."""
+
 from __future__ import annotations
 
 import functools
@@ -36,29 +37,53 @@ def snapshot(device: DeviceLike = None, *, allocator: _C.Allocator | None = None
             traces.append([])
             continue
         for seg in a.segments(d):
-            blocks = [{"address": b["address"], "size": b["size"], "requested_size": b["requested_size"],
-                       "state": b["state"], "frames": frames_of(b["stack_id"]),
-                       "tag": tags[b["tag_id"]] if b["tag_id"] < len(tags) else ""} for b in seg["blocks"]]
+            blocks = [
+                {
+                    "address": b["address"],
+                    "size": b["size"],
+                    "requested_size": b["requested_size"],
+                    "state": b["state"],
+                    "frames": frames_of(b["stack_id"]),
+                    "tag": tags[b["tag_id"]] if b["tag_id"] < len(tags) else "",
+                }
+                for b in seg["blocks"]
+            ]
             active = [b for b in blocks if b["state"] != "inactive"]
-            segments.append({
-                "device": d, "address": seg["address"], "total_size": seg["total_size"],
-                "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
-                "active_size": sum(b["size"] for b in active),
-                "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
-                "stream": seg["stream"], "segment_type": seg["segment_type"], "segment_pool_id": tuple(seg["segment_pool_id"]),
-                "is_expandable": seg["is_expandable"], "frames": [], "blocks": blocks})
+            segments.append(
+                {
+                    "device": d,
+                    "address": seg["address"],
+                    "total_size": seg["total_size"],
+                    "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+                    "active_size": sum(b["size"] for b in active),
+                    "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
+                    "stream": seg["stream"],
+                    "segment_type": seg["segment_type"],
+                    "segment_pool_id": tuple(seg["segment_pool_id"]),
+                    "is_expandable": seg["is_expandable"],
+                    "frames": [],
+                    "blocks": blocks,
+                }
+            )
         # Built in C++ (csrc/boundary/python/trace_export.cpp): ~0.2 s per million events.
         traces.append(_C.trace_entries(raw_records(d, allocator=a)[0], _TORCH_KEEP, tags, frames_of))
     return {"segments": segments, "device_traces": traces}
 
 
-_TORCH_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-                  "segment_unmap", "oom")
+_TORCH_ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+)
 _TORCH_KEEP = [a in _TORCH_ACTIONS for a in ACTIONS]
 
 
-def dump_snapshot(filename: PathLike = "dump_snapshot.pickle", *,
-                  allocator: _C.Allocator | None = None) -> str:
+def dump_snapshot(filename: PathLike = "dump_snapshot.pickle", *, allocator: _C.Allocator | None = None) -> str:
     """Writes :func:`snapshot` of ``allocator`` (default: the installed one)
     as the pickle pytorch.org/memory_viz opens; returns the path.
     ``filename`` is a path (str or os.PathLike), never an open file

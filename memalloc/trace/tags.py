@@ -2,6 +2,7 @@
 its Python stack does not say (``with memalloc.tag("forward"):``; autograd's
 engine threads, which run no Python, are attributed to the ``backward()``
 call that started them)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """Compact trace files: every device's raw event records with the stack and
 tag tables they refer to (:func:`save_trace`), read back by
 :func:`load_trace`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,11 +35,15 @@ def save_trace(path: PathLike, *, allocator: _C.Allocator | None = None) -> str:
     a = _state.allocator_or_installed(allocator)
     raws = [raw_records(d, allocator=a) for d in range(a.device_count)]
     stack_ids = sorted({e.stack_id for raw, _ in raws for e in decode_records(raw, []) if e.stack_id})
-    meta = {"record_format": RECORD_FORMAT, "actions": list(ACTIONS), "tags": _C.tag_names(),
-            "stacks": {str(i): [[f.filename, f.line, f.name] for f in stack(i)] for i in stack_ids},
-            "devices": [{"records": len(raw) // 64, "dropped": int(dropped_)} for raw, dropped_ in raws]}
+    meta = {
+        "record_format": RECORD_FORMAT,
+        "actions": list(ACTIONS),
+        "tags": _C.tag_names(),
+        "stacks": {str(i): [[f.filename, f.line, f.name] for f in stack(i)] for i in stack_ids},
+        "devices": [{"records": len(raw) // 64, "dropped": int(dropped_)} for raw, dropped_ in raws],
+    }
     blob = json.dumps(meta).encode()
-    with (gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")) as f:
+    with gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb") as f:
         f.write(_MAGIC + _HEADER.pack(len(blob)) + blob)
         for raw, _ in raws:
             f.write(raw)
@@ -85,8 +90,10 @@ def load_trace(path: PathLike) -> Trace:
         try:
             return _read_trace(f, size)
         except _CorruptTrace as e:
-            raise ValueError(f"{path} is not a valid memalloc trace file: {e}; it was not written "
-                             "by memalloc.save_trace, or was truncated or changed since") from None
+            raise ValueError(
+                f"{path} is not a valid memalloc trace file: {e}; it was not written "
+                "by memalloc.save_trace, or was truncated or changed since"
+            ) from None
 
 
 def _read_trace(f: Any, file_size: int) -> Trace:
@@ -109,20 +116,24 @@ def _read_trace(f: Any, file_size: int) -> Trace:
     try:
         tags = [str(t) for t in meta["tags"]]
         counts = [(int(d["records"]), int(d["dropped"])) for d in meta["devices"]]
-        stacks = {int(k): tuple(Frame(str(fn), int(line), str(name)) for fn, line, name in v)
-                  for k, v in meta["stacks"].items()}
+        stacks = {
+            int(k): tuple(Frame(str(fn), int(line), str(name)) for fn, line, name in v)
+            for k, v in meta["stacks"].items()
+        }
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise _CorruptTrace(f"the metadata is malformed ({type(e).__name__}: {e})") from None
     expected = sum(records for records, _ in counts) * 64
     if any(records < 0 for records, _ in counts) or expected != len(body):
-        raise _CorruptTrace(f"the metadata announces {expected} bytes of records (64 each), "
-                            f"but {len(body)} bytes follow")
+        raise _CorruptTrace(
+            f"the metadata announces {expected} bytes of records (64 each), but {len(body)} bytes follow"
+        )
     events_, offset = [], 0
     for records, _ in counts:
         try:
-            events_.append(decode_records(body[offset:offset + records * 64], tags))
+            events_.append(decode_records(body[offset : offset + records * 64], tags))
         except IndexError:  # an action code memalloc does not have
-            raise _CorruptTrace(f"a record of device {len(events_)} has an unknown action code "
-                                f"(known: 0..{len(ACTIONS) - 1})") from None
+            raise _CorruptTrace(
+                f"a record of device {len(events_)} has an unknown action code (known: 0..{len(ACTIONS) - 1})"
+            ) from None
         offset += records * 64
     return Trace(events_, [dropped_ for _, dropped_ in counts], stacks, tags)

@@ -11,6 +11,7 @@ imports memalloc, enables it and runs its script there.
 JOBS.json: a list of {"argv": [...], "cwd": DIR, "out": FILE, "err": FILE,
 "timeout": seconds (default 300)}; each job's exit code is written back into
 it as "rc" (a signal: -N; SIGALRM past its timeout)."""
+
 from __future__ import annotations
 
 import importlib
@@ -47,10 +48,12 @@ def child(job: dict) -> None:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
         import traceback
+
         traceback.print_exc()
         rc = 1
     import atexit
     import threading
+
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -9,6 +9,7 @@ tests/integration/test_real_paths_advice_applied.py:
 
 OUT.json gets what the run measured over the steps after the first two:
 peak allocated and peak reserved, and reserved after the last step."""
+
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ tests/integration/test_real_paths_advice_applied.py:
 OUT.json gets what the run measured over the optimizer steps after the
 first two: peak allocated and peak reserved, and reserved after the last
 step."""
+
 from __future__ import annotations
 
 import os
@@ -69,8 +70,19 @@ data = torch.utils.data.TensorDataset(torch.randn(samples, TOKENS, WIDTH), torch
 plugins = []
 if args.autocast == "fp16":
     from lightning.pytorch.plugins import MixedPrecision
+
     plugins.append(MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu")))
-trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=args.micro,
-                    precision="bf16-mixed" if args.autocast == "bf16" else None, plugins=plugins, callbacks=[Measure()])
+trainer = L.Trainer(
+    max_steps=args.steps,
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    accumulate_grad_batches=args.micro,
+    precision="bf16-mixed" if args.autocast == "bf16" else None,
+    plugins=plugins,
+    callbacks=[Measure()],
+)
 trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=args.batch // args.micro))

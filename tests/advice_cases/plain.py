@@ -13,6 +13,7 @@ The model of plain_model.py (4 residual blocks in an nn.Sequential), Adam,
 a fresh batch each step as a data loader would give. OUT.json gets what the
 run measured over the steps after the first two: peak allocated and peak
 reserved, and reserved after the last step."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """The model of the advice cases (plain.py, lightning_auto.py): a residual
 MLP over tokens, 4 pre-norm blocks in an nn.Sequential (the repeated blocks
 the advisor finds), optionally each under torch.utils.checkpoint."""
+
 from __future__ import annotations
 
 import torch

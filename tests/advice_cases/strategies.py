@@ -3,12 +3,14 @@ share: their command line (each of the advisor's strategies as a flag) and
 the measurement each writes at its end. Nothing here allocates a tensor:
 the scripts' allocations stay at their own lines, where the advisor and the
 leak report name them."""
+
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -34,7 +36,7 @@ def autocast_dtype(args: argparse.Namespace) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
 
 
-def cpu_autocast(args: argparse.Namespace) -> ContextManager[Any]:
+def cpu_autocast(args: argparse.Namespace) -> AbstractContextManager[Any]:
     """torch.autocast on the CPU at --autocast's dtype (nothing without it)."""
     dtype = autocast_dtype(args)
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
@@ -73,6 +75,13 @@ def write_measurement(path: str, **extra: int) -> None:
     """Peak allocated and peak reserved since the last reset (bytes), and
     reserved and allocated now, with ``extra``, as JSON at ``path``."""
     with open(path, "w") as f:
-        json.dump({"peak_allocated": memalloc.max_memory_allocated(), "peak_reserved": memalloc.max_memory_reserved(),
-                   "reserved_after": memalloc.memory_reserved(), "allocated_after": memalloc.memory_allocated(),
-                   **extra}, f)
+        json.dump(
+            {
+                "peak_allocated": memalloc.max_memory_allocated(),
+                "peak_reserved": memalloc.max_memory_reserved(),
+                "reserved_after": memalloc.memory_reserved(),
+                "allocated_after": memalloc.memory_allocated(),
+                **extra,
+            },
+            f,
+        )

@@ -12,6 +12,7 @@ memory also moves with the driver's own use, so there the counts are lower
 bounds. Host-only features (injected faults, deterministic addresses) are
 the last tests.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -32,8 +33,13 @@ class _CudaArray:
     """A uint8 CUDA array over raw device memory (__cuda_array_interface__)."""
 
     def __init__(self, addr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (addr, False),
-                                         "version": 3, "strides": None}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (addr, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 def _host_fill(addr: int, nbytes: int, value: int) -> list[int]:
@@ -54,7 +60,7 @@ def _cuda_fill(addr: int, nbytes: int, value: int) -> list[int]:
 class Backend:
     name: str
     allocator: memalloc.Allocator
-    exact: bool                           # free memory moves by exactly what is mapped
+    exact: bool  # free memory moves by exactly what is mapped
     fill: Callable[[int, int, int], list]  # writes `value` over [addr, addr + n); the first and last byte read back
 
     @property
@@ -73,15 +79,22 @@ class Backend:
         return drop == nbytes if self.exact else drop >= nbytes
 
 
-@pytest.fixture(params=["host", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.fixture(
+    params=[
+        "host",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ]
+)
 def backend(request):
     if request.param == "host":
         b = Backend("host", memalloc.Allocator("host", "host_capacity_mb:16"), True, _host_fill)
     else:
         b = Backend("cuda", memalloc.Allocator("cuda", ""), False, _cuda_fill)
         warm = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # fill_'s kernels take device
-        _cuda_fill(warm.data_ptr(), warm.numel(), 0)                     # memory too: load them first
+        _cuda_fill(warm.data_ptr(), warm.numel(), 0)  # memory too: load them first
     yield b
     b.allocator.validate()
 
@@ -200,6 +213,7 @@ def test_host_counts_the_driver_calls_cuda_would_make():
     T.vm_unmap(a, base, 4 * MiB)
     T.vm_free(a, base)
     a.validate()
+
 
 def test_host_segments_share_the_device_with_mappings_and_never_land_in_a_reservation():
     """(Host only: on CUDA it would fill the whole GPU with mappings.)"""

@@ -3,6 +3,7 @@ hand (the build needs no toolkit: the driver is dlopen'ed). This compiles
 static_asserts of every one against the toolkit's own cuda.h, where one is
 installed (found through CUDA_HOME, nvcc, or /usr/local/cuda); skipped
 without it."""
+
 from __future__ import annotations
 
 import ctypes
@@ -80,8 +81,12 @@ def test_driver_abi_matches_cuda_h(tmp_path):
     src.write_text(CHECK)
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     assert cxx, "a C++ compiler is needed"
-    p = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{include}", f"-I{REPO / 'csrc'}", str(src)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [cxx, "-std=c++17", "-fsyntax-only", f"-I{include}", f"-I{REPO / 'csrc'}", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -95,8 +100,9 @@ int main() {
   F(CUmemAllocationProp, type); F(CUmemAllocationProp, requestedHandleTypes); F(CUmemAllocationProp, location);
   F(CUmemAllocationProp, win32HandleMetaData); F(CUmemAllocationProp, allocFlags);
   F(CUmemAccessDesc, location); F(CUmemAccessDesc, flags);
-  std::printf("POSIX_FD %d\nLOCATION_DEVICE %d\nPINNED %d\nPROT_READWRITE %d\n", (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-              (int)CU_MEM_LOCATION_TYPE_DEVICE, (int)CU_MEM_ALLOCATION_TYPE_PINNED, (int)CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  std::printf("POSIX_FD %d\nLOCATION_DEVICE %d\nPINNED %d\nPROT_READWRITE %d\n",
+              (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, (int)CU_MEM_LOCATION_TYPE_DEVICE,
+              (int)CU_MEM_ALLOCATION_TYPE_PINNED, (int)CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   return 0;
 }
 """
@@ -113,14 +119,22 @@ def test_the_driver_cost_benchmark_passes_the_drivers_structs_as_cuda_h_lays_the
     src.write_text(LAYOUT)
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     assert cxx, "a C++ compiler is needed"
-    p = subprocess.run([cxx, "-std=c++17", f"-I{include}", str(src), "-o", str(exe)], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [cxx, "-std=c++17", f"-I{include}", str(src), "-o", str(exe)], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
-    want = dict(line.rsplit(" ", 1) for line in subprocess.run([str(exe)], capture_output=True, text=True,
-                                                                  check=True).stdout.splitlines())
-    got = {"CUmemAllocationProp": ctypes.sizeof(v.Prop), "CUmemAccessDesc": ctypes.sizeof(v.Access),
-           "POSIX_FD": v.POSIX_FD, "LOCATION_DEVICE": v.LOCATION_DEVICE, "PINNED": v.PINNED,
-           "PROT_READWRITE": v.PROT_READWRITE}
+    want = dict(
+        line.rsplit(" ", 1)
+        for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    )
+    got = {
+        "CUmemAllocationProp": ctypes.sizeof(v.Prop),
+        "CUmemAccessDesc": ctypes.sizeof(v.Access),
+        "POSIX_FD": v.POSIX_FD,
+        "LOCATION_DEVICE": v.LOCATION_DEVICE,
+        "PINNED": v.PINNED,
+        "PROT_READWRITE": v.PROT_READWRITE,
+    }
     for name in ("type", "requestedHandleTypes", "location", "win32HandleMetaData", "allocFlags"):
         got[f"CUmemAllocationProp.{name}"] = getattr(v.Prop, name).offset
     for name in ("location", "flags"):

@@ -2,6 +2,7 @@
 Python, it runs a repeating allocation pattern and proves that the steady
 state makes no host allocation (operator new is counted); and the C++ unit
 tests of its parts (tests/cpp/*_test.cpp, each part on its own)."""
+
 from __future__ import annotations
 
 import os
@@ -19,15 +20,23 @@ if REPO not in sys.path:
 
 from benchmarks import core_build  # noqa: E402  (the one builder of the standalone core)
 
-FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-pthread",
-         "-Wno-mismatched-new-delete"]  # steady_state.cpp replaces new/delete as a pair
+FLAGS = [
+    "-std=c++17",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-pthread",
+    "-Wno-mismatched-new-delete",
+]  # steady_state.cpp replaces new/delete as a pair
 
 
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory):
     # Raises core_build.BuildError, with the compiler's output, unless it builds.
-    built = core_build.build_executable("steady_state", [os.path.join(REPO, "tests", "cpp", "steady_state.cpp")],
-                                        tmp_path_factory.mktemp("cpp"), FLAGS)
+    built = core_build.build_executable(
+        "steady_state", [os.path.join(REPO, "tests", "cpp", "steady_state.cpp")], tmp_path_factory.mktemp("cpp"), FLAGS
+    )
     assert "warning" not in built.warnings, built.warnings[-4000:]
     return str(built.binary)
 
@@ -46,7 +55,7 @@ def test_core_is_plain_cxx17_and_steady_state_makes_no_host_allocation(binary):
 
 # Every tests/cpp/<part>_test.cpp is one part's unit tests: it prints
 # "failures=N" and exits 0 only when N is 0.
-PARTS = sorted(p.name[:-len("_test.cpp")] for p in (Path(REPO) / "tests" / "cpp").glob("*_test.cpp"))
+PARTS = sorted(p.name[: -len("_test.cpp")] for p in (Path(REPO) / "tests" / "cpp").glob("*_test.cpp"))
 
 
 def test_every_part_has_unit_tests():
@@ -55,8 +64,9 @@ def test_every_part_has_unit_tests():
 
 @pytest.mark.parametrize("part", PARTS)
 def test_part_unit_tests(part, tmp_path_factory):
-    built = core_build.build_executable(f"{part}_test", [os.path.join(REPO, "tests", "cpp", f"{part}_test.cpp")],
-                                        tmp_path_factory.mktemp(part), FLAGS)
+    built = core_build.build_executable(
+        f"{part}_test", [os.path.join(REPO, "tests", "cpp", f"{part}_test.cpp")], tmp_path_factory.mktemp(part), FLAGS
+    )
     assert "warning" not in built.warnings, built.warnings[-4000:]
     proc = subprocess.run([str(built.binary)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "failures=0" in proc.stdout, proc.stdout + proc.stderr

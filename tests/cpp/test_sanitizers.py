@@ -14,6 +14,7 @@ stays under ~3 minutes. Each run must exit 0 (stress.cpp checks every counter
 exactly at the end) with no sanitizer report on stderr. A flavor is skipped
 only when the compiler cannot link that sanitizer's runtime (probed with a
 hello-world)."""
+
 from __future__ import annotations
 
 import os
@@ -82,9 +83,11 @@ class Builder:
         if flavor.runtime:
             output = core_build.probe([*COMMON, "-fsanitize=" + flavor.runtime], self.root)
             if output is not None:
-                why = (f"{core_build.find_compiler()} cannot build with -fsanitize={flavor.runtime} (sanitizer "
-                       f"runtime missing? on Debian: apt-get install libasan8 libubsan1 libtsan2): "
-                       f"{output.strip()[-400:]}")
+                why = (
+                    f"{core_build.find_compiler()} cannot build with -fsanitize={flavor.runtime} (sanitizer "
+                    f"runtime missing? on Debian: apt-get install libasan8 libubsan1 libtsan2): "
+                    f"{output.strip()[-400:]}"
+                )
                 self.binaries[name] = why
                 return why
         # Raises core_build.BuildError, with the compiler's output, unless it builds.
@@ -106,11 +109,18 @@ def run_stress(builder, name):
     flavor = FLAVORS[name]
     env = dict(os.environ, **SANITIZER_ENV)
     t0 = time.monotonic()
-    proc = subprocess.run([built[0], f"--threads={flavor.threads}", f"--ops={flavor.ops}"], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [built[0], f"--threads={flavor.threads}", f"--ops={flavor.ops}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     seconds = time.monotonic() - t0
-    print(f"\n[{name}] build {builder.seconds.get(name, 0):.1f} s, run {seconds:.1f} s, "
-          f"{flavor.threads} threads x {flavor.ops} ops\n{proc.stdout}")
+    print(
+        f"\n[{name}] build {builder.seconds.get(name, 0):.1f} s, run {seconds:.1f} s, "
+        f"{flavor.threads} threads x {flavor.ops} ops\n{proc.stdout}"
+    )
     return proc
 
 

@@ -30,6 +30,7 @@ the IPC consumer always stays native (see ``_ipc_child``).
 
 Keep each case short: the whole suite, both modes, runs in a few minutes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -239,9 +240,13 @@ def reduce_overhead(mode: str, out: dict) -> None:
     # other numerics than the traced ops; compare like with like.
     torch.backends.mha.set_fastpath_enabled(False)
     torch.manual_seed(0)
-    model = nn.Sequential(*[
-        nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, batch_first=True)
-        for _ in range(2)]).cuda().eval()
+    model = (
+        nn.Sequential(
+            *[nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, batch_first=True) for _ in range(2)]
+        )
+        .cuda()
+        .eval()
+    )
     gen = torch.Generator().manual_seed(1)
     xa = torch.randn(16, 128, 256, generator=gen).cuda()
     xb = torch.randn(8, 64, 256, generator=gen).cuda()
@@ -320,8 +325,10 @@ def make_graphed_callables(mode: str, out: dict) -> None:
     sample = torch.randn(32, 64, generator=gen).cuda().requires_grad_(True)
     graphed = torch.cuda.make_graphed_callables(model, (sample,))
     out["graphed"] = True
-    batches = [(torch.randn(32, 64, generator=gen).cuda().requires_grad_(True),
-                torch.randn(32, 10, generator=gen).cuda()) for _ in range(5)]
+    batches = [
+        (torch.randn(32, 64, generator=gen).cuda().requires_grad_(True), torch.randn(32, 10, generator=gen).cuda())
+        for _ in range(5)
+    ]
 
     def train(m, params):
         opt = torch.optim.SGD(params, lr=0.1)
@@ -352,8 +359,9 @@ def _pool_segments(pool) -> tuple[list, str]:
 def _in_segments(t: torch.Tensor, segments) -> dict:
     p = t.data_ptr()
     inside = any(s["address"] <= p and p + t.nbytes <= s["address"] + s["total_size"] for s in segments)
-    block = any(b.get("address") == p and b.get("state") == "active_allocated"
-                for s in segments for b in s.get("blocks", ()))
+    block = any(
+        b.get("address") == p and b.get("state") == "active_allocated" for s in segments for b in s.get("blocks", ())
+    )
     return {"inside_segment": inside, "active_block": block}
 
 
@@ -476,8 +484,9 @@ def oom_observer(mode: str, out: dict) -> None:
     def observer(device, alloc, device_allocated, device_free):
         # Native torch passes (device, rounded request, device total or the
         # memory-fraction limit, device free) despite the binding's names.
-        calls.append({"device": device, "alloc": alloc, "device_allocated": device_allocated,
-                      "device_free": device_free})
+        calls.append(
+            {"device": device, "alloc": alloc, "device_allocated": device_allocated, "device_free": device_free}
+        )
 
     torch.zeros(1, device="cuda")
     attach_error = None
@@ -534,10 +543,14 @@ def graph_frees(mode: str, out: dict) -> None:
     g.replay()
     torch.cuda.synchronize()
     out["variant1"] = {
-        "e_untouched": bool((e == 7).all()), "out_ok": torch.equal(o, a * 2 + 1),
-        "tmp_ptr": tmp_range[0], "out_ptr": o.data_ptr(), "e_ptr": e.data_ptr(),
+        "e_untouched": bool((e == 7).all()),
+        "out_ok": torch.equal(o, a * 2 + 1),
+        "tmp_ptr": tmp_range[0],
+        "out_ptr": o.data_ptr(),
+        "e_ptr": e.data_ptr(),
         "e_is_tmp": e.data_ptr() == tmp_range[0],
-        "e_in_graph_pool": ranges_overlap(e.data_ptr(), e.nbytes, graph_ranges)}
+        "e_in_graph_pool": ranges_overlap(e.data_ptr(), e.nbytes, graph_ranges),
+    }
 
     g2, o2, tmp2_range = _capture_with_free(a)
     stats.append(_pool_stats())
@@ -549,16 +562,19 @@ def graph_frees(mode: str, out: dict) -> None:
         a.copy_(torch.randn(n, generator=gen))
         g2.replay()
         torch.cuda.synchronize()
-        replays.append({"out_ok": torch.equal(o2, a * 2 + 1),
-                        "eager_untouched": [bool((t == v).all()) for v, t in eager]})
+        replays.append(
+            {"out_ok": torch.equal(o2, a * 2 + 1), "eager_untouched": [bool((t == v).all()) for v, t in eager]}
+        )
         fill = float(10 + i)
         eager.append((fill, torch.full_like(a, fill)))
     out["variant2"] = {
-        "replays": replays, "tmp_ptr": tmp2_range[0], "e_ptr": e2.data_ptr(),
+        "replays": replays,
+        "tmp_ptr": tmp2_range[0],
+        "e_ptr": e2.data_ptr(),
         "eager_in_graph_pool": [ranges_overlap(t.data_ptr(), t.nbytes, ranges2) for _, t in eager],
-        "eager_is_tmp": [t.data_ptr() == tmp2_range[0] for _, t in eager]}
-    out["e_untouched"] = out["variant1"]["e_untouched"] and all(
-        all(r["eager_untouched"]) for r in replays)
+        "eager_is_tmp": [t.data_ptr() == tmp2_range[0] for _, t in eager],
+    }
+    out["e_untouched"] = out["variant1"]["e_untouched"] and all(all(r["eager_untouched"]) for r in replays)
     out["out_ok"] = out["variant1"]["out_ok"] and all(r["out_ok"] for r in replays)
     stats.append(_pool_stats())
     del g, g2, o, o2
@@ -571,8 +587,15 @@ def graph_frees(mode: str, out: dict) -> None:
 def _pool_stats() -> dict:
     """torch.cuda.memory_stats() figures that private pools move (bytes, counts)."""
     s = torch.cuda.memory_stats()
-    keys = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
-            "segment", "allocation")
+    keys = (
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+        "requested_bytes",
+        "segment",
+        "allocation",
+    )
     return {k: s[f"{k}.all.current"] for k in keys}
 
 
@@ -622,8 +645,9 @@ def checkpoint_autocast(mode: str, out: dict) -> None:
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    blocks = nn.ModuleList([nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
-                            for _ in range(2)]).cuda()
+    blocks = nn.ModuleList(
+        [nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)) for _ in range(2)]
+    ).cuda()
     opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, 512, generator=gen).cuda()
@@ -675,8 +699,7 @@ def sdpa(mode: str, out: dict) -> None:
     torch.manual_seed(0)
     b, h, s, d = 4, 8, 256, 64
     gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(b, h, s, d, generator=gen).cuda().bfloat16().requires_grad_(True)
-               for _ in range(3))
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).cuda().bfloat16().requires_grad_(True) for _ in range(3))
     w = torch.randn(b, h, s, d, generator=gen).cuda()
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     (o.float() * w).sum().backward()
@@ -688,8 +711,7 @@ def sdpa(mode: str, out: dict) -> None:
     (ref * w).sum().backward()
 
     out["out_rel_err"] = max_abs_diff(o, ref) / max_abs(ref)
-    out["grad_rel_err"] = max(max_abs_diff(t.grad, r.grad) / max_abs(r.grad)
-                              for t, r in ((q, qf), (k, kf), (v, vf)))
+    out["grad_rel_err"] = max(max_abs_diff(t.grad, r.grad) / max_abs(r.grad) for t, r in ((q, qf), (k, kf), (v, vf)))
     out["out_checksum"] = checksum(o)
     out["out_abs_sum"] = abs_sum(o)
     out["grad_abs_sums"] = [abs_sum(t.grad) for t in (q, k, v)]
@@ -714,8 +736,10 @@ def caching_allocator_alloc(mode: str, out: dict) -> None:
 def _snapshot_totals(snap: dict, device: int = 0) -> tuple[int, int]:
     """(sum of segment total_size, sum of active_allocated block sizes) on ``device``."""
     segs = [s for s in snap["segments"] if s.get("device", 0) == device]
-    return (sum(s["total_size"] for s in segs),
-            sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated"))
+    return (
+        sum(s["total_size"] for s in segs),
+        sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated"),
+    )
 
 
 def queries(mode: str, out: dict) -> None:
@@ -783,17 +807,25 @@ def record_history(mode: str, out: dict) -> None:
         found.append({"size": n, "addr": ptr, "alloc_sizes_at_addr": matches, "found": n in matches})
     out["allocs"] = found
     out["all_found"] = all(f["found"] for f in found)
-    out["free_seen"] = any(e.get("action") in ("free_requested", "free_completed") and e.get("addr") == freed_ptr
-                           for e in traces)
+    out["free_seen"] = any(
+        e.get("action") in ("free_requested", "free_completed") and e.get("addr") == freed_ptr for e in traces
+    )
     # Stacks: the alloc entries of our tensors and their live blocks name this file.
     here = os.path.basename(__file__)
     ours = {ts[0].data_ptr(), ts[1].data_ptr()}
-    out["trace_frames_here"] = any(f.get("filename", "").endswith(here)
-                                   for e in traces if e.get("action") == "alloc" and e.get("addr") in ours
-                                   for f in e.get("frames", []))
-    out["block_frames_here"] = any(f.get("filename", "").endswith(here)
-                                   for seg in snap.get("segments", []) for b in seg.get("blocks", [])
-                                   if b.get("state") == "active_allocated" for f in b.get("frames", []))
+    out["trace_frames_here"] = any(
+        f.get("filename", "").endswith(here)
+        for e in traces
+        if e.get("action") == "alloc" and e.get("addr") in ours
+        for f in e.get("frames", [])
+    )
+    out["block_frames_here"] = any(
+        f.get("filename", "").endswith(here)
+        for seg in snap.get("segments", [])
+        for b in seg.get("blocks", [])
+        if b.get("state") == "active_allocated"
+        for f in b.get("frames", [])
+    )
     del ts
 
 
@@ -805,8 +837,7 @@ def _fsdp2_body(rank: int, world: int) -> dict:
         from torch.distributed._composable.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
-                          nn.Linear(1024, 16)).cuda()
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 16)).cuda()
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
@@ -861,8 +892,14 @@ def _dist_rank(rank: int, world: int, mode: str, kind: str, init_file: str, out_
         torch.cuda.set_device(rank)
         import torch.distributed as dist
 
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", rank))
+        dist.init_process_group(
+            "nccl",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
+            device_id=torch.device("cuda", rank),
+        )
         try:
             result.update(_DIST_BODIES[kind](rank, world))
             torch.cuda.synchronize()
@@ -915,10 +952,28 @@ def nccl(mode: str, out: dict) -> None:
     _two_ranks(mode, "nccl", out)
 
 
-CASES = {f.__name__: f for f in (
-    cudnn_benchmark, reduce_overhead, make_graphed_callables, mempool, ipc, oom_observer, graph_frees,
-    compile_default, graph_no_free, checkpoint_autocast, grad_scaler, sdpa, caching_allocator_alloc,
-    queries, record_history, fsdp2, nccl)}
+CASES = {
+    f.__name__: f
+    for f in (
+        cudnn_benchmark,
+        reduce_overhead,
+        make_graphed_callables,
+        mempool,
+        ipc,
+        oom_observer,
+        graph_frees,
+        compile_default,
+        graph_no_free,
+        checkpoint_autocast,
+        grad_scaler,
+        sdpa,
+        caching_allocator_alloc,
+        queries,
+        record_history,
+        fsdp2,
+        nccl,
+    )
+}
 TWO_GPU_CASES = ("fsdp2", "nccl")
 
 
@@ -933,8 +988,7 @@ def run(name: str, mode: str) -> dict:
         CASES[name](mode, out)
         out["ok"] = True
     except BaseException as e:  # noqa: BLE001 - reported in the JSON
-        out.update(ok=False, error_type=type(e).__name__, error=str(e)[:4000],
-                   traceback=traceback.format_exc()[-6000:])
+        out.update(ok=False, error_type=type(e).__name__, error=str(e)[:4000], traceback=traceback.format_exc()[-6000:])
     if memalloc_enabled() and torch.cuda.is_initialized():
         try:
             torch.cuda.synchronize()

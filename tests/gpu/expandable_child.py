@@ -4,6 +4,7 @@ last stdout line.
 
     MEMALLOC_CONF=expandable_segments:True python tests/gpu/expandable_child.py
 """
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,14 @@ def books() -> dict:
     segs = [s for s in snap["segments"] if s["device"] == 0]
     reserved = torch.cuda.memory_reserved()
     memalloc.installed_allocator().validate(0)
-    return {"reserved": reserved, "snapshot_total": sum(s["total_size"] for s in segs),
-            "segments": len(segs), "segment_stat": torch.cuda.memory_stats()["segment.all.current"],
-            "expandable": sorted({bool(s["is_expandable"]) for s in segs if tuple(s["segment_pool_id"]) == (0, 0)}),
-            "free": torch.cuda.mem_get_info()[0]}
+    return {
+        "reserved": reserved,
+        "snapshot_total": sum(s["total_size"] for s in segs),
+        "segments": len(segs),
+        "segment_stat": torch.cuda.memory_stats()["segment.all.current"],
+        "expandable": sorted({bool(s["is_expandable"]) for s in segs if tuple(s["segment_pool_id"]) == (0, 0)}),
+        "free": torch.cuda.mem_get_info()[0],
+    }
 
 
 def step(name, f):
@@ -128,7 +133,7 @@ def graph():
         static_y = tmp.relu()
         del tmp
     ok = True
-    for i in range(3):
+    for _ in range(3):
         static_x.copy_(torch.randn(64, 256, device="cuda"))
         g.replay()
         ok = ok and torch.allclose(static_y, (net(static_x) * 2).relu())

@@ -10,13 +10,15 @@ PARENT and CHILD are ``native`` or ``memalloc``; CONFIG is ``plain`` or
 memalloc: ``MEMALLOC_CONF``; set here before either process touches CUDA).
 The parent sends three tensors: two small ones that share a page (so one
 block is shared at an offset inside it) and one of 288 MiB that spans several
-pages (memalloc's 20 MiB pages of requests of 256 MiB or more: pool/vm_arena.h). The child checks their values, adds 1 to each in place, and sends
-back one tensor of its own; the parent checks that it sees the child's
+pages (memalloc's 20 MiB pages of requests of 256 MiB or more:
+pool/vm_arena.h). The child checks their values, adds 1 to each in place,
+and sends back one tensor of its own; the parent checks that it sees the child's
 writes in its own tensors and the child's tensor's values, then tells the
 child to exit. Prints one JSON object (its last stdout line): what each
 side saw, the form of each side's handles (``legacy``, ``c`` or ``e`` and
 the version byte), and the parent's allocated bytes before and after.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +29,7 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-SMALL = 1000          # float32: 4000 bytes, small pool
+SMALL = 1000  # float32: 4000 bytes, small pool
 BIG = 72 * (1 << 20)  # float32: 288 MiB, several 20 MiB pages of either allocator
 
 
@@ -118,7 +120,8 @@ def parent_main(parent: str, config: str, child: str) -> dict:
         ]
         if theirs is not None:
             out["received_back_ok"] = torch.equal(
-                theirs[::1000].cpu(), torch.arange(0, BIG // 3, 1000, dtype=torch.float32) * 2)
+                theirs[::1000].cpu(), torch.arange(0, BIG // 3, 1000, dtype=torch.float32) * 2
+            )
             del theirs
         done_q.put(True)
     finally:
@@ -144,6 +147,12 @@ if __name__ == "__main__":
     try:
         result = parent_main(parent, config, child)
     except BaseException as e:  # noqa: BLE001 - reported as JSON
-        result = {"parent": parent, "config": config, "child": child, "ok": False,
-                  "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        result = {
+            "parent": parent,
+            "config": config,
+            "child": child,
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()[-3000:],
+        }
     print(json.dumps(result))

@@ -4,6 +4,7 @@ sampled after every step. Under memalloc the queries are torch.cuda's,
 patched to answer from memalloc; under native they are torch's. The test
 (tests/gpu/test_parity.py) compares the two processes' series.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,11 @@ import memalloc  # noqa: E402
 
 
 def sample() -> dict:
-    return {"allocated": torch.cuda.memory_allocated(), "max_allocated": torch.cuda.max_memory_allocated(),
-            "reserved": torch.cuda.memory_reserved()}
+    return {
+        "allocated": torch.cuda.memory_allocated(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+    }
 
 
 def transformer(steps: int = 6) -> list:
@@ -98,9 +102,17 @@ def lightning_stats() -> dict:
     data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=16)
     with tempfile.TemporaryDirectory() as d:
-        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=4, logger=CSVLogger(d, name="m"),
-                             callbacks=[DeviceStatsMonitor()], enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
+        trainer = pl.Trainer(
+            accelerator="gpu",
+            devices=1,
+            max_steps=4,
+            logger=CSVLogger(d, name="m"),
+            callbacks=[DeviceStatsMonitor()],
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            log_every_n_steps=1,
+        )
         trainer.fit(Tiny(), loader)
         import csv
         import glob

@@ -3,6 +3,7 @@ once per process): ``python tests/gpu/scenarios.py NAME {memalloc|native}``.
 Each prints one JSON object on its last line; tests/gpu/test_cuda.py asserts
 on it. Kept free of pytest so that a scenario can also be run by hand.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,12 @@ def train20(mode: str) -> dict:
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
-        torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
+        torch.nn.Linear(256, 1024),
+        torch.nn.GELU(),
+        torch.nn.Linear(1024, 1024),
+        torch.nn.GELU(),
+        torch.nn.Linear(1024, 10),
+    ).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(512, 256, device="cuda")
     y = torch.randint(0, 10, (512,), device="cuda")
@@ -152,8 +157,7 @@ def oom_loop(mode: str) -> dict:
     reserved bytes at the same point of a step before and after."""
     setup(mode)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
-                                torch.nn.Linear(4096, 1024)).cuda()
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(512, 1024, device="cuda")
     target = torch.randn(512, 1024, device="cuda")
@@ -195,10 +199,17 @@ def oom_loop(mode: str) -> dict:
     losses_after = [step() for _ in range(5)]
     torch.cuda.synchronize()
     after = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
-    out = {"caught": caught, "kinds": kinds, "num_ooms": torch.cuda.memory_stats()["num_ooms"],
-           "losses_before": losses_before, "losses_after": losses_after,
-           "allocated_before": before[0], "reserved_before": before[1],
-           "allocated_after": after[0], "reserved_after": after[1]}
+    out = {
+        "caught": caught,
+        "kinds": kinds,
+        "num_ooms": torch.cuda.memory_stats()["num_ooms"],
+        "losses_before": losses_before,
+        "losses_after": losses_after,
+        "allocated_before": before[0],
+        "reserved_before": before[1],
+        "allocated_after": after[0],
+        "reserved_after": after[1],
+    }
     memalloc_validate()
     return out
 
@@ -213,8 +224,7 @@ def _ddp_rank(rank: int, world: int, mode: str, backend: str, port: int, out_dir
     torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
-                                torch.nn.Linear(4096, 1024)).cuda()
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
     ddp = DDP(model, device_ids=[device])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     gen = torch.Generator(device="cuda").manual_seed(1000 + rank)  # each rank its own data
@@ -232,19 +242,27 @@ def _ddp_rank(rank: int, world: int, mode: str, backend: str, port: int, out_dir
     # much is live here also depends on when NCCL's watchdog releases the
     # buffers it keeps for finished collectives, so it is reported, not
     # compared across processes.
-    result = {"rank": rank, "device": device, "losses": losses, "param_checksum": checksum,
-              "allocated": torch.cuda.memory_allocated(), "max_allocated": torch.cuda.max_memory_allocated(),
-              "reserved": torch.cuda.memory_reserved()}
+    result = {
+        "rank": rank,
+        "device": device,
+        "losses": losses,
+        "param_checksum": checksum,
+        "allocated": torch.cuda.memory_allocated(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+    }
     if mode == "memalloc":
         own = stats(device)
         result["own_allocated"] = own["allocated_bytes"]["all"]["current"]
         result["own_reserved"] = own["reserved_bytes"]["all"]["current"]
-        result["allocations_per_device"] = [stats(d)["allocation"]["all"]["allocated"]
-                                            for d in range(torch.cuda.device_count())]
+        result["allocations_per_device"] = [
+            stats(d)["allocation"]["all"]["allocated"] for d in range(torch.cuda.device_count())
+        ]
         result["num_ooms"] = own["num_ooms"]
         summary = torch.cuda.memory_summary()  # the current device's, from memalloc
         result["summary_device"] = next(
-            (int(l.split("device ID")[1].split()[0]) for l in summary.splitlines() if "device ID" in l), None)
+            (int(l.split("device ID")[1].split()[0]) for l in summary.splitlines() if "device ID" in l), None
+        )
         result["top_holders"] = memalloc.top_holders(device, 3)
         installed().validate(device)
     dist.destroy_process_group()
@@ -319,10 +337,15 @@ def leak_report(mode: str) -> dict:
     setup(mode)
     out: dict = {}
     src = open(os.path.abspath(__file__)).read().splitlines()
-    out["markers"] = {m: next(i + 1 for i, l in enumerate(src) if l.rstrip().endswith(f"# {m}"))
-                      for m in ("LOSS-LINE", "APPEND-LINE")}
-    for name, keep, train in (("eval_tensor", "tensor", False), ("train_tensor", "tensor", True),
-                              ("eval_item", "item", False), ("train_item", "item", True)):
+    out["markers"] = {
+        m: next(i + 1 for i, l in enumerate(src) if l.rstrip().endswith(f"# {m}")) for m in ("LOSS-LINE", "APPEND-LINE")
+    }
+    for name, keep, train in (
+        ("eval_tensor", "tensor", False),
+        ("train_tensor", "tensor", True),
+        ("eval_item", "item", False),
+        ("train_item", "item", True),
+    ):
         allocated, report = _resnet_loop(keep, train)
         out[name] = {"allocated": allocated}
         if report is not None:
@@ -399,8 +422,7 @@ def zero_setup_leak(mode: str) -> dict:
             loss.backward()
             opt.step()
             losses.append(loss)  # KEEPS-LOSS
-    return {"report": check.report.to_dict(), "text": check.to_text(), "line": line,
-            "file": os.path.abspath(__file__)}
+    return {"report": check.report.to_dict(), "text": check.to_text(), "line": line, "file": os.path.abspath(__file__)}
 
 
 def record_stream(mode: str) -> dict:
@@ -427,8 +449,7 @@ def record_stream(mode: str) -> dict:
     z = torch.empty(n, dtype=torch.uint8, device="cuda")
     out["reused_early"] = z.data_ptr() == ptr
     if mode == "memalloc":
-        states = [b["state"] for seg in installed().segments(0) for b in seg["blocks"]
-                  if b["address"] == ptr]
+        states = [b["state"] for seg in installed().segments(0) for b in seg["blocks"] if b["address"] == ptr]
         out["state_while_pending"] = states
     side.synchronize()
     w = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -451,8 +472,7 @@ def empty_cache(mode: str) -> dict:
     out = {"reserved_cached": memalloc.memory_reserved(0) if mode == "memalloc" else None}
     torch.cuda.empty_cache()
     free_after, total = torch.cuda.mem_get_info()
-    out.update(free_cached=free_cached, free_after=free_after, total=total,
-               returned=free_after - free_cached)
+    out.update(free_cached=free_cached, free_after=free_after, total=total, returned=free_after - free_cached)
     if mode == "memalloc":
         out["reserved_after"] = memalloc.memory_reserved(0)
     memalloc_validate()
@@ -486,9 +506,12 @@ def accounting(mode: str) -> dict:
     setup(mode, "expandable_segments:False")
     sizes = [1, 511, 512, 513, 100_000, MiB, MiB + 1, 9 * MiB, 10 * MiB, 33 * MiB + 3]
     ts = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
-    out = {"sizes": sizes, "allocated": memalloc.memory_allocated(0),
-           "reserved": memalloc.memory_reserved(0),
-           "torch_reports": None}
+    out = {
+        "sizes": sizes,
+        "allocated": memalloc.memory_allocated(0),
+        "reserved": memalloc.memory_reserved(0),
+        "torch_reports": None,
+    }
     try:
         out["torch_reports"] = torch.cuda.memory_allocated(0)
     except RuntimeError as e:  # torch's own query raises under a pluggable allocator (issue 4)
@@ -527,8 +550,14 @@ def c_entry_points(mode: str) -> dict:
         stats_error = None
     except RuntimeError as e:  # torch's plain pluggable class has no getDeviceStats
         stats_error = str(e)
-    return {"before": before, "during": during, "after": after, "ok": ok, "stats_error": stats_error,
-            "backend": torch.cuda.get_allocator_backend()}
+    return {
+        "before": before,
+        "during": during,
+        "after": after,
+        "ok": ok,
+        "stats_error": stats_error,
+        "backend": torch.cuda.get_allocator_backend(),
+    }
 
 
 def late_enable(mode: str) -> dict:
@@ -571,17 +600,27 @@ def record_training(mode: str) -> dict:
         if frames and os.path.abspath(frames[0].filename) == here:
             user_lines.add(frames[0].line)
     src = open(here).read().splitlines()
-    marker = {name: next(i + 1 for i, l in enumerate(src) if f"# {name}" in l and "marker" not in l)
-              for name in ("FORWARD-LINE", "BACKWARD-LINE")}
+    marker = {
+        name: next(i + 1 for i, l in enumerate(src) if f"# {name}" in l and "marker" not in l)
+        for name in ("FORWARD-LINE", "BACKWARD-LINE")
+    }
     snap = memalloc.snapshot()
     with tempfile.TemporaryDirectory() as d:
         path = memalloc.dump_snapshot(os.path.join(d, "snap.pickle"))
         html = _memory_viz.trace_plot(snap)
         size = os.path.getsize(path)
-    return {"events": len(evs), "dropped": memalloc.recording.dropped(), "allocs": len(allocs),
-            "tags": sorted({e.tag for e in allocs}), "user_lines": sorted(user_lines), "markers": marker,
-            "steps": sorted({e.step for e in evs}), "trace_entries": len(snap["device_traces"][0]),
-            "html_bytes": len(html), "pickle_bytes": size}
+    return {
+        "events": len(evs),
+        "dropped": memalloc.recording.dropped(),
+        "allocs": len(allocs),
+        "tags": sorted({e.tag for e in allocs}),
+        "user_lines": sorted(user_lines),
+        "markers": marker,
+        "steps": sorted({e.step for e in evs}),
+        "trace_entries": len(snap["device_traces"][0]),
+        "html_bytes": len(html),
+        "pickle_bytes": size,
+    }
 
 
 def installed():
@@ -593,9 +632,27 @@ def memalloc_validate() -> None:
         installed().validate(0)
 
 
-SCENARIOS = {f.__name__: f for f in (train20, oom, record_stream, empty_cache, fraction, accounting,
-                                     pair_cost, c_entry_points, late_enable, record_training, oom_loop, ddp, leak_report,
-                                     oom_report, zero_setup_oom, zero_setup_leak)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        train20,
+        oom,
+        record_stream,
+        empty_cache,
+        fraction,
+        accounting,
+        pair_cost,
+        c_entry_points,
+        late_enable,
+        record_training,
+        oom_loop,
+        ddp,
+        leak_report,
+        oom_report,
+        zero_setup_oom,
+        zero_setup_leak,
+    )
+}
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]

@@ -13,6 +13,7 @@ included.
 
 Run one case by hand: ``python tests/gpu/compat_cases.py NAME memalloc``.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,14 @@ def run_case(name: str, mode: str, timeout: int = 300, check: bool = True) -> di
     test then fails at once, showing them. (A case that raised is not a
     crash: its JSON says ``ok`` False; see :func:`require_ok`.) The case runs
     in its own session, so a timeout also ends the processes it spawned."""
-    proc = subprocess.Popen([sys.executable, CASES_PY, name, mode], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, CASES_PY, name, mode],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
         timed_out = False
@@ -78,15 +85,24 @@ def run_case(name: str, mode: str, timeout: int = 300, check: bool = True) -> di
     stdout, stderr = _text(stdout), _text(stderr)
     result = None if timed_out else _last_json(stdout)
     if timed_out or proc.returncode != 0 or result is None:
-        failed = {"case": name, "mode": mode, "ok": False, "returncode": proc.returncode,
-                  "stdout_tail": stdout[-3000:], "stderr_tail": stderr[-3000:]}
+        failed = {
+            "case": name,
+            "mode": mode,
+            "ok": False,
+            "returncode": proc.returncode,
+            "stdout_tail": stdout[-3000:],
+            "stderr_tail": stderr[-3000:],
+        }
         if timed_out:
             failed.update(timed_out=True, error_type="Timeout", error=f"no result within {timeout} s")
         else:
-            failed.update(crashed=True, error_type="Crash",
-                          error=f"exited with {proc.returncode}"
-                                f"{' (signal %d)' % -proc.returncode if proc.returncode < 0 else ''}"
-                                f"{'' if result is not None else ' without a JSON result'}")
+            failed.update(
+                crashed=True,
+                error_type="Crash",
+                error=f"exited with {proc.returncode}"
+                f"{f' (signal {-proc.returncode})' if proc.returncode < 0 else ''}"
+                f"{'' if result is not None else ' without a JSON result'}",
+            )
         if result is not None:
             failed["partial"] = result
         result = failed
@@ -99,8 +115,7 @@ def run_case(name: str, mode: str, timeout: int = 300, check: bool = True) -> di
 def run_both(name: str, timeout: int = 300) -> tuple[dict, dict]:
     """(native result, memalloc result), run back to back in that order;
     both run even when the first crashes (then :func:`require_ok` fails)."""
-    return (run_case(name, "native", timeout, check=False),
-            run_case(name, "memalloc", timeout, check=False))
+    return (run_case(name, "native", timeout, check=False), run_case(name, "memalloc", timeout, check=False))
 
 
 def require_ok(*results: dict) -> None:
@@ -205,7 +220,7 @@ def test_oom_observer():
         assert r["raised"] is True, r["mode"]
         assert len(r["calls"]) == 1, (r["mode"], r["calls"])
         call = r["calls"][0]
-        assert call["device"] == 0 and call["alloc"] >= 2 ** 48, (r["mode"], call)
+        assert call["device"] == 0 and call["alloc"] >= 2**48, (r["mode"], call)
 
 
 def test_graph_frees():
@@ -295,8 +310,11 @@ def test_queries():
         assert r["memory_reserved"] <= r["max_memory_reserved"], r["mode"]
         # _snapshot() agrees with the counters
         assert r["snapshot_reserved"] == r["memory_reserved"], (r["mode"], r["snapshot_reserved"], r["memory_reserved"])
-        assert r["snapshot_allocated"] == r["memory_allocated"], (r["mode"], r["snapshot_allocated"],
-                                                                  r["memory_allocated"])
+        assert r["snapshot_allocated"] == r["memory_allocated"], (
+            r["mode"],
+            r["snapshot_allocated"],
+            r["memory_allocated"],
+        )
         assert r["peak_with_big"] >= r["memory_allocated"] + 16 * (1 << 20), r["mode"]
         assert r["max_after_reset"] == r["allocated_after_reset"], r["mode"]
         if "accelerator_allocated" in r:  # else r["accelerator_error"] says why (reported only)

@@ -16,6 +16,7 @@ that spread; five gave native 19.5, 18.7, 21.1, 18.0, 18.6 and memalloc
 18.5, 18.0, 20.9, 19.8, 21.6 ms). The cases and their correctness checks are in
 compat_cases.py / test_compat.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def interleaved(case: str, key: str) -> dict:
     """{mode: [per-process median]} over ROUNDS interleaved rounds, ABBA order."""
     times: dict = {"native": [], "memalloc": []}
     for rnd in range(ROUNDS):
-        for mode in (("native", "memalloc") if rnd % 2 == 0 else ("memalloc", "native")):
+        for mode in ("native", "memalloc") if rnd % 2 == 0 else ("memalloc", "native"):
             r = run_case(case, mode, timeout=420)
             require_ok(r)
             times[mode].append(r[key])
@@ -46,11 +47,16 @@ def interleaved(case: str, key: str) -> dict:
     return times
 
 
-@pytest.mark.parametrize("case,key,what", [
-    ("cudnn_benchmark", "median_step_ms", "ResNet-50 step with cudnn.benchmark"),
-    ("reduce_overhead", "median_call_ms", "torch.compile(mode='reduce-overhead') call"),
-])
+@pytest.mark.parametrize(
+    "case,key,what",
+    [
+        ("cudnn_benchmark", "median_step_ms", "ResNet-50 step with cudnn.benchmark"),
+        ("reduce_overhead", "median_call_ms", "torch.compile(mode='reduce-overhead') call"),
+    ],
+)
 def test_within_five_percent_of_native(case, key, what):
     times = interleaved(case, key)
     native, mem = statistics.median(times["native"]), statistics.median(times["memalloc"])
-    assert mem <= TIME_FACTOR * native, f"{what}: memalloc {mem:.3f} ms > {TIME_FACTOR} x native {native:.3f} ms ({times})"
+    assert mem <= TIME_FACTOR * native, (
+        f"{what}: memalloc {mem:.3f} ms > {TIME_FACTOR} x native {native:.3f} ms ({times})"
+    )

@@ -5,6 +5,7 @@ the allocator is chosen once per process. Skipped without a CUDA GPU. When
 MEMALLOC_GPU_RESULTS names a file, every scenario's JSON result is appended
 to it (one line each) for the results file under benchmarks/results/.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,14 @@ def gpu_worker(allocator: str, group: str, name: str, env: dict | None = None) -
     """benchmarks/gpu_worker.py's result for one group under ``allocator``,
     run in a fresh process (environment ``env``, default this one's),
     recorded as scenario ``name`` (record())."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_worker", allocator, group],
-                          cwd=os.path.dirname(os.path.dirname(HERE)), capture_output=True, text=True, timeout=600,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_worker", allocator, group],
+        cwd=os.path.dirname(os.path.dirname(HERE)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     record(name, allocator, r)
@@ -49,7 +55,9 @@ def gpu_worker(allocator: str, group: str, name: str, env: dict | None = None) -
 def scenario(name: str, mode: str) -> dict:
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "scenarios.py"), name, mode],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, f"{name}/{mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -150,9 +158,13 @@ def test_enable_after_cuda_init_is_refused_with_the_fix():
 
 
 def test_demo_runs_on_cuda():
-    proc = subprocess.run([sys.executable, "-m", "memalloc", "demo", "--steps", "3"],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(HERE)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "memalloc", "demo", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(HERE)),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "memalloc demo on the CUDA GPU" in out
@@ -193,8 +205,7 @@ def test_pair_cost_subclass_against_the_c_entry_route():
     path = os.environ.get("MEMALLOC_GPU_RESULTS")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"scenario": "pair_cost_best", "mode": "all", "result": best,
-                                "rounds": rounds}) + "\n")
+            f.write(json.dumps({"scenario": "pair_cost_best", "mode": "all", "result": best, "rounds": rounds}) + "\n")
     for k in best["memalloc_plain"]:
         assert best["memalloc_plain"][k] <= best["memalloc_c_entry"][k] * 1.05 + 0.1, (k, best)
 

@@ -6,6 +6,7 @@ before backward equal to what autograd saved plus the loss (eager), the
 step's peak split adding up to max_memory_allocated, the step tracker's
 rows carrying it. The examples/ scripts run on the GPU through
 benchmarks/strategies.py."""
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,16 @@ def run_model(compiled: bool, closure: bool = False) -> dict:
         env["COMPILE"] = "1"
     p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    R = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-    record("breakdown_model", ("compiled" if compiled else "eager") + ("_closure" if closure else ""),
-           {"steps": [{k: s[k] for k in ("peak", "params", "grads", "state", "expected_activations")}
-                      for s in R["steps"]]})
+    R = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT ") :])
+    record(
+        "breakdown_model",
+        ("compiled" if compiled else "eager") + ("_closure" if closure else ""),
+        {
+            "steps": [
+                {k: s[k] for k in ("peak", "params", "grads", "state", "expected_activations")} for s in R["steps"]
+            ]
+        },
+    )
     return R
 
 

@@ -11,6 +11,7 @@ device's), activations before backward within 10% of what autograd saved
 that the step made, plus the loss. cuBLAS's workspaces are ``other``, a
 category not checked here. Every run's figures go to $MEMALLOC_GPU_RESULTS
 (test_cuda.record)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,10 +39,17 @@ def run_model(model: str) -> dict:
     env.pop("MEMALLOC_CONF", None)
     p = subprocess.run([sys.executable, "-c", src], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    R = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-    record("breakdown_real_models", model, {"spec": R["spec"], "figures": figures(R),
-                                            "after_step": [s["after_step"]["now"] for s in R["steps"]],
-                                            "before_backward": [s["before_backward"]["now"] for s in R["steps"]]})
+    R = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT ") :])
+    record(
+        "breakdown_real_models",
+        model,
+        {
+            "spec": R["spec"],
+            "figures": figures(R),
+            "after_step": [s["after_step"]["now"] for s in R["steps"]],
+            "before_backward": [s["before_backward"]["now"] for s in R["steps"]],
+        },
+    )
     return R
 
 

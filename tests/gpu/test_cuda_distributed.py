@@ -9,6 +9,7 @@ the flight recorder's merged report of a 2-rank job with one rank per GPU
 (tests/recording_cases/two_ranks.py cuda_per_rank): rank 1 stands out at
 its line, rank 0's leak is named. Issue 26; device script:
 benchmarks/device_two_gpu.sh."""
+
 from __future__ import annotations
 
 import os
@@ -39,17 +40,35 @@ def jobs(tmp_path_factory) -> dict:
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     env.pop("MEMALLOC_CONF", None)
     out = run_jobs(tmp_path_factory.mktemp, env, "cuda", STEPS, timeout=600)
-    figures = {mode: [{case: {k: r[case].get(k) for k in ("step_ms", "peak_allocated", "peak_reserved")}
-                       for case in ("ddp", "fsdp2")} for r in ranks] for mode, ranks in out.items()}
+    figures = {
+        mode: [
+            {
+                case: {k: r[case].get(k) for k in ("step_ms", "peak_allocated", "peak_reserved")}
+                for case in ("ddp", "fsdp2")
+            }
+            for r in ranks
+        ]
+        for mode, ranks in out.items()
+    }
     for mode in MODES[1:]:
         for rank in range(2):
             for case in ("ddp", "fsdp2"):
                 f = figures[mode][rank][case]
                 f["step_ratio_to_native"] = f["step_ms"] / figures["native"][rank][case]["step_ms"]
-    record("two_gpu_nccl", "per_rank", {"steps": STEPS, "figures": figures,
-                                        "exact_losses": {m: all(out[m][r][c]["losses"] == out["native"][r][c]["losses"]
-                                                                for r in range(2) for c in ("ddp", "fsdp2"))
-                                                         for m in MODES[1:]}})
+    record(
+        "two_gpu_nccl",
+        "per_rank",
+        {
+            "steps": STEPS,
+            "figures": figures,
+            "exact_losses": {
+                m: all(
+                    out[m][r][c]["losses"] == out["native"][r][c]["losses"] for r in range(2) for c in ("ddp", "fsdp2")
+                )
+                for m in MODES[1:]
+            },
+        },
+    )
     return out
 
 

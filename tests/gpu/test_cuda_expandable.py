@@ -10,6 +10,7 @@ holes where plain segments run out of memory (data intact), CUDA IPC
 handles name the pages (native's 'e' form), a CUDA graph (a private pool:
 plain segments) replays correctly, and the trace names segment_map /
 segment_unmap. The host-backend tests: tests/unit/test_expandable.py."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,14 @@ MiB = 1 << 20
 
 def run_child(conf: str) -> dict:
     env = dict(os.environ, MEMALLOC_CONF=conf)
-    p = subprocess.run([sys.executable, os.path.join(HERE, "expandable_child.py")], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "expandable_child.py")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     record("expandable_child", conf or "default", r)

@@ -13,6 +13,7 @@ pair within 1.05x of memalloc without recording, measured in one process
 on (a heartbeat and checkpoint at every optimizer.step()), native and
 memalloc processes taking turns one step at a time (benchmarks/lockstep.py
 with gpu_worker's bf16_lockstep workers)."""
+
 from __future__ import annotations
 
 import os
@@ -34,6 +35,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+
 def run_loop(mode: str, directory) -> subprocess.CompletedProcess:
     return flight_checks.run_loop(mode, directory, 4096, "cuda", timeout=300)
 
@@ -44,9 +46,12 @@ def test_a_killed_cuda_process_leaves_every_committed_record(tmp_path):
 
     p = run_loop("memory", tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    truth = [(size, req, step, ACTIONS[action], dev)
-             for (_t, _a, size, req, _s, _st, _tag, _th, step, action, dev, _pool)
-             in struct.iter_unpack(RECORD_FORMAT, (tmp_path / "ring.bin").read_bytes())]
+    truth = [
+        (size, req, step, ACTIONS[action], dev)
+        for (_t, _a, size, req, _s, _st, _tag, _th, step, action, dev, _pool) in struct.iter_unpack(
+            RECORD_FORMAT, (tmp_path / "ring.bin").read_bytes()
+        )
+    ]
     d = tmp_path / "flight"
     p = run_loop("kill", d)
     assert p.returncode == -9, p.stderr[-3000:]
@@ -55,8 +60,11 @@ def test_a_killed_cuda_process_leaves_every_committed_record(tmp_path):
     assert f.backend == "cuda" and f.step == 21 and f.torn[0] == 0
     assert f.sequences[0] == list(range(1, len(f.rings[0]) + 1))
     got = [(e.size, e.requested, e.step, e.action, e.device) for e in f.rings[0]]
-    record("flight_kill_cuda", "memalloc", {"records": len(got), "truth_records": len(truth),
-                                             "actions": sorted({e[3] for e in got})})
+    record(
+        "flight_kill_cuda",
+        "memalloc",
+        {"records": len(got), "truth_records": len(truth), "actions": sorted({e[3] for e in got})},
+    )
     assert got == truth
 
 
@@ -119,9 +127,17 @@ def test_bf16_step_with_the_flight_recorder_within_2pct_of_native():
 
     env = dict(os.environ, MEMALLOC_BENCH_CPUS="2-5")
     worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, "bf16_lockstep"]
-    r = pooled({"native": worker("native"), "memalloc_flight": worker("memalloc_flight")},
-               BF16_PROCESS_PAIRS, BF16_STEP_PAIRS, env=env, cwd=REPO)
-    record("flight_bf16_lockstep", "lockstep", {k: v for k, v in r.items() if k != "runs"}
-           | {"cpus": env["MEMALLOC_BENCH_CPUS"]})
+    r = pooled(
+        {"native": worker("native"), "memalloc_flight": worker("memalloc_flight")},
+        BF16_PROCESS_PAIRS,
+        BF16_STEP_PAIRS,
+        env=env,
+        cwd=REPO,
+    )
+    record(
+        "flight_bf16_lockstep",
+        "lockstep",
+        {k: v for k, v in r.items() if k != "runs"} | {"cpus": env["MEMALLOC_BENCH_CPUS"]},
+    )
     assert all(run["results"][k]["steps"] == BF16_STEP_PAIRS for run in r["runs"] for k in run["results"])
     assert r["median_ratio"] <= 1.02, (r["median_ratio"], r["per_process_pair"])

@@ -9,6 +9,7 @@ one POSIX descriptor each, csrc/boundary/torch/ipc_wire.h): the test checks
 that the sending side wrote that form ('e' and the installed torch's
 version byte) where it should, so a pairing cannot pass by falling back to
 plain segments. The host half (the bytes): tests/unit/test_ipc_wire.py."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,14 @@ MODES = ("native", "memalloc")
 
 def run_pair(parent: str, config: str, child: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
-    p = subprocess.run([sys.executable, os.path.join(HERE, "ipc_cases.py"), parent, config, child], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "ipc_cases.py"), parent, config, child],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = p.stdout.strip().splitlines()
     assert p.returncode == 0 and lines, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
     r = json.loads(lines[-1])

@@ -9,6 +9,7 @@ and retained bytes within 10% of the truth the case computed from what it
 kept, the hint true; no leak in a clean loop. The table of reported
 against true figures goes to $MEMALLOC_GPU_ARTIFACTS/leak-table-cuda.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,22 +59,30 @@ print("RESULT", json.dumps(out))
 def runs():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=900)
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
-    raw = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-    out = {case: (report, text, {k: real_models.Truth(**v) for k, v in truth.items()})
-           for case, (report, text, truth) in raw.items()}
+    raw = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT ") :])
+    out = {
+        case: (report, text, {k: real_models.Truth(**v) for k, v in truth.items()})
+        for case, (report, text, truth) in raw.items()
+    }
     table = real_models.figures_table(out)
     artifacts = os.environ.get("MEMALLOC_GPU_ARTIFACTS")
     if artifacts:
         pathlib.Path(artifacts, "leak-table-cuda.md").write_text(table)
     for case, (report, _text, truth) in out.items():
-        record("leak_corpus", case, {"leaks": [{k: l[k] for k in ("bytes_per_step", "retained_bytes",
-                                                                   "retained_tensors", "cause")}
-                                               | {"holder": (l["holder"] or {}).get("name")} for l in report["leaks"]],
-                                     "truth": {k: {"bytes": t.bytes, "tensors": t.tensors, "steps": t.steps}
-                                               for k, t in truth.items()}})
+        record(
+            "leak_corpus",
+            case,
+            {
+                "leaks": [
+                    {k: l[k] for k in ("bytes_per_step", "retained_bytes", "retained_tensors", "cause")}
+                    | {"holder": (l["holder"] or {}).get("name")}
+                    for l in report["leaks"]
+                ],
+                "truth": {k: {"bytes": t.bytes, "tensors": t.tensors, "steps": t.steps} for k, t in truth.items()},
+            },
+        )
     return out
 
 
@@ -84,8 +93,13 @@ def test_transformers_leak_on_cuda(runs, case):
 
 @pytest.mark.parametrize("case", sorted(vision_models.CAUSES))
 def test_vision_leak_on_cuda(runs, case):
-    real_models.check_leak(case, *runs[case], cases=vision_models.CAUSES, graph_cases=vision_models.GRAPH_CASES,
-                           cases_file=vision_models.__file__)
+    real_models.check_leak(
+        case,
+        *runs[case],
+        cases=vision_models.CAUSES,
+        graph_cases=vision_models.GRAPH_CASES,
+        cases_file=vision_models.__file__,
+    )
 
 
 @pytest.mark.parametrize("case", [fn.__name__ for fn in real_models.CLEAN + real_models.COMPILED + vision_models.CLEAN])

@@ -6,6 +6,7 @@ index's torchvision needs a CUDA torch), trained natively and under
 Losses must match native's (deterministic algorithms on; 1e-5 relative for
 the last bits of a reduction whose order follows the workspace).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,30 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 CASES_PY = os.path.join(REPO, "tests", "libraries", "cases.py")
-CASES = ("gpt2", "llama", "bert_mlm", "t5", "hf_trainer", "lightning_trainer", "accelerate",
-         "torchvision_resnet18", "timm_vit")
+CASES = (
+    "gpt2",
+    "llama",
+    "bert_mlm",
+    "t5",
+    "hf_trainer",
+    "lightning_trainer",
+    "accelerate",
+    "torchvision_resnet18",
+    "timm_vit",
+)
 
 
 def _run(mode: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     env.pop("MEMALLOC_CONF", None)
-    return subprocess.Popen([sys.executable, CASES_PY, "--mode", mode, "--device", "cuda"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, CASES_PY, "--mode", mode, "--device", "cuda"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +58,7 @@ def runs() -> dict:
         stdout, stderr = p.communicate(timeout=900)
         lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
         assert p.returncode == 0 and len(lines) == 1, f"{mode}: rc={p.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
-        out[mode] = json.loads(lines[0][len("RESULT "):])
+        out[mode] = json.loads(lines[0][len("RESULT ") :])
         record("libraries", mode, out[mode])
     return out
 

@@ -9,6 +9,7 @@ the truth is the largest that runs as many steps as the plan was made for
 plan, 136, was for 67 steps and the 10-step search found 144).
 benchmarks/plan_vs_search.py; issue 25's targets. Every comparison is
 recorded (scenario planner_vs_search)."""
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ once, so every ratio comes from that many processes per mode. Issue 25's target:
 default within 1.02x of native on each (the median over every pair of
 steps). MEMALLOC_STEP_TIME_ALLOCATOR measures another memalloc mode
 instead (memalloc_expandable), recorded with its own name."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,13 @@ ALLOCATOR = os.environ.get("MEMALLOC_STEP_TIME_ALLOCATOR", "memalloc")
 def test_step_time_within_2pct_of_native(group):
     env = dict(os.environ, MEMALLOC_BENCH_CPUS="2-5")
     worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, group]
-    r = pooled({"native": worker("native"), ALLOCATOR: worker(ALLOCATOR)}, STEP_TIME_PAIRS, STEP_PAIRS,
-               env=env, cwd=REPO, alive=ALIVE)
+    r = pooled(
+        {"native": worker("native"), ALLOCATOR: worker(ALLOCATOR)},
+        STEP_TIME_PAIRS,
+        STEP_PAIRS,
+        env=env,
+        cwd=REPO,
+        alive=ALIVE,
+    )
     record("step_time_lockstep", f"{ALLOCATOR}/{group}", {k: v for k, v in r.items() if k != "runs"})
     assert r["median_ratio"] <= 1.02, (r["median_ratio"], r["per_process_pair"])

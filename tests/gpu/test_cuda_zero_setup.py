@@ -7,6 +7,7 @@ what the default call-site capture costs, measured in one process
 alternating over 11 rounds) against the budget: bf16 transformer step
 <= 1.02x, 512 B torch.empty+del <= 1.10x. The host-backend versions:
 tests/integration/test_zero_setup.py."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ Each workload runs twice, in two fresh processes (native, then memalloc),
 sampling torch.cuda.memory_allocated / max_memory_allocated /
 memory_reserved after every step.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(name: str, mode: str) -> dict:
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "parity.py"), name, mode],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "parity.py"), name, mode], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, f"{name}/{mode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     path = os.environ.get("MEMALLOC_GPU_RESULTS")

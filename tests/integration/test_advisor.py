@@ -3,6 +3,7 @@ repeated blocks it finds in real models, and its estimates against the
 table measured on the GPU (the committed results: the breakdown and forward
 profile of each model's baseline, and every strategy's peak). Against the
 tiny model's table on the host backend: tests/integration/test_strategies.py."""
+
 from __future__ import annotations
 
 import json
@@ -33,16 +34,17 @@ def by_name(advice):
 def test_the_rules_on_made_up_figures():
     b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20, other=7)
     got = by_name(advisor.advise(b, gpus=2))
-    assert got["half_batch"] == 60                        # (A + T) / 2
-    assert got["grad_accumulation"] == 60 - (30 - 5)      # ... less the gradients not live at the peak
-    assert got["ddp"] == 60 - 30                          # ... less DDP's buckets
-    assert got["bf16_autocast"] == 60 - 15                # no profile: (A + T) / 2 - P / 2
+    assert got["half_batch"] == 60  # (A + T) / 2
+    assert got["grad_accumulation"] == 60 - (30 - 5)  # ... less the gradients not live at the peak
+    assert got["ddp"] == 60 - 30  # ... less DDP's buckets
+    assert got["bf16_autocast"] == 60 - 15  # no profile: (A + T) / 2 - P / 2
     assert "checkpointing" not in got and "del_empty_cache" not in got
-    profile = advisor.Profile(blocks=[("b1", 40, 10), ("b2", 40, 10)], leaf_bytes=70, parent_bytes=10,
-                              cast_weight_bytes=8, trainable_bytes=30)
+    profile = advisor.Profile(
+        blocks=[("b1", 40, 10), ("b2", 40, 10)], leaf_bytes=70, parent_bytes=10, cast_weight_bytes=8, trainable_bytes=30
+    )
     got = by_name(advisor.advise(b, profile, reserved_after=200, gpus=2))
     assert got["checkpointing"] == 80 - max(10 + 40, 20 + 40, 20)  # block 2 recomputed: both inputs + 40
-    assert got["bf16_autocast"] == 35 + 10 - 4                     # leaves / 2 + T / 2 - weights / 2
+    assert got["bf16_autocast"] == 35 + 10 - 4  # leaves / 2 + T / 2 - weights / 2
     assert got["del_empty_cache"] == 200 - (30 + 60 + 7)
     assert got["checkpointing_bf16"] == int(120 * (1 - (1 - 20 / 120) * (1 - 41 / 120)))
     ordered = [a.saves for a in advisor.advise(b, profile, reserved_after=200)]
@@ -56,8 +58,14 @@ def test_a_peak_in_the_optimizers_step_scales_only_its_activations_with_the_batc
     # left of the batch is what the loop keeps (its outputs, the loss): half of it is saved by
     # half the batch or autocast, and checkpointing saves nothing there.
     b = breakdown(parameters=30, gradients=30, optimizer_state=60, activations=100, temporaries=30, other=7)
-    profile = advisor.Profile(blocks=[("b1", 40, 10), ("b2", 40, 10)], leaf_bytes=70, parent_bytes=10,
-                              cast_weight_bytes=8, trainable_bytes=30, peak_phase="optimizer")
+    profile = advisor.Profile(
+        blocks=[("b1", 40, 10), ("b2", 40, 10)],
+        leaf_bytes=70,
+        parent_bytes=10,
+        cast_weight_bytes=8,
+        trainable_bytes=30,
+        peak_phase="optimizer",
+    )
     got = by_name(advisor.advise(b, profile, gpus=2))
     assert got["half_batch"] == got["grad_accumulation"] == 50 and got["ddp"] == 50 - 30
     assert got["bf16_autocast"] == got["fp16_grad_scaler"] == 50
@@ -70,8 +78,15 @@ def test_mixed_precision_leaves_the_loss_and_the_models_output_in_fp32():
     # autocast runs the loss in fp32 (the temporaries of a forward peak stay), and casts the
     # model's half output back to fp32 for it (what the last module keeps saves nothing)
     b = breakdown(parameters=30, optimizer_state=60, activations=100, temporaries=20)
-    profile = advisor.Profile(blocks=[], leaf_bytes=70, parent_bytes=10, cast_weight_bytes=8, trainable_bytes=30,
-                              output_bytes=10, peak_phase="forward")
+    profile = advisor.Profile(
+        blocks=[],
+        leaf_bytes=70,
+        parent_bytes=10,
+        cast_weight_bytes=8,
+        trainable_bytes=30,
+        output_bytes=10,
+        peak_phase="forward",
+    )
     assert by_name(advisor.advise(b, profile))["bf16_autocast"] == (70 - 10) // 2 - 4
     profile.peak_phase = "backward"  # a backward's temporaries: gradients of half-precision matmuls
     assert by_name(advisor.advise(b, profile))["bf16_autocast"] == (70 - 10) // 2 + 20 // 2 - 4
@@ -81,8 +96,15 @@ def test_checkpointing_counts_the_gradients_freed_before_the_backward():
     # A forward peak holding last step's gradients (40) that zero_grad freed before the
     # backward (Lightning's closure): the recomputation's worst moment is without them.
     b = breakdown(parameters=40, gradients=40, optimizer_state=80, activations=100, temporaries=20)
-    profile = advisor.Profile(blocks=[("b1", 40, 10), ("b2", 40, 10)], leaf_bytes=70, parent_bytes=10,
-                              cast_weight_bytes=8, trainable_bytes=40, peak_phase="forward", grads_at_backward=0)
+    profile = advisor.Profile(
+        blocks=[("b1", 40, 10), ("b2", 40, 10)],
+        leaf_bytes=70,
+        parent_bytes=10,
+        cast_weight_bytes=8,
+        trainable_bytes=40,
+        peak_phase="forward",
+        grads_at_backward=0,
+    )
     assert by_name(advisor.advise(b, profile))["checkpointing"] == 80 - max(20, 20 + 40 - 40)
     profile.grads_at_backward = 40  # kept through the backward: no difference
     assert by_name(advisor.advise(b, profile))["checkpointing"] == 80 - (20 + 40)
@@ -91,8 +113,15 @@ def test_checkpointing_counts_the_gradients_freed_before_the_backward():
 def test_del_empty_cache_keeps_the_pages_that_hold_what_the_run_keeps():
     # empty_cache() keeps every segment (page) holding a live block: more than the live bytes
     b = breakdown(parameters=30, optimizer_state=60, activations=100, other=7)
-    profile = advisor.Profile(blocks=[], leaf_bytes=0, parent_bytes=0, cast_weight_bytes=0, trainable_bytes=30,
-                              held_between_steps=120, kept_reserved=150)
+    profile = advisor.Profile(
+        blocks=[],
+        leaf_bytes=0,
+        parent_bytes=0,
+        cast_weight_bytes=0,
+        trainable_bytes=30,
+        held_between_steps=120,
+        kept_reserved=150,
+    )
     a = {x.strategy: x for x in advisor.advise(b, profile, reserved_after=200)}["del_empty_cache"]
     assert a.saves == 200 - 150 and "the segments and pages that hold" in a.why
     profile.kept_reserved = 200  # every reserved page holds something: it saves nothing, not listed
@@ -105,11 +134,18 @@ def test_a_leaks_first_step_bytes_are_other_not_activations():
     from test_real_paths_advice import leak_of
 
     from memalloc.reporters.leak_report import LeakReport
+
     b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20, other=15)
-    report = LeakReport(backend="host", device=0, steps=[1, 2, 3], allocated=[0] * 3, reserved=[0] * 3,
-                        leaks=[leak_of([10, 20, 30], [1, 2, 3])])
+    report = LeakReport(
+        backend="host",
+        device=0,
+        steps=[1, 2, 3],
+        allocated=[0] * 3,
+        reserved=[0] * 3,
+        leaks=[leak_of([10, 20, 30], [1, 2, 3])],
+    )
     got = by_name(advisor.advise(b, leaks=report))
-    assert got["fix_leak"] == 20                          # held when the peak's step (3) began
+    assert got["fix_leak"] == 20  # held when the peak's step (3) began
     assert got["half_batch"] == (100 - (20 - 10) + 20) // 2
     b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20, other=4)
     assert by_name(advisor.advise(b, leaks=report))["half_batch"] == (100 - (20 - 4) + 20) // 2
@@ -118,9 +154,10 @@ def test_a_leaks_first_step_bytes_are_other_not_activations():
 @pytest.mark.parametrize("expandable", [False, True])
 def test_kept_by_empty_cache_is_what_empty_cache_keeps(expandable):
     from memalloc import _C
+
     a = _C.Allocator("host", f"host_capacity_mb:64,expandable_segments:{expandable}")
     small = [a.malloc(300 << 10) for _ in range(12)]  # 2 MiB segments (expandable: pages of one)
-    large = [a.malloc(3 << 20) for _ in range(5)]     # 20 MiB segments (expandable: pages of one)
+    large = [a.malloc(3 << 20) for _ in range(5)]  # 20 MiB segments (expandable: pages of one)
     for ptr in small[6:] + large[1:3]:  # a small segment and whole pages of the large one fall free
         a.free(ptr)
     kept = advisor.kept_by_empty_cache(a, 0)
@@ -170,8 +207,16 @@ def compare(advice_file: dict, results: list[dict], model: str, skip=()) -> dict
 def test_estimates_are_within_15_percent_of_the_gpu_table(model):
     data = json.loads(GPU_ADVICE[model].read_text())
     errors = compare(data, json.loads(GPU_STRATEGIES.read_text())["results"], model)
-    assert set(errors) == {"half_batch", "grad_accumulation", "bf16_autocast", "fp16_grad_scaler", "checkpointing",
-                           "checkpointing_bf16", "del_empty_cache", "ddp"}
+    assert set(errors) == {
+        "half_batch",
+        "grad_accumulation",
+        "bf16_autocast",
+        "fp16_grad_scaler",
+        "checkpointing",
+        "checkpointing_bf16",
+        "del_empty_cache",
+        "ddp",
+    }
     worst = {s: round(e, 3) for s, e in errors.items() if abs(e) > TOLERANCE}
     assert not worst, f"{model}: estimates off by more than 15%: {worst}"
 
@@ -239,8 +284,10 @@ profile.stop()
 @pytest.mark.slow
 def test_the_profile_reads_what_the_script_measures(fresh_python):
     from memtest_helpers import REPO
-    _, R, _ = fresh_python.code(f"REPO = {str(REPO)!r}\n", PROFILE_READINGS, env=fresh_python.env(OMP_NUM_THREADS="1"),
-                                timeout=240)
+
+    _, R, _ = fresh_python.code(
+        f"REPO = {str(REPO)!r}\n", PROFILE_READINGS, env=fresh_python.env(OMP_NUM_THREADS="1"), timeout=240
+    )
     for case in ("forward", "optimizer"):
         r = R[case]
         p = r["profile"]

@@ -10,6 +10,7 @@ Expected sizes follow the allocator's rules: requests round up to a multiple
 of 512 bytes (minimum 512); rounded sizes <= 1 MiB come from 2 MiB segments;
 1-10 MiB requests get 20 MiB segments.
 """
+
 from __future__ import annotations
 
 import gc
@@ -120,24 +121,40 @@ LAYER_PROBE = """
     """
 
 
-@pytest.mark.parametrize("layers", [
-    {},                                          # memalloc's default (core/_config.PRODUCT_DEFAULTS): expandable
-    # each layer of the user's config turns them off: the plain policy is one key away
-    {"MEMALLOC_CONF": "expandable_segments:False"},
-    {"config": "expandable_segments:False"},
-    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
-    # a later layer turns back on what an earlier one turned off, and off
-    # again: the layers are parsed at once, so a False (the engine's own
-    # default, which canonical text leaves out) still wins over a True
-    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "MEMALLOC_CONF": "expandable_segments:True"},
-    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "MEMALLOC_CONF": "expandable_segments:False"},
-    {"MEMALLOC_CONF": "expandable_segments:True", "config": "expandable_segments:False"},
-], ids=["none", "MEMALLOC_CONF", "config", "torch", "torch_then_MEMALLOC_CONF_on", "torch_then_MEMALLOC_CONF_off",
-        "MEMALLOC_CONF_then_config"])
+@pytest.mark.parametrize(
+    "layers",
+    [
+        {},  # memalloc's default (core/_config.PRODUCT_DEFAULTS): expandable
+        # each layer of the user's config turns them off: the plain policy is one key away
+        {"MEMALLOC_CONF": "expandable_segments:False"},
+        {"config": "expandable_segments:False"},
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+        # a later layer turns back on what an earlier one turned off, and off
+        # again: the layers are parsed at once, so a False (the engine's own
+        # default, which canonical text leaves out) still wins over a True
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "MEMALLOC_CONF": "expandable_segments:True"},
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "MEMALLOC_CONF": "expandable_segments:False"},
+        {"MEMALLOC_CONF": "expandable_segments:True", "config": "expandable_segments:False"},
+    ],
+    ids=[
+        "none",
+        "MEMALLOC_CONF",
+        "config",
+        "torch",
+        "torch_then_MEMALLOC_CONF_on",
+        "torch_then_MEMALLOC_CONF_off",
+        "MEMALLOC_CONF_then_config",
+    ],
+)
 def test_expandable_by_default_and_each_config_layer_sets_them_the_later_one_winning(layers, fresh_python):
-    env = fresh_python.env(layers.get("MEMALLOC_CONF"),
-                           **({"PYTORCH_CUDA_ALLOC_CONF": layers["PYTORCH_CUDA_ALLOC_CONF"]}
-                              if "PYTORCH_CUDA_ALLOC_CONF" in layers else {}))
+    env = fresh_python.env(
+        layers.get("MEMALLOC_CONF"),
+        **(
+            {"PYTORCH_CUDA_ALLOC_CONF": layers["PYTORCH_CUDA_ALLOC_CONF"]}
+            if "PYTORCH_CUDA_ALLOC_CONF" in layers
+            else {}
+        ),
+    )
     code = LAYER_PROBE % (f", config={layers['config']!r}" if "config" in layers else "")
     _, r = fresh_python.code(PRELUDE, code, env=env)[:2]
     last = ([v for k, v in layers.items()] or ["expandable_segments:True"])[-1]

@@ -3,6 +3,7 @@ training loop make the same requests, the frees perhaps in another order
 (the order, not the set, follows the host heap: docs/results.md). The test
 checks what must hold whatever the order: the same allocations, each freed
 once, the same number of requests, and where two runs part it is a free."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 def run_worker(perturb: int) -> list:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.autocast_free_order", "--worker", str(perturb)],
-                         cwd=autocast_free_order.REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.autocast_free_order", "--worker", str(perturb)],
+        cwd=autocast_free_order.REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

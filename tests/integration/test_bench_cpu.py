@@ -4,6 +4,7 @@ self-checks (counters back to zero, validate()) passing; the --check
 comparison fails above +10% of the baseline and passes within it. The full
 suite is `python -m benchmarks.run --suite cpu --check` (CI runs it with
 --quick)."""
+
 from __future__ import annotations
 
 import shutil
@@ -83,8 +84,7 @@ def test_callgrind_counts_only_the_measured_region(binary, tmp_path):
     # Two small workloads, once: the region must be collected (hundreds of
     # instructions per op) and the count must not include the warm-up or
     # setup (which would make it far larger per op at this size).
-    workloads = {k: v for k, v in cpu_suite.callgrind_workloads(ops=2000).items()
-                 if k in ("random", "pair_64KiB")}
+    workloads = {k: v for k, v in cpu_suite.callgrind_workloads(ops=2000).items() if k in ("random", "pair_64KiB")}
     figures = cpu_suite.run_callgrind(binary, workloads, out_dir=tmp_path)
     for name, f in figures.items():
         assert f["ops"] == 2000

@@ -1,6 +1,7 @@
 """benchmarks/fit_more.py's pure parts, without a GPU: the sequence lengths
 every trial trains on, and the bisection that finds the largest batch (run
 against a fake trial with a known answer)."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,15 @@ def test_bisection_finds_the_largest_batch_that_fits(monkeypatch, answer, start)
     def fake(mode, batch, steps, fraction, max_len=4096, timeout=300):
         calls.append(batch)
         fits = batch <= answer
-        return {"mode": mode, "batch": batch, "ok": fits, "steps_done": steps if fits else 3,
-                "peak_allocated": batch * 10, "peak_reserved": batch * 11, "step_ms_median": 1.0}
+        return {
+            "mode": mode,
+            "batch": batch,
+            "ok": fits,
+            "steps_done": steps if fits else 3,
+            "peak_allocated": batch * 10,
+            "peak_reserved": batch * 11,
+            "step_ms_median": 1.0,
+        }
 
     monkeypatch.setattr(fit_more, "run_trial", fake)
     r = fit_more.largest_batch("native", start, 50, 0.1, [])

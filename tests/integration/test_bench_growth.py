@@ -3,6 +3,7 @@ case grow, that every process draws the same lengths, how runs are summed
 up (medians over processes, memalloc's ratios to the other modes, from
 figures this test computes itself), and the arguments it refuses. The GPU
 figures: benchmarks/results/*growth*.json."""
+
 from __future__ import annotations
 
 import statistics
@@ -21,14 +22,22 @@ def test_a_step_grows_when_its_length_is_the_longest_so_far():
 
 def train_run(mode: str, scale: float) -> dict:
     ls = [512, 256, 1024, 768, 2048]
-    return {"mode": mode, "case": "train", "lengths": ls, "step_ms": [scale * (i + 1) for i in range(len(ls))],
-            "peak_reserved": 100 * scale, "peak_allocated": 90.0}
+    return {
+        "mode": mode,
+        "case": "train",
+        "lengths": ls,
+        "step_ms": [scale * (i + 1) for i in range(len(ls))],
+        "peak_reserved": 100 * scale,
+        "peak_allocated": 90.0,
+    }
 
 
 def test_summary_is_medians_over_processes_and_memallocs_ratios():
     runs = [train_run("native", s) for s in (1.0, 3.0, 2.0)] + [train_run("memalloc", s) for s in (2.0, 4.0, 6.0)]
-    runs += [{"mode": m, "case": "fresh16", "fresh_ms": f, "again_ms": 0.5} for m, f in
-             [("expandable", 50.0), ("expandable", 48.0), ("memalloc", 400.0), ("memalloc", 380.0)]]
+    runs += [
+        {"mode": m, "case": "fresh16", "fresh_ms": f, "again_ms": 0.5}
+        for m, f in [("expandable", 50.0), ("expandable", 48.0), ("memalloc", 400.0), ("memalloc", 380.0)]
+    ]
     s = growth.summarize(runs)
     # growing steps are steps 1, 3 and 5 (times 1, 3, 5 x scale): their median is 3 x scale
     native, memalloc = s["train"]["native"], s["train"]["memalloc"]

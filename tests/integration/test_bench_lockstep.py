@@ -3,6 +3,7 @@ step is CPU work of a known size (python -m benchmarks.lockstep --work N),
 driven in lockstep. The ratio the driver reports must follow the work each
 worker was given; a worker that dies or breaks the protocol is an error that
 names it."""
+
 from __future__ import annotations
 
 import io
@@ -68,16 +69,27 @@ def test_serve_times_one_step_per_command_and_stops():
     # ready() runs once, after the warm-up steps and before the first timed one
     # and after() once after each timed step, outside its time
     seen = []
-    lockstep.serve(lambda: seen.append("step"), warmup=2, out=io.StringIO(), inp=io.StringIO("step\nstep\nstop\n"),
-                   ready=lambda: seen.append("ready"), after=lambda: seen.append("after"))
+    lockstep.serve(
+        lambda: seen.append("step"),
+        warmup=2,
+        out=io.StringIO(),
+        inp=io.StringIO("step\nstep\nstop\n"),
+        ready=lambda: seen.append("ready"),
+        after=lambda: seen.append("after"),
+    )
     assert seen == ["step", "step", "ready", "step", "after", "step", "after"]
     with pytest.raises(SystemExit, match="unknown command 'go'"):
         lockstep.serve(lambda: None, warmup=0, out=io.StringIO(), inp=io.StringIO("go\n"))
 
 
 def test_pooled_runs_fresh_pairs_and_takes_the_median_of_every_step_pair():
-    r = lockstep.pooled({"one": worker("--work", "10"), "three": worker("--work", "30")}, process_pairs=2, steps=15,
-                        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    r = lockstep.pooled(
+        {"one": worker("--work", "10"), "three": worker("--work", "30")},
+        process_pairs=2,
+        steps=15,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     assert r["process_pairs"] == 2 and r["step_pairs"] == 30 and len(r["runs"]) == 2
     pids = {run["results"]["one"]["pid"] for run in r["runs"]}
     assert len(pids) == 2  # a fresh pair of processes each time
@@ -113,8 +125,14 @@ def test_a_crowd_steps_every_process_once_per_round_pair_by_pair_in_abba_order(t
 
 @pytest.mark.slow  # crowds of worker processes (~5 s)
 def test_pooled_crowds_give_each_pair_its_own_ratio():
-    r = lockstep.pooled({"one": worker("--work", "20"), "three": worker("--work", "60")}, process_pairs=5, steps=9,
-                        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), alive=2)
+    r = lockstep.pooled(
+        {"one": worker("--work", "20"), "three": worker("--work", "60")},
+        process_pairs=5,
+        steps=9,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO),
+        alive=2,
+    )
     assert r["process_pairs"] == 5 and len(r["runs"]) == 5 and r["step_pairs"] == 45 and r["alive"] == 2
     pids = {run["results"][k]["pid"] for run in r["runs"] for k in ("one", "three")}
     assert len(pids) == 10  # 2 + 2 + 1 pairs, all fresh

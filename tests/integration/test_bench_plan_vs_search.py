@@ -2,6 +2,7 @@
 test, tests/gpu/test_cuda_planner.py, runs on the device): the fit
 benchmark's transformer, tiny, on a simulated device of 96 MiB; the search's
 trials and the planner each in fresh processes."""
+
 from __future__ import annotations
 
 import pytest

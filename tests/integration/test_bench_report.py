@@ -1,4 +1,5 @@
 """The Performance section of docs/results.md is generated from committed results."""
+
 from __future__ import annotations
 
 import glob
@@ -16,9 +17,23 @@ def latest(kind: str) -> str:
 
 
 def test_report_renders_both_suites_and_readme_is_current():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.report", "--gpu", latest("gpu-bench"),
-                           "--cpu", latest("cpu-bench"), "--recording", latest("gpu-recording")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.report",
+            "--gpu",
+            latest("gpu-bench"),
+            "--cpu",
+            latest("cpu-bench"),
+            "--recording",
+            latest("gpu-recording"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     section = proc.stdout.strip()
     assert section.startswith("<!-- PERF-START -->") and section.endswith("<!-- PERF-END -->")

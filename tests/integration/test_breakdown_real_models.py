@@ -17,13 +17,15 @@ the run from the tensors; a failure prints every figure beside it.
 The four models run in one fresh interpreter that imports transformers once
 and forks a child per model, each enabling memalloc afresh.
 """
+
 from __future__ import annotations
 
 import pytest
 from breakdown_real_models import MODELS, STEPS, misses, runner_script, table
 
 pytest.importorskip("transformers")
-# the slow tier (CI runs it, `-m slow`): four transformers models trained in fresh processes (~10 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): four transformers models trained in fresh processes (~10 s), over the README's
+# fast-tier budget of 180 s on CI's 2 cores
 pytestmark = pytest.mark.slow
 
 

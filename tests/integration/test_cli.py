@@ -2,6 +2,7 @@
 and info each in a fresh interpreter (enable() runs once per process, info
 looks for a GPU), replay in this one (tests/conftest.py's cli_here). No GPU
 here: the host backend."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,10 @@ def memalloc_cli(fresh_python):
     """memalloc_cli(*args, conf=None, cwd=REPO): ``python -m memalloc <args>`` in a
     fresh interpreter (tests/conftest.py: no GPU, MEMALLOC_CONF only ``conf``,
     the package importable from any cwd)."""
+
     def run(*args: str, conf: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
         return fresh_python.run(["-m", "memalloc", *args], cwd=cwd, conf=conf, timeout=120)
+
     return run
 
 
@@ -74,7 +77,7 @@ def test_demo_runs_on_host_and_prints_table_oom_and_validate(memalloc_cli):
     assert "held by list `losses`" in out
     assert "no leaks found" in lines
     # Where the memory goes: the encoder's split at its last step's peak, every category present.
-    tour = lines[lines.index("no leaks found") + 1:]
+    tour = lines[lines.index("no leaks found") + 1 :]
     assert tour[1].startswith("where the memory goes") and tour[2].startswith("memory by category")
     split = {l.split()[0]: l for l in tour[4:10]}
     assert list(split) == ["parameters", "gradients", "optimizer_state", "activations", "temporaries", "other"]
@@ -127,7 +130,7 @@ def test_run_executes_script_with_memalloc_enabled(tmp_path, memalloc_cli):
     assert p.returncode == 0, p.stderr
     lines = [l for l in p.stdout.splitlines() if l.startswith("SCRIPT ")]
     assert len(lines) == 1, p.stdout
-    info = json.loads(lines[0][len("SCRIPT "):])
+    info = json.loads(lines[0][len("SCRIPT ") :])
     assert info["argv"] == [str(script), "a", "b"]
     assert info["name"] == "__main__"
     assert info["enabled"] is True
@@ -139,6 +142,7 @@ def test_run_executes_script_with_memalloc_enabled(tmp_path, memalloc_cli):
     # the script's CPU tensors to the simulated device too, so big.sum()'s
     # int64 temporaries count: the peak is above the 3 MiB + 1 KiB kept.
     from memalloc.core._format import fmt_bytes
+
     summary = [l for l in p.stderr.splitlines() if l.startswith("memalloc (host, device 0)")]
     assert len(summary) == 1, p.stderr
     assert info["peak"] > info["allocated"]
@@ -149,8 +153,10 @@ def test_run_executes_script_with_memalloc_enabled(tmp_path, memalloc_cli):
     assert "0 OOMs" in summary[0]
     # No training step: the split of the peak so far (what the script allocated is "other").
     split = [l for l in p.stderr.splitlines() if l.startswith("memalloc by category (host, device 0)")]
-    assert split == ["memalloc by category (host, device 0): at the peak so far (no step ended): "
-                     f"other {fmt_bytes(info['peak'])} (100%)"], p.stderr
+    assert split == [
+        "memalloc by category (host, device 0): at the peak so far (no step ended): "
+        f"other {fmt_bytes(info['peak'])} (100%)"
+    ], p.stderr
 
 
 FIRST_STEP_OOM = """
@@ -186,6 +192,7 @@ def test_a_first_step_oom_splits_its_forward_into_activations(tmp_path, memalloc
     assert "(no step ended)" in line, line
     split = {m[0]: m[1] for m in re.findall(r"(\w+) ([\d.]+ \w?i?B) \(", line.split("ended): ")[1])}
     from memalloc.core._format import fmt_bytes
+
     assert split["parameters"] == fmt_bytes(truth["params"]), line
     assert list(split)[0] == "activations", line  # the largest part: what the forward saved
     # what autograd saved, plus at most the one output in flight when the device filled
@@ -208,8 +215,9 @@ def test_run_passes_option_like_arguments_to_the_script(tmp_path, memalloc_cli):
 
 def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path, memalloc_cli):
     script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import memalloc, torch
         from memalloc import host
         t = host.empty((512, 512), torch.float32)   # 1 MiB
@@ -217,7 +225,8 @@ def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path, memallo
         print("PEAK", memalloc.max_memory_allocated(), memalloc.memory_stats()["allocation.all.allocated"])
         raise ValueError("boom from the script")
         """
-    ))
+        )
+    )
     p = memalloc_cli("run", "--config", "host_capacity_mb:64", "--out", str(tmp_path / "r"), str(script))
     assert p.returncode != 0
     assert f"TOTAL {64 << 20}" in p.stdout  # --config reached the allocator
@@ -227,6 +236,7 @@ def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path, memallo
     summary = [l for l in p.stderr.splitlines() if l.startswith("memalloc (host, device 0)")]
     assert len(summary) == 1, p.stderr
     from memalloc.core._format import fmt_bytes
+
     peak, allocations = next(l for l in p.stdout.splitlines() if l.startswith("PEAK ")).split()[1:]
     assert int(peak) >= 1 << 20  # the 1 MiB tensor, and the script's CPU tensors (run routes them)
     assert f"peak allocated {fmt_bytes(int(peak))}" in summary[0]
@@ -253,7 +263,7 @@ def test_info_prints_backend_and_config_keys(memalloc_cli):
     assert "host_capacity_mb:48" in config[0]
     keys_line = [l for l in out.splitlines() if l.startswith("config keys: ")]
     assert len(keys_line) == 1
-    assert keys_line[0][len("config keys: "):].split(", ") == KEYS
+    assert keys_line[0][len("config keys: ") :].split(", ") == KEYS
 
 
 def test_info_reports_a_bad_environment_config(memalloc_cli):
@@ -285,17 +295,32 @@ def record_trace(path: Path, *, late: bool = False) -> Path:
 def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli_here):
     trace = record_trace(tmp_path / "run.trace")
     out = tmp_path / "replay.json"
-    p = memalloc_cli_here("replay", str(trace), "--random", "2000", "--config", "", "--config",
-                     "roundup_power2_divisions:4", "--json", str(out))
+    p = memalloc_cli_here(
+        "replay",
+        str(trace),
+        "--random",
+        "2000",
+        "--config",
+        "",
+        "--config",
+        "roundup_power2_divisions:4",
+        "--json",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].split()[:3] == ["workload", "config", "device"] and lines[-1] == f"wrote {out}"
     rows = [l.split()[:2] for l in lines[1:5]]
-    assert rows == [[str(trace), "(default)"], [str(trace), "roundup_power2_divisions:4"],
-                    ["random:2000", "(default)"], ["random:2000", "roundup_power2_divisions:4"]]
+    assert rows == [
+        [str(trace), "(default)"],
+        [str(trace), "roundup_power2_divisions:4"],
+        ["random:2000", "(default)"],
+        ["random:2000", "roundup_power2_divisions:4"],
+    ]
     data = json.loads(out.read_text())
-    assert data["command"] == (f"python -m memalloc replay {trace} --random 2000 --config '' "
-                               f"--config roundup_power2_divisions:4 --json {out}")
+    assert data["command"] == (
+        f"python -m memalloc replay {trace} --random 2000 --config '' --config roundup_power2_divisions:4 --json {out}"
+    )
     # The trace's figures are the in-process replay's (no equal-size ties in it) and the recording's.
     for got, config in zip(data["results"][:2], ["", "roundup_power2_divisions:4"]):
         assert got == replay.replay_trace(trace, config).to_dict()
@@ -310,8 +335,18 @@ def test_replay_prints_a_row_per_workload_and_config(tmp_path, memalloc_cli_here
 
 def test_replay_finds_the_smallest_device(tmp_path, memalloc_cli_here):
     out = tmp_path / "smallest.json"
-    p = memalloc_cli_here("replay", "--random", "3000", "--config", "", "--config", "expandable_segments:True",
-                     "--smallest-device", "--json", str(out))
+    p = memalloc_cli_here(
+        "replay",
+        "--random",
+        "3000",
+        "--config",
+        "",
+        "--config",
+        "expandable_segments:True",
+        "--smallest-device",
+        "--json",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     data = json.loads(out.read_text())
     want = {c: replay.smallest_capacity_mb("random:3000", c) for c in ("", "expandable_segments:True")}
@@ -338,8 +373,17 @@ def test_replay_step_by_step_of_a_loop_run_longer(tmp_path, memalloc_cli_here):
     --repeat-last-step the trace's last step runs N more times first."""
     trace = REPO / "benchmarks" / "traces" / "transformer.mtrace.gz"
     out = tmp_path / "steps.json"
-    p = memalloc_cli_here("replay", str(trace), "--config", "expandable_segments:True", "--per-step",
-                          "--repeat-last-step", "3", "--json", str(out))
+    p = memalloc_cli_here(
+        "replay",
+        str(trace),
+        "--config",
+        "expandable_segments:True",
+        "--per-step",
+        "--repeat-last-step",
+        "3",
+        "--json",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     want = replay.replay_steps(replay.repeat_last_step(load_trace(trace).events[0], 3), "expandable_segments:True")
     data = json.loads(out.read_text())
@@ -357,14 +401,17 @@ def test_replay_step_by_step_of_a_loop_run_longer(tmp_path, memalloc_cli_here):
     assert "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    ((), "nothing to replay: give trace files, --random N, or both"),
-    (("--random", "10", "--per-step"), "need trace files (a random workload has no steps)"),
-    (("--random", "10", "--repeat-last-step", "-1"), "--repeat-last-step N needs N >= 0"),
-    (("--random", "10", "--config", "no_such_key:1"), "unknown key 'no_such_key'"),
-    (("/nonexistent/run.trace",), "cannot read /nonexistent/run.trace"),
-    (("--random", "10", "--smallest-device", "--host-capacity-mb", "64"), "drop --host-capacity-mb"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "nothing to replay: give trace files, --random N, or both"),
+        (("--random", "10", "--per-step"), "need trace files (a random workload has no steps)"),
+        (("--random", "10", "--repeat-last-step", "-1"), "--repeat-last-step N needs N >= 0"),
+        (("--random", "10", "--config", "no_such_key:1"), "unknown key 'no_such_key'"),
+        (("/nonexistent/run.trace",), "cannot read /nonexistent/run.trace"),
+        (("--random", "10", "--smallest-device", "--host-capacity-mb", "64"), "drop --host-capacity-mb"),
+    ],
+)
 def test_replay_refuses_bad_arguments(args, message, memalloc_cli_here):
     p = memalloc_cli_here("replay", *args)
     assert p.returncode != 0

@@ -4,6 +4,7 @@ it plans for a CPU training script trains under the budget, and a batch 5%
 larger runs out of memory (each checked by running the script at it under
 ``memalloc run --steps``, whose CPU tensors come from the simulated device);
 bad arguments and a script too short for a probe say what to do."""
+
 from __future__ import annotations
 
 import re
@@ -50,6 +51,7 @@ def script(tmp_path: Path) -> Path:
 def cli(fresh_python):
     def run(*args: str, cwd: Path | None = None):
         return fresh_python.run(["-m", "memalloc", *args], cwd=cwd or REPO, timeout=300)
+
     return run
 
 
@@ -79,19 +81,36 @@ def test_the_planned_batch_trains_and_five_percent_more_does_not(cli, script, tm
 
 @pytest.mark.slow
 def test_fit_only_prints_the_plan_and_stops(cli, script, tmp_path):
-    p = cli("run", *HOST, "--fit", "free", "--fit-only", "--fit-probes", "2,4", "--fit-steps", "1",
-            "--out", str(tmp_path / "r"), str(script), "--batch-size", "{batch}")
+    p = cli(
+        "run",
+        *HOST,
+        "--fit",
+        "free",
+        "--fit-only",
+        "--fit-probes",
+        "2,4",
+        "--fit-steps",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+        str(script),
+        "--batch-size",
+        "{batch}",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert re.search(r"largest batch that fits 64\.00 MiB: \d+", p.stderr)  # 'free': the whole simulated device
     assert "probes (batch: peak allocated / reserved): 2: " in p.stderr and "trained batch" not in p.stdout
 
 
-@pytest.mark.parametrize("flags,batch_arg,message", [
-    (("--fit", "7GiB"), "3", r"--fit needs the script's batch size argument written as \{batch\}"),
-    (("--fit", "7 parsecs"), "{batch}", r"--fit '7 parsecs': give bytes \(an int\), a number with a unit"),
-    (("--fit", "1GiB", "--fit-probes", "4"), "{batch}", r"--fit-probes '4': give two or more different"),
-    (("--fit", "1GiB", "--fit-max", "4"), "{batch}", r"--fit-max 4 is below the largest probe \(8\)"),
-])
+@pytest.mark.parametrize(
+    "flags,batch_arg,message",
+    [
+        (("--fit", "7GiB"), "3", r"--fit needs the script's batch size argument written as \{batch\}"),
+        (("--fit", "7 parsecs"), "{batch}", r"--fit '7 parsecs': give bytes \(an int\), a number with a unit"),
+        (("--fit", "1GiB", "--fit-probes", "4"), "{batch}", r"--fit-probes '4': give two or more different"),
+        (("--fit", "1GiB", "--fit-max", "4"), "{batch}", r"--fit-max 4 is below the largest probe \(8\)"),
+    ],
+)
 def test_bad_fit_arguments_say_what_to_give(script, tmp_path, flags, batch_arg, message):
     """In this process: each is refused before anything is enabled or probed."""
     from memalloc.__main__ import main
@@ -102,15 +121,37 @@ def test_bad_fit_arguments_say_what_to_give(script, tmp_path, flags, batch_arg, 
 
 @pytest.mark.slow
 def test_a_script_too_short_for_a_probe_says_so(cli, script, tmp_path):
-    p = cli("run", *HOST, "--fit", "64MiB", "--fit-probes", "2,4", "--out", str(tmp_path / "r"), str(script),
-            "--batch-size", "{batch}", "--steps", "2")
+    p = cli(
+        "run",
+        *HOST,
+        "--fit",
+        "64MiB",
+        "--fit-probes",
+        "2,4",
+        "--out",
+        str(tmp_path / "r"),
+        str(script),
+        "--batch-size",
+        "{batch}",
+        "--steps",
+        "2",
+    )
     assert p.returncode != 0
     assert "the probe at batch 2 failed" in p.stderr
     assert "ended before optimizer.step() number 3" in p.stderr
 
 
-@pytest.mark.parametrize("text,expected", [("1024", 1024), ("7GiB", 7 << 30), ("7.5G", int(7.5 * (1 << 30))),
-                                           ("512MiB", 512 << 20), ("500MB", 500 * 10 ** 6), ("free", None)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1024", 1024),
+        ("7GiB", 7 << 30),
+        ("7.5G", int(7.5 * (1 << 30))),
+        ("512MiB", 512 << 20),
+        ("500MB", 500 * 10**6),
+        ("free", None),
+    ],
+)
 def test_budgets_parse_as_bytes(text, expected):
     assert fit.parse_budget(text) == expected
 
@@ -129,13 +170,42 @@ def test_a_budget_larger_than_the_device_is_refused_with_the_most_it_can_give(cl
     then ran out of memory. Here the device is 64 MiB (HOST): the plan is
     refused, naming the device's capacity and --fit free, and the script
     does not run."""
-    p = cli("run", *HOST, "--fit", "20GB", "--fit-probes", "2,4", "--fit-steps", "1",
-            "--out", str(tmp_path / "r"), str(script), "--batch-size", "{batch}")
+    p = cli(
+        "run",
+        *HOST,
+        "--fit",
+        "20GB",
+        "--fit-probes",
+        "2,4",
+        "--fit-steps",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+        str(script),
+        "--batch-size",
+        "{batch}",
+    )
     assert p.returncode != 0
-    assert ("memalloc: budget 18.63 GiB (20000000000 bytes) is larger than device 0's 64.00 MiB: give a budget of "
-            f"at most 64.00 MiB ({64 << 20} bytes), or --fit free to use what is free") in p.stderr, p.stderr[-3000:]
+    assert (
+        "memalloc: budget 18.63 GiB (20000000000 bytes) is larger than device 0's 64.00 MiB: give a budget of "
+        f"at most 64.00 MiB ({64 << 20} bytes), or --fit free to use what is free"
+    ) in p.stderr, p.stderr[-3000:]
     assert "largest batch that fits" not in p.stderr and "trained batch" not in p.stdout
-    p = cli("run", *HOST, "--fit", "64MiB", "--fit-only", "--fit-probes", "2,4", "--fit-steps", "1",
-            "--out", str(tmp_path / "r2"), str(script), "--batch-size", "{batch}")
+    p = cli(
+        "run",
+        *HOST,
+        "--fit",
+        "64MiB",
+        "--fit-only",
+        "--fit-probes",
+        "2,4",
+        "--fit-steps",
+        "1",
+        "--out",
+        str(tmp_path / "r2"),
+        str(script),
+        "--batch-size",
+        "{batch}",
+    )
     assert p.returncode == 0, p.stderr[-3000:]  # the whole device is a budget
     assert re.search(r"largest batch that fits 64\.00 MiB: \d+", p.stderr)

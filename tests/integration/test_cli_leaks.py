@@ -3,6 +3,7 @@
 optimizer.step()), the report written at normal exit, on an exception and
 on SIGTERM; ``python -m memalloc report``; the pytest fixture
 (memalloc.pytest_plugin) failing a leaking test and passing a clean one."""
+
 from __future__ import annotations
 
 import json
@@ -45,23 +46,38 @@ def leak_line() -> int:
     return next(i for i, l in enumerate(LEAKY.splitlines(), 1) if l.endswith("# the leak"))
 
 
-# the slow tier (CI runs it, `-m slow`): a script under `run --leaks` per way of ending (~5 s each); the real-paths matrix runs it too, over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): a script under `run --leaks` per way of ending (~5 s each); the real-paths
+# matrix runs it too, over the README's fast-tier budget of 180 s on CI's 2 cores
 @pytest.mark.slow
 @pytest.mark.parametrize("ending,rc", [("normal", 0), ("raise", 1), ("sigterm", 128 + 15)])
 def test_run_leaks_reports_the_line_at_any_exit(tmp_path, ending, rc, run):
     script = tmp_path / "train.py"
     script.write_text(LEAKY)
     out = tmp_path / "report"
-    p = run("run", "--leaks", "--backend", "host", "--config", "host_capacity_mb:256", "--out", str(out),
-            str(script), ending, cwd=tmp_path)
+    p = run(
+        "run",
+        "--leaks",
+        "--backend",
+        "host",
+        "--config",
+        "host_capacity_mb:256",
+        "--out",
+        str(out),
+        str(script),
+        ending,
+        cwd=tmp_path,
+    )
     assert p.returncode == rc, p.stderr[-3000:]
     assert f"{script}:{leak_line()} in <module>: +512 B per step" in p.stderr, p.stderr[-3000:]
     report = json.loads((out / "leaks.json").read_text())
     assert report["schema"] == "memalloc.leak_report/1"
     assert len(report["steps"]) == 16  # one boundary per optimizer.step()
     (leak,) = report["leaks"]
-    assert (leak["site"]["line"], leak["holder"]["name"], leak["cause"]) == (leak_line(), "history",
-                                                                             "graph_in_container")
+    assert (leak["site"]["line"], leak["holder"]["name"], leak["cause"]) == (
+        leak_line(),
+        "history",
+        "graph_in_container",
+    )
     assert leak["bytes_per_step"] == pytest.approx(512)
     html = (out / "leaks.html").read_text()
     assert "history.append(loss)" in html and 'id="leak-0"' in html
@@ -93,7 +109,7 @@ def test_leak_check_answers_like_its_report():
     a = memalloc.Allocator("host", "host_capacity_mb:64")
     check = memalloc.leak_check(allocator=a)
     with pytest.raises(RuntimeError) as early:
-        check.leaks
+        _ = check.leaks
     kept = []
     with memalloc.host.cpu_tensors_from(a):
         with check:
@@ -160,7 +176,8 @@ def test_pytest_fixture_fails_the_leaking_test_only(tmp_path, fresh_python):
 
 def test_report_summarises_a_saved_trace(tmp_path, fresh_python, memalloc_cli_here):
     script = tmp_path / "record.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import memalloc, torch
         memalloc.enable(backend="host", config="host_capacity_mb:64")
         memalloc.host.use_for_cpu_tensors()
@@ -170,7 +187,8 @@ def test_report_summarises_a_saved_trace(tmp_path, fresh_python, memalloc_cli_he
             t = torch.empty(4096, dtype=torch.uint8)
             del t
         memalloc.save_trace("run.mtrace")
-    """))
+    """)
+    )
     p = fresh_python.run([str(script)], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     p = memalloc_cli_here("report", "run.mtrace", "--top", "1", cwd=tmp_path)

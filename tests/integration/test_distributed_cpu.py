@@ -8,6 +8,7 @@ failed, and each rank's allocator validates. The two-GPU runs of the same
 libraries over NCCL (issue 26) wait for a two-GPU machine
 (tests/gpu/compat_cases.py: fsdp2, nccl).
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,8 @@ import sys
 import pytest
 from memtest_helpers import REPO
 
-# the slow tier (CI runs it, `-m slow`): three torchrun jobs of two ranks (~40 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): three torchrun jobs of two ranks (~40 s), over the README's fast-tier budget of
+# 180 s on CI's 2 cores
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "tests" / "libraries" / "dist_cases.py"

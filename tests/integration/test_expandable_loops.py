@@ -15,6 +15,7 @@ minutes on two cores (2026-12-03; with bf16 autocast, as the GPU runs it,
 the first step alone took over four minutes on this CPU, and the test ran
 past its 600 s timeout on CI).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,13 +30,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("transformers") is None
-                                 and os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") != "1",
-                                 reason="transformers not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None and os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") != "1",
+        reason="transformers not installed",
+    ),
+]
 
 STEPS = 10
-LOOP = """
+LOOP = (
+    """
 import memalloc
 memalloc.enable(backend="host", config="expandable_segments:True,host_capacity_mb:8000,"
                 "record_history:1000000,record_stacks:none,call_sites:False")
@@ -53,7 +58,9 @@ for i in range(%d):
                        "peak_allocated": s["allocated_bytes.all.peak"], "peak_reserved": s["reserved_bytes.all.peak"]})
     before = now
 R["trace"] = memalloc.save_trace(TRACE)
-""" % STEPS
+"""
+    % STEPS
+)
 
 
 def test_gpt2_stops_moving_pages_and_the_replay_agrees(fresh_python, tmp_path):
@@ -66,7 +73,8 @@ def test_gpt2_stops_moving_pages_and_the_replay_agrees(fresh_python, tmp_path):
     assert live[-1]["peak_reserved"] <= 1.10 * live[-1]["peak_allocated"]
     # on a device of the live one's size (the replay's own default is sized to the trace's requests)
     replayed = [r.to_dict() for r in replay_steps(trace, "expandable_segments:True", host_capacity_mb=8000)]
-    assert [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in replayed] == \
-        [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in live]
+    assert [(s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in replayed] == [
+        (s["maps"], s["unmaps"], s["peak_allocated"], s["peak_reserved"]) for s in live
+    ]
     # the trace's own segment_map / segment_unmap events say what the live run did, step by step
     assert [(s["recorded_maps"], s["recorded_unmaps"]) for s in replayed] == [(s["maps"], s["unmaps"]) for s in live]

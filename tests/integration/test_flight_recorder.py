@@ -8,6 +8,7 @@ that wrapped keeps the newest records; postmortem names the line holding the
 most memory at the end; a clean exit removes the file (or keeps it, marked
 exited); bad files and directories get errors naming them.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,12 @@ from flight_checks import check_job, check_postmortem, check_snapshot, check_top
 
 def comparable(raw: bytes) -> list[tuple]:
     """What two runs of the loop share: every field but the time and the address."""
-    return [(size, req, stack, tag, step, action, dev, pool)
-            for (_t, _addr, size, req, _stream, stack, tag, _thread, step, action, dev, pool)
-            in struct.iter_unpack(RECORD_FORMAT, raw)]
+    return [
+        (size, req, stack, tag, step, action, dev, pool)
+        for (_t, _addr, size, req, _stream, stack, tag, _thread, step, action, dev, pool) in struct.iter_unpack(
+            RECORD_FORMAT, raw
+        )
+    ]
 
 
 def records_of(f: ff.FlightFile, device: int = 0) -> list[tuple]:
@@ -92,7 +96,8 @@ def test_postmortem_names_the_line_holding_the_most_memory(killed):
     check_postmortem(killed)
 
 
-# the slow tier (CI runs it, `-m slow`): four processes ending each way (~7 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): four processes ending each way (~7 s), over the README's fast-tier budget of
+# 180 s on CI's 2 cores
 @pytest.mark.slow
 def test_a_clean_exit_removes_the_file_or_keeps_it_marked(tmp_path):
     assert run_loop("clean", tmp_path / "a").returncode == 0
@@ -141,26 +146,36 @@ def test_bad_files_and_directories_are_named(killed, tmp_path):
 
 def test_the_config_key_needs_a_directory():
     from memalloc import _C
+
     with pytest.raises(Exception, match="flight_recorder needs a directory"):
         _C.parse_config("flight_recorder:")
     assert "flight_recorder:/tmp/x" in _C.parse_config("flight_recorder:/tmp/x")
 
 
-# the slow tier (CI runs it, `-m slow`): two runs of a script under `run` (~12 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): two runs of a script under `run` (~12 s), over the README's fast-tier budget of
+# 180 s on CI's 2 cores
 @pytest.mark.slow
 def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_well(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import os, torch, memalloc\n"
-                      "kept = []\n"
-                      "for step in range(5):\n"
-                      "    kept.append(torch.ones(4096))\n"
-                      "    memalloc.step()\n"
-                      "if os.environ.get('FAIL'):\n"
-                      "    raise RuntimeError('the loss is NaN')\n")
+    script.write_text(
+        "import os, torch, memalloc\n"
+        "kept = []\n"
+        "for step in range(5):\n"
+        "    kept.append(torch.ones(4096))\n"
+        "    memalloc.step()\n"
+        "if os.environ.get('FAIL'):\n"
+        "    raise RuntimeError('the loss is NaN')\n"
+    )
+
     def run(out, **extra):
-        return subprocess.run([sys.executable, "-m", "memalloc", "run", "--backend", "host", "--steps", "--out",
-                               str(out), str(script)], env={**env(), **extra}, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "memalloc", "run", "--backend", "host", "--steps", "--out", str(out), str(script)],
+            env={**env(), **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     ok = run(tmp_path / "ok")
     assert ok.returncode == 0, ok.stderr
     assert not (tmp_path / "ok" / "flight").exists()  # a clean end leaves nothing behind
@@ -174,7 +189,8 @@ def test_memalloc_run_keeps_a_file_when_the_script_fails_and_none_when_it_ends_w
     assert f"{script}:4 in <module>" in p.stdout.split("live memory at the end by line")[1], p.stdout
 
 
-# the slow tier (CI runs it, `-m slow`): a live process watched from outside (~18 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): a live process watched from outside (~18 s), over the README's fast-tier budget
+# of 180 s on CI's 2 cores
 @pytest.mark.slow
 def test_top_once_shows_a_live_process_from_outside(tmp_path):
     check_top(tmp_path, "host")
@@ -187,7 +203,8 @@ def job(tmp_path_factory):
     return run_job(tmp_path_factory.mktemp("job") / "out", "host")
 
 
-# the slow tier (CI runs it, `-m slow`): a torchrun job of two ranks (~15 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): a torchrun job of two ranks (~15 s), over the README's fast-tier budget of 180
+# s on CI's 2 cores
 @pytest.mark.slow
 def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
     """Each rank writes its own file; report DIR names rank 1 as standing out
@@ -196,11 +213,13 @@ def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
     check_job(*job)
 
 
-# the slow tier (CI runs it, `-m slow`): the torchrun job above and a browser (~25 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): the torchrun job above and a browser (~25 s), over the README's fast-tier
+# budget of 180 s on CI's 2 cores
 @pytest.mark.slow
 def test_the_job_page_in_headless_chromium(job, tmp_path):
     sys.path.insert(0, str(REPO))
     from benchmarks import screenshot_report
+
     browser = screenshot_report.find_browser()
     if browser is None:
         if os.environ.get("MEMALLOC_REQUIRE_BROWSER") == "1":
@@ -270,13 +289,14 @@ def test_the_first_step_names_the_lines_whatever_the_walk_costs(host_allocator, 
 
     from memalloc.features import flight
 
-    monkeypatch.setattr(flight, "TOP_COST_SHARE", 10 ** 15)
+    monkeypatch.setattr(flight, "TOP_COST_SHARE", 10**15)
     a = host_allocator
     r = flight.FlightRecorder(a, str(tmp_path), 64, keep=False)
     try:
         start = ff.read(r.path).checkpoint["devices"][0]
         assert start["top"] == [] and start["top_step"] == -1
-        held = a.malloc(1 << 20); line = inspect.currentframe().f_lineno  # noqa: E702
+        line = inspect.currentframe().f_lineno + 1  # the next line allocates
+        held = a.malloc(1 << 20)
         r.heartbeat(1)
         dev = ff.read(r.path).checkpoint["devices"][0]
         assert dev["top_step"] == 1
@@ -311,7 +331,7 @@ def test_a_file_cut_short_keeps_what_lies_before_the_cut(killed, tmp_path):
     assert f.missing == len(data) - after_ring
     assert records_of(f) == records_of(whole) and f.sequences == whole.sequences and f.step == whole.step
     slots = 5  # keep the numbers of the first 5 slots only
-    cut.write_bytes(data[:seq_at + slots * ff.SEQ_BYTES + 3])
+    cut.write_bytes(data[: seq_at + slots * ff.SEQ_BYTES + 3])
     f = ff.read(cut)
     kept = [i for i, seq in enumerate(whole.sequences[0]) if (seq - 1) % capacity < slots]
     assert f.sequences[0] == [whole.sequences[0][i] for i in kept] and len(kept) == min(slots, len(whole.rings[0]))

@@ -10,6 +10,7 @@ multiple of 512 bytes (minimum 512); rounded sizes <= 1 MiB come from 2 MiB
 "small" segments; 1-10 MiB requests get 20 MiB "large" segments; >= 10 MiB
 requests get their own segment rounded up to 2 MiB.
 """
+
 from __future__ import annotations
 
 import gc
@@ -50,15 +51,15 @@ def reference(shape, dtype) -> torch.Tensor:
 
 
 CASES = [
-    (torch.float32, (3, 5)),          # 60 B   -> 512
-    (torch.float32, ()),              # 0-d: 4 B -> 512
-    (torch.float16, (300,)),          # 600 B  -> 1024
-    (torch.int64, (129,)),            # 1032 B -> 1536
-    (torch.int64, (2, 1, 3, 1)),      # 48 B   -> 512
-    (torch.bool, (513,)),             # 513 B  -> 1024
-    (torch.uint8, (2, 3, 4)),         # 24 B   -> 512
-    (torch.uint8, (512,)),            # exactly 512
-    (torch.float32, (64, 64, 4)),     # 64 KiB, already a multiple of 512
+    (torch.float32, (3, 5)),  # 60 B   -> 512
+    (torch.float32, ()),  # 0-d: 4 B -> 512
+    (torch.float16, (300,)),  # 600 B  -> 1024
+    (torch.int64, (129,)),  # 1032 B -> 1536
+    (torch.int64, (2, 1, 3, 1)),  # 48 B   -> 512
+    (torch.bool, (513,)),  # 513 B  -> 1024
+    (torch.uint8, (2, 3, 4)),  # 24 B   -> 512
+    (torch.uint8, (512,)),  # exactly 512
+    (torch.float32, (64, 64, 4)),  # 64 KiB, already a multiple of 512
 ]
 
 
@@ -137,7 +138,7 @@ def test_large_requests_use_large_segments(a):
     assert stat(a, "requested_bytes") == 11 * MiB + 1
     assert stat(a, "reserved_bytes", "large_pool") == 12 * MiB
     # 1-10 MiB: a 20 MiB segment (the 12 MiB one has no free block).
-    medium = host.empty((1024, 1024), torch.float32, allocator=a)   # 4 MiB
+    medium = host.empty((1024, 1024), torch.float32, allocator=a)  # 4 MiB
     assert stat(a, "allocated_bytes") == 12 * MiB + 4 * MiB
     assert stat(a, "reserved_bytes") == 12 * MiB + LARGE_SEGMENT
     assert stat(a, "reserved_bytes", "small_pool") == 0
@@ -181,8 +182,8 @@ def test_views_and_slices_keep_the_memory_alive(a):
 def test_loop_is_served_from_the_cache(a):
     first_segments = None
     for i in range(20):
-        x = host.empty((256, 256), torch.float32, allocator=a)     # 256 KiB, small pool
-        y = host.empty((1024, 1024), torch.float32, allocator=a)   # 4 MiB, large pool
+        x = host.empty((256, 256), torch.float32, allocator=a)  # 256 KiB, small pool
+        y = host.empty((1024, 1024), torch.float32, allocator=a)  # 4 MiB, large pool
         x.fill_(float(i))
         y.fill_(1.0)
         assert x.sum().item() == 256 * 256 * i
@@ -484,7 +485,9 @@ def test_cpu_tensors_from_refuses_nesting_and_bad_allocators(a):
 
 def test_permanent_route_waits_for_the_scoped_one_to_close(fresh_python):
     """use_for_cpu_tensors() needs enable(), hence a fresh interpreter."""
-    _, r, _ = fresh_python.code("", """
+    _, r, _ = fresh_python.code(
+        "",
+        """
 import gc
 memalloc.enable(backend="host", config="host_capacity_mb:64")
 other = memalloc.Allocator("host", "host_capacity_mb:8")
@@ -495,6 +498,7 @@ t = torch.empty(1000)
 R["installed"] = memalloc.memory_allocated()
 R["other"] = other.stats(0)["allocated_bytes"]["all"]["current"]
 R["used"] = host.used_for_cpu_tensors()
-""")
+""",
+    )
     assert r["inside"][0] == "InvalidArgumentError" and "close that route" in r["inside"][2]
     assert (r["installed"], r["other"], r["used"]) == (4096, 0, True)

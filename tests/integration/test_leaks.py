@@ -14,6 +14,7 @@ Expected bytes per step are computed from the tensors' shapes: every
 allocation rounds up to 512 B (a 16x64 float32 tensor is 4096 B, a 16x128
 one 8192 B, a scalar loss 512 B).
 """
+
 from __future__ import annotations
 
 import gc
@@ -80,7 +81,7 @@ def test_leak_is_reported_at_the_line_that_keeps_it(reports, name):
     if per_step is not None:
         assert leak["bytes_per_step"] == pytest.approx(per_step), r["text"]
     # the report's total growth is the loop's: memory_allocated grows by exactly that per step
-    steps, allocated = r["steps"][r["warmup_steps"]:], r["allocated"][r["warmup_steps"]:]
+    steps, allocated = r["steps"][r["warmup_steps"] :], r["allocated"][r["warmup_steps"] :]
     assert leak["bytes_per_step"] == pytest.approx((allocated[-1] - allocated[0]) / (steps[-1] - steps[0]))
     assert leak["retained_tensors"] >= 20 and leak["hint"]
 
@@ -106,8 +107,10 @@ def test_eval_without_no_grad_counts_the_saved_activations(reports):
     assert leak["alloc_code"] == "out = m(x)"
 
 
-@pytest.mark.parametrize("name", ["training_with_item", "cache_heavy", "one_iteration_retention",
-                                  "warmup_then_flat", "gc_delayed", "bounded_deque"])
+@pytest.mark.parametrize(
+    "name",
+    ["training_with_item", "cache_heavy", "one_iteration_retention", "warmup_then_flat", "gc_delayed", "bounded_deque"],
+)
 def test_no_leak_is_reported(reports, name):
     r = reports[name]
     assert r["leaks"] == [], r["text"]

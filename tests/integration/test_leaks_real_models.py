@@ -7,6 +7,7 @@ holder named, the tensor count exact, bytes per step and retained bytes
 within 10% of the truth, and a hint that is true for the case (no "autograd
 graph" for detached tensors). For every clean loop: no leak.
 """
+
 from __future__ import annotations
 
 import gc
@@ -20,7 +21,8 @@ from memtest_helpers import REPO
 import memalloc
 
 pytest.importorskip("transformers")
-# the slow tier (CI runs it, `-m slow`): GPT-2, BERT and T5 trained loop after loop (~35 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): GPT-2, BERT and T5 trained loop after loop (~35 s), over the README's fast-tier
+# budget of 180 s on CI's 2 cores
 pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(REPO / "tests" / "leak_cases"))

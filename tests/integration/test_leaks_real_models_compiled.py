@@ -6,6 +6,7 @@ compile, which takes minutes on 2 cores), on the host backend with torch's CPU
 tensors allocated by memalloc. Slow tier: compiling takes ~25 s here. The GPU
 suite runs the same loop under inductor (tests/gpu/test_cuda_leaks_real_models.py).
 """
+
 from __future__ import annotations
 
 import gc

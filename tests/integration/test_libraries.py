@@ -10,6 +10,7 @@ Without transformers, lightning and accelerate installed the suite is
 skipped, except where ``MEMALLOC_REQUIRE_LIBRARIES=1`` (CI, which installs
 them) makes that a failure.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,9 +26,11 @@ CASES = ("gpt2", "llama", "bert_mlm", "t5", "hf_trainer", "lightning_trainer", "
 
 _missing = [m for m in LIBRARIES if importlib.util.find_spec(m) is None]
 if _missing and os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") == "1":
-    raise RuntimeError(f"MEMALLOC_REQUIRE_LIBRARIES=1 but {', '.join(_missing)} not installed: "
-                       f"pip install {' '.join(LIBRARIES)}")
-# the slow tier (CI runs it, `-m slow`): seven library loops, native and memalloc side by side (~30 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+    raise RuntimeError(
+        f"MEMALLOC_REQUIRE_LIBRARIES=1 but {', '.join(_missing)} not installed: pip install {' '.join(LIBRARIES)}"
+    )
+# the slow tier (CI runs it, `-m slow`): seven library loops, native and memalloc side by side (~30 s), over the
+# README's fast-tier budget of 180 s on CI's 2 cores
 pytestmark = [pytest.mark.skipif(bool(_missing), reason=f"not installed: {', '.join(_missing)}"), pytest.mark.slow]
 
 
@@ -35,14 +38,16 @@ def _result(p) -> dict:
     out, err = p.communicate(timeout=600)
     lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
     assert p.returncode == 0 and len(lines) == 1, f"rc={p.returncode}\n{out[-3000:]}\n{err[-3000:]}"
-    return json.loads(lines[0][len("RESULT "):])
+    return json.loads(lines[0][len("RESULT ") :])
 
 
 @pytest.fixture(scope="module")
 def runs(fresh_python) -> dict:
     """Both modes, side by side: {"native": results, "memalloc": results}."""
-    procs = {mode: fresh_python.start([str(CASES_SCRIPT), "--mode", mode, "--device", "cpu"])
-             for mode in ("native", "memalloc")}
+    procs = {
+        mode: fresh_python.start([str(CASES_SCRIPT), "--mode", mode, "--device", "cpu"])
+        for mode in ("native", "memalloc")
+    }
     return {mode: _result(p) for mode, p in procs.items()}
 
 

@@ -9,6 +9,7 @@ a batch within 5% of the search's, training at most a third of the samples
 the search trains (issue 25's targets are within 5%, in a third of the
 search's time: the time is measured on the device). And on synthetic probes, whose largest fitting batch the test
 finds by replaying the exact pattern of every batch size itself."""
+
 from __future__ import annotations
 
 import gc
@@ -98,13 +99,16 @@ def test_the_planner_leaves_torch_as_it_found_it():
 
 def counting(make, counter: list):
     """``make`` whose steps add their batch sizes to ``counter`` (samples trained)."""
+
     def made():
         step = make()
 
         def counted(b: int) -> None:
             counter.append(b)
             step(b)
+
         return counted
+
     return made
 
 
@@ -130,7 +134,8 @@ def check_against_search(model: str, capacity_mb: int) -> None:
     assert trial_fits(a, MODELS[model], p.batch) == (p.batch <= truth)
 
 
-# the slow tier (CI runs it, `-m slow`): a search that trains every batch it tries (~6 s alone), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): a search that trains every batch it tries (~6 s alone), over the README's
+# fast-tier budget of 180 s on CI's 2 cores
 @pytest.mark.slow
 def test_planner_finds_what_the_search_finds_on_a_cnn():
     check_against_search("cnn", 32)
@@ -146,10 +151,12 @@ def saturating_workspace():
     """A step whose workspace grows 1 MiB per sample up to batch 8 and half
     as fast above (a kernel chosen by shape, as cuBLAS and attention choose
     theirs), beside two activations of 256 KiB per sample."""
+
     def step(b: int) -> None:
         acts = [torch.empty(b << 18, dtype=torch.uint8) for _ in range(2)]
         ws = torch.empty(b * MiB if b <= 8 else 4 * MiB + (b << 19), dtype=torch.uint8)
         del ws, acts
+
     return step
 
 
@@ -163,8 +170,9 @@ def test_a_plan_far_above_its_probes_is_made_again_with_a_probe_at_half_of_it():
     truth = real_search(a, saturating_workspace, start=16)
     with host.cpu_tensors_from(a):
         step = saturating_workspace()
-        first = planner.plan([planner.run_probe(step, b, a, 0, 2) for b in planner.DEFAULT_PROBES], 128 * MiB,
-                             planner.policy_config(a))
+        first = planner.plan(
+            [planner.run_probe(step, b, a, 0, 2) for b in planner.DEFAULT_PROBES], 128 * MiB, planner.policy_config(a)
+        )
         gc.collect()
     a.empty_cache(0)
     p, _ = plan_for(a, saturating_workspace)
@@ -291,12 +299,15 @@ def small():
         yield a, MODELS["cnn"]()
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"probes": (4,)}, "probes must be two or more different batch sizes"),
-    ({"probes": (0, 2)}, "probes must be two or more different batch sizes"),
-    ({"steps": 0}, "steps must be an int >= 1"),
-    ({"max_batch": 4}, r"max_batch must be an int >= the largest probe \(8\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"probes": (4,)}, "probes must be two or more different batch sizes"),
+        ({"probes": (0, 2)}, "probes must be two or more different batch sizes"),
+        ({"steps": 0}, "steps must be an int >= 1"),
+        ({"max_batch": 4}, r"max_batch must be an int >= the largest probe \(8\)"),
+    ],
+)
 def test_bad_arguments_are_named(small, kwargs, message):
     a, step = small
     with pytest.raises(planner.PlannerError, match=message):
@@ -314,7 +325,9 @@ def test_a_step_that_is_not_a_function_and_a_tiny_budget_are_refused(small):
 def test_a_probe_that_runs_out_of_memory_says_so_and_leaves_recording_off(small):
     a, step = small
     before = a.stats(0)["allocated_bytes"]["all"]["current"]
-    with pytest.raises(planner.PlannerError, match=r"the probe at batch 256 ran out of memory already .*give smaller probes"):
+    with pytest.raises(
+        planner.PlannerError, match=r"the probe at batch 256 ran out of memory already .*give smaller probes"
+    ):
         memalloc.largest_batch(step, allocator=a, probes=(256, 512))
     gc.collect()
     assert a.trace(0) == (b"", 0)  # the ring is off again
@@ -349,13 +362,19 @@ def counted_step(step, calls: list):
     def counted(b: int) -> None:
         calls.append(b)
         step(b)
+
     return counted
 
 
-@pytest.mark.parametrize("budget,bytes_,words", [(20 * 10 ** 9, 20 * 10 ** 9, "18.63 GiB"),
-                                                 ("20GB", 20 * 10 ** 9, "18.63 GiB"),
-                                                 ("17MiB", 17 * MiB, "17.00 MiB"),
-                                                 (16 * MiB + 1, 16 * MiB + 1, "16.00 MiB")])
+@pytest.mark.parametrize(
+    "budget,bytes_,words",
+    [
+        (20 * 10**9, 20 * 10**9, "18.63 GiB"),
+        ("20GB", 20 * 10**9, "18.63 GiB"),
+        ("17MiB", 17 * MiB, "17.00 MiB"),
+        (16 * MiB + 1, 16 * MiB + 1, "16.00 MiB"),
+    ],
+)
 def test_a_budget_larger_than_the_device_is_refused_before_any_probe(small, budget, bytes_, words):
     """Issue 37: ``run --fit 20GB`` on a 1 GiB host device planned 14,788 and
     then ran out of memory. The device's capacity (the host backend's
@@ -367,9 +386,11 @@ def test_a_budget_larger_than_the_device_is_refused_before_any_probe(small, budg
     calls: list = []
     with pytest.raises(planner.PlannerError) as e:
         memalloc.largest_batch(counted_step(step, calls), budget=budget, allocator=a)
-    assert str(e.value) == (f"budget {words} ({bytes_} bytes) is larger than "
-                            f"device 0's 16.00 MiB: give a budget of at most 16.00 MiB ({capacity} bytes), "
-                            "or leave it out (budget=None) to use what is free")
+    assert str(e.value) == (
+        f"budget {words} ({bytes_} bytes) is larger than "
+        f"device 0's 16.00 MiB: give a budget of at most 16.00 MiB ({capacity} bytes), "
+        "or leave it out (budget=None) to use what is free"
+    )
     assert calls == []  # refused before anything ran
 
 
@@ -378,9 +399,12 @@ def test_a_budget_over_the_memory_fraction_is_refused_and_the_limit_itself_taken
     capacity = a.mem_get_info(0)[1]
     a.set_memory_fraction(0.25, 0)
     limit = int(0.25 * capacity)
-    with pytest.raises(planner.PlannerError, match=rf"larger than device 0's 4\.00 MiB \(memory fraction 0\.25 "
-                                                   rf"of its 16\.00 MiB\): give a budget of at most 4\.00 MiB "
-                                                   rf"\({limit} bytes\)"):
+    with pytest.raises(
+        planner.PlannerError,
+        match=rf"larger than device 0's 4\.00 MiB \(memory fraction 0\.25 "
+        rf"of its 16\.00 MiB\): give a budget of at most 4\.00 MiB "
+        rf"\({limit} bytes\)",
+    ):
         planner.check_budget(a, 0, limit + 1)
     planner.check_budget(a, 0, limit)  # the most the device can give is a budget
     a.set_memory_fraction(1.0, 0)
@@ -400,10 +424,24 @@ def test_the_whole_device_as_a_size_string_plans_as_its_bytes_do(small):
     assert p.peak_reserved <= capacity
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("1073741824", 1 << 30), ("1GiB", 1 << 30), ("1 gib", 1 << 30), ("1G", 1 << 30), ("1.5GiB", 3 << 29),
-    ("500MB", 500 * 10 ** 6), ("20GB", 20 * 10 ** 9), ("512MiB", 512 << 20), ("64k", 64 << 10), ("2TB", 2 * 10 ** 12),
-    ("123456789012345678", 123456789012345678), ("free", None), (" FREE ", None)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1073741824", 1 << 30),
+        ("1GiB", 1 << 30),
+        ("1 gib", 1 << 30),
+        ("1G", 1 << 30),
+        ("1.5GiB", 3 << 29),
+        ("500MB", 500 * 10**6),
+        ("20GB", 20 * 10**9),
+        ("512MiB", 512 << 20),
+        ("64k", 64 << 10),
+        ("2TB", 2 * 10**12),
+        ("123456789012345678", 123456789012345678),
+        ("free", None),
+        (" FREE ", None),
+    ],
+)
 def test_budget_strings_parse_as_bytes(text, expected):
     assert planner.parse_size(text) == expected
     if expected is None or expected >= MiB:
@@ -415,15 +453,21 @@ def test_budget_strings_parse_as_bytes(text, expected):
 
 @pytest.mark.parametrize("budget", ["7 parsecs", "-1GiB", "GiB", "1e9", "1,5G", "", "12 GiB GiB"])
 def test_a_budget_that_is_no_size_names_the_forms(budget):
-    with pytest.raises(planner.PlannerError, match=rf"budget {re.escape(repr(budget))} is not a size: give bytes "
-                                                   r"\(an int\), a number with a unit \(7GiB, 7\.5G, 512MiB, 500MB\) "
-                                                   r"or 'free'"):
+    with pytest.raises(
+        planner.PlannerError,
+        match=rf"budget {re.escape(repr(budget))} is not a size: give bytes "
+        r"\(an int\), a number with a unit \(7GiB, 7\.5G, 512MiB, 500MB\) "
+        r"or 'free'",
+    ):
         planner.as_budget(budget)
 
 
 @pytest.mark.parametrize("budget", [1.5e9, True, "0.5MiB", 1000, [1 << 30]])
 def test_a_budget_of_the_wrong_type_or_below_a_mib_is_refused(small, budget):
     a, step = small
-    with pytest.raises(planner.PlannerError, match=rf"budget must be an int of bytes, at least 1 MiB, or a size "
-                                                   rf"string such as '7GiB'.*not {re.escape(repr(budget))}$"):
+    with pytest.raises(
+        planner.PlannerError,
+        match=rf"budget must be an int of bytes, at least 1 MiB, or a size "
+        rf"string such as '7GiB'.*not {re.escape(repr(budget))}$",
+    ):
         memalloc.largest_batch(step, budget=budget, allocator=a)

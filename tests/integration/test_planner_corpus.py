@@ -4,6 +4,7 @@ whose sequence length changes every step, two budgets each) trains the
 trial's steps without running out of memory and is within 5% of the
 largest batch that does, found by a search with real OOMs; the two planner
 faults the corpus found, each on its own; the corpus's arguments."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,11 @@ def test_every_plan_of_the_host_corpus_runs_and_is_within_5_percent_of_the_large
     out = tmp_path / "corpus.json"
     doc = planner_corpus.corpus("cpu", out=str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["model"], r["budget"]) for r in rows] == planner_corpus.CASES["cpu"] == [
-        (r["model"], r["budget"]) for r in doc["rows"]]
+    assert (
+        [(r["model"], r["budget"]) for r in rows]
+        == planner_corpus.CASES["cpu"]
+        == [(r["model"], r["budget"]) for r in doc["rows"]]
+    )
     for r in rows:
         assert r["planned_runs"], r
         assert r["largest_that_runs"] >= 8 and r["ratio"] >= 0.95, r
@@ -57,8 +61,11 @@ def test_steps_of_varying_lengths_are_replayed_in_turn():
 
 
 def test_a_case_that_is_no_model_and_budget_is_refused():
-    with pytest.raises(SystemExit, match=r"--cases 'bert:64': give MODEL:BUDGET_MB,\.\.\. with MODEL one of fit, "
-                                         r"transformer, resnet, gpt2"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--cases 'bert:64': give MODEL:BUDGET_MB,\.\.\. with MODEL one of fit, "
+        r"transformer, resnet, gpt2",
+    ):
         planner_corpus.parse_cases("bert:64")
     assert planner_corpus.parse_cases("gpt2:64,fit:48") == [("gpt2", 64), ("fit", 48)]
 

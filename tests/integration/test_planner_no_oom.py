@@ -11,6 +11,7 @@ in its sixth; 95 runs 40 steps. The replay ran only the probes' three
 recorded steps; it now runs the last one again, as a training run does,
 until the replay is steady (planner._replay), so the fragmentation that
 builds up over the steps is in the prediction."""
+
 from __future__ import annotations
 
 import json
@@ -38,19 +39,21 @@ def fits(model: str, capacity_mb: int, batch: int, seen: dict) -> bool:
     return seen[batch]["fits"]
 
 
-@pytest.mark.parametrize("model,capacity_mb", [
-    # a search of fresh processes (60-130 s on CI's 2 cores): the slow tier
-    pytest.param("wide_cnn", 100, marks=pytest.mark.slow),    # planned 96-97 before (OOM in step 6 or 2); 95 runs
-    pytest.param("cnn", 100, marks=pytest.mark.slow),          # planned 288: 288 runs 12 steps, 289 OOMs in its first
-    pytest.param("transformer", 128, marks=pytest.mark.slow),  # planned 108: 108 runs 12 steps, 109 OOMs in its 7th
-])
+@pytest.mark.parametrize(
+    "model,capacity_mb",
+    [
+        # a search of fresh processes (60-130 s on CI's 2 cores): the slow tier
+        pytest.param("wide_cnn", 100, marks=pytest.mark.slow),  # planned 96-97 before (OOM in step 6 or 2); 95 runs
+        pytest.param("cnn", 100, marks=pytest.mark.slow),  # planned 288: 288 runs 12 steps, 289 OOMs in its first
+        pytest.param("transformer", 128, marks=pytest.mark.slow),  # planned 108: 108 runs 12 steps, 109 OOMs in its 7th
+    ],
+)
 def test_the_planned_batch_trains_and_is_within_5_percent_of_the_largest_that_does(model, capacity_mb):
     planned = fresh("plan", model, capacity_mb)["batch"]
     seen: dict = {}
     truth = plan_vs_search.largest_that_fits(lambda b: fits(model, capacity_mb, b, seen), planned)
     assert fits(model, capacity_mb, planned, seen), (planned, seen[planned], truth)
     assert truth - planned <= 0.05 * truth, (planned, truth)
-
 
 
 @pytest.mark.slow

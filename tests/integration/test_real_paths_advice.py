@@ -5,6 +5,7 @@ than what the script holds between steps, and, given the same run's leak
 report, the leak first and the leaked logits left out of the activations.
 Every truth is what the script itself measures: the storage bytes of the
 tensors it keeps (the list, the parameters, their gradients, Adam's state)."""
+
 from __future__ import annotations
 
 import json
@@ -99,11 +100,29 @@ def cli_run(tmp_path_factory, fresh_python):
     d = tmp_path_factory.mktemp("advise_cli")
     script = d / "train.py"
     script.write_text(LOOP + TRUTH_OUT)
-    p = fresh_python.run(["-m", "memalloc", "run", "--advise", "--backend", "host", "--config",
-                          "host_capacity_mb:256", "--out", str(d / "out"), str(script), str(d / "truth.json")], cwd=d)
+    p = fresh_python.run(
+        [
+            "-m",
+            "memalloc",
+            "run",
+            "--advise",
+            "--backend",
+            "host",
+            "--config",
+            "host_capacity_mb:256",
+            "--out",
+            str(d / "out"),
+            str(script),
+            str(d / "truth.json"),
+        ],
+        cwd=d,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    return {"stderr": p.stderr, "advice": json.loads((d / "out" / "advice.json").read_text()),
-            "truth": json.loads((d / "truth.json").read_text())}
+    return {
+        "stderr": p.stderr,
+        "advice": json.loads((d / "out" / "advice.json").read_text()),
+        "truth": json.loads((d / "truth.json").read_text()),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -165,17 +184,37 @@ def test_del_empty_cache_counts_a_known_leak_without_a_profile():
 # ---- 3. the leak report of the same run ----------------------------------------------------
 def leak_of(series, steps, cause="container"):
     from memalloc.reporters.leak_report import Leak
+
     site = {"filename": "train.py", "line": 9, "function": "<module>"}
-    return Leak(site=site, code="kept.append(x)", alloc_site=site, alloc_code="", stack=[],
-                bytes_per_step=10.0, tensors_per_step=1.0, retained_bytes=series[-1], retained_tensors=len(series),
-                first_step=steps[0] - 1, series=series, cause=cause, hint="keep .item()")
+    return Leak(
+        site=site,
+        code="kept.append(x)",
+        alloc_site=site,
+        alloc_code="",
+        stack=[],
+        bytes_per_step=10.0,
+        tensors_per_step=1.0,
+        retained_bytes=series[-1],
+        retained_tensors=len(series),
+        first_step=steps[0] - 1,
+        series=series,
+        cause=cause,
+        hint="keep .item()",
+    )
 
 
 def test_leaked_bytes_are_not_activations_on_made_up_figures():
     from memalloc.reporters.leak_report import LeakReport
+
     b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20)
-    report = LeakReport(backend="host", device=0, steps=[1, 2, 3], allocated=[0] * 3, reserved=[0] * 3,
-                        leaks=[leak_of([20, 40, 60], [1, 2, 3])])
+    report = LeakReport(
+        backend="host",
+        device=0,
+        steps=[1, 2, 3],
+        allocated=[0] * 3,
+        reserved=[0] * 3,
+        leaks=[leak_of([20, 40, 60], [1, 2, 3])],
+    )
     advice = advisor.advise(b, leaks=report, gpus=2)
     assert advice[0].strategy == "fix_leak" and advice[0].saves == 40  # held at boundary 2: step 3's start
     got = {a.strategy: a.saves for a in advice}
@@ -195,8 +234,11 @@ def test_the_leak_comes_first_and_is_not_counted_as_activations(api_run):
     assert first["strategy"] == "fix_leak"
     assert first["saves"] == t["kept_before_last_step"]  # the list when the peak's (last) step began
     lines = api_run["text"].splitlines()
-    assert lines[1].split(None, 1)[1].startswith(
-        f"fix the leak at {api_run['script']}:{api_run['line']}: +{fmt_bytes(t['logits'])} per step"), lines[1]
+    assert (
+        lines[1]
+        .split(None, 1)[1]
+        .startswith(f"fix the leak at {api_run['script']}:{api_run['line']}: +{fmt_bytes(t['logits'])} per step")
+    ), lines[1]
     peak = api_run["breakdown"]["peak"]
     # the breakdown counts them as activations (the first step's as other, that step is its warm-up)
     assert peak["activations"] + peak["other"] >= t["kept_before_last_step"]
@@ -221,9 +263,24 @@ def test_the_leak_comes_first_and_is_not_counted_as_activations(api_run):
 def test_run_leaks_advise_puts_the_leak_first(tmp_path, fresh_python):
     script = tmp_path / "train.py"
     script.write_text(LOOP + TRUTH_OUT)
-    p = fresh_python.run(["-m", "memalloc", "run", "--leaks", "--advise", "--backend", "host", "--config",
-                          "host_capacity_mb:256", "--out", str(tmp_path / "out"), str(script),
-                          str(tmp_path / "truth.json")], cwd=tmp_path)
+    p = fresh_python.run(
+        [
+            "-m",
+            "memalloc",
+            "run",
+            "--leaks",
+            "--advise",
+            "--backend",
+            "host",
+            "--config",
+            "host_capacity_mb:256",
+            "--out",
+            str(tmp_path / "out"),
+            str(script),
+            str(tmp_path / "truth.json"),
+        ],
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     t = json.loads((tmp_path / "truth.json").read_text())
     advice = json.loads((tmp_path / "out" / "advice.json").read_text())["advice"]

@@ -39,6 +39,7 @@ installed here.
 
 Each path's runs take 25-55 s on two busy cores (forked from one process
 that has imported torch and lightning once): the slow tier."""
+
 from __future__ import annotations
 
 import json
@@ -63,24 +64,38 @@ NOT_MEASURED = {"optimizer_state"}  # the advisor says so in its cost
 class Path_:
     script: str
     advise: list[str]
-    variants: dict[str, list[str]]   # strategy -> the script's flags that apply it
-    library: str = ""                # imported once before the forks
+    variants: dict[str, list[str]]  # strategy -> the script's flags that apply it
+    library: str = ""  # imported once before the forks
     fixed: list[str] = field(default_factory=list)  # the flags that remove a leak: the base of the figures after it
     base_of: dict[str, str] = field(default_factory=dict)  # strategy -> "baseline" where not "fixed"
 
 
-STRATEGIES = {"half_batch": ["--batch", "16"], "grad_accumulation": ["--micro", "2"],
-              "checkpointing": ["--checkpoint"], "bf16_autocast": ["--autocast", "bf16"],
-              "fp16_grad_scaler": ["--autocast", "fp16"],
-              "checkpointing_bf16": ["--checkpoint", "--autocast", "bf16"], "del_empty_cache": ["--empty-cache"]}
+STRATEGIES = {
+    "half_batch": ["--batch", "16"],
+    "grad_accumulation": ["--micro", "2"],
+    "checkpointing": ["--checkpoint"],
+    "bf16_autocast": ["--autocast", "bf16"],
+    "fp16_grad_scaler": ["--autocast", "fp16"],
+    "checkpointing_bf16": ["--checkpoint", "--autocast", "bf16"],
+    "del_empty_cache": ["--empty-cache"],
+}
 PATHS = {
     "plain": Path_("plain.py", ["--advise"], STRATEGIES),
     "lightning_automatic": Path_("lightning_auto.py", ["--advise"], STRATEGIES, "lightning"),
-    "leaking": Path_("leaking.py", ["--leaks", "--advise"],
-                     {"fix_leak": ["--no-leak"], "half_batch": ["--batch", "64"], "grad_accumulation": ["--micro", "2"],
-                      "bf16_autocast": ["--autocast", "bf16"], "fp16_grad_scaler": ["--autocast", "fp16"],
-                      "del_empty_cache": ["--empty-cache"]},
-                     fixed=["--no-leak"], base_of={"fix_leak": "baseline", "del_empty_cache": "baseline"}),
+    "leaking": Path_(
+        "leaking.py",
+        ["--leaks", "--advise"],
+        {
+            "fix_leak": ["--no-leak"],
+            "half_batch": ["--batch", "64"],
+            "grad_accumulation": ["--micro", "2"],
+            "bf16_autocast": ["--autocast", "bf16"],
+            "fp16_grad_scaler": ["--autocast", "fp16"],
+            "del_empty_cache": ["--empty-cache"],
+        },
+        fixed=["--no-leak"],
+        base_of={"fix_leak": "baseline", "del_empty_cache": "baseline"},
+    ),
 }
 
 
@@ -95,9 +110,23 @@ def applied(request, tmp_path_factory, fresh_python) -> dict:
     script = str(CASES / path.script)
 
     def job(run: str, flags: list[str], memalloc_flags: list[str] = ()) -> dict:
-        return {"name": run, "argv": ["run", *memalloc_flags, "--backend", "host", "--out", str(d / run), script,
-                                      str(d / f"{run}.json"), *flags],
-                "cwd": str(d), "out": str(d / f"{run}.out"), "err": str(d / f"{run}.err")}
+        return {
+            "name": run,
+            "argv": [
+                "run",
+                *memalloc_flags,
+                "--backend",
+                "host",
+                "--out",
+                str(d / run),
+                script,
+                str(d / f"{run}.json"),
+                *flags,
+            ],
+            "cwd": str(d),
+            "out": str(d / f"{run}.out"),
+            "err": str(d / f"{run}.err"),
+        }
 
     jobs = [job("advised", [], path.advise), job("baseline", [])]
     if path.fixed:
@@ -106,16 +135,24 @@ def applied(request, tmp_path_factory, fresh_python) -> dict:
         base = path.base_of.get(strategy, "fixed" if path.fixed else "baseline")
         jobs.append(job(strategy, flags + (path.fixed if base == "fixed" and flags != path.fixed else [])))
     (d / "jobs.json").write_text(json.dumps(jobs))
-    p = fresh_python.run([str(CASES / "forks.py"), str(d / "jobs.json"), *([path.library] if path.library else [])],
-                         cwd=d, env=fresh_python.env(OMP_NUM_THREADS="1"), timeout=900)
+    p = fresh_python.run(
+        [str(CASES / "forks.py"), str(d / "jobs.json"), *([path.library] if path.library else [])],
+        cwd=d,
+        env=fresh_python.env(OMP_NUM_THREADS="1"),
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     done = json.loads((d / "jobs.json").read_text())
     for j in done:
         assert j["rc"] == 0, (j["name"], Path(j["err"]).read_text()[-3000:])
     measured = {j["name"]: json.loads((d / f"{j['name']}.json").read_text()) for j in done}
-    return {"name": name, "path": path, "measured": measured,
-            "advice": json.loads((d / "advised" / "advice.json").read_text()),
-            "stderr": Path(jobs[0]["err"]).read_text()}
+    return {
+        "name": name,
+        "path": path,
+        "measured": measured,
+        "advice": json.loads((d / "advised" / "advice.json").read_text()),
+        "stderr": Path(jobs[0]["err"]).read_text(),
+    }
 
 
 def savings(data: dict) -> dict[str, int]:

@@ -11,9 +11,11 @@ The loops: a plain ``opt.step(closure)`` with Adam (zero_grad inside the
 closure), LBFGS (several closure evaluations per step), a closure step
 after a backward (two micro-batches), Lightning's automatic optimization
 (its closure runs training_step and backward inside ``optimizer.step``;
-with ``accumulate_grad_batches=2`` after the first micro-batch's backward) and manual optimization (``manual_backward`` then
+with ``accumulate_grad_batches=2`` after the first micro-batch's
+backward) and manual optimization (``manual_backward`` then
 ``opt.step()``, which Lightning gives a do-nothing closure), HF Trainer and
 accelerate (``AcceleratedOptimizer`` around AdamW)."""
+
 from __future__ import annotations
 
 import pytest
@@ -87,28 +89,38 @@ finish(module, trainer.optimizers[0])
 """
 
 CASES = {
-    "adam_closure": MLP + """
+    "adam_closure": MLP
+    + """
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-""" + CLOSURE + """for _ in range(3):
+"""
+    + CLOSURE
+    + """for _ in range(3):
     opt.step(closure)
 finish(model, opt)
 """,
-    "adam_closure_keyword": MLP + """
+    "adam_closure_keyword": MLP
+    + """
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-""" + CLOSURE + """for _ in range(3):
+"""
+    + CLOSURE
+    + """for _ in range(3):
     opt.step(closure=closure)
 finish(model, opt)
 """,
-    "lbfgs": MLP + """
+    "lbfgs": MLP
+    + """
 opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4, history_size=3)
-""" + CLOSURE + """for _ in range(3):
+"""
+    + CLOSURE
+    + """for _ in range(3):
     opt.step(closure)
 finish(model, opt)
 """,
     # Two micro-batches per step: the first's backward before the step, the
     # second's forward and backward in the closure (Lightning's automatic
     # optimization with accumulate_grad_batches=2 calls the optimizer so).
-    "adam_closure_after_backward": MLP + """
+    "adam_closure_after_backward": MLP
+    + """
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 def closure():
     loss = torch.nn.functional.mse_loss(model(x), y)
@@ -120,20 +132,28 @@ for _ in range(3):
     opt.zero_grad()
 finish(model, opt)
 """,
-    "lightning_automatic": LIGHTNING.format(automatic=True, training_step="""
+    "lightning_automatic": LIGHTNING.format(
+        automatic=True,
+        training_step="""
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)"""),
-    "lightning_automatic_accumulating": LIGHTNING.format(automatic=True, training_step="""
+        return torch.nn.functional.mse_loss(self.net(x), y)""",
+    ),
+    "lightning_automatic_accumulating": LIGHTNING.format(
+        automatic=True,
+        training_step="""
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)""").replace(
-        "enable_model_summary=False", "enable_model_summary=False, accumulate_grad_batches=2"),
-    "lightning_manual": LIGHTNING.format(automatic=False, training_step="""
+        return torch.nn.functional.mse_loss(self.net(x), y)""",
+    ).replace("enable_model_summary=False", "enable_model_summary=False, accumulate_grad_batches=2"),
+    "lightning_manual": LIGHTNING.format(
+        automatic=False,
+        training_step="""
         opt = self.optimizers()
         opt.zero_grad()
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.manual_backward(loss)
-        opt.step()"""),
+        opt.step()""",
+    ),
     "hf_trainer": """
 import tempfile
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -170,16 +190,21 @@ finish(model, opt)
 """,
 }
 
-LIBRARY = {"lightning_automatic": "lightning", "lightning_automatic_accumulating": "lightning",
-           "lightning_manual": "lightning", "hf_trainer": "transformers",
-           "accelerate": "accelerate"}
+LIBRARY = {
+    "lightning_automatic": "lightning",
+    "lightning_automatic_accumulating": "lightning",
+    "lightning_manual": "lightning",
+    "hf_trainer": "transformers",
+    "accelerate": "accelerate",
+}
 
 
 # The frameworks' loops (each imports its library in a fresh interpreter:
 # 5-10 s) run in the slow tier, which CI runs too; the plain loops stay in
 # the fast one.
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in LIBRARY else c
-                                  for c in sorted(CASES)])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c in LIBRARY else c for c in sorted(CASES)]
+)
 def test_optimizer_state_and_parameters_are_what_the_optimizer_and_model_hold(fresh_python, case):
     if case in LIBRARY:
         require_library(LIBRARY[case])

@@ -27,6 +27,7 @@ mid-run: ``python -m memalloc report D`` still reads both ranks.
 One fresh process per (loop, mode), run when a test first needs it and
 shared by the module's tests. The slow tier (CI runs it).
 """
+
 from __future__ import annotations
 
 import csv
@@ -57,10 +58,19 @@ LOOPS = {
     "accelerate": ("accelerate_loop.py", [], "accelerate"),
 }
 # The function the leak line is in, as a stack names it.
-LEAK_FUNCTION = {"plain": "<module>", "lightning_automatic": "training_step", "lightning_manual": "training_step",
-                 "hf_trainer": "compute_loss", "accelerate": "<module>"}
-QUALNAME = dict(LEAK_FUNCTION, lightning_automatic="Module.training_step", lightning_manual="Module.training_step",
-                hf_trainer="KeepingTrainer.compute_loss")
+LEAK_FUNCTION = {
+    "plain": "<module>",
+    "lightning_automatic": "training_step",
+    "lightning_manual": "training_step",
+    "hf_trainer": "compute_loss",
+    "accelerate": "<module>",
+}
+QUALNAME = dict(
+    LEAK_FUNCTION,
+    lightning_automatic="Module.training_step",
+    lightning_manual="Module.training_step",
+    hf_trainer="KeepingTrainer.compute_loss",
+)
 FLAGS = {"none": [], "steps": ["--steps"], "leaks": ["--leaks"], "advise": ["--advise"]}
 MODES = ("enable", *FLAGS)
 CAPACITY = "host_capacity_mb:1024"
@@ -112,8 +122,24 @@ def runs(tmp_path_factory, fresh_python):
         else:
             if mode == "none":
                 e["MEMALLOC_CONF"] = "flight_recorder_keep:True"
-            p = fresh_python.run(["-m", "memalloc", "run", "--backend", "host", "--config", CAPACITY,
-                                  *FLAGS[mode], "--out", str(d / "out"), *argv], cwd=d, env=e, timeout=300)
+            p = fresh_python.run(
+                [
+                    "-m",
+                    "memalloc",
+                    "run",
+                    "--backend",
+                    "host",
+                    "--config",
+                    CAPACITY,
+                    *FLAGS[mode],
+                    "--out",
+                    str(d / "out"),
+                    *argv,
+                ],
+                cwd=d,
+                env=e,
+                timeout=300,
+            )
             assert p.returncode == 0, p.stderr[-3000:]
         done[loop, mode] = r = Run(loop, mode, d, p)
         return r
@@ -141,16 +167,23 @@ def test_the_framework_took_the_steps_the_script_counted(runs, loop):
 
 
 # ---- what every run under `memalloc run` prints at its end -----------------------------------
-TOTALS = re.compile(r"memalloc \(host, device 0\): peak allocated (.+?), peak reserved (.+?), (\d+) allocations, "
-                    r"(\d+) device allocations, (\d+) OOMs")
+TOTALS = re.compile(
+    r"memalloc \(host, device 0\): peak allocated (.+?), peak reserved (.+?), (\d+) allocations, "
+    r"(\d+) device allocations, (\d+) OOMs"
+)
 BY_CATEGORY = re.compile(r"memalloc by category \(host, device 0\): at step (\d+)'s peak: (.*)")
 
 
 def totals(stderr: str) -> dict:
     (m,) = TOTALS.findall(stderr)
     (c,) = BY_CATEGORY.findall(stderr)
-    return {"peak_allocated": m[0], "peak_reserved": m[1], "ooms": int(m[4]), "step": int(c[0]),
-            "split": {cat: text for cat, text, _ in SPLIT_ENTRY.findall(c[1])}}
+    return {
+        "peak_allocated": m[0],
+        "peak_reserved": m[1],
+        "ooms": int(m[4]),
+        "step": int(c[0]),
+        "split": {cat: text for cat, text, _ in SPLIT_ENTRY.findall(c[1])},
+    }
 
 
 @pytest.mark.parametrize("mode", list(FLAGS))
@@ -209,8 +242,13 @@ def test_steps_has_a_row_per_optimizer_step_with_the_model_optimizer_and_leak(ru
         assert row["num_ooms"] == 0 and row["allocated"] <= row["peak_allocated"] <= row["peak_reserved"]
         assert row["reserved"] <= row["device_used"] and row["device_total"] == 1024 << 20
         assert row["peak_parameters"] == t["parameters"], row
-        assert sum(row[f"peak_{c}"] for c in ("parameters", "gradients", "optimizer_state", "activations",
-                                              "temporaries", "other")) == row["peak_allocated"]
+        assert (
+            sum(
+                row[f"peak_{c}"]
+                for c in ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+            )
+            == row["peak_allocated"]
+        )
     for row in rows[1:]:  # the optimizer's state exists from the first step on
         assert row["peak_optimizer_state"] == t["optimizer_state"], (row["step"], row, t)
     # between the boundaries of the steady steps, what the run holds grows by the leak alone
@@ -233,8 +271,10 @@ def test_leaks_reports_the_planted_leak_at_its_line_to_the_byte(runs, loop):
     assert leak["retained_bytes"] == r.kept_at_end and leak["retained_tensors"] == sum(r.truth["kept_per_step"])
     assert leak["first_step"] == 1 and leak["holder"]["name"] == "kept", leak
     text = r.p.stderr
-    assert (f"#1 {r.where} in {LEAK_FUNCTION[r.loop]}: +{fmt_bytes(r.leak_per_step)} per step "
-            f"({r.kept_per_step}.0 tensors), {fmt_bytes(r.kept_at_end)} retained") in text, text[-3000:]
+    assert (
+        f"#1 {r.where} in {LEAK_FUNCTION[r.loop]}: +{fmt_bytes(r.leak_per_step)} per step "
+        f"({r.kept_per_step}.0 tensors), {fmt_bytes(r.kept_at_end)} retained"
+    ) in text, text[-3000:]
     assert f"{r.where}" in (r.out / "leaks.html").read_text()
 
 
@@ -262,9 +302,11 @@ def test_advise_agrees_with_the_leak_report_of_the_same_script(runs, loop):
     leak = json.loads((runs(loop, "leaks").out / "leaks.json").read_text())["leaks"][0]
     r = runs(loop, "advise")
     first = advice_of(r)[0]["advice"][0]
-    assert first["why"].startswith(f"fix the leak at {leak['site']['filename']}:{leak['site']['line']}: "
-                                   f"+{fmt_bytes(leak['bytes_per_step'])} per step "
-                                   f"({fmt_bytes(leak['retained_bytes'])} in {leak['retained_tensors']} tensors"), first
+    assert first["why"].startswith(
+        f"fix the leak at {leak['site']['filename']}:{leak['site']['line']}: "
+        f"+{fmt_bytes(leak['bytes_per_step'])} per step "
+        f"({fmt_bytes(leak['retained_bytes'])} in {leak['retained_tensors']} tensors"
+    ), first
 
 
 @by_loop()
@@ -308,9 +350,26 @@ FIT_BUDGET = 4 << 20
 @pytest.fixture(scope="module")
 def fit_run(tmp_path_factory, fresh_python):
     d = tmp_path_factory.mktemp("plain-fit")
-    p = fresh_python.run(["-m", "memalloc", "run", "--backend", "host", "--fit", str(FIT_BUDGET), "--out",
-                          str(d / "out"), str(CASES / "plain.py"), str(d / "truth.json"), "{batch}", "no-leak"], cwd=d,
-                         env=fresh_python.env(OMP_NUM_THREADS="1"), timeout=300)
+    p = fresh_python.run(
+        [
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            "host",
+            "--fit",
+            str(FIT_BUDGET),
+            "--out",
+            str(d / "out"),
+            str(CASES / "plain.py"),
+            str(d / "truth.json"),
+            "{batch}",
+            "no-leak",
+        ],
+        cwd=d,
+        env=fresh_python.env(OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     (planned,) = re.findall(r"memalloc: largest batch that fits .*?: (\d+);", p.stderr)
     return d, p, int(planned), json.loads((d / "truth.json").read_text())
@@ -329,10 +388,27 @@ def test_fit_runs_the_script_at_the_planned_batch_within_the_budget(fit_run):
 def test_fit_plans_within_five_percent_of_the_largest_batch_that_runs(fit_run, fresh_python):
     d, _, planned, _ = fit_run
     larger = planned * 105 // 100 + 1  # on a device of the budget's size, this batch runs out of memory
-    p = fresh_python.run(["-m", "memalloc", "run", "--backend", "host", "--config",
-                          f"host_capacity_mb:{FIT_BUDGET >> 20}", "--no-flight-recorder", "--out", str(d / "larger"),
-                          str(CASES / "plain.py"), str(d / "larger.json"), str(larger), "no-leak"], cwd=d,
-                         env=fresh_python.env(OMP_NUM_THREADS="1"), timeout=300)
+    p = fresh_python.run(
+        [
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            "host",
+            "--config",
+            f"host_capacity_mb:{FIT_BUDGET >> 20}",
+            "--no-flight-recorder",
+            "--out",
+            str(d / "larger"),
+            str(CASES / "plain.py"),
+            str(d / "larger.json"),
+            str(larger),
+            "no-leak",
+        ],
+        cwd=d,
+        env=fresh_python.env(OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
     assert p.returncode != 0 and "OutOfMemoryError" in p.stderr, (larger, p.returncode, p.stderr[-2000:])
 
 
@@ -368,9 +444,29 @@ def killed_job(tmp_path_factory):
     script = d / "train.py"
     script.write_text(KILLED_JOB.replace("KILLED_AFTER", str(KILLED_AFTER)))
     out = d / "out"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "memalloc", "run", "--backend", "host", "--out", str(out), str(script)],
-                       env=env(), capture_output=True, text=True, timeout=240, cwd=d)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            "host",
+            "--out",
+            str(out),
+            str(script),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=d,
+    )
     assert p.returncode != 0, p.stderr[-3000:]  # the job failed: a rank was killed
     return d, script, out, p
 
@@ -396,8 +492,9 @@ def test_report_reads_every_rank_of_a_killed_job(killed_job, memalloc_cli_here):
         # joined) each rank kept KILLED_AFTER tensors there, rank 1's twice as large
         ours, theirs = KILLED_AFTER * 32 * 1024, KILLED_AFTER * 16 * 1024
         stands = r.stdout.split("rank 1 stands out")[1].splitlines()
-        assert stands[1].strip() == (f"+{fmt_bytes(ours - theirs)}  {script}:{keep} in <module>  "
-                                     f"({fmt_bytes(ours)} against {fmt_bytes(theirs)})"), r.stdout
+        assert stands[1].strip() == (
+            f"+{fmt_bytes(ours - theirs)}  {script}:{keep} in <module>  ({fmt_bytes(ours)} against {fmt_bytes(theirs)})"
+        ), r.stdout
     page = d / "job.html"
     r = memalloc_cli_here("report", str(out), "--html", str(page))
     assert r.returncode == 0 and 'polyline class="series rank-1"' in page.read_text()

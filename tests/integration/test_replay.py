@@ -14,6 +14,7 @@ a policy change, and the baseline must then be rewritten on purpose with the
 command it records. Only the comparison with the H200 allows TOLERANCE:
 there the addresses came from cudaMalloc.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,9 +82,11 @@ def test_three_allocations_give_the_native_peaks():
 
 def test_frees_reuse_the_cache_and_empty_cache_returns_it():
     ops = [("alloc", size) for size in SIZES] + [
-        ("free", 1),              # the 3 MiB block
-        ("alloc", 2 * MiB),       # key 3: from the free 20 MiB segment, no new segment
-        ("free", 0), ("free", 2), ("free", 3),
+        ("free", 1),  # the 3 MiB block
+        ("alloc", 2 * MiB),  # key 3: from the free 20 MiB segment, no new segment
+        ("free", 0),
+        ("free", 2),
+        ("free", 3),
         ("empty_cache",),
     ]
     d = only_device(replay.replay_ops(ops, name="hand"))
@@ -120,9 +123,14 @@ X, Y = 0x7F00_0000_0000, 0x7F00_4000_0000  # original addresses (the replay gets
 
 
 def test_an_original_address_reused_maps_to_each_new_replay_pointer():
-    events = (alloc_events(X, 3 * MiB, segment=LARGE_SEGMENT) + free_events(X, 3 * MiB)
-              + alloc_events(X, 5 * MiB) + alloc_events(Y, 1000, segment=SMALL_SEGMENT)
-              + free_events(X, 5 * MiB) + free_events(Y, 1000))
+    events = (
+        alloc_events(X, 3 * MiB, segment=LARGE_SEGMENT)
+        + free_events(X, 3 * MiB)
+        + alloc_events(X, 5 * MiB)
+        + alloc_events(Y, 1000, segment=SMALL_SEGMENT)
+        + free_events(X, 5 * MiB)
+        + free_events(Y, 1000)
+    )
     d = only_device(replay.replay_trace(trace_of(events)))
     assert (d.allocations, d.final_allocated, d.unknown_frees) == (3, 0, 0)
     assert d.peak_allocated == d.recorded_peak_allocated == 5 * MiB + 1024
@@ -136,10 +144,11 @@ def test_an_allocation_at_a_live_address_is_a_corrupt_trace():
 
 def test_streams_are_kept():
     """A block freed on stream 0 is not reused by stream 5."""
+
     def run(second_stream: int) -> replay.DeviceReplay:
-        events = (alloc_events(X, 12 * MiB) + free_events(X, 12 * MiB)
-                  + alloc_events(Y, 12 * MiB, stream=second_stream))
+        events = alloc_events(X, 12 * MiB) + free_events(X, 12 * MiB) + alloc_events(Y, 12 * MiB, stream=second_stream)
         return only_device(replay.replay_trace(trace_of(events)))
+
     assert run(0).peak_reserved == 12 * MiB
     assert run(5).peak_reserved == 24 * MiB
 
@@ -150,13 +159,17 @@ def test_a_free_completed_later_keeps_its_block_until_then():
     Z = Y + (1 << 30)
     req, done = free_events(X, 12 * MiB)
     cases = {
-        "at once": alloc_events(X, 12 * MiB) + [req, done] + alloc_events(Y, 12 * MiB),          # Y takes X's block
-        "later": alloc_events(X, 12 * MiB) + [req] + alloc_events(Y, 12 * MiB) + [done]
-        + alloc_events(Z, 12 * MiB),                                                               # Z takes it
+        "at once": alloc_events(X, 12 * MiB) + [req, done] + alloc_events(Y, 12 * MiB),  # Y takes X's block
+        "later": alloc_events(X, 12 * MiB)
+        + [req]
+        + alloc_events(Y, 12 * MiB)
+        + [done]
+        + alloc_events(Z, 12 * MiB),  # Z takes it
         "never": alloc_events(X, 12 * MiB) + [req] + alloc_events(Y, 12 * MiB) + alloc_events(Z, 12 * MiB),
     }
-    reserved = {name: only_device(replay.replay_trace(trace_of(events))).peak_reserved
-                for name, events in cases.items()}
+    reserved = {
+        name: only_device(replay.replay_trace(trace_of(events))).peak_reserved for name, events in cases.items()
+    }
     assert reserved == {"at once": 12 * MiB, "later": 24 * MiB, "never": 36 * MiB}
 
 
@@ -200,9 +213,13 @@ def recorded_allocator(config: str) -> Iterator[_C.Allocator]:
 
 def original_figures(a: _C.Allocator) -> dict:
     s = a.stats(0)
-    return {"peak_allocated": s["allocated_bytes"]["all"]["peak"], "peak_reserved": s["reserved_bytes"]["all"]["peak"],
-            "allocations": s["allocation"]["all"]["allocated"], "final_reserved": s["reserved_bytes"]["all"]["current"],
-            "final_allocated": s["allocated_bytes"]["all"]["current"]}
+    return {
+        "peak_allocated": s["allocated_bytes"]["all"]["peak"],
+        "peak_reserved": s["reserved_bytes"]["all"]["peak"],
+        "allocations": s["allocation"]["all"]["allocated"],
+        "final_reserved": s["reserved_bytes"]["all"]["current"],
+        "final_allocated": s["allocated_bytes"]["all"]["current"],
+    }
 
 
 def test_a_recorded_trace_replays_to_the_original_figures(tmp_path):
@@ -211,10 +228,10 @@ def test_a_recorded_trace_replays_to_the_original_figures(tmp_path):
     with recorded_allocator("host_capacity_mb:256") as a:
         p1, p2, p3 = a.malloc(1000), a.malloc(3 * MiB), a.malloc(11 * MiB + 1, 0, 7)
         a.record_stream(p2, 9)
-        a.free(p2)                        # completes only once stream 9 is synchronised
-        p4 = a.malloc(3 * MiB + 512)      # cannot take p2's block yet
+        a.free(p2)  # completes only once stream 9 is synchronised
+        p4 = a.malloc(3 * MiB + 512)  # cannot take p2's block yet
         a.host_synchronize_stream(9)
-        p5 = a.malloc(2 * MiB)            # takes p2's block
+        p5 = a.malloc(2 * MiB)  # takes p2's block
         a.free(p1)
         a.free(p3)
         a.empty_cache()
@@ -228,8 +245,10 @@ def test_a_recorded_trace_replays_to_the_original_figures(tmp_path):
     d = only_device(result)
     assert result.source == str(tmp_path / "run.trace")
     assert {k: getattr(d, k) for k in original} == original
-    assert (d.recorded_peak_allocated, d.recorded_peak_reserved) == (original["peak_allocated"],
-                                                                      original["peak_reserved"])
+    assert (d.recorded_peak_allocated, d.recorded_peak_reserved) == (
+        original["peak_allocated"],
+        original["peak_reserved"],
+    )
     assert (d.ooms, d.unknown_frees) == (0, 0)
 
 
@@ -249,8 +268,10 @@ def test_a_recorded_random_workload_round_trips(tmp_path):
             with contextlib.suppress(_C.InvalidPointerError):
                 a.free(p)
     d = only_device(replay.replay_trace(path))
-    assert (d.recorded_peak_allocated, d.recorded_peak_reserved) == (original["peak_allocated"],
-                                                                      original["peak_reserved"])
+    assert (d.recorded_peak_allocated, d.recorded_peak_reserved) == (
+        original["peak_allocated"],
+        original["peak_reserved"],
+    )
     assert d.allocations == original["allocations"] == 3000
     assert (d.peak_allocated, d.peak_reserved) == (original["peak_allocated"], original["peak_reserved"])
 
@@ -260,7 +281,10 @@ def test_replays_repeat_to_the_byte_in_one_process():
     replay.replay_source("random:3000", "roundup_power2_divisions:4")  # other addresses in between
     again = only_device(replay.replay_source("random:20000"))
     assert (again.peak_allocated, again.peak_reserved, again.final_reserved) == (
-        first.peak_allocated, first.peak_reserved, first.final_reserved)
+        first.peak_allocated,
+        first.peak_reserved,
+        first.final_reserved,
+    )
 
 
 # =============================================================================
@@ -328,37 +352,55 @@ def test_replay_matches_the_baseline(entry):
                 f"{entry['source']} under {entry['config'] or 'the default config'!r}, device {device.device}: "
                 f"{key} {now} bytes against the baseline's {then} ({now / then - 1:+.3%}). Replays are "
                 f"deterministic, so the policy changed: if on purpose, rewrite "
-                f"benchmarks/baselines/replay.json with: {command}")
+                f"benchmarks/baselines/replay.json with: {command}"
+            )
 
 
 # =============================================================================
 # 6. Bad input and the reports
 # =============================================================================
-@pytest.mark.parametrize("call, error, fragment", [
-    (lambda: replay.replay_ops([("alloc", -1)]), ValueError, "op 0 is ('alloc', -1)"),
-    (lambda: replay.replay_ops([("alloc", 1.5)]), ValueError, "sizes and keys ints >= 0"),
-    (lambda: replay.replay_ops([("alloc", True)]), ValueError, "op 0"),
-    (lambda: replay.replay_ops([("alloc", 10), ("malloc", 10)]), ValueError, "op 1 is ('malloc', 10)"),
-    (lambda: replay.replay_ops(["alloc"]), ValueError, "op 0 is 'alloc'"),
-    (lambda: replay.replay_ops([("empty_cache", 0)]), ValueError, "('empty_cache',)"),
-    (lambda: replay.replay_ops([("alloc", 10), ("free", 1)]), ValueError,
-     "ops: op 1 frees key 1, which no earlier alloc op made"),
-    (lambda: replay.replay_ops([("alloc", 10), ("free", 0), ("free", 0)]), ValueError, "or which was freed already"),
-    (lambda: replay.replay_ops([], 5), TypeError, "config must be 'key:value,...' text, not int"),
-    (lambda: replay.replay_ops([], "bogus:1"), _C.InvalidArgumentError, "unknown key 'bogus'"),
-    (lambda: replay.replay_ops([], "host_devices:2"), ValueError, "sets host_devices: the replay sets those itself"),
-    (lambda: replay.replay_ops([], "backend:host"), ValueError, "sets backend"),
-    (lambda: replay.replay_ops([], "host_capacity_mb:64", host_capacity_mb=64), ValueError,
-     "the capacity is given twice"),
-    (lambda: replay.replay_ops([], host_capacity_mb=0), ValueError, "host_capacity_mb must be an int in 1.."),
-    (lambda: replay.replay_ops([], host_capacity_mb=1.5), ValueError, "host_capacity_mb must be an int"),
-    (lambda: replay.random_workload(-1), ValueError, "n_allocs must be an int >= 0, not -1"),
-    (lambda: replay.random_workload(10, live=0), ValueError, "live must be an int >= 1"),
-    (lambda: replay.replay_source("random:ten"), ValueError, "write random:N"),
-    (lambda: replay.replay_source(__file__), ValueError, "is not a memalloc trace file"),
-    (lambda: replay.replay_trace("/nonexistent/run.trace"), FileNotFoundError, "/nonexistent/run.trace"),
-    (lambda: replay.replay_trace(trace_of()), ValueError, "the trace has no device"),
-])
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda: replay.replay_ops([("alloc", -1)]), ValueError, "op 0 is ('alloc', -1)"),
+        (lambda: replay.replay_ops([("alloc", 1.5)]), ValueError, "sizes and keys ints >= 0"),
+        (lambda: replay.replay_ops([("alloc", True)]), ValueError, "op 0"),
+        (lambda: replay.replay_ops([("alloc", 10), ("malloc", 10)]), ValueError, "op 1 is ('malloc', 10)"),
+        (lambda: replay.replay_ops(["alloc"]), ValueError, "op 0 is 'alloc'"),
+        (lambda: replay.replay_ops([("empty_cache", 0)]), ValueError, "('empty_cache',)"),
+        (
+            lambda: replay.replay_ops([("alloc", 10), ("free", 1)]),
+            ValueError,
+            "ops: op 1 frees key 1, which no earlier alloc op made",
+        ),
+        (
+            lambda: replay.replay_ops([("alloc", 10), ("free", 0), ("free", 0)]),
+            ValueError,
+            "or which was freed already",
+        ),
+        (lambda: replay.replay_ops([], 5), TypeError, "config must be 'key:value,...' text, not int"),
+        (lambda: replay.replay_ops([], "bogus:1"), _C.InvalidArgumentError, "unknown key 'bogus'"),
+        (
+            lambda: replay.replay_ops([], "host_devices:2"),
+            ValueError,
+            "sets host_devices: the replay sets those itself",
+        ),
+        (lambda: replay.replay_ops([], "backend:host"), ValueError, "sets backend"),
+        (
+            lambda: replay.replay_ops([], "host_capacity_mb:64", host_capacity_mb=64),
+            ValueError,
+            "the capacity is given twice",
+        ),
+        (lambda: replay.replay_ops([], host_capacity_mb=0), ValueError, "host_capacity_mb must be an int in 1.."),
+        (lambda: replay.replay_ops([], host_capacity_mb=1.5), ValueError, "host_capacity_mb must be an int"),
+        (lambda: replay.random_workload(-1), ValueError, "n_allocs must be an int >= 0, not -1"),
+        (lambda: replay.random_workload(10, live=0), ValueError, "live must be an int >= 1"),
+        (lambda: replay.replay_source("random:ten"), ValueError, "write random:N"),
+        (lambda: replay.replay_source(__file__), ValueError, "is not a memalloc trace file"),
+        (lambda: replay.replay_trace("/nonexistent/run.trace"), FileNotFoundError, "/nonexistent/run.trace"),
+        (lambda: replay.replay_trace(trace_of()), ValueError, "the trace has no device"),
+    ],
+)
 def test_bad_input_gets_a_clear_error(call, error, fragment):
     with pytest.raises(error) as raised:
         call()
@@ -366,12 +408,23 @@ def test_bad_input_gets_a_clear_error(call, error, fragment):
 
 
 def test_results_table_and_json(tmp_path):
-    results = [replay.replay_ops([("alloc", 1000)], name="one"),
-               replay.replay_ops([("alloc", 3 * MiB)], "max_split_size_mb:64", name="two"),
-               replay.replay_ops([], name="none")]
+    results = [
+        replay.replay_ops([("alloc", 1000)], name="one"),
+        replay.replay_ops([("alloc", 3 * MiB)], "max_split_size_mb:64", name="two"),
+        replay.replay_ops([], name="none"),
+    ]
     lines = replay.results_table(results).splitlines()
-    assert lines[0].split() == ["workload", "config", "device", "peak", "allocated", "peak", "reserved",
-                                "reserved/allocated", "OOMs"]
+    assert lines[0].split() == [
+        "workload",
+        "config",
+        "device",
+        "peak",
+        "allocated",
+        "peak",
+        "reserved",
+        "reserved/allocated",
+        "OOMs",
+    ]
     assert lines[1].split() == ["one", "(default)", "0", "1.00", "KiB", "2.00", "MiB", "2048.0000", "0"]
     assert lines[2].split() == ["two", "max_split_size_mb:64", "0", "3.00", "MiB", "20.00", "MiB", "6.6667", "0"]
     assert lines[3].split() == ["none", "(default)", "0", "0", "B", "0", "B", "-", "0"]
@@ -379,8 +432,10 @@ def test_results_table_and_json(tmp_path):
     assert (tmp_path / "r.json").read_text() == text
     data = json.loads(text)
     assert data["command"] == "cmd"
-    assert data["results"][1] == {**dataclasses.asdict(results[1]),
-                                  "devices": [{**dataclasses.asdict(results[1].devices[0]), "ratio": 20 / 3}]}
+    assert data["results"][1] == {
+        **dataclasses.asdict(results[1]),
+        "devices": [{**dataclasses.asdict(results[1].devices[0]), "ratio": 20 / 3}],
+    }
     assert data["results"][2]["devices"][0]["ratio"] is None
 
 
@@ -439,22 +494,28 @@ def test_smallest_capacity_is_the_boundary_between_an_oom_and_none(config):
     assert replay.replay_source("random:3000", config, host_capacity_mb=mb - 4).devices[0].ooms > 0
 
 
-# the slow tier (CI runs it, `-m slow`): every GPU workload replayed at shrinking capacities (~14 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): every GPU workload replayed at shrinking capacities (~14 s), over the README's
+# fast-tier budget of 180 s on CI's 2 cores
 @pytest.mark.slow
 def test_expandable_segments_run_the_gpu_workloads_on_smaller_devices():
     """Issue 14's fit-more figure, on the CPU and guarded to the MiB: the
     smallest simulated device (to 8 MiB) that replays the variable-length
     GPU trace and the random workload without an OOM."""
-    got = {(source, config): replay.smallest_capacity_mb(source, config)
-           for source in (str(REPO / "benchmarks/traces/varlen.mtrace.gz"), "random:50000")
-           for config in ("", "expandable_segments:True")}
+    got = {
+        (source, config): replay.smallest_capacity_mb(source, config)
+        for source in (str(REPO / "benchmarks/traces/varlen.mtrace.gz"), "random:50000")
+        for config in ("", "expandable_segments:True")
+    }
     assert list(got.values()) == [3768, 3472, 1616, 1160]
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"step_mb": 0}, "step_mb must be an int >= 1"),
-    ({"host_capacity_mb": 64}, "chooses host_capacity_mb itself"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"step_mb": 0}, "step_mb must be an int >= 1"),
+        ({"host_capacity_mb": 64}, "chooses host_capacity_mb itself"),
+    ],
+)
 def test_smallest_capacity_refuses_bad_arguments(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         replay.smallest_capacity_mb("random:100", "", **kwargs)
@@ -495,8 +556,9 @@ def test_a_loop_that_keeps_a_small_tensor_every_step_still_stops_moving_pages():
     for e in trace:
         if e.step >= 1 and e.step not in seen:
             seen.add(e.step)
-            kept.append(dataclasses.replace(first_alloc, addr=base + e.step * 4096, size=512, requested=512,
-                                            step=e.step))
+            kept.append(
+                dataclasses.replace(first_alloc, addr=base + e.step * 4096, size=512, requested=512, step=e.step)
+            )
         kept.append(e)
     rows = replay_steps(kept, "expandable_segments:True")
     assert len(rows) == 12
@@ -531,8 +593,10 @@ def test_repeating_a_last_step_keeps_its_requests_and_refuses_what_is_no_loop():
     events = load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz").events[0]
     longer = repeat_last_step(events, 2)
     last = max(e.step for e in events)
+
     def step(evs, s):  # a step's allocation-level requests
         return [(e.action, e.requested) for e in evs if e.step == s and e.action != "segment_map"]
+
     assert step(longer, last + 1) == step(longer, last + 2) == step(events, last)
     assert repeat_last_step(events, 0) == events
     with pytest.raises(ValueError, match="times must be an int, 0 or more, got -1"):

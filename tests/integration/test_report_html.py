@@ -8,6 +8,7 @@ installs Debian's ``chromium`` and sets MEMALLOC_REQUIRE_BROWSER=1
 machine running the README's test command) a missing browser skips the
 browser tests and says why.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,25 +30,46 @@ from memalloc.reporters.report_html import render_html  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STEPS = list(range(1, 41))
-HOSTILE_FILE = '/tmp/<script>alert("x")</script>&\'q\'.py'
+HOSTILE_FILE = "/tmp/<script>alert(\"x\")</script>&'q'.py"
 HOSTILE_CODE = 'if a < b and c > d: s = "it\'s & <b>bold</b>"  # <!-- -->'
 
 
-def leak(file: str, line: int, function: str, code: str, bytes_per_step: float, tensors_per_step: float,
-         first_step: int = 3, cause: str = "unknown", holder: dict | None = None, hint: str = "",
-         alloc_line: int | None = None, alloc_code: str = "") -> dict:
+def leak(
+    file: str,
+    line: int,
+    function: str,
+    code: str,
+    bytes_per_step: float,
+    tensors_per_step: float,
+    first_step: int = 3,
+    cause: str = "unknown",
+    holder: dict | None = None,
+    hint: str = "",
+    alloc_line: int | None = None,
+    alloc_code: str = "",
+) -> dict:
     """One leak entry of docs/leak-report.md growing linearly from first_step."""
     series = [int(max(0, s - first_step + 1) * bytes_per_step) for s in STEPS]
     alloc = {"filename": file, "line": alloc_line or line, "function": function}
     return {
-        "site": {"filename": file, "line": line, "function": function}, "code": code,
-        "alloc_site": alloc, "alloc_code": alloc_code or code,
-        "stack": [{"filename": file, "line": alloc_line or line, "name": function},
-                  {"filename": "/home/ana/proj/train.py", "line": 120, "name": "main"},
-                  {"filename": "/home/ana/proj/train.py", "line": 131, "name": "<module>"}],
-        "bytes_per_step": float(bytes_per_step), "tensors_per_step": float(tensors_per_step),
-        "retained_bytes": series[-1], "retained_tensors": int(tensors_per_step * (41 - first_step)),
-        "first_step": first_step, "series": series, "holder": holder, "cause": cause, "hint": hint,
+        "site": {"filename": file, "line": line, "function": function},
+        "code": code,
+        "alloc_site": alloc,
+        "alloc_code": alloc_code or code,
+        "stack": [
+            {"filename": file, "line": alloc_line or line, "name": function},
+            {"filename": "/home/ana/proj/train.py", "line": 120, "name": "main"},
+            {"filename": "/home/ana/proj/train.py", "line": 131, "name": "<module>"},
+        ],
+        "bytes_per_step": float(bytes_per_step),
+        "tensors_per_step": float(tensors_per_step),
+        "retained_bytes": series[-1],
+        "retained_tensors": int(tensors_per_step * (41 - first_step)),
+        "first_step": first_step,
+        "series": series,
+        "holder": holder,
+        "cause": cause,
+        "hint": hint,
     }
 
 
@@ -55,27 +77,73 @@ def sample_report() -> dict:
     """A realistic report: 40 steps of a training loop on cuda:0 with three
     leaks (listed smallest first, so the page has to sort them)."""
     leaks = [
-        leak("/home/ana/proj/eval.py", 44, "evaluate", "preds.append(model(xb))", 512, 1, first_step=5,
-             cause="no_grad_eval", hint="run evaluation under `torch.no_grad()`"),
-        leak("<ipython-input-7-1f2e3d>", 9, "<lambda>", 'acts[name] = out  # "hook" & co', 288 * KiB, 2,
-             cause="hook_storage", holder={"kind": "dict", "name": "acts", "length": 12,
-                                           "where": "<ipython-input-7-1f2e3d>:9", "code": "acts[name] = out"},
-             hint="the forward hook stores every `out`; store `out.detach().cpu()` or clear `acts` each step"),
-        leak("/home/ana/proj/train.py", 57, "train", "losses.append(loss)", 3 * MiB, 4, first_step=2,
-             cause="graph_in_container", alloc_line=52, alloc_code="loss = criterion(model(x), y)",
-             holder={"kind": "list", "name": "losses", "length": 39, "where": "/home/ana/proj/train.py:57",
-                     "code": "losses.append(loss)"},
-             hint="each `loss` appended keeps its autograd graph alive; append loss.item() or loss.detach()"),
+        leak(
+            "/home/ana/proj/eval.py",
+            44,
+            "evaluate",
+            "preds.append(model(xb))",
+            512,
+            1,
+            first_step=5,
+            cause="no_grad_eval",
+            hint="run evaluation under `torch.no_grad()`",
+        ),
+        leak(
+            "<ipython-input-7-1f2e3d>",
+            9,
+            "<lambda>",
+            'acts[name] = out  # "hook" & co',
+            288 * KiB,
+            2,
+            cause="hook_storage",
+            holder={
+                "kind": "dict",
+                "name": "acts",
+                "length": 12,
+                "where": "<ipython-input-7-1f2e3d>:9",
+                "code": "acts[name] = out",
+            },
+            hint="the forward hook stores every `out`; store `out.detach().cpu()` or clear `acts` each step",
+        ),
+        leak(
+            "/home/ana/proj/train.py",
+            57,
+            "train",
+            "losses.append(loss)",
+            3 * MiB,
+            4,
+            first_step=2,
+            cause="graph_in_container",
+            alloc_line=52,
+            alloc_code="loss = criterion(model(x), y)",
+            holder={
+                "kind": "list",
+                "name": "losses",
+                "length": 39,
+                "where": "/home/ana/proj/train.py:57",
+                "code": "losses.append(loss)",
+            },
+            hint="each `loss` appended keeps its autograd graph alive; append loss.item() or loss.detach()",
+        ),
     ]
     leaked = [sum(k["series"][i] for k in leaks) for i in range(len(STEPS))]
     allocated = [int(1.25 * GiB + (i % 3) * 4 * MiB + b) for i, b in enumerate(leaked)]
     reserved = [-(-(a + 300 * MiB) // (20 * MiB)) * 20 * MiB for a in allocated]
-    reserved = [max(reserved[:i + 1]) for i in range(len(reserved))]  # the cache only grows
-    return {"schema": "memalloc.leak_report/1", "created": "2026-11-29T18:00:00+00:00", "backend": "cuda",
-            "device": 0, "steps": STEPS, "allocated": allocated, "reserved": reserved,
-            "threshold_bytes_per_step": 0, "warmup_steps": 1, "leaks": leaks,
-            "notes": ["7 events were dropped from the ring; early steps may under-count"],
-            "future_key": {"ignored": True}}
+    reserved = [max(reserved[: i + 1]) for i in range(len(reserved))]  # the cache only grows
+    return {
+        "schema": "memalloc.leak_report/1",
+        "created": "2026-11-29T18:00:00+00:00",
+        "backend": "cuda",
+        "device": 0,
+        "steps": STEPS,
+        "allocated": allocated,
+        "reserved": reserved,
+        "threshold_bytes_per_step": 0,
+        "warmup_steps": 1,
+        "leaks": leaks,
+        "notes": ["7 events were dropped from the ring; early steps may under-count"],
+        "future_key": {"ignored": True},
+    }
 
 
 def squash(text: str) -> str:
@@ -86,6 +154,7 @@ def squash(text: str) -> str:
 class Dom(HTMLParser):
     """Elements of a page as (tag, attrs, ids of the enclosing elements) plus
     the text, for assertions on structure."""
+
     VOID = {"meta", "br", "hr", "img", "input", "link", "area", "base", "col", "embed", "source", "wbr"}
 
     def __init__(self, page: str) -> None:
@@ -119,8 +188,13 @@ class Dom(HTMLParser):
         return squash("".join(self.texts))
 
     def find(self, tag: str = "", cls: str = "", inside: str = "") -> list[dict]:
-        return [a for t, a, ids in self.elements if (not tag or t == tag)
-                and (not cls or cls in a.get("class", "").split()) and (not inside or inside in ids)]
+        return [
+            a
+            for t, a, ids in self.elements
+            if (not tag or t == tag)
+            and (not cls or cls in a.get("class", "").split())
+            and (not inside or inside in ids)
+        ]
 
 
 def check_page(dom: Dom, report: dict) -> None:
@@ -148,6 +222,7 @@ def check_page(dom: Dom, report: dict) -> None:
 
 # ------------------------------------------------------------ the string ----
 
+
 def test_sample_report_page_shows_every_leak_sorted_with_units():
     report = sample_report()
     page = render_html(report)
@@ -160,7 +235,7 @@ def test_sample_report_page_shows_every_leak_sorted_with_units():
     assert "allocated at /home/ana/proj/train.py:52 train" in text and "loss = criterion(model(x), y)" in text
     assert "held by list losses, 39 items at /home/ana/proj/train.py:57" in text
     assert "7 events were dropped from the ring" in text
-    assert '<code>torch.no_grad()</code>' in page  # backticks in hints become code
+    assert "<code>torch.no_grad()</code>" in page  # backticks in hints become code
     assert dom.find("li", "alloc", inside="leak-0")  # the allocating frame is marked in the stack
     assert "No leaks found" not in text
 
@@ -193,7 +268,7 @@ def test_page_is_self_contained():
     for report in (sample_report(), dict(sample_report(), leaks=[])):
         page = render_html(report)
         lowered = page.lower()
-        for needle in ("http://", "https://", "src=", "href=\"//", "url(", "@import", "<link", "<script"):
+        for needle in ("http://", "https://", "src=", 'href="//', "url(", "@import", "<link", "<script"):
             assert needle not in lowered, needle
         assert all(a["href"].startswith("#") for a in Dom(page).find("a"))
 
@@ -209,9 +284,22 @@ def test_no_leaks_page():
 
 def test_minimal_and_degenerate_reports_render():
     # One step, all zeros, optional keys missing, series shorter than steps.
-    one = {"schema": "memalloc.leak_report/1", "steps": [7], "allocated": [0], "reserved": [0], "leaks": [
-        {"site": {"filename": "a.py", "line": 1, "function": "f"}, "code": "", "bytes_per_step": 0.5,
-         "tensors_per_step": 0.25, "series": [], "holder": None}]}
+    one = {
+        "schema": "memalloc.leak_report/1",
+        "steps": [7],
+        "allocated": [0],
+        "reserved": [0],
+        "leaks": [
+            {
+                "site": {"filename": "a.py", "line": 1, "function": "f"},
+                "code": "",
+                "bytes_per_step": 0.5,
+                "tensors_per_step": 0.25,
+                "series": [],
+                "holder": None,
+            }
+        ],
+    }
     dom = Dom(render_html(one))
     assert dom.find("article", "leak") and "(source unavailable)" in dom.text and "0.25" in dom.text
     assert not dom.find("details", "stack") and "allocated at" not in dom.text
@@ -233,6 +321,7 @@ def test_chart_axis_units_follow_the_data():
 
 # ------------------------------------------------------------ the browser ----
 
+
 @pytest.fixture(scope="module")
 def browser() -> str:
     found = screenshot_report.find_browser()
@@ -244,7 +333,8 @@ def browser() -> str:
     return found
 
 
-# the slow tier (CI runs it, `-m slow`): a headless browser (~8 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): a headless browser (~8 s), over the README's fast-tier budget of 180 s on CI's
+# 2 cores
 @pytest.mark.slow
 def test_report_in_headless_chromium(browser, tmp_path):
     report = sample_report()
@@ -267,8 +357,10 @@ def test_colour_count_of_a_known_page(browser, tmp_path):
     """distinct_colours decodes what Chromium writes: white, red and blue
     blocks give exactly 3 colours (a blank page would give 1)."""
     page = tmp_path / "blocks.html"
-    page.write_text('<body style="margin:0;background:#fff"><div style="height:50px;background:#f00"></div>'
-                    '<div style="height:50px;background:#00f"></div></body>')
+    page.write_text(
+        '<body style="margin:0;background:#fff"><div style="height:50px;background:#f00"></div>'
+        '<div style="height:50px;background:#00f"></div></body>'
+    )
     png = tmp_path / "blocks.png"
     screenshot_report.screenshot(browser, str(page), str(png), (200, 300))
     assert screenshot_report.distinct_colours(str(png)) == 3
@@ -277,8 +369,10 @@ def test_colour_count_of_a_known_page(browser, tmp_path):
 def test_screenshot_command(browser, tmp_path):
     report_path, png = tmp_path / "leaks.json", tmp_path / "shot.png"
     report_path.write_text(json.dumps(dict(sample_report(), leaks=[])))
-    assert screenshot_report.main([str(report_path), str(png), "--size", "800,600",
-                                   "--html", str(tmp_path / "r.html")]) == 0
+    assert (
+        screenshot_report.main([str(report_path), str(png), "--size", "800,600", "--html", str(tmp_path / "r.html")])
+        == 0
+    )
     assert screenshot_report.png_size(str(png)) == (800, 600)
     assert re.search(r'id="no-leaks"', (tmp_path / "r.html").read_text())
 
@@ -334,11 +428,19 @@ def _rules(css: str) -> list[tuple[list, tuple, int, list]]:
             for part in sel.split():
                 m = re.fullmatch(r"([a-z0-9*]*)((?:\.[\w-]+)*)((?::[\w-]+(?:\([^)]*\))?)*)(::[\w-]+)?", part)
                 assert m, f"a selector this test cannot read: {sel!r}"
-                compounds.append((m.group(1) if m.group(1) not in ("", "*") else None,
-                                  frozenset(c for c in m.group(2).split(".") if c),
-                                  [p for p in m.group(3).split(":") if p], (m.group(4) or "")[2:] or None))
-            spec = (0, sum(len(c[1]) + len(c[2]) for c in compounds),
-                    sum((c[0] is not None) + (c[3] is not None) for c in compounds))
+                compounds.append(
+                    (
+                        m.group(1) if m.group(1) not in ("", "*") else None,
+                        frozenset(c for c in m.group(2).split(".") if c),
+                        [p for p in m.group(3).split(":") if p],
+                        (m.group(4) or "")[2:] or None,
+                    )
+                )
+            spec = (
+                0,
+                sum(len(c[1]) + len(c[2]) for c in compounds),
+                sum((c[0] is not None) + (c[3] is not None) for c in compounds),
+            )
             out.append((compounds, spec, order, decls))
     return out
 
@@ -369,8 +471,16 @@ def _selects(compounds, chain, pseudo) -> bool:
 
 
 def _is_colour(token: str) -> bool:
-    return token.startswith(("#", "var(", "rgb", "hsl")) or token in ("currentcolor", "currentColor", "grey", "red",
-                                                                       "blue", "black", "white", "transparent")
+    return token.startswith(("#", "var(", "rgb", "hsl")) or token in (
+        "currentcolor",
+        "currentColor",
+        "grey",
+        "red",
+        "blue",
+        "black",
+        "white",
+        "transparent",
+    )
 
 
 def _longhands(prop: str, value: str) -> list[tuple[str, str]]:
@@ -388,8 +498,14 @@ def _computed(rules, chain, pseudo, prop: str, variables: dict) -> str | None:
     """The cascaded value of ``prop`` on the last element of ``chain`` (or its
     ``pseudo``): the matching declaration of the highest specificity, the
     later one on a tie; ``color`` inherits; var() and currentcolor resolved."""
-    found = [(spec, order, i, value) for compounds, spec, order, decls in rules if _selects(compounds, chain, pseudo)
-             for i, (p, v) in enumerate(decls) for lp, value in _longhands(p, v) if lp == prop]
+    found = [
+        (spec, order, i, value)
+        for compounds, spec, order, decls in rules
+        if _selects(compounds, chain, pseudo)
+        for i, (p, v) in enumerate(decls)
+        for lp, value in _longhands(p, v)
+        if lp == prop
+    ]
     if not found:
         if prop == "color" and (pseudo or len(chain) > 1):
             return _computed(rules, chain if pseudo else chain[:-1], None, "color", variables)
@@ -409,14 +525,21 @@ def legend_and_line_colours(page: str) -> dict[str, tuple]:
     doc = _Elements()
     doc.feed(page)
     rules = _rules(doc.css)
-    variables = {k: v.strip() for compounds, _, _, decls in rules if compounds[0][2] == ["root"] for k, v in decls
-                 if k.startswith("--")}
+    variables = {
+        k: v.strip()
+        for compounds, _, _, decls in rules
+        if compounds[0][2] == ["root"]
+        for k, v in decls
+        if k.startswith("--")
+    }
     assert doc.legend and sorted(doc.legend) == sorted(doc.lines), (doc.legend.keys(), doc.lines.keys())
     out = {}
     for label, chain in doc.legend.items():
         assert _computed(rules, chain, "before", "height", variables) == "0", label  # only the border shows
-        out[label] = (_computed(rules, chain, "before", "border-top-color", variables),
-                      _computed(rules, doc.lines[label], None, "stroke", variables))
+        out[label] = (
+            _computed(rules, chain, "before", "border-top-color", variables),
+            _computed(rules, doc.lines[label], None, "stroke", variables),
+        )
     return out
 
 
@@ -424,14 +547,29 @@ def test_legend_swatches_take_their_lines_colours():
     """The leak report's chart and the job report's per-rank chart (issue 37:
     the job page's swatches were grey, its lines blue and red)."""
     from memalloc.trace import flight_report
-    ranks = [{"rank": r, "pid": 100 + r, "host": "h", "state": "exited", "steps": [1, 2, 3],
-              "peak_allocated": [(r + 1) * MiB] * 3, "peak": (r + 1) * MiB, "leaks": []} for r in range(3)]
-    pages = {"leak report": render_html(sample_report()),
-             "job report": flight_report.to_html({"ranks": ranks, "outliers": []})}
+
+    ranks = [
+        {
+            "rank": r,
+            "pid": 100 + r,
+            "host": "h",
+            "state": "exited",
+            "steps": [1, 2, 3],
+            "peak_allocated": [(r + 1) * MiB] * 3,
+            "peak": (r + 1) * MiB,
+            "leaks": [],
+        }
+        for r in range(3)
+    ]
+    pages = {
+        "leak report": render_html(sample_report()),
+        "job report": flight_report.to_html({"ranks": ranks, "outliers": []}),
+    }
     for name, page in pages.items():
         colours = legend_and_line_colours(page)
         assert all(line is not None for _, line in colours.values()), (name, colours)
-        assert {label: swatch for label, (swatch, _) in colours.items()} == \
-            {label: line for label, (_, line) in colours.items()}, (name, colours)
+        assert {label: swatch for label, (swatch, _) in colours.items()} == {
+            label: line for label, (_, line) in colours.items()
+        }, (name, colours)
     job = legend_and_line_colours(pages["job report"])
     assert len({line for _, line in job.values()}) == 3  # three ranks, three colours

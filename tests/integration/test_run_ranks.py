@@ -10,6 +10,7 @@ truly (the folder holds none), and points at the leak report that is there.
 The truth is the script's: rank r takes 3 + r steps and holds one more
 tensor of (r + 1) * 64 KiB from the start.
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,8 @@ from flight_checks import env, memalloc_cli  # noqa: E402
 
 from memalloc.trace import flight_files as ff  # noqa: E402
 
-# the slow tier (CI runs it, `-m slow`): a torchrun job of two ranks and single runs under `run` (~18 s), over the README's fast-tier budget of 180 s on CI's 2 cores
+# the slow tier (CI runs it, `-m slow`): a torchrun job of two ranks and single runs under `run` (~18 s), over the
+# README's fast-tier budget of 180 s on CI's 2 cores
 pytestmark = pytest.mark.slow
 
 SCRIPT = """\
@@ -59,9 +61,30 @@ def job(tmp_path_factory):
     script = d / "train.py"
     script.write_text(SCRIPT)
     out = d / "out"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "memalloc", "run", "--backend", "host", "--steps", "--leaks", "--out", str(out),
-                        str(script)], env=env(), capture_output=True, text=True, timeout=150)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            "host",
+            "--steps",
+            "--leaks",
+            "--out",
+            str(out),
+            str(script),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return out, p
 
@@ -95,11 +118,30 @@ def test_report_merges_the_ranks_of_a_clean_job(job):
 
 def test_a_single_clean_process_keeps_its_paths_and_report_says_why_no_flight_files(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import torch, memalloc\nkept = []\nfor step in range(4):\n"
-                      "    kept.append(torch.ones(1024))\n    memalloc.step()\n")
+    script.write_text(
+        "import torch, memalloc\nkept = []\nfor step in range(4):\n"
+        "    kept.append(torch.ones(1024))\n    memalloc.step()\n"
+    )
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "memalloc", "run", "--backend", "host", "--steps", "--leaks",
-                        "--out", str(out), str(script)], env=env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            "host",
+            "--steps",
+            "--leaks",
+            "--out",
+            str(out),
+            str(script),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(steps_csv(out / "steps.csv")) == 4 and (out / "leaks.json").is_file()
     assert not list(out.glob("rank*")) and not (out / "flight").exists()

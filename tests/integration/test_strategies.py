@@ -3,6 +3,7 @@ backend (the tiny model; the GPU table is produced on the device and
 rendered into docs/strategies.md): every script runs and reports, each
 strategy moves the categories it should, the table judges the guide's
 claims, and the committed page is current."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,28 @@ def tiny(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("strategies") / "tiny.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run([sys.executable, "-m", "benchmarks.strategies", "--out", str(out), "--models", "tiny",
-                        "--steps", "2", "--warmup", "2", "--overhead-rounds", "0"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.strategies",
+            "--out",
+            str(out),
+            "--models",
+            "tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "2",
+            "--overhead-rounds",
+            "0",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     return {r["strategy"]: r for r in data["results"]} | {"__data__": data}
@@ -59,7 +79,7 @@ def test_each_strategy_moves_what_it_should(tiny):
     assert acc["peak_allocated"] < tiny["baseline"]["peak_allocated"]
     ckpt = tiny["checkpointing"]["breakdown_at_peak"]
     assert ckpt["activations"] < base["activations"] / 10  # only the blocks' inputs are kept...
-    assert ckpt["temporaries"] > base["temporaries"]       # ...their activations are recomputed in backward
+    assert ckpt["temporaries"] > base["temporaries"]  # ...their activations are recomputed in backward
     assert tiny["bf16_autocast"]["breakdown_at_peak"]["activations"] < base["activations"]
     assert tiny["del_empty_cache"]["reserved_after"] < tiny["baseline"]["reserved_after"]
     ddp = tiny["ddp"]
@@ -95,9 +115,29 @@ def test_the_committed_page_is_rendered_from_the_committed_results():
 def test_advise_on_the_host_backend_against_the_tiny_table(tiny, tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run([sys.executable, "-m", "memalloc", "run", "--advise", "--out", str(tmp_path),
-                        "examples/baseline.py", "--model", "tiny", "--steps", "2", "--warmup", "2"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memalloc",
+            "run",
+            "--advise",
+            "--out",
+            str(tmp_path),
+            "examples/baseline.py",
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "memalloc advice (peak allocated" in p.stderr and "checkpointing" in p.stderr
     data = json.loads((tmp_path / "advice.json").read_text())
@@ -107,8 +147,12 @@ def test_advise_on_the_host_backend_against_the_tiny_table(tiny, tmp_path):
     # and mixed precision, whose estimate follows CUDA's autocast: CPU autocast's
     # op lists change between torch versions (bf16 measured: -8% with torch 2.13,
     # +40% with 2.11). tests/integration/test_advisor.py checks them on the GPU's table.
-    errors = compare(data, tiny["__data__"]["results"], "tiny",
-                     skip=("bf16_autocast", "fp16_grad_scaler", "checkpointing_bf16", "del_empty_cache"))
+    errors = compare(
+        data,
+        tiny["__data__"]["results"],
+        "tiny",
+        skip=("bf16_autocast", "fp16_grad_scaler", "checkpointing_bf16", "del_empty_cache"),
+    )
     assert set(errors) == {"half_batch", "grad_accumulation", "checkpointing", "ddp"}
     worst = {s: round(e, 3) for s, e in errors.items() if abs(e) > TOLERANCE}
     assert not worst, f"tiny: estimates off by more than 15%: {worst}"

@@ -12,6 +12,7 @@ Expected numbers follow the size rules: a request rounds up to a multiple of
 20 MiB segments (split, as more than 1 MiB remains), >= 10 MiB requests get
 their own segment rounded up to 2 MiB.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,10 +20,21 @@ from memtest_helpers import LARGE_SEGMENT, POOLS, SMALL_SEGMENT, STAT_KEYS, MiB,
 
 # Every torch.cuda function memalloc answers on the host backend.
 PATCHED = (
-    "memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
-    "memory_reserved", "max_memory_reserved", "memory_cached", "max_memory_cached",
-    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "memory_summary",
-    "get_per_process_memory_fraction", "set_per_process_memory_fraction", "mem_get_info", "empty_cache",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_cached",
+    "max_memory_cached",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "memory_summary",
+    "get_per_process_memory_fraction",
+    "set_per_process_memory_fraction",
+    "mem_get_info",
+    "empty_cache",
 )
 TORCH_SCALARS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 FIELDS = ("current", "peak", "allocated", "freed")
@@ -103,13 +115,22 @@ def check_table(summary: str, stats: dict, footer: str, abbreviated: bool = Fals
         cells = [c.strip() for c in l.strip("|").split("|")]
         if len(cells) == 5:
             rows.setdefault(cells[0], cells[1:])
-    for name in ("Allocated memory", "Active memory", "Requested memory", "GPU reserved memory",
-                 "Non-releasable memory", "Allocations", "Active allocs", "GPU reserved segments",
-                 "Non-releasable allocs", "Oversize allocations", "Oversize GPU segments"):
+    for name in (
+        "Allocated memory",
+        "Active memory",
+        "Requested memory",
+        "GPU reserved memory",
+        "Non-releasable memory",
+        "Allocations",
+        "Active allocs",
+        "GPU reserved segments",
+        "Non-releasable allocs",
+        "Oversize allocations",
+        "Oversize GPU segments",
+    ):
         assert name in rows, name
     assert ("from large pool" in rows) != abbreviated
-    want = [fmt_size(stats[f"allocated_bytes.all.{f}"], stats[f"allocated_bytes.all.{f}"]).strip()
-            for f in FIELDS]
+    want = [fmt_size(stats[f"allocated_bytes.all.{f}"], stats[f"allocated_bytes.all.{f}"]).strip() for f in FIELDS]
     assert rows["Allocated memory"] == want
     assert rows["Allocations"] == [str(stats[f"allocation.all.{f}"]) for f in FIELDS]
     assert rows["GPU reserved segments"] == [str(stats[f"segment.all.{f}"]) for f in FIELDS]
@@ -180,8 +201,7 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
     total = 64 * MiB
 
     def mem(allocated, max_allocated, reserved, max_reserved):
-        return [allocated, max_allocated, reserved, max_reserved, reserved, max_reserved,
-                [total - reserved, total]]
+        return [allocated, max_allocated, reserved, max_reserved, reserved, max_reserved, [total - reserved, total]]
 
     for key in ("start", "live", "freed", "emptied", "reset_peak", "limited"):
         assert r[key]["torch"] == r[key]["memalloc"], key

@@ -4,6 +4,7 @@ process): an OOM message names the line that fills memory, with its source;
 a leak_check() around an optimizer loop that never calls memalloc.step()
 names the leaking line; ``call_sites:False`` gives the message without call
 sites. The same scenarios on CUDA: tests/gpu/test_cuda_zero_setup.py."""
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,7 @@ def line_of(src: str, marker: str) -> int:
 
 def output(p, prefix: str):
     assert p.returncode == 0, p.stderr
-    return json.loads(next(l for l in p.stdout.splitlines() if l.startswith(prefix))[len(prefix):])
+    return json.loads(next(l for l in p.stdout.splitlines() if l.startswith(prefix))[len(prefix) :])
 
 
 def test_oom_message_names_the_filling_line_with_no_setup(tmp_path, fresh_python):
@@ -97,7 +98,9 @@ def test_leak_check_of_an_optimizer_loop_names_the_line_with_no_step_calls(tmp_p
 
 
 def test_stacks_stay_on_under_every_recording_mode_and_after_it(fresh_python):
-    _, r, _ = fresh_python.code("", """
+    _, r, _ = fresh_python.code(
+        "",
+        """
 from memalloc import _C
 R["before"] = _C.stack_mode()
 memalloc.enable(backend="host", config="host_capacity_mb:64")
@@ -111,7 +114,8 @@ with memalloc.leak_check():
     pass
 R["after_leak_check"] = _C.stack_mode()
 R["holder"] = memalloc.top_holders(n=1)[0]["line"]
-""")
+""",
+    )
     assert (r["before"], r["enabled"], r["stopped"], r["after_leak_check"]) == (0, 2, 2, 2)
     assert r["tags_recording"] == [2, True]
     assert r["holder"] is not None  # t's call site is known

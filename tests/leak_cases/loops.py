@@ -6,6 +6,7 @@ allocated elsewhere, ``# ALLOC:<name>``. Every loop calls memalloc.step()
 at the end of each iteration, except the auto_step one. Each loop takes the
 allocator its leak_check() watches (default: the installed one, as a user
 would write it); tests/integration/test_leaks.py passes one it owns."""
+
 from __future__ import annotations
 
 import collections
@@ -290,6 +291,15 @@ def bounded_deque(allocator=None):
     return check
 
 
-LEAKS = [logits_with_graph, losses_with_graph, eval_without_no_grad, hook_storage, cache_by_step, leak_in_helper, nested_module,
-         auto_step_loss_list, eval_with_a_lazy_workspace]
+LEAKS = [
+    logits_with_graph,
+    losses_with_graph,
+    eval_without_no_grad,
+    hook_storage,
+    cache_by_step,
+    leak_in_helper,
+    nested_module,
+    auto_step_loss_list,
+    eval_with_a_lazy_workspace,
+]
 NOT_LEAKS = [training_with_item, cache_heavy, one_iteration_retention, warmup_then_flat, gc_delayed, bounded_deque]

@@ -8,6 +8,7 @@ tensors (truth_of), or for kept tensors that carry their graphs, the bytes
 the allocator frees when the container is emptied (freed_by_clearing). Each keeping line is
 marked ``# LEAK:<case>`` (``# LEAK:<case>:<holder>`` when a case has two).
 """
+
 from __future__ import annotations
 
 import gc
@@ -48,9 +49,11 @@ def freed_by_clearing(container, allocator, tensors: int, steps: int) -> Truth:
     """The truth for a container whose tensors carry their graphs: the bytes
     the allocator frees when the container is emptied (its tensors, and all
     their graphs keep), read from the allocator's own counter."""
+
     def allocated() -> int:
         gc.collect()
         return allocator.stats(_device_index())["allocated_bytes"]["all"]["current"]
+
     before = allocated()
     container.clear()
     return Truth(bytes=before - allocated(), tensors=tensors, steps=steps)
@@ -62,20 +65,42 @@ def _device_index() -> int:
 
 def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=128,
-                                      bos_token_id=0, eos_token_id=0))
+
+    return GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=128, bos_token_id=0, eos_token_id=0)
+    )
 
 
 def _bert():
     from transformers import BertConfig, BertForMaskedLM
-    return BertForMaskedLM(BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
-                                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=128))
+
+    return BertForMaskedLM(
+        BertConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=2,
+            intermediate_size=128,
+            vocab_size=VOCAB,
+            max_position_embeddings=128,
+        )
+    )
 
 
 def _t5():
     from transformers import T5Config, T5ForConditionalGeneration
-    return T5ForConditionalGeneration(T5Config(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128,
-                                               num_heads=2, d_kv=32, vocab_size=VOCAB, decoder_start_token_id=0))
+
+    return T5ForConditionalGeneration(
+        T5Config(
+            num_layers=2,
+            num_decoder_layers=2,
+            d_model=64,
+            d_ff=128,
+            num_heads=2,
+            d_kv=32,
+            vocab_size=VOCAB,
+            decoder_start_token_id=0,
+        )
+    )
 
 
 def _batches(seed: int):
@@ -167,7 +192,9 @@ def bert_hook_stores_outputs(allocator=None):
     store = []
 
     def keep(module, args, output):
-        store.append(output[0].detach() if isinstance(output, tuple) else output.detach())  # LEAK:bert_hook_stores_outputs
+        store.append(
+            output[0].detach() if isinstance(output, tuple) else output.detach()
+        )  # LEAK:bert_hook_stores_outputs
 
     handle = m.bert.encoder.layer[0].register_forward_hook(keep)
     with memalloc.leak_check(allocator=allocator) as check:
@@ -269,8 +296,12 @@ def gpt2_param_groups_added(allocator=None):
             opt.zero_grad()
             memalloc.step()
     added = [p for g in opt.param_groups[groups_before:] for p in g["params"]]
-    kept = added + [t for p in added for t in opt.state[p].values()
-                    if torch.is_tensor(t) and t.device.type == torch.device(DEVICE).type]
+    kept = added + [
+        t
+        for p in added
+        for t in opt.state[p].values()
+        if torch.is_tensor(t) and t.device.type == torch.device(DEVICE).type
+    ]
     return check, {"opt": truth_of(kept, STEPS)}
 
 
@@ -320,9 +351,18 @@ def gpt2_compiled_clean(allocator=None):
 COMPILE_BACKEND = "aot_eager"
 
 
-LEAKS = [gpt2_detached_hidden_states, bert_cache_by_step, t5_leak_after_warmup, gpt2_two_leaks,
-         gpt2_eval_without_no_grad, bert_hook_stores_outputs, t5_batches_kept, bert_losses_with_graph,
-         gpt2_dataloader_keeps_device_batches, gpt2_param_groups_added]
+LEAKS = [
+    gpt2_detached_hidden_states,
+    bert_cache_by_step,
+    t5_leak_after_warmup,
+    gpt2_two_leaks,
+    gpt2_eval_without_no_grad,
+    bert_hook_stores_outputs,
+    t5_batches_kept,
+    bert_losses_with_graph,
+    gpt2_dataloader_keeps_device_batches,
+    gpt2_param_groups_added,
+]
 CLEAN = [gpt2_clean, bert_clean_grads_kept]
 COMPILED = [gpt2_compiled_clean]  # ~25 s of compiling on 2 cores: the slow tier
 
@@ -348,19 +388,30 @@ RELATIVE_BOUND = 0.10  # bytes per step and retained bytes within 10% of the tru
 
 def marker(source: str, case: str, holder: str) -> int:
     """The line of ``source`` marked ``# LEAK:<case>`` (or ``# LEAK:<case>:<holder>``)."""
-    hits = [i for i, line in enumerate(source.splitlines(), 1)
-            if line.rstrip().endswith((f"# LEAK:{case}:{holder}", f"# LEAK:{case}"))]
+    hits = [
+        i
+        for i, line in enumerate(source.splitlines(), 1)
+        if line.rstrip().endswith((f"# LEAK:{case}:{holder}", f"# LEAK:{case}"))
+    ]
     assert len(hits) == 1, (case, holder, hits)
     return hits[0]
 
 
-def check_leak(case: str, report: dict, text: str, truth: dict, cases: dict = CAUSES,
-               graph_cases: set = GRAPH_CASES, cases_file: str = __file__) -> None:
+def check_leak(
+    case: str,
+    report: dict,
+    text: str,
+    truth: dict,
+    cases: dict = CAUSES,
+    graph_cases: set = GRAPH_CASES,
+    cases_file: str = __file__,
+) -> None:
     """One leak case's report against its truth: one leak per holder, at the
     keeping line, the holder named, the tensor count exact, bytes per step
     and retained bytes within RELATIVE_BOUND, the cause (and so the hint)
     the case's."""
     import pytest
+
     source = open(cases_file).read()
     by_holder = {leak["holder"]["name"]: leak for leak in report["leaks"] if leak["holder"]}
     assert set(by_holder) == set(truth) and len(report["leaks"]) == len(truth), text
@@ -382,16 +433,23 @@ def figures_table(runs: dict) -> str:
     """Markdown: per case and holder, the reported figures beside the truth
     (``runs``: {case: (report dict, text, truth)}; docs/leak-report.md holds
     the table of the last run with MEMALLOC_LEAK_TABLE=<file>)."""
-    rows = ["| case | holder | bytes/step reported | true | retained reported | true | tensors reported | true |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| case | holder | bytes/step reported | true | retained reported | true | tensors reported | true |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for case, (report, _text, truth) in runs.items():
         by_holder = {leak["holder"]["name"]: leak for leak in report["leaks"] if leak["holder"]}
         if not truth:
             rows.append(f"| {case} (clean) | - | {len(report['leaks'])} leaks | 0 leaks | | | | |")
         for holder, tr in truth.items():
             leak = by_holder.get(holder)
-            got = (f"{leak['bytes_per_step']:,.0f}", f"{leak['retained_bytes']:,}", str(leak["retained_tensors"])) \
-                if leak else ("not found",) * 3
-            rows.append(f"| {case} | `{holder}` | {got[0]} | {tr.bytes_per_step:,.0f} | {got[1]} | {tr.bytes:,} "
-                        f"| {got[2]} | {tr.tensors} |")
+            got = (
+                (f"{leak['bytes_per_step']:,.0f}", f"{leak['retained_bytes']:,}", str(leak["retained_tensors"]))
+                if leak
+                else ("not found",) * 3
+            )
+            rows.append(
+                f"| {case} | `{holder}` | {got[0]} | {tr.bytes_per_step:,.0f} | {got[1]} | {tr.bytes:,} "
+                f"| {got[2]} | {tr.tensors} |"
+            )
     return "\n".join(rows) + "\n"

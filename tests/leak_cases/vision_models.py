@@ -5,6 +5,7 @@ only beside a CUDA torch. Each case returns ``(check, truth)`` as in
 real_models.py, whose truth helpers, device and step count it shares; the
 keeping lines are marked ``# LEAK:<case>``.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,6 +32,7 @@ def _images(seed: int, sizes=SIZES, batches=BATCHES):
 
 def _resnet18():
     import torchvision
+
     torch.manual_seed(0)
     m = torchvision.models.resnet18(num_classes=10).to(real_models.DEVICE)
     return m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
@@ -38,9 +40,11 @@ def _resnet18():
 
 def _vit():
     import timm
+
     torch.manual_seed(0)
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10,
-                             img_size=96).to(real_models.DEVICE)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=96).to(
+        real_models.DEVICE
+    )
 
 
 def _train_step(m, opt, x, y) -> torch.Tensor:

@@ -15,6 +15,7 @@ one ``RESULT <json>`` line: {case: {"losses": [...]} or {"error": text}}, and
 in memalloc mode what memalloc saw ("memalloc": allocations, peak allocated
 bytes, features its hooks turned off). The test compares the two modes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def _train(model: torch.nn.Module, device: str, forward: Callable[[torch.nn.Modu
 
 # --- transformers models from configs (tied embeddings in all four) ---------
 
+
 def gpt2(device: str) -> list:
     from transformers import GPT2Config, GPT2LMHeadModel
+
     _seed()
     m = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=64))
     assert m.lm_head.weight is m.transformer.wte.weight  # the tied weight that broke enable()
@@ -68,31 +71,63 @@ def gpt2(device: str) -> list:
 
 def llama(device: str) -> list:
     from transformers import LlamaConfig, LlamaForCausalLM
+
     _seed()
-    m = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                     max_position_embeddings=64, tie_word_embeddings=True))
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+    )
     return _train(m, device, lambda m, s: m(input_ids=_tokens(device, step=s), labels=_tokens(device, step=s)).loss)
 
 
 def bert_mlm(device: str) -> list:
     from transformers import BertConfig, BertForMaskedLM
+
     _seed()
-    m = BertForMaskedLM(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                   intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64))
+    m = BertForMaskedLM(
+        BertConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+        )
+    )
     return _train(m, device, lambda m, s: m(input_ids=_tokens(device, step=s), labels=_tokens(device, step=s)).loss)
 
 
 def t5(device: str) -> list:
     from transformers import T5Config, T5ForConditionalGeneration
+
     _seed()
-    m = T5ForConditionalGeneration(T5Config(d_model=64, d_ff=128, d_kv=32, num_layers=2, num_heads=2,
-                                            vocab_size=VOCAB, decoder_start_token_id=0, pad_token_id=0))
-    return _train(m, device, lambda m, s: m(input_ids=_tokens(device, step=s),
-                                            labels=_tokens(device, length=8, step=s + 50)).loss)
+    m = T5ForConditionalGeneration(
+        T5Config(
+            d_model=64,
+            d_ff=128,
+            d_kv=32,
+            num_layers=2,
+            num_heads=2,
+            vocab_size=VOCAB,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+    )
+    return _train(
+        m, device, lambda m, s: m(input_ids=_tokens(device, step=s), labels=_tokens(device, length=8, step=s + 50)).loss
+    )
 
 
 # --- trainers ---------------------------------------------------------------
+
 
 class _TokenData(torch.utils.data.Dataset):
     def __len__(self) -> int:
@@ -105,13 +140,23 @@ class _TokenData(torch.utils.data.Dataset):
 
 def hf_trainer(device: str) -> list:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
     _seed()
     m = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=64))
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(output_dir=out, max_steps=STEPS, per_device_train_batch_size=2,
-                                 learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[],
-                                 use_cpu=device == "cpu", dataloader_num_workers=0, seed=0,
-                                 disable_tqdm=True)
+        args = TrainingArguments(
+            output_dir=out,
+            max_steps=STEPS,
+            per_device_train_batch_size=2,
+            learning_rate=1e-3,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=device == "cpu",
+            dataloader_num_workers=0,
+            seed=0,
+            disable_tqdm=True,
+        )
         trainer = Trainer(model=m, args=args, train_dataset=_TokenData())
         trainer.train()
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -123,8 +168,9 @@ def lightning_trainer(device: str) -> list:
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, 128),
-                                           torch.nn.GELU(), torch.nn.Linear(128, VOCAB))
+            self.net = torch.nn.Sequential(
+                torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, VOCAB)
+            )
             self.net[3].weight = torch.nn.Parameter(torch.randn(VOCAB, 128) * 0.02)
             self.losses: list = []
 
@@ -139,9 +185,16 @@ def lightning_trainer(device: str) -> list:
 
     _seed()
     module = Module()
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu" if device == "cpu" else "gpu", devices=1,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, deterministic=True)
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu" if device == "cpu" else "gpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+    )
     trainer.fit(module, torch.utils.data.DataLoader(_TokenData(), batch_size=2))
     return module.losses
 
@@ -149,6 +202,7 @@ def lightning_trainer(device: str) -> list:
 def accelerate_loop(device: str) -> list:
     from accelerate import Accelerator
     from transformers import GPT2Config, GPT2LMHeadModel
+
     _seed()
     accelerator = Accelerator(cpu=device == "cpu")
     m = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=64))
@@ -167,33 +221,43 @@ def accelerate_loop(device: str) -> list:
 
 # --- vision models (GPU only: the index's torchvision needs a CUDA torch) ---
 
+
 def _images(device: str, step: int, size: int = 64) -> tuple:
     g = torch.Generator().manual_seed(2000 + step)
-    return (torch.randn(2, 3, size, size, generator=g).to(device),
-            torch.randint(0, 10, (2,), generator=g).to(device))
+    return (torch.randn(2, 3, size, size, generator=g).to(device), torch.randint(0, 10, (2,), generator=g).to(device))
 
 
 def _vision(model: torch.nn.Module, device: str) -> list:
     def forward(m: torch.nn.Module, s: int) -> torch.Tensor:
         x, y = _images(device, s)
         return torch.nn.functional.cross_entropy(m(x), y)
+
     return _train(model, device, forward)
 
 
 def torchvision_resnet18(device: str) -> list:
     import torchvision
+
     _seed()
     return _vision(torchvision.models.resnet18(num_classes=10), device)
 
 
 def timm_vit(device: str) -> list:
     import timm
+
     _seed()
     return _vision(timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=64), device)
 
 
-CPU_CASES = {"gpt2": gpt2, "llama": llama, "bert_mlm": bert_mlm, "t5": t5, "hf_trainer": hf_trainer,
-             "lightning_trainer": lightning_trainer, "accelerate": accelerate_loop}
+CPU_CASES = {
+    "gpt2": gpt2,
+    "llama": llama,
+    "bert_mlm": bert_mlm,
+    "t5": t5,
+    "hf_trainer": hf_trainer,
+    "lightning_trainer": lightning_trainer,
+    "accelerate": accelerate_loop,
+}
 CUDA_CASES = {**CPU_CASES, "torchvision_resnet18": torchvision_resnet18, "timm_vit": timm_vit}
 
 
@@ -210,6 +274,7 @@ def main() -> None:
     memalloc = None
     if args.mode == "memalloc":
         import memalloc  # noqa: F811 - imported only in this mode, as a user would
+
         memalloc.enable(backend="host" if args.device == "cpu" else "cuda")
         if args.device == "cpu":
             memalloc.host.use_for_cpu_tensors()
@@ -222,10 +287,13 @@ def main() -> None:
             results[name] = {"error": traceback.format_exc()}
     if memalloc is not None:
         from memalloc.core import _hooks
+
         s = memalloc.memory_stats()
-        results["memalloc"] = {"allocations": s.get("allocation.all.allocated", 0),
-                               "peak_allocated": s.get("allocated_bytes.all.peak", 0),
-                               "hook_failures": _hooks.failures()}
+        results["memalloc"] = {
+            "allocations": s.get("allocation.all.allocated", 0),
+            "peak_allocated": s.get("allocated_bytes.all.peak", 0),
+            "hook_failures": _hooks.failures(),
+        }
         memalloc.installed_allocator().validate()
     print("RESULT", json.dumps(results))
     sys.stdout.flush()

@@ -19,6 +19,7 @@ the error; in memalloc modes what memalloc saw (allocations, peak allocated
 bytes, hook failures, whether ``validate()`` passed, whether its segments
 are expandable).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ import torch.nn.functional as F
 
 def _model(device: torch.device) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 256), nn.GELU(),
-                         nn.Linear(256, 8)).to(device)
+    return nn.Sequential(
+        nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8)
+    ).to(device)
 
 
 def _sync(device: torch.device) -> None:
@@ -67,8 +69,9 @@ def _train(model: nn.Module, rank: int, device: torch.device, steps: int) -> dic
 
 
 def ddp(rank: int, device: torch.device, steps: int) -> dict:
-    model = nn.parallel.DistributedDataParallel(_model(device), device_ids=[device.index] if device.type == "cuda"
-                                                else None)
+    model = nn.parallel.DistributedDataParallel(
+        _model(device), device_ids=[device.index] if device.type == "cuda" else None
+    )
     out = _train(model, rank, device, steps)
     out["param_sum"] = sum(float(p.double().sum()) for p in model.parameters())
     return out
@@ -92,16 +95,34 @@ MODES = ("native", "memalloc", "memalloc_plain")
 
 
 # ---- the suites' side (jobs: mode -> the ranks' JSON, rank order) ----------------
-def run_jobs(mkdir: Callable[[str], Path], env: dict, kind: str = "cpu", steps: int = 3, ranks: int = 2,
-             timeout: float = 300) -> dict:
+def run_jobs(
+    mkdir: Callable[[str], Path], env: dict, kind: str = "cpu", steps: int = 3, ranks: int = 2, timeout: float = 300
+) -> dict:
     """One torchrun job of this script per mode (``mkdir(mode)``: its output
     folder), in ``env``; each job must succeed. Returns {mode: [rank's JSON]}."""
     out = {}
     for mode in MODES:
         d = mkdir(mode)
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                            str(ranks), __file__, mode, str(d), kind, str(steps)], cwd=Path(__file__).parents[2],
-                           env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(ranks),
+                __file__,
+                mode,
+                str(d),
+                kind,
+                str(steps),
+            ],
+            cwd=Path(__file__).parents[2],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         assert p.returncode == 0, f"{mode}: rc {p.returncode}\n{p.stderr[-3000:]}"
         out[mode] = [json.loads((d / f"rank{r}.json").read_text()) for r in range(ranks)]
     return out
@@ -142,8 +163,11 @@ def main() -> None:
     memalloc = None
     if mode != "native":
         import memalloc  # noqa: F811 - imported only in these modes, as a user would
-        memalloc.enable(backend="host" if kind == "cpu" else "cuda",
-                        config="expandable_segments:False" if mode == "memalloc_plain" else None)
+
+        memalloc.enable(
+            backend="host" if kind == "cpu" else "cuda",
+            config="expandable_segments:False" if mode == "memalloc_plain" else None,
+        )
         if kind == "cpu":
             memalloc.host.use_for_cpu_tensors()
     if kind == "cuda":
@@ -162,21 +186,26 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats(device)
             results[name] = case(rank, device, steps)
             if kind == "cuda":
-                results[name].update(peak_allocated=torch.cuda.max_memory_allocated(device),
-                                     peak_reserved=torch.cuda.max_memory_reserved(device))
+                results[name].update(
+                    peak_allocated=torch.cuda.max_memory_allocated(device),
+                    peak_reserved=torch.cuda.max_memory_reserved(device),
+                )
         except Exception:  # noqa: BLE001 - reported per case, the test names it
             results[name] = {"error": traceback.format_exc()}
         dist.barrier()
     dist.destroy_process_group()
     if memalloc is not None:
         from memalloc.core import _hooks
+
         s = memalloc.memory_stats(device) if kind == "cuda" else memalloc.memory_stats()
         a = memalloc.installed_allocator()
         index = device.index if kind == "cuda" else 0
-        results["memalloc"] = {"allocations": s.get("allocation.all.allocated", 0),
-                               "peak_allocated": s.get("allocated_bytes.all.peak", 0),
-                               "expandable": any(seg["is_expandable"] for seg in a.segments(index)),
-                               "hook_failures": _hooks.failures()}
+        results["memalloc"] = {
+            "allocations": s.get("allocation.all.allocated", 0),
+            "peak_allocated": s.get("allocated_bytes.all.peak", 0),
+            "expandable": any(seg["is_expandable"] for seg in a.segments(index)),
+            "hook_failures": _hooks.failures(),
+        }
         a.validate(index)
         results["memalloc"]["validate"] = "passed"
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

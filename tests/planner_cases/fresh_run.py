@@ -9,6 +9,7 @@ A trial trains N steps at BATCH and says whether (and in which step) it ran
 out of memory. ``hook``: a global forward pre-hook that takes itself off in
 the first forward is registered before the plan (as the memory breakdown's
 first-forward hook is)."""
+
 from __future__ import annotations
 
 import json

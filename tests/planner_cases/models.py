@@ -4,6 +4,7 @@ memalloc.host.cpu_tensors_from): a pre-norm transformer encoder, a small
 CNN with batch norm, and a transformers GPT-2 built from a config. Each
 ``make_*()`` builds a fresh model and optimizer and returns ``step(batch)``,
 one AdamW step at that batch size (inputs made inside the step)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,6 +30,7 @@ def make_transformer() -> Step:
 
     def step(b: int) -> None:
         optimize(opt, model(torch.randn(b, 64, 128)).square().mean())
+
     return step
 
 
@@ -36,13 +38,16 @@ def make_cnn() -> Step:
     torch.manual_seed(0)
 
     def block(cin: int, cout: int) -> nn.Module:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
-                             nn.MaxPool2d(2))
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)
+        )
+
     model = nn.Sequential(block(3, 16), block(16, 32), block(32, 64), nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
     opt = torch.optim.AdamW(model.parameters())
 
     def step(b: int) -> None:
         optimize(opt, nn.functional.cross_entropy(model(torch.randn(b, 3, 32, 32)), torch.randint(0, 10, (b,))))
+
     return step
 
 
@@ -54,11 +59,13 @@ def make_wide_cnn() -> Step:
 
     def block(cin: int, cout: int) -> nn.Module:
         return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
     model = nn.Sequential(block(3, 48), block(48, 96), block(96, 192), nn.Flatten(), nn.Linear(192 * 4 * 4, 10))
     opt = torch.optim.AdamW(model.parameters())
 
     def step(b: int) -> None:
         optimize(opt, nn.functional.cross_entropy(model(torch.randn(b, 3, 32, 32)), torch.randint(0, 10, (b,))))
+
     return step
 
 
@@ -74,6 +81,7 @@ def make_gpt2() -> Step:
     def step(b: int) -> None:
         ids = torch.randint(0, 1000, (b, 64))
         optimize(opt, model(input_ids=ids, labels=ids).loss)
+
     return step
 
 
@@ -89,8 +97,14 @@ def make_leaky_mlp() -> Step:
         out = model(torch.randn(b, 256))
         kept.append(out.detach().clone())  # the leak
         optimize(opt, out.square().mean())
+
     return step
 
 
-MODELS = {"transformer": make_transformer, "cnn": make_cnn, "wide_cnn": make_wide_cnn, "gpt2": make_gpt2,
-          "leaky_mlp": make_leaky_mlp}
+MODELS = {
+    "transformer": make_transformer,
+    "cnn": make_cnn,
+    "wide_cnn": make_wide_cnn,
+    "gpt2": make_gpt2,
+    "leaky_mlp": make_leaky_mlp,
+}

@@ -5,6 +5,7 @@ prepared optimizer steps only on every second one); each micro-batch keeps
 one 64 KiB tensor in a list (the planted leak). First argument: where
 truth.py writes what the script knows of itself; second: the batch size
 (default 16)."""
+
 import sys
 
 import truth

@@ -3,6 +3,7 @@ optimizer steps, two micro-batches accumulated per step; compute_loss keeps
 one 64 KiB tensor per micro-batch in a list (the planted leak). First
 argument: where truth.py writes what the script knows of itself; second:
 the batch size per micro-batch (default 2)."""
+
 import sys
 import tempfile
 
@@ -36,9 +37,19 @@ class KeepingTrainer(Trainer):
 torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64))
 with tempfile.TemporaryDirectory() as out:
-    args = TrainingArguments(output_dir=out, max_steps=STEPS, per_device_train_batch_size=batch,
-                             gradient_accumulation_steps=2, learning_rate=1e-3, save_strategy="no", report_to=[],
-                             use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, logging_strategy="no")
+    args = TrainingArguments(
+        output_dir=out,
+        max_steps=STEPS,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
     trainer = KeepingTrainer(model=model, args=args, train_dataset=Data())
     truth.start(kept)
     trainer.train()

@@ -5,6 +5,7 @@ step) or manual optimization (``manual``: manual_backward, then
 ``opt.step()``). training_step keeps one 64 KiB tensor per call in a list
 (the planted leak). First argument: where truth.py writes what the script
 knows of itself."""
+
 import sys
 
 import truth
@@ -43,9 +44,16 @@ class Module(L.LightningModule):
 torch.manual_seed(0)
 module = Module()
 data = torch.utils.data.TensorDataset(torch.randn(256, 64), torch.randn(256, 16))
-trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False,
-                    accumulate_grad_batches=2 if AUTOMATIC else 1)
+trainer = L.Trainer(
+    max_steps=STEPS,
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    accumulate_grad_batches=2 if AUTOMATIC else 1,
+)
 truth.start(kept)
 trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=16))
 truth.finish(module, trainer.optimizers[0], trainer.global_step, 16)

@@ -3,6 +3,7 @@ STEPS steps at the batch size given as the second argument (default 16),
 keeping one 64 KiB tensor per step in a list (the planted leak; not with a
 third argument ``no-leak``). First argument: where truth.py writes what the
 script knows of itself."""
+
 import sys
 
 import truth

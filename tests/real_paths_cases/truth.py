@@ -29,6 +29,7 @@ memalloc itself (:func:`enable_if_asked`, its first lines), with its flight
 recorder in DIR; with ``REAL_PATHS_KILL=1`` :func:`finish` SIGKILLs the
 process once the truths are written (a job killed after its last step).
 """
+
 import json
 import os
 import signal
@@ -47,6 +48,7 @@ def enable_if_asked() -> None:
     directory = os.environ.get("REAL_PATHS_ENABLE")
     if directory:
         import memalloc
+
         memalloc.enable(backend="host", config=f"host_capacity_mb:1024,flight_recorder:{directory}")
         memalloc.host.use_for_cpu_tensors()
 
@@ -63,8 +65,11 @@ def start(kept: list) -> None:
 
 
 def storage_bytes(tensors) -> int:
-    found = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
-             if torch.is_tensor(t) and t.numel()}
+    found = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in tensors
+        if torch.is_tensor(t) and t.numel()
+    }
     return sum(found.values())
 
 
@@ -81,6 +86,7 @@ def state_tensors(opt) -> list:
         elif isinstance(v, dict):
             for x in v.values():
                 walk(x)
+
     walk(list(opt.state.values()))
     return out
 
@@ -89,11 +95,16 @@ def finish(model, opt, framework_steps: int, batch: int) -> None:
     lengths = [0] + _seen["lengths"]
     params = list(model.parameters())
     truth = {
-        "optimizer_steps": _seen["steps"], "framework_steps": int(framework_steps),
+        "optimizer_steps": _seen["steps"],
+        "framework_steps": int(framework_steps),
         "kept_per_step": [b - a for a, b in zip(lengths, lengths[1:])],
-        "kept": len(_kept), "leak_bytes": storage_bytes(_kept[-1:]), "kept_bytes": storage_bytes(_kept),
-        "parameters": storage_bytes(params), "gradients": storage_bytes([p.grad for p in params]),
-        "optimizer_state": storage_bytes(state_tensors(opt)), "batch": batch,
+        "kept": len(_kept),
+        "leak_bytes": storage_bytes(_kept[-1:]),
+        "kept_bytes": storage_bytes(_kept),
+        "parameters": storage_bytes(params),
+        "gradients": storage_bytes([p.grad for p in params]),
+        "optimizer_state": storage_bytes(state_tensors(opt)),
+        "batch": batch,
     }
     with open(sys.argv[1], "w") as f:
         json.dump(truth, f)

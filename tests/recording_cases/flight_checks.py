@@ -10,6 +10,7 @@ Every check computes its truth from the program it ran (the lines marked in
 its source, what the live process says it holds), never from figures
 written here.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,16 +36,23 @@ def env() -> dict:
     return e
 
 
-def run_loop(mode: str, directory, records: int = 4096, backend: str = "host",
-             timeout: int = 120) -> subprocess.CompletedProcess:
+def run_loop(
+    mode: str, directory, records: int = 4096, backend: str = "host", timeout: int = 120
+) -> subprocess.CompletedProcess:
     """tests/recording_cases/flight_loop.py MODE DIR RECORDS BACKEND."""
-    return subprocess.run([sys.executable, str(LOOP), mode, str(directory), str(records), backend], env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(LOOP), mode, str(directory), str(records), backend],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def memalloc_cli(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memalloc", *args], env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "memalloc", *args], env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def check_postmortem(killed_dir) -> str:
@@ -70,11 +78,13 @@ def check_split_line(text: str, prefix: str, directory) -> None:
     from memalloc.core._format import fmt_bytes
 
     (line,) = [l for l in text.splitlines() if l.startswith(prefix)]
-    entries = SPLIT_ENTRY.findall(line[len(prefix):])
+    entries = SPLIT_ENTRY.findall(line[len(prefix) :])
     (path,) = ff.files_in(directory)
     (dev,) = ff.read(path).checkpoint["devices"]
     split = {c: b for c, b in dev["breakdown"]["split"].items() if b}
-    assert [(c, t) for c, t, _ in entries] == [(c, fmt_bytes(b)) for c, b in sorted(split.items(), key=lambda kv: -kv[1])]
+    assert [(c, t) for c, t, _ in entries] == [
+        (c, fmt_bytes(b)) for c, b in sorted(split.items(), key=lambda kv: -kv[1])
+    ]
     assert abs(sum(int(pct) for _, _, pct in entries) - 100) <= len(entries), line
 
 
@@ -91,8 +101,13 @@ def check_snapshot(killed_dir) -> None:
     f = ff.read(path)
     (trace,) = snap["device_traces"]
     assert [e["action"] for e in trace] == [e.action for e in f.rings[0]]
-    keeps = [e for e in trace if e["action"] == "alloc" and e["frames"]
-             and (e["frames"][0]["filename"], e["frames"][0]["line"]) == (str(LOOP), KEEP_LINE)]
+    keeps = [
+        e
+        for e in trace
+        if e["action"] == "alloc"
+        and e["frames"]
+        and (e["frames"][0]["filename"], e["frames"][0]["line"]) == (str(LOOP), KEEP_LINE)
+    ]
     assert len(keeps) == 21
     live = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
     assert live == sum(b for _, b, _ in live_sites(f, 0))
@@ -130,8 +145,14 @@ def check_top(directory, backend: str = "host") -> None:
     holder line's tensors; a process that has ended is named as gone."""
     from memalloc.core._format import fmt_bytes
 
-    child = subprocess.Popen([sys.executable, "-c", LIVE.format(d=directory, backend=backend)], env=env(),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", LIVE.format(d=directory, backend=backend)],
+        env=env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready = child.stdout.readline().split()
         assert ready[:1] == ["ready"], child.stderr.read()
@@ -169,10 +190,32 @@ def run_job(out: Path, backend: str = "host", timeout: int = 300, device: str | 
     src = TWO_RANKS.read_text().splitlines()
     lines = {m: next(i for i, l in enumerate(src, 1) if l.endswith(f"# {m}")) for m in ("HOLD-LINE", "LEAK-LINE")}
     device = device or ("cpu" if backend == "host" else "cuda")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "memalloc", "run", "--backend", backend, "--steps", "--config",
-                        "flight_recorder_keep:True", "--out", str(out), str(TWO_RANKS), device],
-                       env=env(), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "memalloc",
+            "run",
+            "--backend",
+            backend,
+            "--steps",
+            "--config",
+            "flight_recorder_keep:True",
+            "--out",
+            str(out),
+            str(TWO_RANKS),
+            device,
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     files = [ff.read(f) for f in ff.files_in(out / "flight")]
     assert sorted((f.rank, f.world_size, f.backend) for f in files) == [(0, 2, backend), (1, 2, backend)]

@@ -6,6 +6,7 @@ varying size and keeping one 16 KiB tensor (the leak). MODE: "kill"
 "memory" (no flight recorder: the in-memory ring, written to DIR/ring.bin at
 step 20, as the truth a killed run's file is compared with).
 """
+
 import os
 import signal
 import sys
@@ -36,5 +37,6 @@ for step in range(30):
             os.kill(os.getpid(), signal.SIGKILL)
         elif mode == "segv":
             import ctypes
+
             ctypes.string_at(0)
 print("clean end", flush=True)

@@ -5,6 +5,7 @@ argument ``cuda`` (tests/gpu/test_cuda_flight.py) both ranks keep their
 tensors on the one GPU, with ``cuda_per_rank`` each on its own
 (tests/gpu/test_cuda_distributed.py); the all-reduce stays on the CPU
 (gloo)."""
+
 import sys
 
 import torch

@@ -7,6 +7,7 @@ that line and the enclosing function. Every site allocates from
 their process, the installed one (None) in the fresh interpreter that
 enables memalloc.
 """
+
 import threading
 
 import torch
@@ -75,8 +76,9 @@ class Double(torch.autograd.Function):
         return grad * 2, None, None, None
 
 
-def train_step(allocator: _C.Allocator, log: BackwardLog, tagged: bool = True,
-               python_thread: bool = False) -> torch.Tensor:
+def train_step(
+    allocator: _C.Allocator, log: BackwardLog, tagged: bool = True, python_thread: bool = False
+) -> torch.Tensor:
     x = torch.ones(4, requires_grad=True)
     loss = Double.apply(x, allocator, log, python_thread).sum()
     if tagged:

@@ -3,6 +3,7 @@ step tracker runs and the code marks no iteration itself, optimizer.step()
 marks them; the first explicit memalloc.step() hands them to the code; the
 reports say which boundaries they used. In this process, on allocators the
 tests own (step numbers relative to the process's counter)."""
+
 from __future__ import annotations
 
 import gc

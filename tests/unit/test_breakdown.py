@@ -5,6 +5,7 @@ bad input; then a real model trained on the host backend
 (memalloc.host.use_for_cpu_tensors) in a fresh interpreter, each category
 checked against what the model, its gradients, its optimizer and autograd
 hold."""
+
 from __future__ import annotations
 
 import random
@@ -34,31 +35,35 @@ def split(a: _C.Allocator, which: str = "now") -> dict:
 
 def test_landmarks_decide_each_category(host_allocator):
     a = host_allocator
-    w, wb = alloc(a, 4 * MiB)                  # before training: other...
-    assert a.mark(w, "parameters") == wb       # ...until marked a parameter
+    w, wb = alloc(a, 4 * MiB)  # before training: other...
+    assert a.mark(w, "parameters") == wb  # ...until marked a parameter
     a.enter_phase("forward")
-    x, xb = alloc(a, 2 * MiB)                  # live at backward: an activation
-    t, tb = alloc(a, 5 * MiB)                  # freed before backward: a temporary
+    x, xb = alloc(a, 2 * MiB)  # live at backward: an activation
+    t, tb = alloc(a, 5 * MiB)  # freed before backward: a temporary
     a.free(t)
     assert split(a) == {"parameters": wb, "activations": xb}  # x provisional
     assert a.breakdown()["now"]["unresolved"]["forward"] == xb
     a.enter_phase("backward")
     assert a.breakdown()["now"]["unresolved"]["forward"] == 0
-    g, gb = alloc(a, 4 * MiB)                  # live at optimizer.step(): a gradient
-    bt, btb = alloc(a, 6 * MiB)                # the step's peak is here
+    g, gb = alloc(a, 4 * MiB)  # live at optimizer.step(): a gradient
+    bt, btb = alloc(a, 6 * MiB)  # the step's peak is here
     peak_total = wb + xb + gb + btb
     a.free(bt)
     a.free(x)
     a.enter_phase("optimizer")
-    s, sb = alloc(a, 1 * MiB)                  # live after the step: optimizer state
+    s, sb = alloc(a, 1 * MiB)  # live after the step: optimizer state
     a.enter_phase("forward")
-    kept, kb = alloc(a, 1 * MiB)               # never used by a backward: other at the step's end
+    kept, kb = alloc(a, 1 * MiB)  # never used by a backward: other at the step's end
     a.end_step()
     a.validate()
     b = a.breakdown()
     assert b["last"]["total"] == peak_total
     assert {c: v for c, v in b["last"]["split"].items() if v} == {
-        "parameters": wb, "activations": xb, "gradients": gb, "temporaries": btb}
+        "parameters": wb,
+        "activations": xb,
+        "gradients": gb,
+        "temporaries": btb,
+    }
     assert split(a) == {"parameters": wb, "gradients": gb, "optimizer_state": sb, "other": kb}
     assert b["phase"] == "forward" and b["now"]["unresolved"] == {"forward": 0, "backward": 0, "optimizer": 0}
     for p in (w, g, s, kept):
@@ -70,8 +75,8 @@ def test_a_block_freed_after_the_peak_but_before_its_landmark_is_a_temporary_the
     a = host_allocator
     a.enter_phase("forward")
     keep, kb = alloc(a, 3 * MiB)
-    scratch, sb = alloc(a, 8 * MiB)            # the peak: both forward, unresolved
-    a.free(scratch)                            # freed before backward starts
+    scratch, sb = alloc(a, 8 * MiB)  # the peak: both forward, unresolved
+    a.free(scratch)  # freed before backward starts
     assert a.breakdown()["peak"]["unresolved"]["forward"] == kb + sb
     a.enter_phase("backward")
     assert {c: v for c, v in a.breakdown()["peak"]["split"].items() if v} == {"activations": kb, "temporaries": sb}
@@ -85,13 +90,13 @@ def test_marking_after_the_peak_moves_the_peak_bytes_too(host_allocator):
     a.enter_phase("forward")
     p, pb = alloc(a, 2 * MiB)
     q, qb = alloc(a, 2 * MiB)
-    a.free(q)                                  # peak was p + q
+    a.free(q)  # peak was p + q
     assert a.mark(p, "parameters") == pb
-    assert a.mark(p, "parameters") == pb       # again: no change
+    assert a.mark(p, "parameters") == pb  # again: no change
     a.enter_phase("backward")
     assert {c: v for c, v in a.breakdown()["peak"]["split"].items() if v} == {"parameters": pb, "temporaries": qb}
-    late, lb = alloc(a, 1 * MiB)               # allocated after the peak: not in it...
-    a.mark(late, "other")                      # ...so marking it leaves the peak alone
+    late, lb = alloc(a, 1 * MiB)  # allocated after the peak: not in it...
+    a.mark(late, "other")  # ...so marking it leaves the peak alone
     assert a.breakdown()["peak"]["split"]["other"] == 0
     a.validate()
     for x in (p, late):
@@ -104,8 +109,8 @@ def test_a_category_holds_what_was_asked_for_and_the_blocks_rounding_is_other(ho
     # tensors' categories above what they hold (+2.8% gradients, +1 MiB
     # parameters for a 6-layer 512-wide TransformerEncoder under AdamW).
     a = host_allocator
-    small, sb = alloc(a, 1000)                 # rounded up to 1024
-    first, fb = alloc(a, 4 * MiB)              # the first 4 MiB of a 20 MiB segment
+    small, sb = alloc(a, 1000)  # rounded up to 1024
+    first, fb = alloc(a, 4 * MiB)  # the first 4 MiB of a 20 MiB segment
     whole, wb = alloc(a, 15 * MiB + 512 * 1024)  # the other 16 MiB: too little left to split
     assert (sb, fb, wb) == (1024, 4 * MiB, 16 * MiB)
     rounding = (sb - 1000) + (wb - (15 * MiB + 512 * 1024))
@@ -115,7 +120,7 @@ def test_a_category_holds_what_was_asked_for_and_the_blocks_rounding_is_other(ho
     assert split(a) == {"parameters": 1000 + 15 * MiB + 512 * 1024, "other": fb + rounding}
     a.end_step()  # a first step, empty (what the first forward keeps past its step is other): the next is a later one
     a.enter_phase("forward")
-    act, ab = alloc(a, 3 * MiB + 100)         # a forward block: activations hold the 3 MiB + 100 asked for
+    act, ab = alloc(a, 3 * MiB + 100)  # a forward block: activations hold the 3 MiB + 100 asked for
     assert split(a)["activations"] == 3 * MiB + 100
     assert a.breakdown()["now"]["unresolved"]["forward"] == 3 * MiB + 100
     assert split(a)["other"] == fb + rounding + ab - (3 * MiB + 100)
@@ -126,8 +131,10 @@ def test_a_category_holds_what_was_asked_for_and_the_blocks_rounding_is_other(ho
     b = a.breakdown()
     assert b["now"]["total"] == a.stats()["allocated_bytes"]["all"]["current"] == sb + wb + ab
     assert {c: v for c, v in b["last"]["split"].items() if v} == {
-        "parameters": 1000 + 15 * MiB + 512 * 1024, "activations": 3 * MiB + 100,
-        "other": fb + rounding + ab - (3 * MiB + 100)}
+        "parameters": 1000 + 15 * MiB + 512 * 1024,
+        "activations": 3 * MiB + 100,
+        "other": fb + rounding + ab - (3 * MiB + 100),
+    }
     for p in (small, whole, act):
         a.free(p)
     assert split(a) == {}
@@ -141,7 +148,7 @@ def test_mark_finds_interior_pointers_and_ignores_unknown_ones(host_allocator):
     assert a.mark(p + pb + (64 << 20), "parameters") == 0
     assert a.mark(12345, "parameters") == 0
     a.free(p)
-    assert a.mark(p, "parameters") == 0          # freed: nothing holds it
+    assert a.mark(p, "parameters") == 0  # freed: nothing holds it
     a.validate()
 
 
@@ -170,7 +177,7 @@ class Reference:
 
     def __init__(self) -> None:
         self.phase = "idle"
-        self.blocks: dict[int, dict] = {}   # id -> {size, held, phase, cat, live}
+        self.blocks: dict[int, dict] = {}  # id -> {size, held, phase, cat, live}
         self.by_ptr: dict[int, int] = {}
         self.next_id = 0
         self.peak_total = 0
@@ -182,8 +189,13 @@ class Reference:
 
     def alloc(self, ptr: int, size: int, held: int) -> None:
         self.next_id += 1
-        self.blocks[self.next_id] = {"size": size, "held": held, "phase": self.phase, "live": True,
-                                     "cat": "other" if self.phase == "idle" else None}
+        self.blocks[self.next_id] = {
+            "size": size,
+            "held": held,
+            "phase": self.phase,
+            "live": True,
+            "cat": "other" if self.phase == "idle" else None,
+        }
         self.by_ptr[ptr] = self.next_id
         if self.total() > self.peak_total:
             self.peak_total = self.total()
@@ -282,7 +294,9 @@ def test_memory_breakdown_reads_an_allocator_it_is_given(host_allocator):
     a.free(p)
 
 
-@pytest.mark.slow  # a model trained in a fresh process per case (~4 s each); the real-paths breakdown suite keeps a closure case in the fast tier
+# a model trained in a fresh process per case (~4 s each); the real-paths breakdown suite keeps a closure case in the
+# fast tier
+@pytest.mark.slow
 @pytest.mark.parametrize("closure", [False, True], ids=["step", "closure"])
 def test_a_real_model_on_the_host_backend(fresh_python, closure):
     """The same checks whether the loop calls ``opt.step()`` after its
@@ -497,7 +511,7 @@ def test_the_names_python_uses_are_the_ones_the_core_accepts(host_allocator):
         a.resolve("forward", "not_a_category")
     before = _C.stack_mode()
     try:
-        for name, number in _config.STACK_MODES.items():
+        for number in _config.STACK_MODES.values():
             _C.set_stack_mode(number)
             assert _C.stack_mode() == number
         with pytest.raises(memalloc.InvalidArgumentError, match="2 \\(python\\)"):

@@ -11,6 +11,7 @@ tests are torch's test_graph_capture_reclaim_2_streams and _4_streams
 (upstream test/test_cuda.py) step by step; each expected address is the one
 native gives there.
 """
+
 import pytest
 from memtest_helpers import Checked
 
@@ -38,15 +39,15 @@ def two_streams(a):
     capture(a, [S1, S2])
     sink1 = a.malloc(SMALL, 0, S1)
     data1 = a.malloc(SMALL, 0, S1)
-    T.capture_wait(a.a, S2, S1)            # s2.wait_stream(s1)
+    T.capture_wait(a.a, S2, S1)  # s2.wait_stream(s1)
     buf2 = a.malloc(SMALL, 0, S2)
-    T.capture_work(a.a, S2)                # torch.add(data1, 2.0, out=buf2) on s2
+    T.capture_work(a.a, S2)  # torch.add(data1, 2.0, out=buf2) on s2
     a.record_stream(data1, S2)
-    a.free(data1)                          # del data1: s2 still reads it
-    data2 = a.malloc(SMALL, 0, S1)         # before the join
-    T.capture_wait(a.a, S1, S2)            # s1.wait_stream(s2)
-    T.capture_work(a.a, S1)                # sink1.fill_(1.0)
-    data3 = a.malloc(SMALL, 0, S1)         # after the join
+    a.free(data1)  # del data1: s2 still reads it
+    data2 = a.malloc(SMALL, 0, S1)  # before the join
+    T.capture_wait(a.a, S1, S2)  # s1.wait_stream(s2)
+    T.capture_work(a.a, S1)  # sink1.fill_(1.0)
+    data3 = a.malloc(SMALL, 0, S1)  # after the join
     end_capture(a, S1)
     for p in (sink1, buf2, data2, data3):
         a.free(p)
@@ -63,23 +64,23 @@ def test_four_streams_reuse_only_after_every_stream_joined():
     a = Checked(REUSE)
     capture(a, [S1, S2, S3, S4])
     data1 = a.malloc(SMALL, 0, S1)
-    T.capture_work(a.a, S1)                # torch.ones fills it
+    T.capture_work(a.a, S1)  # torch.ones fills it
     sink1 = a.malloc(SMALL, 0, S1)
     sink3 = a.malloc(SMALL, 0, S1)
     bufs = []
     for s in (S2, S3, S4):
         T.capture_wait(a.a, s, S1)
         bufs.append(a.malloc(SMALL, 0, s))
-        T.capture_work(a.a, s)             # torch.add(data1, k, out=buf) on s
+        T.capture_work(a.a, s)  # torch.add(data1, k, out=buf) on s
         a.record_stream(data1, s)
     a.free(data1)
-    T.capture_wait(a.a, S1, S2)            # partial joins: s2 -> s1 ...
+    T.capture_wait(a.a, S1, S2)  # partial joins: s2 -> s1 ...
     T.capture_work(a.a, S1)
-    T.capture_wait(a.a, S3, S4)            # ... and s4 -> s3
+    T.capture_wait(a.a, S3, S4)  # ... and s4 -> s3
     T.capture_work(a.a, S3)
     a.record_stream(sink3, S3)
-    data2 = a.malloc(SMALL, 0, S1)         # s3's and s4's reads are not before s1's next work
-    T.capture_wait(a.a, S1, S3)            # the final join
+    data2 = a.malloc(SMALL, 0, S1)  # s3's and s4's reads are not before s1's next work
+    T.capture_wait(a.a, S1, S3)  # the final join
     T.capture_work(a.a, S1)
     data3 = a.malloc(SMALL, 0, S1)
     end_capture(a, S1)
@@ -113,7 +114,7 @@ def test_a_block_without_markers_waits_for_the_capture_to_end(case):
     data1 = a.malloc(SMALL, 0, S1)
     if case == "use on a stream outside the capture":
         T.capture_work(a.a, S1)
-        a.record_stream(data1, S3)         # S3 is not being captured
+        a.record_stream(data1, S3)  # S3 is not being captured
     else:
         T.capture_wait(a.a, S2, S1)
         a.record_stream(data1, S2)
@@ -131,7 +132,7 @@ def test_only_the_allocation_stream_reuses_it():
     T.capture_work(a.a, S2)
     a.record_stream(data1, S2)
     a.free(data1)
-    T.capture_work(a.a, S2)                # s2's frontier reaches the markers...
+    T.capture_work(a.a, S2)  # s2's frontier reaches the markers...
     assert a.malloc(SMALL, 0, S2) != data1  # ... but the block belongs to s1
     T.capture_wait(a.a, S1, S2)
     T.capture_work(a.a, S1)

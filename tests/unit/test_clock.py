@@ -4,6 +4,7 @@ clock on it. Checked against Python's time.monotonic_ns() (the same
 CLOCK_MONOTONIC), read on both sides: the scaled counter stays within the
 drift bound clock.h states, never runs backwards, and the ring's records
 carry times that fall between the monotonic times read around them."""
+
 from __future__ import annotations
 
 import struct
@@ -26,6 +27,7 @@ def kernel_clock() -> str:
 
 def test_the_counter_is_used_exactly_where_linux_keeps_time_on_it():
     import platform
+
     _, counter, _ = _C._testing.clock_ns()
     assert counter == (platform.machine() == "x86_64" and kernel_clock() == "tsc")
 
@@ -54,6 +56,7 @@ def test_clock_never_runs_backwards_on_any_thread():
             if t < last:
                 bad.append((last, t))
             last = t
+
     threads = [threading.Thread(target=run) for _ in range(4)]
     for th in threads:
         th.start()

@@ -1,5 +1,6 @@
 """Configuration text: memalloc.config_text() (MEMALLOC_CONF + explicit config)
 and the one parser behind it, memalloc._C.parse_config."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,9 @@ def items(text: str) -> dict:
     return dict(item.split(":", 1) for item in text.split(","))
 
 
-@pytest.mark.parametrize("parse", [_C.parse_config, lambda t: memalloc.config_text(t, use_env=False)],
-                         ids=["parse_config", "config_text"])
+@pytest.mark.parametrize(
+    "parse", [_C.parse_config, lambda t: memalloc.config_text(t, use_env=False)], ids=["parse_config", "config_text"]
+)
 def test_defaults(parse):
     assert parse("") == DEFAULT
     assert parse(" , ,") == DEFAULT
@@ -37,9 +39,14 @@ def test_config_keys():
 
 
 @pytest.mark.parametrize("parse", [_C.parse_config, memalloc.config_text], ids=["parse_config", "config_text"])
-@pytest.mark.parametrize("text,key", [("no_such_key:1", "no_such_key"),
-                                      ("max_split_size_mb:256,Backend:host", "Backend"),
-                                      ("max_split:256", "max_split")])
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("no_such_key:1", "no_such_key"),
+        ("max_split_size_mb:256,Backend:host", "Backend"),
+        ("max_split:256", "max_split"),
+    ],
+)
 def test_unknown_key_names_it_and_lists_valid_keys(parse, text, key):
     with pytest.raises(ValueError) as info:
         parse(text)
@@ -80,15 +87,18 @@ def test_malformed_values_raise_value_error_naming_the_problem(parse, text, frag
         assert f in str(info.value)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("max_split_size_mb:21", {"max_split_size_mb": "21"}),
-    ("roundup_power2_divisions:64", {"roundup_power2_divisions": "64"}),
-    ("roundup_power2_divisions:4", {"roundup_power2_divisions": "4"}),
-    ("host_devices:64", {"host_devices": "64"}),
-    ("host_capacity_mb:1", {"host_capacity_mb": "1"}),
-    ("backend:cuda", {"backend": "cuda"}),
-    ("backend:host", {"backend": "host"}),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("max_split_size_mb:21", {"max_split_size_mb": "21"}),
+        ("roundup_power2_divisions:64", {"roundup_power2_divisions": "64"}),
+        ("roundup_power2_divisions:4", {"roundup_power2_divisions": "4"}),
+        ("host_devices:64", {"host_devices": "64"}),
+        ("host_capacity_mb:1", {"host_capacity_mb": "1"}),
+        ("backend:cuda", {"backend": "cuda"}),
+        ("backend:host", {"backend": "host"}),
+    ],
+)
 def test_boundary_values_are_accepted(text, expected):
     got = items(_C.parse_config(text))
     for k, v in expected.items():
@@ -153,8 +163,8 @@ def test_env_is_read_and_explicit_config_overrides_it(monkeypatch):
     assert env_only["max_split_size_mb"] == "64"
 
     merged = items(memalloc.config_text("host_capacity_mb:32"))
-    assert merged["host_capacity_mb"] == "32"       # explicit wins
-    assert merged["max_split_size_mb"] == "64"      # env key kept
+    assert merged["host_capacity_mb"] == "32"  # explicit wins
+    assert merged["max_split_size_mb"] == "64"  # env key kept
 
     merged = items(memalloc.config_text({"max_split_size_mb": 128, "backend": "host"}))
     assert merged["max_split_size_mb"] == "128"
@@ -181,8 +191,7 @@ def test_malformed_env_raises_unless_ignored(monkeypatch):
     assert items(memalloc.config_text("host_capacity_mb:8", use_env=False))["host_capacity_mb"] == "8"
 
 
-@pytest.mark.parametrize("bad", [42, 1.5, ["max_split_size_mb:256"], ("a", "b"), b"max_split_size_mb:256",
-                                 object()])
+@pytest.mark.parametrize("bad", [42, 1.5, ["max_split_size_mb:256"], ("a", "b"), b"max_split_size_mb:256", object()])
 def test_config_of_wrong_type_raises_type_error(bad, monkeypatch):
     monkeypatch.setenv("MEMALLOC_CONF", "host_capacity_mb:8")
     with pytest.raises(TypeError, match="config must be"):
@@ -193,28 +202,42 @@ def test_config_of_wrong_type_raises_type_error(bad, monkeypatch):
 
 @pytest.mark.parametrize("key", ["host_capacity_mb", "max_split_size_mb"])
 def test_huge_mb_values_are_rejected_or_round_trip(key):
-    text = f"{key}:{2 ** 44}"
+    text = f"{key}:{2**44}"
     try:
         canon = _C.parse_config(text)
     except ValueError:
         return  # rejecting an out-of-range value is fine
     assert _C.parse_config(canon) == canon
-    assert items(canon)[key] == str(2 ** 44)
+    assert items(canon)[key] == str(2**44)
 
 
-
-
-@pytest.mark.parametrize("env,config,blamed,key", [
-    ({}, "bogus:1", "the config argument 'bogus:1'", "unknown key 'bogus'"),
-    ({}, {"nope": 1}, "the config argument {'nope': 1}", "unknown key 'nope'"),
-    ({"MEMALLOC_CONF": "bogus:1"}, "host_devices:2", "MEMALLOC_CONF", "unknown key 'bogus'"),
-    ({"MEMALLOC_CONF": "host_devices:2"}, "host_devices:0", "the config argument 'host_devices:0'",
-     "host_devices must be between 1 and 64"),
-    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:abc"}, None, "PYTORCH_CUDA_ALLOC_CONF",
-     "value 'abc' of key 'max_split_size_mb'"),
-    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:abc", "MEMALLOC_CONF": "bogus:1"}, "nope:1",
-     "PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb"),  # the lowest layer at fault first
-], ids=["config-str", "config-mapping", "env", "config-value", "torch-env", "all-three"])
+@pytest.mark.parametrize(
+    "env,config,blamed,key",
+    [
+        ({}, "bogus:1", "the config argument 'bogus:1'", "unknown key 'bogus'"),
+        ({}, {"nope": 1}, "the config argument {'nope': 1}", "unknown key 'nope'"),
+        ({"MEMALLOC_CONF": "bogus:1"}, "host_devices:2", "MEMALLOC_CONF", "unknown key 'bogus'"),
+        (
+            {"MEMALLOC_CONF": "host_devices:2"},
+            "host_devices:0",
+            "the config argument 'host_devices:0'",
+            "host_devices must be between 1 and 64",
+        ),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:abc"},
+            None,
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "value 'abc' of key 'max_split_size_mb'",
+        ),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:abc", "MEMALLOC_CONF": "bogus:1"},
+            "nope:1",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "max_split_size_mb",
+        ),  # the lowest layer at fault first
+    ],
+    ids=["config-str", "config-mapping", "env", "config-value", "torch-env", "all-three"],
+)
 def test_a_bad_key_is_blamed_on_where_it_came_from(monkeypatch, env, config, blamed, key):
     """enable()'s layers (torch's variable, MEMALLOC_CONF, config=): the
     message names the one the bad entry is in (issue 37: config="bogus:1"
@@ -227,5 +250,7 @@ def test_a_bad_key_is_blamed_on_where_it_came_from(monkeypatch, env, config, bla
         memalloc.enable(backend="host", config=config)
     msg = str(info.value)
     assert msg.startswith(f"{blamed}") and key in msg, msg
-    others = {"the config argument", "MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} - {blamed.split(" {")[0].split(" '")[0]}
+    others = {"the config argument", "MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} - {
+        blamed.split(" {")[0].split(" '")[0]
+    }
     assert not any(other in msg for other in others), msg

@@ -5,6 +5,7 @@ serves it (csrc/boundary/python/settings.*). Read from the source and checked
 against memalloc.config_keys() (every key owned exactly once) and against
 the Python package (each Python-layer key is read there, no core key is
 left unread by the core)."""
+
 from __future__ import annotations
 
 import re
@@ -49,10 +50,14 @@ def test_the_python_layer_reads_each_of_its_keys():
 
 
 def test_the_core_reads_each_of_its_keys():
-    core_text = "\n".join(p.read_text() for p in (ROOT / "csrc").rglob("*.*")
-                          if p.suffix in (".h", ".cpp") and "common" not in p.parts and "boundary" not in p.parts)
+    core_text = "\n".join(
+        p.read_text()
+        for p in (ROOT / "csrc").rglob("*.*")
+        if p.suffix in (".h", ".cpp") and "common" not in p.parts and "boundary" not in p.parts
+    )
     fields = {"max_split_size_mb": "max_split_size", "host_capacity_mb": "host_capacity"}
     for key in core_keys():
         field = fields.get(key, key)
-        assert re.search(rf"\.{field}\b", core_text) or re.search(rf"config\.{field}\b", core_text), \
+        assert re.search(rf"\.{field}\b", core_text) or re.search(rf"config\.{field}\b", core_text), (
             f"the core never reads {key!r}"
+        )

@@ -14,6 +14,7 @@ Every expected number below is derived from the native rules
 Every scripted test goes through `Checked`, which runs validate() on every
 device after each allocator call.
 """
+
 import pytest
 import torch
 from memtest_helpers import (
@@ -56,7 +57,14 @@ def test_small_request_rounding_and_segment(size):
     assert seg["total_size"] == SMALL_SEGMENT
     assert seg["address"] == p
     first = seg["blocks"][0]
-    assert first == {"address": p, "size": want, "requested_size": size, "state": "active_allocated", "stack_id": 0, "tag_id": 0}
+    assert first == {
+        "address": p,
+        "size": want,
+        "requested_size": size,
+        "state": "active_allocated",
+        "stack_id": 0,
+        "tag_id": 0,
+    }
     rest = SMALL_SEGMENT - want
     # remainder >= 512 always splits in the small pool
     assert [b["size"] for b in seg["blocks"][1:]] == [rest]
@@ -296,7 +304,13 @@ def test_best_fit_picks_smallest_adequate_block():
     # 3 KiB: the 4 KiB hole (smallest adequate), split: 1 KiB stays free there
     assert a.malloc(3 * KiB) == a4
     assert block_of(a, a4 + 3 * KiB) == {
-        "address": a4 + 3 * KiB, "size": KiB, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}
+        "address": a4 + 3 * KiB,
+        "size": KiB,
+        "requested_size": 0,
+        "state": "inactive",
+        "stack_id": 0,
+        "tag_id": 0,
+    }
     # 6 KiB: neither the 1 KiB leftover nor the tail (bigger) but the 8 KiB hole
     assert a.malloc(6 * KiB) == a8
     # 1 KiB: the 1 KiB leftover, not the 2 KiB leftover of the 8 KiB hole
@@ -312,12 +326,12 @@ def test_best_fit_lowest_address_among_equal_sizes():
 def test_best_fit_across_large_segments():
     a = Checked("host_capacity_mb:128")
     # two 20 MiB segments, each with a different free remainder
-    x = a.malloc(6 * MiB)   # remainder 14 MiB
+    x = a.malloc(6 * MiB)  # remainder 14 MiB
     y = a.malloc(15 * MiB)  # own 16 MiB segment (>= 10 MiB), 1 MiB left: unsplit
-    z = a.malloc(6 * MiB)   # from x's segment remainder -> 8 MiB left there
+    z = a.malloc(6 * MiB)  # from x's segment remainder -> 8 MiB left there
     assert z == x + 6 * MiB
     assert block_of(a, y)["size"] == 16 * MiB
-    w = a.malloc(2 * MiB)   # best fit: only the 8 MiB remainder fits
+    w = a.malloc(2 * MiB)  # best fit: only the 8 MiB remainder fits
     assert w == x + 12 * MiB
     a.free(y)  # a free 16 MiB whole segment; the 6 MiB remainder of x's segment
     # 5 MiB: the 6 MiB remainder (smaller) beats the 16 MiB segment
@@ -349,7 +363,15 @@ def test_coalescing_restores_whole_segment(order):
         assert cur(a, "inactive_split_bytes") == (SMALL_SEGMENT - live_block_bytes(a) if live else 0)
     (seg,) = a.segments()
     assert seg["blocks"] == [
-        {"address": ptrs[0], "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
+        {
+            "address": ptrs[0],
+            "size": SMALL_SEGMENT,
+            "requested_size": 0,
+            "state": "inactive",
+            "stack_id": 0,
+            "tag_id": 0,
+        }
+    ]
     assert tail > 0
     assert cur(a, "inactive_split") == 0
     assert cur(a, "inactive_split_bytes") == 0
@@ -369,7 +391,10 @@ def test_coalesced_large_block_serves_bigger_request():
     a.free(p2)  # p1+p2 coalesce into 8 MiB at p1
     seg = segment_of(a, p1)
     assert [(b["size"], b["state"]) for b in seg["blocks"]] == [
-        (8 * MiB, "inactive"), (4 * MiB, "active_allocated"), (8 * MiB, "inactive")]
+        (8 * MiB, "inactive"),
+        (4 * MiB, "active_allocated"),
+        (8 * MiB, "inactive"),
+    ]
     assert cur(a, "inactive_split") == 2
     assert cur(a, "inactive_split_bytes") == 16 * MiB
     # 7 MiB: both 8 MiB blocks fit; the lower address is taken (8 - 7 = 1 MiB: unsplit)
@@ -536,7 +561,8 @@ def test_max_split_oversize_block_not_used_for_smaller_request():
     assert cur(a, "reserved_bytes") == 80 * MiB
     # the 50 MiB block is still one unsplit free block
     assert segment_of(a, p)["blocks"] == [
-        {"address": p, "size": 50 * MiB, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
+        {"address": p, "size": 50 * MiB, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}
+    ]
 
 
 def test_max_split_oversize_block_serves_big_request_unsplit():

@@ -87,8 +87,7 @@ def test_oom_raises_after_retry_and_leaves_state_consistent():
     assert a.mem_get_info() == (64 * MiB, 64 * MiB)
 
 
-@pytest.mark.parametrize("size,shown", [(100 * MiB, "100.00 MiB"), (65 * MiB, "65.00 MiB"),
-                                        (3 << 30, "3.00 GiB")])
+@pytest.mark.parametrize("size,shown", [(100 * MiB, "100.00 MiB"), (65 * MiB, "65.00 MiB"), (3 << 30, "3.00 GiB")])
 def test_oom_request_bigger_than_device(size, shown):
     a = Checked()
     with pytest.raises(torch.OutOfMemoryError) as exc:
@@ -319,8 +318,9 @@ def test_parse_config_defaults_and_canonical_form():
     assert _C.parse_config(" , ") == default
     text = " backend : host , max_split_size_mb: 64,host_devices:3 ,roundup_power2_divisions:8, "
     canon = _C.parse_config(text)
-    assert canon == ("backend:host,max_split_size_mb:64,roundup_power2_divisions:8,"
-                     "host_capacity_mb:1024,host_devices:3")
+    assert canon == (
+        "backend:host,max_split_size_mb:64,roundup_power2_divisions:8,host_capacity_mb:1024,host_devices:3"
+    )
     assert _C.parse_config(canon) == canon
     assert _C.config_keys() == VALID_KEYS
     a = _C.Allocator("host", text)
@@ -366,9 +366,18 @@ def test_parse_config_rejects(text, needles):
         _C.Allocator("host", text)
 
 
-@pytest.mark.parametrize("text", ["max_split_size_mb:21", "roundup_power2_divisions:0",
-                                  "roundup_power2_divisions:64", "host_devices:64",
-                                  "host_capacity_mb:1", "backend:cuda", "backend:auto"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max_split_size_mb:21",
+        "roundup_power2_divisions:0",
+        "roundup_power2_divisions:64",
+        "host_devices:64",
+        "host_capacity_mb:1",
+        "backend:cuda",
+        "backend:auto",
+    ],
+)
 def test_parse_config_accepts_boundaries(text):
     canon = _C.parse_config(text)
     assert _C.parse_config(canon) == canon

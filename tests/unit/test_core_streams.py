@@ -5,6 +5,7 @@ synchronized (host_synchronize_stream) and the allocator next looks at its
 events (malloc), or until the allocator synchronizes itself (empty_cache,
 the OOM retry). Every allocator call is followed by validate().
 """
+
 import pytest
 from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, Checked, MiB, block_of, cur, rnd
 
@@ -77,7 +78,8 @@ def test_completion_drops_active_counters():
     a.free(q)
     (seg0,) = [s for s in a.segments() if s["address"] == p]
     assert seg0["blocks"] == [
-        {"address": p, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
+        {"address": p, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}
+    ]
 
 
 def test_record_stream_on_own_stream_is_noop():
@@ -140,7 +142,10 @@ def test_pending_block_does_not_coalesce_until_complete():
     a.free(z)  # z merges with the tail, x stays alone: y is pending between them
     (seg,) = a.segments()
     assert [(b["address"], b["state"]) for b in seg["blocks"]] == [
-        (x, "inactive"), (y, "active_pending_free"), (z, "inactive")]
+        (x, "inactive"),
+        (y, "active_pending_free"),
+        (z, "inactive"),
+    ]
     assert seg["blocks"][2]["size"] == SMALL_SEGMENT - 8192
     assert cur(a, "inactive_split") == 2
     assert cur(a, "inactive_split_bytes") == SMALL_SEGMENT - 4096
@@ -150,7 +155,8 @@ def test_pending_block_does_not_coalesce_until_complete():
     a.malloc(512, 0, 1)  # other stream: just processes events
     seg = [s for s in a.segments() if s["address"] == x][0]
     assert seg["blocks"] == [
-        {"address": x, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}]
+        {"address": x, "size": SMALL_SEGMENT, "requested_size": 0, "state": "inactive", "stack_id": 0, "tag_id": 0}
+    ]
     assert cur(a, "inactive_split", "small_pool") == 1  # only the stream-1 segment's tail
     assert cur(a, "active_bytes") == 512
 

@@ -8,6 +8,7 @@
 * A single-threaded random-operation test checks every counter, after every
   operation, against an independent Python model of the native rules.
 """
+
 import ctypes
 import random
 import threading
@@ -48,8 +49,7 @@ def stamp(ptr, size, tag):
 
 
 def stamped(ptr, size):
-    return (ctypes.c_uint64.from_address(ptr).value,
-            ctypes.c_uint64.from_address(ptr + size - 8).value)
+    return (ctypes.c_uint64.from_address(ptr).value, ctypes.c_uint64.from_address(ptr + size - 8).value)
 
 
 # ------------------------------------------------------------- threads ----
@@ -96,8 +96,10 @@ def _run_threads(a, plan, n_ops, streams):
     """plan: list of (device, seed). Returns the per-thread results."""
     results, errors = {}, []
     start = threading.Barrier(len(plan))
-    threads = [threading.Thread(target=_worker, args=(a, dev, seed, n_ops, streams, results, errors, start))
-               for dev, seed in plan]
+    threads = [
+        threading.Thread(target=_worker, args=(a, dev, seed, n_ops, streams, results, errors, start))
+        for dev, seed in plan
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -112,7 +114,7 @@ def _check_live_and_drain(a, results, device):
     mine = [r for r in results.values() if r["device"] == device]
     live = {}
     for r in mine:
-        for p, (size, tag) in r["live"].items():
+        for p, (size, _tag) in r["live"].items():
             assert p not in live, "one pointer handed to two threads"
             live[p] = size
     a.validate(device)
@@ -246,7 +248,7 @@ def _check_model(a, m, capacity):
         assert s[key]["all"]["peak"] == m.peak[key], key
         assert s[key]["all"]["allocated"] == m.acc[key][0], key
         assert s[key]["all"]["freed"] == m.acc[key][1], key
-    for p, (req, stream, size, _) in m.live.items():
+    for p, (req, _stream, size, _) in m.live.items():
         b, _n = blocks[p]
         assert b["state"] == "active_allocated"
         assert b["requested_size"] == req
@@ -337,8 +339,9 @@ def test_random_operations_against_model(seed, capacity_mb, steps):
             released = a.empty_cache()
             m.pending.clear()
             assert released == before - a.stats()["reserved_bytes"]["all"]["current"]
-            assert all(b["state"] != "inactive" or len(seg["blocks"]) > 1
-                       for seg in a.segments() for b in seg["blocks"])
+            assert all(
+                b["state"] != "inactive" or len(seg["blocks"]) > 1 for seg in a.segments() for b in seg["blocks"]
+            )
         else:
             a.reset_peak_stats()
             for key in m.peak:

@@ -5,6 +5,7 @@ go back on empty_cache, before an OOM and (reuse_free_pages, the default)
 before new pages are mapped. In-process, on allocators the tests own; every
 test validates the allocator's invariants after each step that changes it.
 The CUDA counterpart: tests/gpu/test_cuda_expandable.py."""
+
 from __future__ import annotations
 
 import random
@@ -137,6 +138,7 @@ def test_a_batch_that_plain_segments_cannot_fit():
     plain segments no segment is wholly free, so 40 MiB more does not fit in a
     128 MiB device; expandable segments give back the holes' pages and map
     them again where the 40 MiB goes."""
+
     def fill(a):
         ptrs = [a.malloc(5 * MiB) for _ in range(20)]
         for x in ptrs[::2]:
@@ -253,8 +255,10 @@ def test_unknown_and_double_frees_inside_an_expandable_segment_are_refused():
     check(a)
 
 
-@pytest.mark.parametrize("config", [EXPANDABLE, NATIVE_LIKE, EXPANDABLE + ",roundup_power2_divisions:4",
-                                    EXPANDABLE + ",max_split_size_mb:64"])
+@pytest.mark.parametrize(
+    "config",
+    [EXPANDABLE, NATIVE_LIKE, EXPANDABLE + ",roundup_power2_divisions:4", EXPANDABLE + ",max_split_size_mb:64"],
+)
 def test_random_operations_keep_every_invariant(config):
     """Seeded random mallocs (sizes across the small/large pools), frees,
     cross-stream uses, stream synchronisations, empty_cache, a memory
@@ -263,7 +267,7 @@ def test_random_operations_keep_every_invariant(config):
     a = make(config, capacity_mb=192)
     live: list[int] = []
     ooms = 0
-    for i in range(1500):
+    for _ in range(1500):
         op = rng.random()
         if op < 0.5 or not live:
             size = int(2 ** rng.uniform(8, 26))
@@ -300,7 +304,7 @@ def test_a_steady_loop_stops_giving_pages_back_after_its_first_steps():
     a = make(capacity_mb=4096)
     a.set_recording(100_000)
     marks = []
-    for step in range(12):
+    for _ in range(12):
         marks.append(len(events(allocator=a)))
         live = []
         for i, size in enumerate(sizes):
@@ -311,7 +315,7 @@ def test_a_steady_loop_stops_giving_pages_back_after_its_first_steps():
             a.free(p)
         check(a)
     evs = events(allocator=a)
-    late = [e.action for e in evs[marks[4]:] if e.action in ("segment_map", "segment_unmap")]
+    late = [e.action for e in evs[marks[4] :] if e.action in ("segment_map", "segment_unmap")]
     assert late == []
     s = a.stats(0)
     assert s["reserved_bytes"]["all"]["peak"] <= 1.05 * s["allocated_bytes"]["all"]["peak"] + PAGE
@@ -351,8 +355,10 @@ def test_each_device_has_its_own_expandable_segments():
 
 
 def test_the_oom_message_suggests_expandable_segments_unless_they_are_on():
-    for config, fragment in (("", "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation"),
-                             (EXPANDABLE, "expandable segments: free pages were given back")):
+    for config, fragment in (
+        ("", "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation"),
+        (EXPANDABLE, "expandable segments: free pages were given back"),
+    ):
         a = make(config, capacity_mb=64)
         with pytest.raises(torch.OutOfMemoryError) as e:
             a.malloc(100 * MiB)

@@ -23,6 +23,7 @@ more: their tests are expected failures until issue 38 is done.
 
 The GPU's side (the time itself, native beside memalloc in fresh
 processes): benchmarks/growth.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -139,8 +140,11 @@ def test_a_training_loop_growing_step_by_step_stays_within_natives_calls(h200):
             a.free(p)
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN + "; the 1B trace creates 22,461 pages where its peak holds 3,026 "
-                   "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)")
+@pytest.mark.xfail(
+    strict=True,
+    reason=OPEN + "; the 1B trace creates 22,461 pages where its peak holds 3,026 "
+    "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)",
+)
 def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
     """The H200's trace of benchmarks/growth.py's train case (a ~1B Llama,
     lengths 256 to 2048: benchmarks/traces/llama1b_growth.mtrace.gz),

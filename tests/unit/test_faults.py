@@ -2,6 +2,7 @@
 allocations (as out-of-memory or with a driver error) or refuses to take
 segments back, at chosen or random points. memalloc must retry, report,
 raise, and stay consistent: no segment lost, every counter exact."""
+
 from __future__ import annotations
 
 import random
@@ -26,13 +27,13 @@ def books_match_device(a, device=0):
 
 def test_one_refused_allocation_is_retried_after_releasing_the_cache():
     a = Checked("host_capacity_mb:64")
-    cached = a.malloc(3 * MiB)          # a 20 MiB segment, then cached
+    cached = a.malloc(3 * MiB)  # a 20 MiB segment, then cached
     a.free(cached)
     _C._testing.inject_allocate_faults(a.a, skip=0, count=1)
-    p = a.malloc(24 * MiB)              # no cached fit: refused once, cache released, retried
+    p = a.malloc(24 * MiB)  # no cached fit: refused once, cache released, retried
     s = a.stats(0)
     assert s["num_alloc_retries"] == 1 and s["num_ooms"] == 0
-    assert s["num_device_free"] == 1    # the cached 20 MiB segment went back first
+    assert s["num_device_free"] == 1  # the cached 20 MiB segment went back first
     assert cur(a, "reserved_bytes") == 24 * MiB
     assert _C._testing.faults_injected(a.a, 0) == (1, 0)
     books_match_device(a)
@@ -52,7 +53,7 @@ def test_refused_twice_raises_oom_and_leaves_state_as_before():
     for key in ("allocated_bytes", "requested_bytes", "allocation"):
         assert after[key]["all"]["current"] == before[key]["all"]["current"]
     books_match_device(a)
-    q = a.malloc(12 * MiB)              # faults used up: works again
+    q = a.malloc(12 * MiB)  # faults used up: works again
     books_match_device(a)
     a.free(q)
     a.free(keep)
@@ -73,10 +74,10 @@ def test_driver_error_propagates_and_changes_nothing():
 def test_skip_lets_the_first_allocations_through():
     a = Checked("host_capacity_mb:64")
     _C._testing.inject_allocate_faults(a.a, skip=2, count=1)
-    p1 = a.malloc(1 * MiB)              # small segment: ok (skip 2 -> 1)
-    p2 = a.malloc(2 * MiB)              # large segment: ok (skip 1 -> 0)
-    a.free(p1)                          # small segment now cached
-    p3 = a.malloc(24 * MiB)             # no cached fit: refused once -> cache released -> retried
+    p1 = a.malloc(1 * MiB)  # small segment: ok (skip 2 -> 1)
+    p2 = a.malloc(2 * MiB)  # large segment: ok (skip 1 -> 0)
+    a.free(p1)  # small segment now cached
+    p3 = a.malloc(24 * MiB)  # no cached fit: refused once -> cache released -> retried
     assert a.stats(0)["num_alloc_retries"] == 1
     assert _C._testing.faults_injected(a.a, 0) == (1, 0)
     books_match_device(a)

@@ -6,6 +6,7 @@ back unchanged, tensors are known by identity (a tied weight, registered
 twice, broke every transformers model under enable()), one wrapper exists
 per hook point, and removing the subscribers gives torch back what it had.
 """
+
 from __future__ import annotations
 
 import gc
@@ -34,7 +35,9 @@ def no_test_subscriptions():
 def test_tied_weight_under_enable(fresh_python):
     """The issue's three-line reproduction, under memalloc.enable() (host
     backend), then a model whose two modules share a parameter trains."""
-    _, r, _ = fresh_python.code("memalloc.enable(backend='host'); host.use_for_cpu_tensors()\n", """
+    _, r, _ = fresh_python.code(
+        "memalloc.enable(backend='host'); host.use_for_cpu_tensors()\n",
+        """
         m = torch.nn.Module(); p = torch.nn.Parameter(torch.randn(64, 64)); m.a = p; m.b = p
         emb = torch.nn.Embedding(32, 16); head = torch.nn.Linear(16, 32, bias=False)
         head.weight = emb.weight  # tied, as GPT-2's lm_head
@@ -46,7 +49,8 @@ def test_tied_weight_under_enable(fresh_python):
         from memalloc.core import _hooks
         R["failures"] = _hooks.failures()
         R["parameters"] = memalloc.memory_breakdown().now["parameters"]
-    """)
+    """,
+    )
     assert r["failures"] == {}
     assert r["parameters"] >= 32 * 16 * 4 + 64 * 64 * 4  # the shared weights, each counted once
 
@@ -132,6 +136,7 @@ def test_parameter_registration_hook_count_is_one():
 
 def test_replaced_attributes_are_given_back_as_they_were():
     import types
+
     mod = types.SimpleNamespace(f=len)
     _hooks.replace_attribute(mod, "f", max)
     _hooks.replace_attribute(mod, "g", min)  # torch had no such attribute

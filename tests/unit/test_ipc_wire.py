@@ -4,6 +4,7 @@ native torch's format (docs/notes-expandable-ipc.md: torch 2.11's version 2
 with a 24-byte header, 2.13/2.14's version 3 with a 32-byte header carrying
 the page handle type). The CUDA half (pages exported, mapped in another
 process, native on either side) is tests/gpu/test_cuda_ipc.py."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ def native_e_v2(pid: int, page: int, payload: list[bytes]) -> bytes:
 def native_e_v3(pid: int, page: int, handle_type: int, payload: list[bytes], pad: int = 0) -> bytes:
     """torch 2.13's: the same header plus an int handle type (32 bytes); the
     pad bytes are left unset there (#198305), so they are not read."""
-    return (bytes([3]) + b"e" + struct.pack("<iiQQii", pid, pad, page, len(payload), handle_type, pad)
-            + b"".join(payload))
+    return (
+        bytes([3]) + b"e" + struct.pack("<iiQQii", pid, pad, page, len(payload), handle_type, pad) + b"".join(payload)
+    )
 
 
 def test_legacy_and_versioned_cuda_malloc_handles_give_the_64_bytes():
@@ -42,7 +44,13 @@ def test_torch_2_11_expandable_handle_with_posix_descriptors():
     fds = [17, 18, 40]
     d = T.ipc_decode(native_e_v2(4242, 20 << 20, [struct.pack("<i", f) for f in fds]))
     assert (d["version"], d["type"], d["pid"], d["page_bytes"], d["handle"], d["fds"]) == (
-        2, "e", 4242, 20 << 20, "posix_fd", fds)
+        2,
+        "e",
+        4242,
+        20 << 20,
+        "posix_fd",
+        fds,
+    )
 
 
 def test_torch_2_11_expandable_handle_with_fabric_handles_is_told_by_its_length():
@@ -75,18 +83,21 @@ def test_the_version_sent_is_the_installed_torchs():
     assert T.ipc_version_built == T.ipc_version_for_torch(major, minor)
 
 
-@pytest.mark.parametrize("handle, says", [
-    (b"", "0 bytes are too few"),
-    (bytes([4]) + b"c" + RAW, "version 4 of a 'c' handle"),
-    (bytes([2]) + b"c" + RAW[:10], "a 'c' handle has 66 bytes"),
-    (bytes([2]) + b"x" + RAW, "unknown type byte 120"),
-    (bytes([1]) + b"e" + bytes(40), "version 1 of an 'e' handle"),
-    (bytes([2]) + b"e" + bytes(10), "24-byte header"),
-    (native_e_v2(1, 2 << 20, [b"abc"]), "1 pages in 3 bytes of payload"),
-    (native_e_v3(1, 2 << 20, 7, [b"abcd"]), "page handle type 7"),
-    (native_e_v3(1, 2 << 20, 1, [b"abcd", b"ab"]), "2 pages need 8 bytes of payload, not 6"),
-    (native_e_v2(1, 0, [b"abcd"]), "no pages"),
-])
+@pytest.mark.parametrize(
+    "handle, says",
+    [
+        (b"", "0 bytes are too few"),
+        (bytes([4]) + b"c" + RAW, "version 4 of a 'c' handle"),
+        (bytes([2]) + b"c" + RAW[:10], "a 'c' handle has 66 bytes"),
+        (bytes([2]) + b"x" + RAW, "unknown type byte 120"),
+        (bytes([1]) + b"e" + bytes(40), "version 1 of an 'e' handle"),
+        (bytes([2]) + b"e" + bytes(10), "24-byte header"),
+        (native_e_v2(1, 2 << 20, [b"abc"]), "1 pages in 3 bytes of payload"),
+        (native_e_v3(1, 2 << 20, 7, [b"abcd"]), "page handle type 7"),
+        (native_e_v3(1, 2 << 20, 1, [b"abcd", b"ab"]), "2 pages need 8 bytes of payload, not 6"),
+        (native_e_v2(1, 0, [b"abcd"]), "no pages"),
+    ],
+)
 def test_an_unreadable_handle_is_refused_naming_what_is_wrong(handle, says):
     with pytest.raises(_C.InvalidArgumentError) as e:
         T.ipc_decode(handle)

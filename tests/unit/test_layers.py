@@ -5,6 +5,7 @@ needs no build. ``python3 ../shared/tools/import_graph.py memalloc`` checks
 the weaker property (no circles). The same for csrc/: every #include of a
 memalloc header names its path from csrc/ and goes down the folders' layers.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,46 +21,87 @@ PACKAGE = Path(__file__).resolve().parents[2] / "memalloc"
 # files (memalloc._C, the public API, the pytest plugin, __main__) are the
 # bands named "" at the foot and the top.
 FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
-    ("", [("memalloc._C",)]),                                          # the extension
-    ("core", [
-        ("memalloc.core", "memalloc.core._format", "memalloc.core._usercode"),  # plain helpers
-        ("memalloc.core._hooks",),                                     # every hook memalloc installs into torch
-        ("memalloc.core._config",),                                    # config text
-        ("memalloc.core._settings",),                                  # torch's allocator settings applied
-        ("memalloc.core._state",),                                     # runtime state (read from _C)
-        ("memalloc.core._device",),                                    # the device argument
-        ("memalloc.core._policy", "memalloc.core.iteration"),          # empty-cache policy; the step
-    ]),
-    ("reporters", [
-        ("memalloc.reporters", "memalloc.reporters.report_html"),  # HTML of a plain report
-        ("memalloc.reporters.leak_report",),                           # leak report types (plain data)
-    ]),
-    ("trace", [
-        ("memalloc.trace", "memalloc.trace.tags"),  # stack tags
-        ("memalloc.trace.recording",),                                 # events of the ring, stacks
-        ("memalloc.trace.snapshots", "memalloc.trace.trace_files", "memalloc.trace.sites",
-         "memalloc.trace.flight_files"),                               # exports; the flight recorder's file
-        ("memalloc.trace.flight_report",),                             # a job's flight files merged
-    ]),
-    ("features", [
-        ("memalloc.features", "memalloc.features.phases"),  # training landmarks
-        ("memalloc.features.breakdown",),                              # bytes by category
-        ("memalloc.features.stats", "memalloc.features.holders"),      # queries; holder search
-        ("memalloc.features.leaks", "memalloc.features.oom", "memalloc.features.tracker",
-         "memalloc.features.replay", "memalloc.features.advisor"),
-        ("memalloc.features.flight", "memalloc.features.planner"),     # the flight recorder; the batch planner (replays)
-    ]),
-    ("integration", [
-        ("memalloc.integration", "memalloc.integration.host", "memalloc.integration._torch_patch"),  # torch tensors; torch.cuda patch
-        ("memalloc.integration._install",),                            # enable(): wires every feature
-    ]),
-    ("", [("memalloc", "memalloc.pytest_plugin")]),                    # the public API
+    ("", [("memalloc._C",)]),  # the extension
+    (
+        "core",
+        [
+            ("memalloc.core", "memalloc.core._format", "memalloc.core._usercode"),  # plain helpers
+            ("memalloc.core._hooks",),  # every hook memalloc installs into torch
+            ("memalloc.core._config",),  # config text
+            ("memalloc.core._settings",),  # torch's allocator settings applied
+            ("memalloc.core._state",),  # runtime state (read from _C)
+            ("memalloc.core._device",),  # the device argument
+            ("memalloc.core._policy", "memalloc.core.iteration"),  # empty-cache policy; the step
+        ],
+    ),
+    (
+        "reporters",
+        [
+            ("memalloc.reporters", "memalloc.reporters.report_html"),  # HTML of a plain report
+            ("memalloc.reporters.leak_report",),  # leak report types (plain data)
+        ],
+    ),
+    (
+        "trace",
+        [
+            ("memalloc.trace", "memalloc.trace.tags"),  # stack tags
+            ("memalloc.trace.recording",),  # events of the ring, stacks
+            (
+                "memalloc.trace.snapshots",
+                "memalloc.trace.trace_files",
+                "memalloc.trace.sites",
+                "memalloc.trace.flight_files",
+            ),  # exports; the flight recorder's file
+            ("memalloc.trace.flight_report",),  # a job's flight files merged
+        ],
+    ),
+    (
+        "features",
+        [
+            ("memalloc.features", "memalloc.features.phases"),  # training landmarks
+            ("memalloc.features.breakdown",),  # bytes by category
+            ("memalloc.features.stats", "memalloc.features.holders"),  # queries; holder search
+            (
+                "memalloc.features.leaks",
+                "memalloc.features.oom",
+                "memalloc.features.tracker",
+                "memalloc.features.replay",
+                "memalloc.features.advisor",
+            ),
+            (
+                "memalloc.features.flight",
+                "memalloc.features.planner",
+            ),  # the flight recorder; the batch planner (replays)
+        ],
+    ),
+    (
+        "integration",
+        [
+            (
+                "memalloc.integration",
+                "memalloc.integration.host",
+                "memalloc.integration._torch_patch",
+            ),  # torch tensors; torch.cuda patch
+            ("memalloc.integration._install",),  # enable(): wires every feature
+        ],
+    ),
+    ("", [("memalloc", "memalloc.pytest_plugin")]),  # the public API
     ("examples", [("memalloc.examples", "memalloc.examples.leaky_training")]),
-    ("cli", [
-        ("memalloc.cli", "memalloc.cli._common", "memalloc.cli.fit"),
-        ("memalloc.cli.demo", "memalloc.cli.info", "memalloc.cli.replay", "memalloc.cli.report", "memalloc.cli.run",
-         "memalloc.cli.postmortem", "memalloc.cli.top"),
-    ]),
+    (
+        "cli",
+        [
+            ("memalloc.cli", "memalloc.cli._common", "memalloc.cli.fit"),
+            (
+                "memalloc.cli.demo",
+                "memalloc.cli.info",
+                "memalloc.cli.replay",
+                "memalloc.cli.report",
+                "memalloc.cli.run",
+                "memalloc.cli.postmortem",
+                "memalloc.cli.top",
+            ),
+        ],
+    ),
     ("", [("memalloc.__main__",)]),
 ]
 LAYERS: list[tuple[str, ...]] = [layer for _, layers in FOLDERS for layer in layers]
@@ -130,8 +172,10 @@ def test_imports_go_down_and_sit_at_module_level(path):
             if target not in LAYER:
                 problems.append(f"line {node.lineno}: imports {target}, which has no layer")
             elif LAYER[target] >= LAYER[module]:
-                problems.append(f"line {node.lineno}: imports {target} (layer {LAYER[target]}) "
-                                f"from layer {LAYER[module]}: imports must go down")
+                problems.append(
+                    f"line {node.lineno}: imports {target} (layer {LAYER[target]}) "
+                    f"from layer {LAYER[module]}: imports must go down"
+                )
     assert not problems, f"{module}:\n  " + "\n  ".join(problems)
 
 
@@ -147,8 +191,16 @@ def test_imports_go_down_and_sit_at_module_level(path):
 # python/ (the module memalloc._C, which binds them all).
 CSRC = PACKAGE.parent / "csrc"
 CSRC_LAYERS: list[tuple[str, ...]] = [
-    ("common",), ("backend",), ("pool",), ("accounting",), ("allocator",), ("profiler",), ("process",),
-    ("boundary/callers",), ("boundary/torch",), ("boundary/python",),
+    ("common",),
+    ("backend",),
+    ("pool",),
+    ("accounting",),
+    ("allocator",),
+    ("profiler",),
+    ("process",),
+    ("boundary/callers",),
+    ("boundary/torch",),
+    ("boundary/python",),
 ]
 CSRC_LAYER = {folder: i for i, folders in enumerate(CSRC_LAYERS) for folder in folders}
 
@@ -167,8 +219,9 @@ def test_every_csrc_folder_has_a_layer():
     folders = {csrc_folder(p.relative_to(CSRC).parts) for p in csrc_files()}
     assert folders == set(CSRC_LAYER), f"csrc/ folders without a layer: {folders ^ set(CSRC_LAYER)}"
     assert not [p for p in csrc_files() if len(p.relative_to(CSRC).parts) == 1], "csrc/ keeps files only in folders"
-    assert not [p for p in csrc_files() if p.relative_to(CSRC).parts[0] == "boundary"
-                and len(p.relative_to(CSRC).parts) == 2], "csrc/boundary/ keeps files only in its sub-folders"
+    assert not [
+        p for p in csrc_files() if p.relative_to(CSRC).parts[0] == "boundary" and len(p.relative_to(CSRC).parts) == 2
+    ], "csrc/boundary/ keeps files only in its sub-folders"
 
 
 @pytest.mark.parametrize("path", csrc_files(), ids=lambda p: str(p.relative_to(CSRC)))
@@ -181,12 +234,14 @@ def test_csrc_includes_go_down(path):
             target = stripped.split('"')[1]
             top = csrc_folder(target.split("/"))
             if "/" not in target or top not in CSRC_LAYER:
-                problems.append(f"line {n}: {target!r} is not a path from csrc/ (\"pool/block.h\")")
+                problems.append(f'line {n}: {target!r} is not a path from csrc/ ("pool/block.h")')
             elif CSRC_LAYER[top] > CSRC_LAYER[folder]:
-                problems.append(f"line {n}: includes {target} (layer {CSRC_LAYER[top]}) from layer "
-                                f"{CSRC_LAYER[folder]}: includes must go down")
+                problems.append(
+                    f"line {n}: includes {target} (layer {CSRC_LAYER[top]}) from layer "
+                    f"{CSRC_LAYER[folder]}: includes must go down"
+                )
         elif stripped.startswith("#include <") and not folder.startswith("boundary/"):
-            header = stripped[len("#include <"):].split(">")[0]
+            header = stripped[len("#include <") :].split(">")[0]
             if header.split("/")[0] in ("torch", "c10", "ATen", "pybind11", "Python.h", "cuda.h", "cuda_runtime_api.h"):
                 problems.append(f"line {n}: <{header}> outside csrc/boundary/")
     assert not problems, f"{path.relative_to(CSRC)}:\n  " + "\n  ".join(problems)

@@ -94,7 +94,7 @@ def test_step_tracker_on_an_allocator_records_in_step_peaks(allocator):
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["allocated"] == rows[1]["allocated"] == 64 * KiB
     assert rows[0]["peak_allocated"] == 64 * KiB + (1 << 20)  # the spike, within step 1
-    assert rows[1]["peak_allocated"] == 64 * KiB             # gone by step 2
+    assert rows[1]["peak_allocated"] == 64 * KiB  # gone by step 2
     assert tracker.to_dict()["backend"] == "host"
     del kept
 

@@ -5,6 +5,7 @@ a failing report never hides the OOM. A fresh interpreter per scenario
 (tests/conftest.py fresh_python): the message comes from the hook enable()
 installs. The holders themselves are tested in-process in
 test_leaks_inprocess.py (top_holders on an allocator the test owns)."""
+
 from __future__ import annotations
 
 import pickle
@@ -27,7 +28,9 @@ def line_of(src: str, marker: str) -> int:
 
 
 def test_message_names_the_biggest_holders_and_files_are_written_once(tmp_path, fresh_python):
-    _, r, src = fresh_python.code(PRELUDE, f"""
+    _, r, src = fresh_python.code(
+        PRELUDE,
+        f"""
 memalloc.record_memory_history(max_entries=1000, stacks="python")
 memalloc.set_oom_report(directory={str(tmp_path)!r}, max_reports=1, top=2)
 big = [torch.empty(8 << 20, dtype=torch.uint8) for _ in range(3)]  # HOLDER-BIG
@@ -37,7 +40,8 @@ R["first"], R["second"] = oom(), oom()
 R["files"] = sorted(os.listdir({str(tmp_path)!r}))
 R["pid"] = os.getpid()
 R["ooms"] = memalloc.memory_stats()["num_ooms"]
-""")
+""",
+    )
     first = r["first"]
     assert first.startswith("Device out of memory. Tried to allocate 100.00 MiB")
     lines = first.splitlines()
@@ -61,20 +65,26 @@ R["ooms"] = memalloc.memory_stats()["num_ooms"]
 
 
 def test_without_call_sites_holders_are_grouped_by_tag_and_the_fix_is_named(fresh_python):
-    _, r, _ = fresh_python.code(PRELUDE, """
+    _, r, _ = fresh_python.code(
+        PRELUDE,
+        """
 R["mode"] = memalloc._C.stack_mode()
 memalloc.record_memory_history(max_entries=1000, stacks="tags")
 with memalloc.tag("weights"):
     w = torch.empty(8 << 20, dtype=torch.uint8)
 R["msg"] = oom()
-""", conf="call_sites:False")
+""",
+        conf="call_sites:False",
+    )
     assert r["mode"] == 0  # call_sites:False: no stacks from enable()
     assert "in     1 allocations  tag 'weights'" in r["msg"]
     assert "(call sites are off: remove call_sites:False from MEMALLOC_CONF" in r["msg"]
 
 
 def test_report_off_and_a_failing_report_keep_the_oom(fresh_python):
-    _, r, _ = fresh_python.code(PRELUDE, """
+    _, r, _ = fresh_python.code(
+        PRELUDE,
+        """
 memalloc.set_oom_report(False)
 R["off"] = oom()
 memalloc.set_oom_report(True)
@@ -84,7 +94,8 @@ memalloc.features.oom.top_holders = broken
 R["broken"] = oom()
 R["bad"] = [err(lambda: memalloc.set_oom_report(max_reports=-1)), err(lambda: memalloc.set_oom_report(top=0)),
             err(lambda: memalloc.set_oom_report("yes"))]
-""")
+""",
+    )
     assert r["off"].startswith("Device out of memory") and "Live allocations" not in r["off"]
     assert r["broken"].startswith("Device out of memory")
     assert "(memalloc could not build the OOM report: RuntimeError: boom)" in r["broken"]

@@ -4,6 +4,7 @@ between the plan and the short search's largest that a long trial passes.
 Each threshold and starting point is checked against the answer a linear
 scan gives, and each trial is counted (no batch is tried twice by the
 long search)."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@ interpreters on the host backend: a probe's process records as
 memalloc.largest_batch's probes do (planner.ProbeRecording, step ends
 included), and a budget larger than the device is refused before the
 script runs in any probe."""
+
 from __future__ import annotations
 
 import sys
@@ -44,8 +45,24 @@ def script(tmp_path: Path) -> Path:
 
 def probe_argv(script: Path, batch: int, out: Path, folder: Path, steps: int = 2) -> list[str]:
     """A probe's command line, as memalloc/cli/run.py's _fit_first makes it."""
-    return ["-m", "memalloc", "run", *HOST, "--no-flight-recorder", "--out", str(folder), "--fit-probe-out", str(out),
-            "--fit-probe-batch", str(batch), "--fit-steps", str(steps), str(script), "--batch-size", str(batch)]
+    return [
+        "-m",
+        "memalloc",
+        "run",
+        *HOST,
+        "--no-flight-recorder",
+        "--out",
+        str(folder),
+        "--fit-probe-out",
+        str(out),
+        "--fit-probe-batch",
+        str(batch),
+        "--fit-steps",
+        str(steps),
+        str(script),
+        "--batch-size",
+        str(batch),
+    ]
 
 
 @pytest.mark.slow  # fresh processes: 2-14 s on 2 shared cores
@@ -68,18 +85,19 @@ def test_a_probe_process_notes_where_its_steps_end(fresh_python, script, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_probe_process_refuses_a_budget_larger_than_its_device_before_the_script_runs(fresh_python, script,
-                                                                                         tmp_path):
+def test_a_probe_process_refuses_a_budget_larger_than_its_device_before_the_script_runs(fresh_python, script, tmp_path):
     """Issue 37, item 5: ``run --fit 20GB`` on a smaller device was refused
     only after every probe had run the script. The budget goes to each
     probe's process (fit.BUDGET_ENV), which checks it against its device
     (planner.check_budget, the parent's check) before the script starts."""
     out = tmp_path / "probe.json"
-    env = fresh_python.env(**{fit.BUDGET_ENV: str(20 * 10 ** 9)})
+    env = fresh_python.env(**{fit.BUDGET_ENV: str(20 * 10**9)})
     p = fresh_python.run(probe_argv(script, 2, out, tmp_path / "r"), env=env)
     assert p.returncode == fit.REFUSED, (p.returncode, p.stderr[-3000:])
-    assert ("memalloc: budget 18.63 GiB (20000000000 bytes) is larger than device 0's 64.00 MiB: give a budget of "
-            f"at most 64.00 MiB ({64 << 20} bytes), or --fit free to use what is free") in p.stderr
+    assert (
+        "memalloc: budget 18.63 GiB (20000000000 bytes) is larger than device 0's 64.00 MiB: give a budget of "
+        f"at most 64.00 MiB ({64 << 20} bytes), or --fit free to use what is free"
+    ) in p.stderr
     assert not out.exists() and not Path(str(script) + ".ran").exists()
     env = fresh_python.env(**{fit.BUDGET_ENV: str(64 << 20)})  # the whole device is a budget
     p = fresh_python.run(probe_argv(script, 2, out, tmp_path / "r", steps=1), env=env)
@@ -97,9 +115,12 @@ def test_run_probes_stops_at_the_first_probes_refusal(script, tmp_path, capsys):
         started.append(batch)
         return [sys.executable, *probe_argv(script, batch, Path(out), Path(folder))]
 
-    with pytest.raises(SystemExit, match=r"^memalloc: budget 18\.63 GiB \(20000000000 bytes\) is larger than "
-                                         r"device 0's 64\.00 MiB"):
-        fit.run_probes(argv_for, (2, 4, 8), budget=20 * 10 ** 9)
+    with pytest.raises(
+        SystemExit,
+        match=r"^memalloc: budget 18\.63 GiB \(20000000000 bytes\) is larger than "
+        r"device 0's 64\.00 MiB",
+    ):
+        fit.run_probes(argv_for, (2, 4, 8), budget=20 * 10**9)
     assert started == [2] and not Path(str(script) + ".ran").exists()
 
 
@@ -107,8 +128,22 @@ def test_run_probes_stops_at_the_first_probes_refusal(script, tmp_path, capsys):
 def test_run_fit_refuses_a_budget_larger_than_the_device_before_any_probe(fresh_python, script, tmp_path):
     """Issue 37, item 5, through the CLI: ``run --fit 20GB`` on a 64 MiB
     device says so before the script runs in a probe."""
-    p = fresh_python.run(["-m", "memalloc", "run", *HOST, "--fit", "20GB", "--out", str(tmp_path / "r"), str(script),
-                          "--batch-size", "{batch}"], cwd=REPO)
+    p = fresh_python.run(
+        [
+            "-m",
+            "memalloc",
+            "run",
+            *HOST,
+            "--fit",
+            "20GB",
+            "--out",
+            str(tmp_path / "r"),
+            str(script),
+            "--batch-size",
+            "{batch}",
+        ],
+        cwd=REPO,
+    )
     assert p.returncode != 0
     assert "is larger than device 0's 64.00 MiB" in p.stderr, p.stderr[-3000:]
     assert "probing batch 4" not in p.stderr and not Path(str(script) + ".ran").exists()

@@ -6,6 +6,7 @@ here on the host as ``memalloc.largest_batch`` planned them there. The
 truth is the GPU's: the largest batch that ran 10 steps (and 67, where the
 plan was below it) in the corpus's search with real out-of-memory errors,
 each trial a fresh process under the same memory fraction."""
+
 from __future__ import annotations
 
 import gzip

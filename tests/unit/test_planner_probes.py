@@ -2,6 +2,7 @@
 allocator the test owns: what a probe records does not depend on torch's
 hooks, and the Python API's probes and ``memalloc run --fit``'s record the
 same thing the same way."""
+
 from __future__ import annotations
 
 import collections
@@ -40,8 +41,10 @@ def sites_of_a_probe(one_shot_hook: bool) -> collections.Counter:
         step = MODELS["cnn"]()
         handle = None
         if one_shot_hook:
+
             def once(module, args):
                 handle.remove()
+
             handle = nn.modules.module.register_module_forward_pre_hook(once)
         try:
             r = planner.run_probe(step, 2, a, 0, 1)

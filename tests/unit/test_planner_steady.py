@@ -3,6 +3,7 @@ steady (memalloc/features/planner.py, _replay): on synthetic probes whose
 fragmentation builds up for 30 steps, each batch the planner judges is
 judged as a run of 300 steps of the exact pattern ends (replayed by
 memalloc/features/replay.py, which knows nothing of the planner)."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,9 +18,24 @@ MiB = 1 << 20
 # up slowly: at batch 8 on a 24 MiB device the exact pattern runs out of
 # memory in step 31.
 PER_SAMPLE = [328192, 525312, 132096, 196608, 196608, 133120, 525824, 198144]
-STEP = [("alloc", 0), ("free", 0, 0), ("alloc", 1), ("free", 1, 4), ("alloc", 2), ("free", 0, 2), ("alloc", 3),
-        ("free", 0, 1), ("alloc", 4), ("free", 1, 7), ("alloc", 5), ("alloc", 6), ("free", 1, 6), ("alloc", 7),
-        ("free", 1, 5), ("free", 0, 3)]  # ("free", steps back, which allocation of that step)
+STEP = [
+    ("alloc", 0),
+    ("free", 0, 0),
+    ("alloc", 1),
+    ("free", 1, 4),
+    ("alloc", 2),
+    ("free", 0, 2),
+    ("alloc", 3),
+    ("free", 0, 1),
+    ("alloc", 4),
+    ("free", 1, 7),
+    ("alloc", 5),
+    ("alloc", 6),
+    ("free", 1, 6),
+    ("alloc", 7),
+    ("free", 1, 5),
+    ("free", 0, 3),
+]  # ("free", steps back, which allocation of that step)
 BUDGET_MB = 24
 
 
@@ -88,8 +104,10 @@ def test_a_replay_cut_off_at_the_cap_says_so():
     says for how many steps it holds."""
     p = planner.plan([record(b) for b in (1, 2, 4)], BUDGET_MB * MiB, repeats=1)
     assert not p.steady and p.repeats == 1
-    assert str(p).endswith("not steady: the replay ran 1 more steps without coming back to a state it had been "
-                           "in; the plan is for that many steps")
+    assert str(p).endswith(
+        "not steady: the replay ran 1 more steps without coming back to a state it had been "
+        "in; the plan is for that many steps"
+    )
 
 
 @pytest.mark.parametrize("repeats", [0, 16])
@@ -122,6 +140,7 @@ def backward_steps(batch: int, steps: int) -> tuple[list[tuple], list[int]]:
         ops.append(("alloc", size, site))
         keys += 1
         return keys - 1
+
     for s in range(steps):
         ops.extend(("free", k) for k in grads)
         loss = alloc(LOSS * batch, "loss")
@@ -167,8 +186,13 @@ def test_the_replay_frees_the_gradients_the_first_step_kept_as_their_own_line_ma
 
     def fits(batch: int) -> bool:
         ops, _ = backward_steps(batch, 300)
-        return replay_ops([op[:2] if op[0] == "alloc" else op for op in ops],
-                          host_capacity_mb=budget // MiB).devices[0].ooms == 0
+        return (
+            replay_ops([op[:2] if op[0] == "alloc" else op for op in ops], host_capacity_mb=budget // MiB)
+            .devices[0]
+            .ooms
+            == 0
+        )
+
     p = planner.plan([backward_record(b) for b in (1, 2, 4)], budget)
     assert all(q.steady for q in p.predictions if q.fits), p.predictions
     assert [(q.batch, q.fits) for q in p.predictions] == [(q.batch, fits(q.batch)) for q in p.predictions]

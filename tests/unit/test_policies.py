@@ -12,6 +12,7 @@ ahead even when it still crosses the threshold (the threshold is not a cap).
 Tests that need memalloc.enable() run in a fresh interpreter (enable is once
 per process) and report one ``RESULT <json>`` line.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -182,8 +183,7 @@ def test_threshold_random_operations_against_model(seed, threshold, fraction):
                     # a growth past the threshold happened with no whole free segment left
                     if m.reserved() > threshold * limit:
                         grows_over += 1
-                        assert not [b for b in m.blocks.values()
-                                    if b.state == "free" and not b.in_split_segment()]
+                        assert not [b for b in m.blocks.values() if b.state == "free" and not b.in_split_segment()]
                     assert before <= m.reserved() <= limit
         else:
             ptr = rng.choice(list(m.live))
@@ -388,19 +388,22 @@ def test_gc_threshold_zero_means_off_and_is_omitted():
     assert _C.Allocator("host", text).gc_threshold() == 0.0
 
 
-@pytest.mark.parametrize("key,value", [
-    ("garbage_collection_threshold", "1"),
-    ("garbage_collection_threshold", "1.5"),
-    ("garbage_collection_threshold", "-1"),
-    ("garbage_collection_threshold", "abc"),
-    ("garbage_collection_threshold", ""),
-    ("garbage_collection_threshold", "0.5x"),
-    ("patch_torch", "maybe"),
-    ("patch_torch", "2"),
-    ("empty_cache_every_n_steps", "-1"),
-    ("empty_cache_every_n_steps", "abc"),
-    ("empty_cache_every_n_steps", "1.5"),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("garbage_collection_threshold", "1"),
+        ("garbage_collection_threshold", "1.5"),
+        ("garbage_collection_threshold", "-1"),
+        ("garbage_collection_threshold", "abc"),
+        ("garbage_collection_threshold", ""),
+        ("garbage_collection_threshold", "0.5x"),
+        ("patch_torch", "maybe"),
+        ("patch_torch", "2"),
+        ("empty_cache_every_n_steps", "-1"),
+        ("empty_cache_every_n_steps", "abc"),
+        ("empty_cache_every_n_steps", "1.5"),
+    ],
+)
 def test_bad_policy_config_values_are_rejected_naming_the_key(key, value):
     with pytest.raises(ValueError) as info:
         _C.parse_config(f"{key}:{value}")
@@ -410,10 +413,17 @@ def test_bad_policy_config_values_are_rejected_naming_the_key(key, value):
         assert value in msg
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("True", True), ("true", True), ("1", True),
-    ("False", False), ("false", False), ("0", False),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("True", True),
+        ("true", True),
+        ("1", True),
+        ("False", False),
+        ("false", False),
+        ("0", False),
+    ],
+)
 def test_patch_torch_config_values(value, expected):
     text = _C.parse_config(f"patch_torch:{value}")
     assert ("patch_torch:False" in text) == (not expected)

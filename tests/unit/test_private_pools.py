@@ -6,6 +6,7 @@ emptyCache(pool) / checkPoolLiveAllocations / get/setCheckpointPoolState).
 A route's filter here is a set of streams (torch's are a capture id or a
 thread); every allocator call is followed by validate() (Checked).
 """
+
 import pytest
 from memtest_helpers import LARGE_SEGMENT, SMALL_SEGMENT, Checked, MiB, block_of, cur
 
@@ -30,15 +31,15 @@ def test_allocations_on_a_routed_stream_come_from_the_pool_and_return_to_it():
     other = a.malloc(MiB, 0, 0)  # not the routed stream: default pool
     a.end_allocate_to_pool(GRAPH)
     assert not a.capturing()
-    assert [b["address"] for s in segments_of(a, GRAPH) for b in s["blocks"] if b["state"] == "active_allocated"] \
-        == [inside]
+    assert [b["address"] for s in segments_of(a, GRAPH) for b in s["blocks"] if b["state"] == "active_allocated"] == [
+        inside
+    ]
     assert other == eager + MiB  # same default segment
     # Freed after the capture ended: back to the pool, never to eager work.
     a.free(inside)
     again = a.malloc(MiB, 0, CAPTURE_STREAM)
     assert again != inside
-    assert segments_of(a, (0, 0)) and all(
-        again != b["address"] for s in segments_of(a, GRAPH) for b in s["blocks"])
+    assert segments_of(a, (0, 0)) and all(again != b["address"] for s in segments_of(a, GRAPH) for b in s["blocks"])
 
 
 def test_a_block_freed_inside_the_capture_is_not_handed_to_eager_work():
@@ -208,8 +209,9 @@ def test_restoring_a_checkpoint_puts_the_pool_back_at_the_same_addresses():
     a.free(y)
     state = a.checkpoint_pool(GRAPH)
     before = cur(a, "allocated_bytes"), cur(a, "requested_bytes"), cur(a, "inactive_split_bytes")
-    layout = [(s["address"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
-              for s in segments_of(a, GRAPH)]
+    layout = [
+        (s["address"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]]) for s in segments_of(a, GRAPH)
+    ]
     assert state.pool == GRAPH and len(state.to_dict()["segments"]) == len(layout)
     # The pool moves on: x freed, new blocks taken (also in a new segment).
     a.free(x)
@@ -220,9 +222,15 @@ def test_restoring_a_checkpoint_puts_the_pool_back_at_the_same_addresses():
     assert sorted(freed) == sorted([z, w, v])
     assert sorted(allocated) == sorted([x, z])
     assert (cur(a, "allocated_bytes"), cur(a, "requested_bytes"), cur(a, "inactive_split_bytes")) == (
-        before[0], before[1], before[2])  # the segment added later stays, whole and free (not split)
-    after = [(s["address"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
-             for s in segments_of(a, GRAPH) if s["address"] in {seg for seg, _ in layout}]
+        before[0],
+        before[1],
+        before[2],
+    )  # the segment added later stays, whole and free (not split)
+    after = [
+        (s["address"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
+        for s in segments_of(a, GRAPH)
+        if s["address"] in {seg for seg, _ in layout}
+    ]
     assert after == layout
     assert a.pool_live_blocks_are(GRAPH, [x, z])
     a.free(x)
@@ -276,6 +284,7 @@ def test_a_pool_with_its_own_source_takes_and_returns_segments_through_it():
 
 def test_a_source_that_refuses_is_an_out_of_memory_of_that_pool_only():
     import torch
+
     a = Checked()
     src = _C._testing.HostSegmentSource(SMALL_SEGMENT)
     a.create_or_incref_pool(POOL, source=src)
@@ -311,6 +320,7 @@ def test_pools_with_a_source_under_a_memory_fraction_and_use_on_oom():
     block (same address), never to the other pool's, and the pools give their
     segments back through the allocator when they go."""
     import torch
+
     a = Checked("host_capacity_mb:4096")
     src = _C._testing.HostSegmentSource(1 << 40)
     other, fallback = (0, 1), (0, 2)

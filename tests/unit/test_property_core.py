@@ -50,6 +50,7 @@ effects of those rules can differ between processes; the model follows the
 addresses it is given, and every check stays exact.) Set MEMALLOC_PROPERTY_OPS
 higher (e.g. 1000000) for a nightly-style run.
 """
+
 from __future__ import annotations
 
 import math
@@ -86,8 +87,17 @@ STATE_CODE = {"active_allocated": "A", "active_pending_free": "P", "inactive": "
 BLOCK_FIELDS = operator.itemgetter("address", "size", "requested_size", "state")
 POOL_INDEX = {"small": 0, "large": 1}
 # stats() key -> index of the per-pool totals check_device re-derives from segments()
-DERIVED = (("allocated_bytes", 0), ("requested_bytes", 1), ("allocation", 2), ("active_bytes", 3), ("active", 4),
-           ("reserved_bytes", 5), ("segment", 6), ("inactive_split_bytes", 7), ("inactive_split", 8))
+DERIVED = (
+    ("allocated_bytes", 0),
+    ("requested_bytes", 1),
+    ("allocation", 2),
+    ("active_bytes", 3),
+    ("active", 4),
+    ("reserved_bytes", 5),
+    ("segment", 6),
+    ("inactive_split_bytes", 7),
+    ("inactive_split", 8),
+)
 
 # (config, capacity MiB per device, max_split_size MiB or None)
 CONFIGS = (
@@ -133,23 +143,60 @@ class HostModel(Model):
             while b is not None:
                 blocks.append((b.addr, b.size, b.requested, STATES[b.state]))
                 b = b.next
-            out.append((device, addr, seg.size, seg.stream, "small" if seg.pool == "small_pool" else "large",
-                        tuple(blocks)))
+            out.append(
+                (device, addr, seg.size, seg.stream, "small" if seg.pool == "small_pool" else "large", tuple(blocks))
+            )
         return out
 
 
 # ------------------------------------------------------------- strategies --
 BOUNDARY_SIZES = (
-    0, 1, 511, 512, 513, 1023, 1024, 4 * KiB, MiB - 513, MiB - 512, MiB - 1, MiB, MiB + 1, MiB + 512,
-    2 * MiB - 1, 2 * MiB, 2 * MiB + 1, 10 * MiB - 512, 10 * MiB - 1, 10 * MiB, 10 * MiB + 1,
-    19 * MiB + 1, 20 * MiB, 20 * MiB + 1, 21 * MiB + 1, 22 * MiB,
+    0,
+    1,
+    511,
+    512,
+    513,
+    1023,
+    1024,
+    4 * KiB,
+    MiB - 513,
+    MiB - 512,
+    MiB - 1,
+    MiB,
+    MiB + 1,
+    MiB + 512,
+    2 * MiB - 1,
+    2 * MiB,
+    2 * MiB + 1,
+    10 * MiB - 512,
+    10 * MiB - 1,
+    10 * MiB,
+    10 * MiB + 1,
+    19 * MiB + 1,
+    20 * MiB,
+    20 * MiB + 1,
+    21 * MiB + 1,
+    22 * MiB,
 )
 # Sizes relative to the configuration, resolved by the machine.
 RELATIVE_SIZES = (
-    ("split", -MiB), ("split", -512), ("split", -1), ("split", 0), ("split", 1), ("split", 2 * MiB),
-    ("cap", -2 * MiB), ("cap", -1), ("cap", 0), ("cap", 1), ("cap", 2 * MiB),
-    ("half_cap", 0), ("2cap", 0),
-    ("kmax", -1), ("kmax", 0), ("kmax", 1), ("i64max", 0),
+    ("split", -MiB),
+    ("split", -512),
+    ("split", -1),
+    ("split", 0),
+    ("split", 1),
+    ("split", 2 * MiB),
+    ("cap", -2 * MiB),
+    ("cap", -1),
+    ("cap", 0),
+    ("cap", 1),
+    ("cap", 2 * MiB),
+    ("half_cap", 0),
+    ("2cap", 0),
+    ("kmax", -1),
+    ("kmax", 0),
+    ("kmax", 1),
+    ("i64max", 0),
     ("negative", -1),  # rejected by the binding, nothing changes
 )
 SMALL_SIZES = st.one_of(st.integers(1, 512), st.integers(513, 64 * KiB), st.integers(513, MiB))
@@ -159,7 +206,9 @@ FRACTIONS = st.one_of(
     st.just(1.0),
     st.sampled_from((1.0, 1.0, 0.9, 0.75, 0.5, 0.3, 0.21, 0.1, 0.02, 0.01)),
     st.floats(min_value=1e-4, max_value=1.0, allow_nan=False, allow_infinity=False),
-    st.sampled_from((0.0, -0.0, -0.5, 1.0000001, 2.0, math.inf, -math.inf, math.nan)),  # 0 allowed (torch), the rest rejected
+    st.sampled_from(
+        (0.0, -0.0, -0.5, 1.0000001, 2.0, math.inf, -math.inf, math.nan)
+    ),  # 0 allowed (torch), the rest rejected
 )
 DEV = st.integers(0, DEVICES - 1)
 STREAM = st.sampled_from(ALLOC_STREAMS)
@@ -259,8 +308,9 @@ class CachingCoreMachine(RuleBasedStateMachine):
             except torch.OutOfMemoryError as e:
                 assert "Tried to allocate" in str(e)
             else:
-                raise AssertionError(f"malloc({size}, device {dev}, stream {stream}) succeeded; "
-                                     "the model expected an OOM")
+                raise AssertionError(
+                    f"malloc({size}, device {dev}, stream {stream}) succeeded; the model expected an OOM"
+                )
         else:
             ptr = self.a.malloc(size, dev, stream)
             if plan[0] == "zero":
@@ -352,8 +402,7 @@ class CachingCoreMachine(RuleBasedStateMachine):
             self.models[dev].reset_peak()
             self.op("reset_peak_stats", dev, False)
 
-    @rule(dev=DEV, i=PICK, kind=st.sampled_from(("stale", "other_device", "interior", "null")),
-          record=st.booleans())
+    @rule(dev=DEV, i=PICK, kind=st.sampled_from(("stale", "other_device", "interior", "null")), record=st.booleans())
     def not_live_pointer(self, dev, i, kind, record):
         """free / record_stream of a pointer that is not live on `dev`: an
         error, and nothing changes (the invariant compares with the untouched
@@ -381,8 +430,9 @@ class CachingCoreMachine(RuleBasedStateMachine):
         except _C.InvalidPointerError:
             pass
         else:
-            raise AssertionError(f"{'record_stream' if record else 'free'} of {kind} pointer {ptr:#x} "
-                                 f"on device {dev} was accepted")
+            raise AssertionError(
+                f"{'record_stream' if record else 'free'} of {kind} pointer {ptr:#x} on device {dev} was accepted"
+            )
         self.op("record_stream_not_live" if record else "free_not_live", dev, False)
 
     # ------------------------------------------------------- invariants --
@@ -429,8 +479,9 @@ class CachingCoreMachine(RuleBasedStateMachine):
             # blocks tile the segment: each starts where the previous ended
             end = base
             for addr, size, _, _ in rows:
-                assert addr == end and size > 0 and size % 512 == 0, \
+                assert addr == end and size > 0 and size % 512 == 0, (
                     f"device {dev} segment {base:#x}: block {addr:#x} of {size} bytes, expected one at {end:#x}"
+                )
                 end += size
             assert end == base + total, f"device {dev} segment {base:#x}: blocks cover {end - base} of {total} bytes"
             codes = "".join([STATE_CODE[r[3]] for r in rows])  # KeyError: an unknown state
@@ -438,8 +489,9 @@ class CachingCoreMachine(RuleBasedStateMachine):
             for addr, size, req, state in rows:
                 if state == "active_allocated":
                     # a live block: a pointer this test holds, with its requested size
-                    assert live.get(addr) == req, \
+                    assert live.get(addr) == req, (
                         f"device {dev}: allocated block {addr:#x} (requested {req}) is not a live pointer"
+                    )
                     assert size >= req
                     t[0] += size
                     t[1] += req
@@ -464,8 +516,11 @@ class CachingCoreMachine(RuleBasedStateMachine):
         for key, i in DERIVED:
             small, large = tot[0][i], tot[1][i]
             got = s[key]
-            assert (got["all"]["current"], got["small_pool"]["current"], got["large_pool"]["current"]) == \
-                (small + large, small, large), f"device {dev}: {key} {got} but the layout has {small}+{large}"
+            assert (got["all"]["current"], got["small_pool"]["current"], got["large_pool"]["current"]) == (
+                small + large,
+                small,
+                large,
+            ), f"device {dev}: {key} {got} but the layout has {small}+{large}"
         reserved = tot[0][5] + tot[1][5]
         assert _C._testing.live_segments(a, dev) == len(segs), f"device {dev}: backend segments != segments()"
         assert a.mem_get_info(dev) == (self.capacity - reserved, self.capacity)
@@ -517,8 +572,15 @@ def run_round(seed):
         factory = hypothesis.seed(seed)(type(f"CachingCoreMachineRound{seed}", (CachingCoreMachine,), {}))
     run_state_machine_as_test(
         factory,
-        settings=settings(max_examples=ROUND_EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
-                          database=None, suppress_health_check=list(HealthCheck), print_blob=True),
+        settings=settings(
+            max_examples=ROUND_EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            print_blob=True,
+        ),
     )
 
 
@@ -533,18 +595,34 @@ def test_caching_core_state_machine(record_property):
     ops = RUN["ops"]
     record_property("operations", ops)
     record_property("seconds", round(elapsed, 1))
-    print(f"\nmemalloc property test: {ops} operations ({RUN['rules']} rules) in {RUN['examples']} examples "
-          f"of up to {STEPS} rules ({rounds} hypothesis runs), {RUN['checks']} full + {RUN['quick_checks']} "
-          f"quick device checks, {elapsed:.1f} s")
+    print(
+        f"\nmemalloc property test: {ops} operations ({RUN['rules']} rules) in {RUN['examples']} examples "
+        f"of up to {STEPS} rules ({rounds} hypothesis runs), {RUN['checks']} full + {RUN['quick_checks']} "
+        f"quick device checks, {elapsed:.1f} s"
+    )
     print("  " + ", ".join(f"{k}={v}" for k, v in sorted(RUN.items())))
     assert ops >= TARGET_OPS, f"only {ops} operations ran; MEMALLOC_PROPERTY_OPS={TARGET_OPS}"
     # The run exercised what it claims to (else it would prove little).
     per = TARGET_OPS / 100000
-    for key, least in (("malloc_cache", 10000), ("malloc_grow", 2000), ("malloc_oom", 5000), ("malloc_zero", 50),
-                       ("malloc_negative", 20), ("free", 15000), ("record_stream", 8000), ("empty_cache", 1500),
-                       ("synchronize_stream", 800), ("set_memory_fraction", 400), ("reset_memory_fraction", 300),
-                       ("invalid_memory_fraction", 200), ("reset_peak_stats", 500),
-                       ("reset_accumulated_stats", 500), ("free_not_live", 400), ("record_stream_not_live", 300),
-                       ("checks_with_pending_frees", 15000), ("checks_under_fraction", 15000),
-                       ("grown_after_retry", 200)):
+    for key, least in (
+        ("malloc_cache", 10000),
+        ("malloc_grow", 2000),
+        ("malloc_oom", 5000),
+        ("malloc_zero", 50),
+        ("malloc_negative", 20),
+        ("free", 15000),
+        ("record_stream", 8000),
+        ("empty_cache", 1500),
+        ("synchronize_stream", 800),
+        ("set_memory_fraction", 400),
+        ("reset_memory_fraction", 300),
+        ("invalid_memory_fraction", 200),
+        ("reset_peak_stats", 500),
+        ("reset_accumulated_stats", 500),
+        ("free_not_live", 400),
+        ("record_stream_not_live", 300),
+        ("checks_with_pending_frees", 15000),
+        ("checks_under_fraction", 15000),
+        ("grown_after_retry", 200),
+    ):
         assert RUN[key] >= least * per, (key, RUN[key], dict(RUN))

@@ -2,6 +2,7 @@
 working after the package moved into folders: each short name is the module
 of its folder, by import statement and by attribute, and nothing else under
 memalloc's name is an alias."""
+
 from __future__ import annotations
 
 import importlib
@@ -34,17 +35,25 @@ def test_documented_path_is_the_real_module(short, real):
 def test_documented_names_resolve_in_a_fresh_interpreter():
     # `from memalloc.replay import smallest_capacity_mb` before anything else
     # imported memalloc: the alias exists as soon as the package does.
-    code = ("from memalloc.replay import smallest_capacity_mb\n"
-            "from memalloc.leaks import LeakReport\n"
-            "import memalloc.advisor, memalloc.host\n"
-            "print(smallest_capacity_mb.__module__, LeakReport.__module__, memalloc.advisor.advise.__module__)")
+    code = (
+        "from memalloc.replay import smallest_capacity_mb\n"
+        "from memalloc.leaks import LeakReport\n"
+        "import memalloc.advisor, memalloc.host\n"
+        "print(smallest_capacity_mb.__module__, LeakReport.__module__, memalloc.advisor.advise.__module__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["memalloc.features.replay", "memalloc.reporters.leak_report",
-                                  "memalloc.features.advisor"]
+    assert out.stdout.split() == [
+        "memalloc.features.replay",
+        "memalloc.reporters.leak_report",
+        "memalloc.features.advisor",
+    ]
 
 
 def test_no_other_alias_is_registered():
-    aliases = {name for name, module in list(sys.modules.items())
-               if name.startswith("memalloc.") and module is not None and module.__name__ != name}
+    aliases = {
+        name
+        for name, module in list(sys.modules.items())
+        if name.startswith("memalloc.") and module is not None and module.__name__ != name
+    }
     assert aliases <= set(DOCUMENTED), aliases - set(DOCUMENTED)

@@ -10,6 +10,7 @@ the same line: nested calls, a generator, a method, a callback called from C
 (sorted's key), a lambda, a worker thread, and a thread whose frames are
 read while other threads keep running Python. An interpreter that is not
 installed is skipped, and says so."""
+
 from __future__ import annotations
 
 import glob
@@ -24,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROBE = os.path.join(REPO, "tests", "cpp", "pyframes_probe.cpp")
 PYFRAMES = os.path.join(REPO, "csrc", "boundary", "callers", "pyframes.cpp")
 
-CHECK = textwrap.dedent('''
+CHECK = textwrap.dedent("""
     import sys, threading, traceback
     import pyframes_probe as probe
 
@@ -84,7 +85,7 @@ CHECK = textwrap.dedent('''
         t.join()
     assert not errors, errors[0]
     print("ok", sys.version_info[:2])
-''')
+""")
 
 
 def interpreter_paths(version: str):
@@ -94,9 +95,17 @@ def interpreter_paths(version: str):
     candidates = [shutil.which(f"python{version}")]
     candidates += sorted(glob.glob(os.path.join(pyenv, "versions", f"{version}.*", "bin", f"python{version}")))
     for exe in filter(None, candidates):
-        proc = subprocess.run([exe, "-c", "import sysconfig; print(sysconfig.get_paths()['include']);"
-                                          "print(sysconfig.get_config_var('EXT_SUFFIX'))"],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                exe,
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['include']);"
+                "print(sysconfig.get_config_var('EXT_SUFFIX'))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if proc.returncode != 0:
             continue  # e.g. a pyenv shim for a version that is not selected
         include, suffix = proc.stdout.split()
@@ -114,14 +123,37 @@ def test_frames_read_without_the_gil_equal_the_traceback(version, tmp_path):
         pytest.skip("g++ is not installed")
     exe, include, suffix = found
     module = tmp_path / f"pyframes_probe{suffix}"
-    build = subprocess.run(["g++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra",
-                            f"-I{include}", f"-I{os.path.join(REPO, 'csrc')}", PROBE, PYFRAMES, "-o", str(module)],
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            f"-I{include}",
+            f"-I{os.path.join(REPO, 'csrc')}",
+            PROBE,
+            PYFRAMES,
+            "-o",
+            str(module),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     assert "warning" not in build.stderr, build.stderr[-3000:]
     script = tmp_path / "check.py"
     script.write_text(CHECK)
-    proc = subprocess.run([exe, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run(
+        [exe, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.startswith("ok"), proc.stdout

@@ -35,6 +35,7 @@ Expected numbers follow the size rules: a request rounds up to a multiple of
 pool), 1-10 MiB requests from 20 MiB segments, >= 10 MiB requests get their
 own segment rounded up to 2 MiB (large pool).
 """
+
 from __future__ import annotations
 
 import base64
@@ -259,9 +260,21 @@ def sequence():
 
 def test_action_names_are_torch_trace_names():
     r = {"actions": list(recording.ACTIONS), "record_size": _C.record_size()}
-    assert r["actions"] == ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-                            "alloc_retry", "oom", "empty_cache", "sync_all_streams", "gc_release",
-                            "segment_free_failed", "segment_map", "segment_unmap"]
+    assert r["actions"] == [
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "alloc_retry",
+        "oom",
+        "empty_cache",
+        "sync_all_streams",
+        "gc_release",
+        "segment_free_failed",
+        "segment_map",
+        "segment_unmap",
+    ]
     assert r["record_size"] == 64
 
 
@@ -309,16 +322,20 @@ def test_sequence_free_completed_waits_for_the_stream(sequence):
     n0 = r["n_before_stream"]
     # free of a block used on stream 7: only free_requested
     assert [key(e) for e in r["after_free"][n0:]] == [
-        ("segment_alloc", P, SMALL_SEGMENT, 0, "small"), ("alloc", P, 3072, 3000, "small"),
-        ("free_requested", P, 3072, 3000, "small")]
+        ("segment_alloc", P, SMALL_SEGMENT, 0, "small"),
+        ("alloc", P, 3072, 3000, "small"),
+        ("free_requested", P, 3072, 3000, "small"),
+    ]
     # the next malloc finds stream 7's work not done: still no free_completed
-    assert [e["action"] for e in r["after_q"][n0 + 3:]] == ["alloc"]
+    assert [e["action"] for e in r["after_q"][n0 + 3 :]] == ["alloc"]
     assert r["after_q"][-1]["addr"] == Q
     # synchronizing the stream records nothing by itself
     assert r["after_sync"] == r["after_q"]
     # the malloc after it processes the event: free_completed, then the reuse
-    assert [(e["action"], e["addr"]) for e in r["events"][len(r["after_sync"]):]] == [
-        ("free_completed", P), ("alloc", P)]
+    assert [(e["action"], e["addr"]) for e in r["events"][len(r["after_sync"]) :]] == [
+        ("free_completed", P),
+        ("alloc", P),
+    ]
 
 
 def test_sequence_attribution_of_each_event(sequence):
@@ -377,7 +394,7 @@ def test_free_records_carry_the_current_step_and_thread(sequence):
 def test_empty_cache_records_carry_the_current_step(sequence):
     r = sequence
     s = r["steps_before"]
-    new = r["after_step_empty"][len(r["after_step_free"]):]
+    new = r["after_step_empty"][len(r["after_step_free"]) :]
     assert [e["action"] for e in new] == ["sync_all_streams", "empty_cache"]  # nothing fully free
     main = r["after_step_free"][1]["thread"]
     assert [(e["step"], e["thread"]) for e in new] == [(s + 3, main), (s + 3, main)]
@@ -446,9 +463,15 @@ def ring_case(a, n, m):
             bad.append([i, "pool"])
         if tags[int(x["tag_id"])] != e.tag:
             bad.append([i, "tag"])
-    out = {"events": [dataclasses.asdict(e) for e in es], "dropped": recording.dropped(allocator=a),
-           "n_arr": len(arr), "itemsize": arr.dtype.itemsize, "names": list(arr.dtype.names), "mismatches": bad,
-           "ptrs": ptrs}
+    out = {
+        "events": [dataclasses.asdict(e) for e in es],
+        "dropped": recording.dropped(allocator=a),
+        "n_arr": len(arr),
+        "itemsize": arr.dtype.itemsize,
+        "names": list(arr.dtype.names),
+        "mismatches": bad,
+        "ptrs": ptrs,
+    }
     recording.record_memory_history(False, allocator=a)
     for p in ptrs:
         a.free(p)
@@ -468,8 +491,12 @@ def ring():
         p = a.malloc(1000)
         R["on"] = [len(recording.events(allocator=a)), _C.stack_mode()]
         recording.record_memory_history(False, allocator=a)
-        R["off_now"] = [len(recording.events(allocator=a)), len(recording.events_array(allocator=a)),
-                        recording.dropped(allocator=a), _C.stack_mode()]
+        R["off_now"] = [
+            len(recording.events(allocator=a)),
+            len(recording.events_array(allocator=a)),
+            recording.dropped(allocator=a),
+            _C.stack_mode(),
+        ]
         a.free(p)
         with memalloc.tag("ignored"):
             q = a.malloc(5 * MiB)
@@ -485,9 +512,15 @@ def ring():
         def bad(**kw):
             return err(lambda: recording.record_memory_history(allocator=a, **kw))
 
-        R["bad"] = {"stacks_full": bad(stacks="full"), "stacks_None": bad(stacks=None),
-                    "max0": bad(max_entries=0), "max_neg": bad(max_entries=-3), "max_float": bad(max_entries=2.5),
-                    "max_bool": bad(max_entries=True), "max_str": bad(max_entries="10")}
+        R["bad"] = {
+            "stacks_full": bad(stacks="full"),
+            "stacks_None": bad(stacks=None),
+            "max0": bad(max_entries=0),
+            "max_neg": bad(max_entries=-3),
+            "max_float": bad(max_entries=2.5),
+            "max_bool": bad(max_entries=True),
+            "max_str": bad(max_entries="10"),
+        }
         R["unchanged"] = [ev(a) == before, len(before), _C.stack_mode()]
         a.free(keep)
     return jsonable(R)
@@ -508,7 +541,7 @@ def test_ring_keeps_the_last_n_events_in_order(ring, n, m):
     first = m - kept + 1  # the oldest k still stored
     assert [e["size"] for e in out["events"]] == [512 * k for k in range(first, m + 1)]
     assert [e["requested"] for e in out["events"]] == [512 * k - 7 for k in range(first, m + 1)]
-    assert [e["addr"] for e in out["events"]] == out["ptrs"][first - 1:]
+    assert [e["addr"] for e in out["events"]] == out["ptrs"][first - 1 :]
     assert {e["action"] for e in out["events"]} == {"alloc"}
     assert [e["tag"] for e in out["events"]] == ["odd" if k % 2 else "" for k in range(first, m + 1)]
     # steps: memalloc.step() ran before each k divisible by 3 (the counter keeps counting across rings)
@@ -525,8 +558,20 @@ def test_events_array_matches_events(ring, n, m):
     out = ring["rings"][f"{n},{m}"]
     assert out["n_arr"] == len(out["events"]) == min(n, m)
     assert out["itemsize"] == 64
-    assert out["names"][:12] == ["time_ns", "addr", "size", "requested", "stream", "stack_id", "tag_id",
-                                 "thread", "step", "action", "device", "pool"]
+    assert out["names"][:12] == [
+        "time_ns",
+        "addr",
+        "size",
+        "requested",
+        "stream",
+        "stack_id",
+        "tag_id",
+        "thread",
+        "step",
+        "action",
+        "device",
+        "pool",
+    ]
     assert out["mismatches"] == []
 
 
@@ -542,8 +587,7 @@ def test_invalid_arguments_raise_value_error_and_change_nothing(ring):
         assert bad[k][0] == "ValueError", bad[k]
         assert "stacks must be one of none, tags, python" in bad[k][2]
     assert "'full'" in bad["stacks_full"][2]
-    for k, shown in (("max0", "0"), ("max_neg", "-3"), ("max_float", "2.5"), ("max_bool", "True"),
-                     ("max_str", "'10'")):
+    for k, shown in (("max0", "0"), ("max_neg", "-3"), ("max_float", "2.5"), ("max_bool", "True"), ("max_str", "'10'")):
         assert bad[k][0] == "ValueError", bad[k]
         assert "max_entries must be a positive int" in bad[k][2] and bad[k][2].endswith(shown)
     assert ring["unchanged"] == [True, 2, 2]  # segment_alloc + alloc (the cache was emptied)
@@ -684,7 +728,9 @@ def test_tags_mode_keeps_tags_but_no_stacks(stacks):
     evs, new_stacks, ptrs, mode = r["tags_mode"]
     assert mode == 1
     assert [(e["action"], e["addr"], e["stack_id"], e["tag"]) for e in evs] == [
-        ("alloc", ptrs[0], 0, "tagged"), ("alloc", ptrs[1], 0, "")]
+        ("alloc", ptrs[0], 0, "tagged"),
+        ("alloc", ptrs[1], 0, ""),
+    ]
     assert new_stacks == 0
     assert all(e["thread"] > 0 for e in evs)
 
@@ -732,7 +778,7 @@ def tags():
             with memalloc.tag(name):
                 pass
 
-        R["bad"] = [err(lambda: enter(n)) for n in ("a/b", "", "/", None, 5)]
+        R["bad"] = [err(lambda n=n: enter(n)) for n in ("a/b", "", "/", None, 5)]
         R["after_bad"] = [cur(), _C.thread_tag()]
 
         # ---- threads ----
@@ -746,6 +792,7 @@ def tags():
                 for i in range(40):
                     ptrs.append(a.malloc(512 * (1 + i % 3)))
                 res[name] = {"ptrs": ptrs, "cur": cur()}
+
             if tag:
                 with memalloc.tag(tag):
                     body()
@@ -832,8 +879,7 @@ def test_backward_context_attributes_native_threads(tags):
     assert (tagged["tag"], plain["tag"], functional["tag"]) == ("<backward>/train", "<backward>", "<backward>")
     assert user_frame(st[str(tagged["stack_id"])]["user"][0], "backward_tagged", "train_step")
     assert user_frame(st[str(plain["stack_id"])]["user"][0], "backward_plain", "train_step")
-    assert user_frame(st[str(functional["stack_id"])]["user"][0], "backward_functional",
-                      "train_step_functional")
+    assert user_frame(st[str(functional["stack_id"])]["user"][0], "backward_functional", "train_step_functional")
     # outside backward the context is cleared; a native thread never sees its caller's tag
     assert (outside["tag"], outside["stack_id"]) == ("", 0)
     assert (outside_tagged["tag"], outside_tagged["stack_id"]) == ("", 0)
@@ -909,23 +955,33 @@ def snap(tmp_path_factory):
         R["dump_returns"] = snapshots.dump_snapshot(path, allocator=a) == path
         with open(path, "rb") as f:
             R["dump_same"] = pickle.load(f) == s
-        R["viz"] = {"trace": mv.trace(s), "segsum": mv.segsum(s),
-                    "segments": mv.segments(s, format_flamegraph=lambda x: x),
-                    "memory": mv.memory(s, format_flamegraph=lambda x: x)}
+        R["viz"] = {
+            "trace": mv.trace(s),
+            "segsum": mv.segsum(s),
+            "segments": mv.segments(s, format_flamegraph=lambda x: x),
+            "memory": mv.memory(s, format_flamegraph=lambda x: x),
+        }
 
         def embedded(html):
             m = re.search(r'"base64": "([^"]+)"', html)
             return pickle.loads(base64.b64decode(m.group(1))) == s if m else None
 
         tp, sp = mv.trace_plot(s), mv.segment_plot(s)
-        R["plots"] = [type(tp).__name__, tp.lstrip()[:15], embedded(tp), type(sp).__name__, sp.lstrip()[:15],
-                      embedded(sp)]
+        R["plots"] = [
+            type(tp).__name__,
+            tp.lstrip()[:15],
+            embedded(tp),
+            type(sp).__name__,
+            sp.lstrip()[:15],
+            embedded(sp),
+        ]
 
         # the OOM entry after memory was freed
         del large
         a.empty_cache(0)
-        R["oom_later"] = [e["device_free"] for e in snapshots.snapshot(allocator=a)["device_traces"][0]
-                          if e["action"] == "oom"]
+        R["oom_later"] = [
+            e["device_free"] for e in snapshots.snapshot(allocator=a)["device_traces"][0] if e["action"] == "oom"
+        ]
 
         # the C++ conversion against the definition, written out from events()
         R["reference_same"] = snapshots.snapshot(allocator=a)["device_traces"][0] == reference_trace(a)
@@ -936,10 +992,20 @@ def snap(tmp_path_factory):
 def reference_trace(a) -> list[dict]:
     """torch's trace entries of ``a``'s recorded events, written out in
     Python from recording.events(): the definition trace_export.cpp builds."""
+
     def entry_of(e):
-        entry = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream,
-                 "time_us": e.time_ns // 1000, "frames": recording.frames_json(e.stack_id),
-                 "requested_size": e.requested, "tag": e.tag, "step": e.step, "thread": e.thread}
+        entry = {
+            "action": e.action,
+            "addr": e.addr,
+            "size": e.size,
+            "stream": e.stream,
+            "time_us": e.time_ns // 1000,
+            "frames": recording.frames_json(e.stack_id),
+            "requested_size": e.requested,
+            "tag": e.tag,
+            "step": e.step,
+            "thread": e.thread,
+        }
         if e.action == "oom":
             entry["device_free"], entry["addr"] = e.addr, 0
         return entry
@@ -948,8 +1014,17 @@ def reference_trace(a) -> list[dict]:
     return [entry_of(e) for e in recording.events(allocator=a) if e.action in torch_actions]
 
 
-SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size",
-                "stream", "segment_type", "blocks"}
+SEGMENT_KEYS = {
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+    "segment_type",
+    "blocks",
+}
 BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
 TRACE_KEYS = {"action", "addr", "size", "stream", "time_us", "frames"}
 
@@ -981,11 +1056,14 @@ def test_snapshot_segments_have_torch_structure(snap):
     assert [(b["address"], b["size"], b["requested_size"], b["state"]) for b in small["blocks"]] == [
         (p["small"], 1024, 1000, "active_allocated"),
         (p["tagged"], 2048, 2000, "active_allocated"),
-        (p["tagged"] + 2048, SMALL_SEGMENT - 3072, 0, "inactive")]
+        (p["tagged"] + 2048, SMALL_SEGMENT - 3072, 0, "inactive"),
+    ]
     assert p["tagged"] == p["small"] + 1024
     L = rnd(3 * MiB + 5)
     assert [(b["address"], b["size"], b["requested_size"], b["state"]) for b in large["blocks"]] == [
-        (p["large"], L, 3 * MiB + 5, "active_allocated"), (p["large"] + L, LARGE_SEGMENT - L, 0, "inactive")]
+        (p["large"], L, 3 * MiB + 5, "active_allocated"),
+        (p["large"] + L, LARGE_SEGMENT - L, 0, "inactive"),
+    ]
     assert (small["allocated_size"], small["active_size"], small["requested_size"]) == (3072, 3072, 3000)
     assert (large["allocated_size"], large["active_size"], large["requested_size"]) == (L, L, 3 * MiB + 5)
     allocated_, reserved_ = r["allocated"]  # torch.cuda.memory_allocated(): test_torch_snapshot_and_dumps_match
@@ -997,8 +1075,11 @@ def test_snapshot_block_frames_point_at_user_code(snap):
     s = snap["snap"]
     blocks = {b["address"]: b for seg in s["segments"] for b in seg["blocks"]}
     p = snap["ptrs"]
-    for name, site_name, fn in (("small", "alloc_a", "alloc_a"), ("tagged", "alloc_a", "alloc_a"),
-                                ("large", "alloc_b", "alloc_b")):
+    for name, site_name, fn in (
+        ("small", "alloc_a", "alloc_a"),
+        ("tagged", "alloc_a", "alloc_a"),
+        ("large", "alloc_b", "alloc_b"),
+    ):
         fr = first_user(blocks[p[name]]["frames"])
         assert fr is not None and user_frame(fr, site_name, fn), (name, blocks[p[name]]["frames"])
     assert blocks[p["tagged"]]["tag"] == "snap" and blocks[p["small"]]["tag"] == ""
@@ -1018,15 +1099,27 @@ def test_snapshot_device_traces(snap):
     L = rnd(3 * MiB + 5)
     # alloc_retry and sync_all_streams are memalloc-only: not in torch's trace
     assert [(e["action"], e["addr"], e["size"]) for e in tr] == [
-        ("segment_alloc", small_seg, SMALL_SEGMENT), ("alloc", p["small"], 1024),
-        ("segment_alloc", p["large"], LARGE_SEGMENT), ("alloc", p["large"], L),
-        ("alloc", p["tagged"], 5120), ("free_requested", p["tagged"], 5120), ("free_completed", p["tagged"], 5120),
-        ("alloc", p["tagged"], 2048), ("oom", 0, 60 * MiB)]
+        ("segment_alloc", small_seg, SMALL_SEGMENT),
+        ("alloc", p["small"], 1024),
+        ("segment_alloc", p["large"], LARGE_SEGMENT),
+        ("alloc", p["large"], L),
+        ("alloc", p["tagged"], 5120),
+        ("free_requested", p["tagged"], 5120),
+        ("free_completed", p["tagged"], 5120),
+        ("alloc", p["tagged"], 2048),
+        ("oom", 0, 60 * MiB),
+    ]
     assert [e["requested_size"] for e in tr if e["action"] == "alloc"] == [1000, 3 * MiB + 5, 5000, 2000]
     times = [e["time_us"] for e in tr]
     assert times == sorted(times)
-    assert all(user_frame(first_user(e["frames"]), "alloc_a" if e["addr"] != p["large"] else "alloc_b",
-                          "alloc_a" if e["addr"] != p["large"] else "alloc_b") for e in tr)
+    assert all(
+        user_frame(
+            first_user(e["frames"]),
+            "alloc_a" if e["addr"] != p["large"] else "alloc_b",
+            "alloc_a" if e["addr"] != p["large"] else "alloc_b",
+        )
+        for e in tr
+    )
     oom = tr[-1]
     assert r["oom"][0] == "OutOfMemoryError"
     assert oom["device_free"] == r["free_at_oom"] == 64 * MiB - SMALL_SEGMENT - LARGE_SEGMENT
@@ -1051,16 +1144,16 @@ def test_snapshot_traces_equal_the_reference_where_each_field_changes_alone():
     with owned_recording() as a:
         recording.record_memory_history(stacks="python", allocator=a)
         kept = [a.malloc(1000)]
-        kept.append(a.malloc(1000, 0, 7))          # another stream
+        kept.append(a.malloc(1000, 0, 7))  # another stream
         with memalloc.tag("other"):
-            kept.append(a.malloc(1000))            # another tag
+            kept.append(a.malloc(1000))  # another tag
         memalloc.step()
-        kept.append(a.malloc(1000))                # another step
+        kept.append(a.malloc(1000))  # another step
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             kept.append(pool.submit(a.malloc, 1000).result())  # another thread
         kept.append(user_code.alloc_a(1000, a).data_ptr() and a.malloc(1000))  # another stack
-        kept.append(a.malloc(3000))                # another size
-        for _ in range(2):                          # two ooms in a row, then an allocation
+        kept.append(a.malloc(3000))  # another size
+        for _ in range(2):  # two ooms in a row, then an allocation
             err(lambda: a.malloc(200 * MiB))
         kept.append(a.malloc(1000))
         for p in kept[::2]:
@@ -1119,10 +1212,14 @@ def test_snapshot_of_a_million_events_takes_under_a_second():
     allocs = [e["frames"] for e in tr if e["action"] == "alloc"]
     assert len({id(f) for f in allocs}) == 1
     assert sorted({e["tag"] for e in tr}) == ["million"]
-    here_frames = [[f["filename"], f["line"], f["name"]] for f in allocs[0]
-                   if os.path.realpath(f["filename"]) == os.path.realpath(__file__)]
-    assert here_frame(here_frames[0], "million",
-                      "test_snapshot_of_a_million_events_takes_under_a_second.<locals>.alloc_site")  # co_qualname
+    here_frames = [
+        [f["filename"], f["line"], f["name"]]
+        for f in allocs[0]
+        if os.path.realpath(f["filename"]) == os.path.realpath(__file__)
+    ]
+    assert here_frame(
+        here_frames[0], "million", "test_snapshot_of_a_million_events_takes_under_a_second.<locals>.alloc_site"
+    )  # co_qualname
 
 
 def test_torch_snapshot_and_dumps_match(snap, enabled):
@@ -1379,7 +1476,7 @@ def test_wire_formats_come_from_the_core_and_decode_what_it_packs(host_allocator
     assert recording.struct_format([("a", 0, 8, False), ("b", 8, 4, True)], 16) == "<Qixxxx"
     p = host_allocator.malloc(1000)
     try:
-        (addr, size, requested, *_), = sites.live_blocks(0, allocator=host_allocator)
+        ((addr, size, requested, *_),) = sites.live_blocks(0, allocator=host_allocator)
         assert (addr, size, requested) == (p, 1024, 1000)
     finally:
         host_allocator.free(p)

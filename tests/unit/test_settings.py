@@ -5,6 +5,7 @@ rules. Checked on the host backend against rounding the test computes with
 torch's formula (the one upstream test_cuda.py's test_allocator_settings
 uses); on CUDA the same code runs under torch's own test.
 """
+
 from __future__ import annotations
 
 from memalloc.core import _settings
@@ -28,7 +29,10 @@ def power2_div(size: int, div: int) -> int:
 
 def test_entries_keep_bracketed_lists_whole():
     assert _settings.entries("a:1, roundup_power2_divisions:[64:8,>:1],b:x") == [
-        ("a", "1"), ("roundup_power2_divisions", "[64:8,>:1]"), ("b", "x")]
+        ("a", "1"),
+        ("roundup_power2_divisions", "[64:8,>:1]"),
+        ("b", "x"),
+    ]
     assert _settings.entries("") == []
     # empty entries skipped, an entry without ':' kept with value '' (torch then names the bad key)
     assert _settings.entries(" , a : 1 ,,flag, ") == [("a", "1"), ("flag", "")]
@@ -37,7 +41,8 @@ def test_entries_keep_bracketed_lists_whole():
 def test_split_sorts_shared_torch_only_and_unsupported_keys():
     shared, fraction, unsupported = _settings.split(
         "max_split_size_mb:64,pinned_use_cuda_host_register:True,backend:cudaMallocAsync,"
-        "per_process_memory_fraction:0.25,release_lock_on_cudamalloc:True,expandable_segments:True")
+        "per_process_memory_fraction:0.25,release_lock_on_cudamalloc:True,expandable_segments:True"
+    )
     assert shared == "max_split_size_mb:64,expandable_segments:True"
     assert fraction == 0.25
     assert unsupported == ["backend:cudaMallocAsync", "release_lock_on_cudamalloc:True"]
@@ -63,8 +68,10 @@ R["startup_400mib"] = grows(400 * MiB)  # 2 divisions for 256..512 MiB
 
 
 def test_pytorch_cuda_alloc_conf_applies_its_shared_keys_at_enable(fresh_python):
-    conf = ("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1],garbage_collection_threshold:0.5,"
-            "per_process_memory_fraction:0.75,release_lock_on_cudamalloc:True,pinned_num_register_threads:4")
+    conf = (
+        "roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1],garbage_collection_threshold:0.5,"
+        "per_process_memory_fraction:0.75,release_lock_on_cudamalloc:True,pinned_num_register_threads:4"
+    )
     _, r, _ = fresh_python.code(STARTUP, "", env=fresh_python.env(PYTORCH_CUDA_ALLOC_CONF=conf))
     assert r["startup_84mib"] == power2_div(84 * MiB, 8)
     assert r["startup_400mib"] == power2_div(400 * MiB, 2)
@@ -75,10 +82,12 @@ def test_pytorch_cuda_alloc_conf_applies_its_shared_keys_at_enable(fresh_python)
 
 
 def test_memalloc_conf_overrides_torchs_variable_key_by_key(fresh_python):
-    env = fresh_python.env(conf="max_split_size_mb:64",
-                           PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:256,garbage_collection_threshold:0.6")
-    _, r, _ = fresh_python.code("memalloc.enable(backend='host')\n",
-                                "R['s'] = memalloc.installed_allocator().settings()", env=env)
+    env = fresh_python.env(
+        conf="max_split_size_mb:64", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:256,garbage_collection_threshold:0.6"
+    )
+    _, r, _ = fresh_python.code(
+        "memalloc.enable(backend='host')\n", "R['s'] = memalloc.installed_allocator().settings()", env=env
+    )
     s = r["s"]
     assert "max_split_size_mb:64" in s and "garbage_collection_threshold:0.6" in s
 

@@ -4,6 +4,7 @@
 ``python -c`` / exec() says why it has none. Each runs a leaking loop under
 leak_check() on a host allocator the test owns, with torch's CPU tensors
 from it."""
+
 from __future__ import annotations
 
 import gc
@@ -15,7 +16,7 @@ import pytest
 
 import memalloc
 
-LOOP = '''\
+LOOP = """\
 import torch
 import memalloc
 
@@ -27,7 +28,7 @@ def run(allocator):
             kept.append(torch.ones(256))  # KEEPS
             memalloc.step()
     return check.report
-'''
+"""
 KEEP_LINE = LOOP.splitlines().index("            kept.append(torch.ones(256))  # KEEPS") + 1
 
 
@@ -81,6 +82,7 @@ def test_a_module_imported_from_a_zip_shows_its_line(a, tmp_path, monkeypatch):
         z.writestr("leaky_zip_module.py", LOOP)
     monkeypatch.syspath_prepend(str(archive))
     import leaky_zip_module  # noqa: PLC0415 - imported from the archive made above
+
     try:
         leak = only_leak(leaky_zip_module.run(a))
         assert leak.site["filename"].endswith("bundle.zip/leaky_zip_module.py")

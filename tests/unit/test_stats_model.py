@@ -30,6 +30,7 @@ split, a free completion with its merges): the model computes each change as
 torch's per-event accounting amounts to; allocated/freed therefore depend on
 the order in which pending frees complete, which the model reproduces.
 """
+
 from __future__ import annotations
 
 import random
@@ -169,8 +170,11 @@ class Model:
         return (self.max_split is None or size < self.max_split) and remaining > MiB
 
     def best_fit(self, pool, stream, size):
-        cands = [b for b in self.blocks.values()
-                 if b.state == "free" and b.pool == pool and b.stream == stream and b.size >= size]
+        cands = [
+            b
+            for b in self.blocks.values()
+            if b.state == "free" and b.pool == pool and b.stream == stream and b.size >= size
+        ]
         if not cands:
             return None
         b = min(cands, key=lambda b: (b.size, b.addr))
@@ -313,8 +317,9 @@ class Model:
     def finish_grow(self, addr, rounded, size, stream):
         assert addr % 512 == 0
         for seg in self.segs.values():
-            assert not (seg.addr < addr + segment_size(rounded) and addr < seg.addr + seg.size), \
+            assert not (seg.addr < addr + segment_size(rounded) and addr < seg.addr + seg.size), (
                 "a new segment overlaps a live one"
+            )
         blk = self.new_segment(addr, rounded, stream)
         self.alloc_block(blk, False, rounded, size)
 
@@ -351,11 +356,20 @@ class Model:
             seg = self.segs[addr]
             blocks, b = [], self.blocks[addr]
             while b is not None:
-                blocks.append({"address": b.addr, "size": b.size, "requested_size": b.requested,
-                               "state": state[b.state]})
+                blocks.append(
+                    {"address": b.addr, "size": b.size, "requested_size": b.requested, "state": state[b.state]}
+                )
                 b = b.next
-            out.append({"device": 0, "address": addr, "total_size": seg.size, "stream": seg.stream,
-                        "segment_type": "small" if seg.pool == SMALL else "large", "blocks": blocks})
+            out.append(
+                {
+                    "device": 0,
+                    "address": addr,
+                    "total_size": seg.size,
+                    "stream": seg.stream,
+                    "segment_type": "small" if seg.pool == SMALL else "large",
+                    "blocks": blocks,
+                }
+            )
         return out
 
 
@@ -497,8 +511,9 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("conf,capacity_mb,max_split_mb", CONFIGS, ids=["96MiB-max_split_40", "96MiB-unlimited",
-                                                                        "256MiB-max_split_40"])
+@pytest.mark.parametrize(
+    "conf,capacity_mb,max_split_mb", CONFIGS, ids=["96MiB-max_split_40", "96MiB-unlimited", "256MiB-max_split_40"]
+)
 @pytest.mark.parametrize("seed", [11, 22, 33])
 def test_every_stat_matches_the_model(seed, conf, capacity_mb, max_split_mb):
     _, seen = run_random(seed, conf, capacity_mb, max_split_mb, steps=3000)
@@ -556,27 +571,27 @@ def test_step_window_by_hand_and_independent_of_torch_peaks():
         return s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"], s["num_ooms"]
 
     assert a.take_window() == (0, 0, 0)
-    p = a.malloc(1000)                       # allocated 1024, reserved 2 MiB
-    q = a.malloc(3 * MiB)                    # allocated 1024 + 3 MiB, reserved 22 MiB
-    a.free(q)                                # allocated 1024 (the 20 MiB segment stays cached)
+    p = a.malloc(1000)  # allocated 1024, reserved 2 MiB
+    q = a.malloc(3 * MiB)  # allocated 1024 + 3 MiB, reserved 22 MiB
+    a.free(q)  # allocated 1024 (the 20 MiB segment stays cached)
     assert a.take_window() == (1024 + 3 * MiB, 22 * MiB, 0)
     assert peaks() == (1024 + 3 * MiB, 22 * MiB, 0)  # taking the window left torch's peaks alone
-    assert a.take_window() == (1024, 22 * MiB, 0)    # a new window starts at the currents
+    assert a.take_window() == (1024, 22 * MiB, 0)  # a new window starts at the currents
     a.reset_peak_stats()
     assert peaks() == (1024, 22 * MiB, 0)
-    q = a.malloc(2 * MiB)                    # from the cached 20 MiB segment
+    q = a.malloc(2 * MiB)  # from the cached 20 MiB segment
     a.free(q)
     with pytest.raises(torch.OutOfMemoryError):
-        a.malloc(100 * MiB)                  # releases the cached 20 MiB segment, then OOM
-    a.reset_peak_stats()                     # the user's resets: the window keeps its peaks ...
-    a.reset_accumulated_stats()              # ... and its OOM
+        a.malloc(100 * MiB)  # releases the cached 20 MiB segment, then OOM
+    a.reset_peak_stats()  # the user's resets: the window keeps its peaks ...
+    a.reset_accumulated_stats()  # ... and its OOM
     assert peaks() == (1024, 2 * MiB, 0)
     assert a.take_window() == (1024 + 2 * MiB, 22 * MiB, 1)
     assert a.take_window() == (1024, 2 * MiB, 0)
     with pytest.raises(torch.OutOfMemoryError):
         a.malloc(100 * MiB)
     a.free(p)
-    assert a.take_window() == (1024, 2 * MiB, 1)    # frees do not raise a window
+    assert a.take_window() == (1024, 2 * MiB, 1)  # frees do not raise a window
     assert a.take_window() == (0, 2 * MiB, 0)
     assert peaks() == (1024, 2 * MiB, 1)
     a.validate()

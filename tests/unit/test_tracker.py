@@ -11,6 +11,7 @@ Sizes: a request rounds up to 512 B; requests of <= 1 MiB come from 2 MiB
 segments, 1-10 MiB ones from 20 MiB segments; the host device's free bytes
 are its capacity minus memalloc's reserved bytes.
 """
+
 from __future__ import annotations
 
 import csv
@@ -43,14 +44,21 @@ def no_listener_left():
 
 def row(step, allocated, reserved, peak_allocated, peak_reserved, ooms=0):
     """The expected row of a host device of CAPACITY (time_s left out)."""
-    return {"step": step, "allocated": allocated, "reserved": reserved, "peak_allocated": peak_allocated,
-            "peak_reserved": peak_reserved, "device_used": reserved, "device_total": CAPACITY, "num_ooms": ooms}
+    return {
+        "step": step,
+        "allocated": allocated,
+        "reserved": reserved,
+        "peak_allocated": peak_allocated,
+        "peak_reserved": peak_reserved,
+        "device_used": reserved,
+        "device_total": CAPACITY,
+        "num_ooms": ooms,
+    }
 
 
 def no_time(rows):
     """The rows without time_s and the breakdown fields (tests/unit/test_breakdown.py checks those)."""
-    return [{k: v for k, v in r.items() if k != "time_s" and k not in tracker_module.BREAKDOWN_FIELDS}
-            for r in rows]
+    return [{k: v for k, v in r.items() if k != "time_s" and k not in tracker_module.BREAKDOWN_FIELDS} for r in rows]
 
 
 def raised(f) -> BaseException:
@@ -72,14 +80,14 @@ def test_scripted_loop_exact_bytes_and_listener_removed_on_stop(host_allocator):
         assert t._on_step in iteration._listeners
         for i in range(4):
             keep.append(host.empty(1000, dtype=u8, allocator=a))  # 1024 B, from the 2 MiB small segment
-            big = host.empty(3 * MiB, dtype=u8, allocator=a)       # 3 MiB, from a 20 MiB segment
-            del big                                                # the segment stays cached
+            big = host.empty(3 * MiB, dtype=u8, allocator=a)  # 3 MiB, from a 20 MiB segment
+            del big  # the segment stays cached
             if i == 2:
-                a.empty_cache()                                    # ... except in step 3
+                a.empty_cache()  # ... except in step 3
             memalloc.step()
     rows = t.rows
     assert t._on_step not in iteration._listeners and t.running is False
-    memalloc.step()                                                # stopped: no row
+    memalloc.step()  # stopped: no row
     assert len(t.rows) == 4
     k = 1024
     assert no_time(rows) == [
@@ -102,16 +110,20 @@ def test_torch_peaks_and_tracker_peaks_do_not_disturb_each_other(host_allocator)
     a, base = host_allocator, memalloc.steps()
     t = memalloc.StepTracker(allocator=a).start()
     try:
-        x = host.empty(5 * MiB, dtype=u8, allocator=a); del x      # 5 MiB in a 20 MiB segment
-        a.reset_peak_stats(0)                                      # the user's reset, mid-step
+        x = host.empty(5 * MiB, dtype=u8, allocator=a)
+        del x  # 5 MiB in a 20 MiB segment
+        a.reset_peak_stats(0)  # the user's reset, mid-step
         assert user_peaks(a) == [0, SEG_LARGE]
         memalloc.step()
         assert user_peaks(a) == [0, SEG_LARGE]
-        y = host.empty(2 * MiB, dtype=u8, allocator=a); del y
+        y = host.empty(2 * MiB, dtype=u8, allocator=a)
+        del y
         memalloc.step()
         assert user_peaks(a)[0] == 2 * MiB
-        assert no_time(t.rows) == [row(base + 1, 0, SEG_LARGE, 5 * MiB, SEG_LARGE),
-                                   row(base + 2, 0, SEG_LARGE, 2 * MiB, SEG_LARGE)]
+        assert no_time(t.rows) == [
+            row(base + 1, 0, SEG_LARGE, 5 * MiB, SEG_LARGE),
+            row(base + 2, 0, SEG_LARGE, 2 * MiB, SEG_LARGE),
+        ]
     finally:
         t.stop()
 
@@ -121,16 +133,20 @@ def test_two_trackers_of_one_device_each_see_their_own_steps(host_allocator):
     t1 = memalloc.StepTracker(allocator=a).start()
     t2 = memalloc.StepTracker(0, allocator=a)
     try:
-        x = host.empty(4 * MiB, dtype=u8, allocator=a); del x
+        x = host.empty(4 * MiB, dtype=u8, allocator=a)
+        del x
         memalloc.step()
-        x = host.empty(6 * MiB, dtype=u8, allocator=a); del x    # before t2 starts: t1's step only
+        x = host.empty(6 * MiB, dtype=u8, allocator=a)
+        del x  # before t2 starts: t1's step only
         t2.start()
-        y = host.empty(2 * MiB, dtype=u8, allocator=a); del y
-        memalloc.step()                                          # t1 records first; its take is folded into t2 too
+        y = host.empty(2 * MiB, dtype=u8, allocator=a)
+        del y
+        memalloc.step()  # t1 records first; its take is folded into t2 too
         assert [x["peak_allocated"] for x in t1.rows] == [4 * MiB, 6 * MiB]
         assert [[x["step"], x["peak_allocated"]] for x in t2.rows] == [[base + 2, 2 * MiB]]
         t1.stop()
-        z = host.empty(8 * MiB, dtype=u8, allocator=a); del z
+        z = host.empty(8 * MiB, dtype=u8, allocator=a)
+        del z
         memalloc.step()
         assert [x["peak_allocated"] for x in t2.rows] == [2 * MiB, 8 * MiB] and len(t1.rows) == 2
     finally:
@@ -153,20 +169,26 @@ def test_record_row_ooms_summary_and_bad_input(host_allocator, tmp_path):
         assert type(twice) is RuntimeError and "already running" in str(twice)
         keep = host.empty(1000, dtype=u8, allocator=a)
         assert type(raised(lambda: host.empty(100 * MiB, dtype=u8, allocator=a))) is torch.OutOfMemoryError
-        rows = [t.record_row()]                                    # step 1: the OOM
-        rows.append(t.record_row())                                # step 2: none
-        a.reset_accumulated_stats(0)                               # num_ooms back to 0 ...
+        rows = [t.record_row()]  # step 1: the OOM
+        rows.append(t.record_row())  # step 2: none
+        a.reset_accumulated_stats(0)  # num_ooms back to 0 ...
         raised(lambda: host.empty(100 * MiB, dtype=u8, allocator=a))  # ... then one more
         rows.append(t.record_row(step=7))
         rows.append(t.record_row())
-        bad_step = [raised(lambda: t.record_row(step=-1)), raised(lambda: t.record_row(step="3")),
-                    raised(lambda: t.record_row(step=True))]
+        bad_step = [
+            raised(lambda: t.record_row(step=-1)),
+            raised(lambda: t.record_row(step="3")),
+            raised(lambda: t.record_row(step=True)),
+        ]
         summary = t.summary()
-        paths = [raised(lambda: t.to_csv(d)), raised(lambda: t.to_json(d + "/missing/x.json")),
-                 raised(lambda: t.to_csv(3))]
+        paths = [
+            raised(lambda: t.to_csv(d)),
+            raised(lambda: t.to_json(d + "/missing/x.json")),
+            raised(lambda: t.to_csv(3)),
+        ]
     finally:
         t.stop()
-    t.stop()                                                       # stopping twice is harmless
+    t.stop()  # stopping twice is harmless
     assert type(raised(t.record_row)) is RuntimeError
     del keep
     small = SEG_SMALL
@@ -191,7 +213,8 @@ def test_csv_json_round_trip_and_plot(host_allocator, tmp_path):
     with memalloc.StepTracker(allocator=a) as t:
         for i in memalloc.steps_of(range(3)):
             keep.append(host.empty(200_000 * (i + 1), dtype=u8, allocator=a))
-            tmp = host.empty(2 * MiB, dtype=u8, allocator=a); del tmp
+            tmp = host.empty(2 * MiB, dtype=u8, allocator=a)
+            del tmp
         t.to_csv(d + "/m.csv")
         t.to_json(d + "/m.json")
     rows = t.rows
@@ -199,10 +222,23 @@ def test_csv_json_round_trip_and_plot(host_allocator, tmp_path):
     assert [x["allocated"] for x in rows] == [200192, 200192 + 400384, 200192 + 400384 + 600064]
     with open(tmp_path / "m.csv", newline="") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames) == ("step", "time_s", "allocated", "reserved", "peak_allocated",
-                                            "peak_reserved", "device_used", "device_total", "num_ooms",
-                                            "peak_parameters", "peak_gradients", "peak_optimizer_state",
-                                            "peak_activations", "peak_temporaries", "peak_other")
+        assert tuple(reader.fieldnames) == (
+            "step",
+            "time_s",
+            "allocated",
+            "reserved",
+            "peak_allocated",
+            "peak_reserved",
+            "device_used",
+            "device_total",
+            "num_ooms",
+            "peak_parameters",
+            "peak_gradients",
+            "peak_optimizer_state",
+            "peak_activations",
+            "peak_temporaries",
+            "peak_other",
+        )
         back = [{k: float(v) if k == "time_s" else int(v) for k, v in x.items()} for x in reader]
     assert back == rows
     doc = json.loads((tmp_path / "m.json").read_text())
@@ -226,7 +262,9 @@ def test_tracker_before_enable_then_the_installed_allocator(fresh_python):
     # once per process) has no allocator yet; after enable() the default is
     # the installed allocator, and torch.cuda's peaks answer from memalloc
     # (the torch patch), undisturbed by the tracker's window.
-    _, r, _ = fresh_python.code("", """
+    _, r, _ = fresh_python.code(
+        "",
+        """
 R["type_before_enable"] = err(lambda: memalloc.StepTracker(1.5))
 early = memalloc.StepTracker()
 R["start_before_enable"] = err(early.start)
@@ -244,7 +282,8 @@ early.stop()
 R["rows"] = early.rows
 R["base"] = base
 R["empty_summary"] = memalloc.StepTracker().summary()
-""")
+""",
+    )
     assert r["type_before_enable"][0] == "TypeError"
     assert r["start_before_enable"][0] == "RuntimeError" and "memalloc.enable()" in r["start_before_enable"][2]
     assert r["device_before_enable"] is None
