@@ -293,8 +293,8 @@ std::string bench_pair(size_t size, size_t iters, size_t warmup, int repeats, si
   Peaks p = peaks(b, 1);
   check_clean(b, "pair " + std::to_string(size));
   std::ostringstream o;
-  o << "{\"size\": " << size << ", \"iters\": " << iters << ", \"ns_per_pair\": " << list(ns) << ", "
-    << peaks_json(p) << "}";
+  o << "{\"size\": " << size << ", \"iters\": " << iters << ", \"ns_per_pair\": " << list(ns) << ", " << peaks_json(p)
+    << "}";
   return o.str();
 }
 
@@ -317,8 +317,8 @@ std::string bench_random(size_t ops, int repeats) {
   Peaks p = peaks(b, 1);
   check_clean(b, "random");
   std::ostringstream o;
-  o << "{\"ops\": " << ops << ", \"window\": " << kWindow << ", \"seed\": " << kSeed
-    << ", \"ns_per_op\": " << list(ns) << ", " << peaks_json(p) << ", \"skipped_ooms\": " << ooms << "}";
+  o << "{\"ops\": " << ops << ", \"window\": " << kWindow << ", \"seed\": " << kSeed << ", \"ns_per_op\": " << list(ns)
+    << ", " << peaks_json(p) << ", \"skipped_ooms\": " << ooms << "}";
   return o.str();
 }
 
@@ -363,8 +363,8 @@ std::string thread_figures(const std::vector<double>& walls, size_t ops_per_thre
     per_op.push_back(w / static_cast<double>(ops_per_thread));
     ops_s.push_back(static_cast<double>(ops_per_thread) * threads / (w * 1e-9));
   }
-  return "\"wall_ns\": " + list(walls) + ", \"ns_per_op_per_thread\": " + list(per_op) + ", \"ops_per_s\": " +
-         list(ops_s);
+  return "\"wall_ns\": " + list(walls) + ", \"ns_per_op_per_thread\": " + list(per_op) +
+         ", \"ops_per_s\": " + list(ops_s);
 }
 
 std::string bench_thread_pair(size_t size, size_t iters, int threads, int devices, int repeats) {
@@ -441,8 +441,8 @@ int finish(const std::string& body) {
 }
 
 int mode_timing(int argc, char** argv) {
-  size_t repeats = 5, pair_iters = 200000, random_ops = 100000, thread_pair_iters = 20000,
-         thread_random_ops = 10000, threads = 8, warmup = 1000;
+  size_t repeats = 5, pair_iters = 200000, random_ops = 100000, thread_pair_iters = 20000, thread_random_ops = 10000,
+         threads = 8, warmup = 1000;
   for (int i = 2; i < argc; i += 2) {
     if (i + 1 >= argc) return usage("an option is missing its value");
     const std::string k = argv[i];
@@ -525,7 +525,8 @@ int mode_callgrind(int argc, char** argv) {
     return usage("unknown callgrind workload");
   }
   uint64_t dropped = 0;
-  o << ", \"recorded\": " << b.alloc.with_profiler(0, [&](Profiler& p) { return p.records(&dropped); }).size() + dropped;
+  o << ", \"recorded\": "
+    << b.alloc.with_profiler(0, [&](Profiler& p) { return p.records(&dropped); }).size() + dropped;
   check_clean(b, "callgrind " + workload);
   return finish(o.str());
 }

@@ -90,13 +90,13 @@ void Accounting::apply(const Event& e) {
   update(s.inactive_split_bytes, e.pool, e.inactive_split_bytes_delta);
 }
 
-void Accounting::reset_peak() {
+void Accounting::reset_peak(){
 #define MEMALLOC_RESET_PEAK(name) \
   for (Stat & st : stats_.name) st.peak.restart(st.current);
-  MEMALLOC_POOL_STATS(MEMALLOC_RESET_PEAK)
+    MEMALLOC_POOL_STATS(MEMALLOC_RESET_PEAK)
 #undef MEMALLOC_RESET_PEAK
 #define MEMALLOC_RESET_FLAT_PEAK(name) stats_.name.peak.restart(stats_.name.current);
-  MEMALLOC_FLAT_STATS(MEMALLOC_RESET_FLAT_PEAK)
+        MEMALLOC_FLAT_STATS(MEMALLOC_RESET_FLAT_PEAK)
 #undef MEMALLOC_RESET_FLAT_PEAK
 }
 

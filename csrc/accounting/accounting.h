@@ -1,6 +1,6 @@
 // accounting.h — torch-compatible memory counters, driven only by Events:
-// the first consumer of the Event stream (allocator/event_sink.h); it reads each Event's action, pool, size, requested bytes and
-// inactive-split / segment deltas, never its provenance or its block.
+// the first consumer of the Event stream (allocator/event_sink.h); it reads each Event's action, pool, size, requested
+// bytes and inactive-split / segment deltas, never its provenance or its block.
 //
 // One counter type (Stat: current/peak/allocated/freed); the list of
 // per-pool stats is written once (MEMALLOC_POOL_STATS) and drives the C++
@@ -39,7 +39,10 @@ struct Stat {
 
   void update(int64_t delta) {
     current += delta;
-    if (delta > 0) allocated += delta; else freed -= delta;
+    if (delta > 0)
+      allocated += delta;
+    else
+      freed -= delta;
     peak.raise(current);
   }
 };
@@ -110,9 +113,7 @@ class Accounting {
   // (torch.cuda.reset_accumulated_memory_stats).
   void reset_accumulated();
   // The step window so far.
-  StepWindow window() const {
-    return StepWindow{step_allocated_.value(), step_reserved_.value(), step_ooms_};
-  }
+  StepWindow window() const { return StepWindow{step_allocated_.value(), step_reserved_.value(), step_ooms_}; }
   // The window since the previous call; the next one starts with the peaks
   // at the current values and no OOMs. O(1), no allocation.
   StepWindow take_window();

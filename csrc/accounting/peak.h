@@ -28,7 +28,9 @@ namespace memalloc {
 // The level of a value that is its own level (a byte count).
 struct SelfLevel {
   template <typename T>
-  const T& operator()(const T& v) const { return v; }
+  const T& operator()(const T& v) const {
+    return v;
+  }
 };
 
 template <typename T, typename Level = SelfLevel>

@@ -118,7 +118,7 @@ struct SegmentInfo {
   size_t size;
   Stream stream;
   PoolKind pool;
-  PoolId owner;  // kDefaultPool or the private pool that owns it
+  PoolId owner;     // kDefaultPool or the private pool that owns it
   bool expandable;  // a mapped run of an expandable segment (vm_arena.h)
   std::vector<BlockInfo> blocks;
   size_t page = 0;  // expandable: the bytes its reservation maps and unmaps at a time (0: plain)
@@ -211,9 +211,9 @@ class DeviceAllocator {
   decltype(auto) with_checkpoints(F&& f, Caller caller = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
     const EventSink::CallerScope scope(sink_, caller);
-    PoolCheckpoints part(blocks_, live_, segments_, events_, pools_, sink_, allocations_,
-                         [this](Block* b) { free_live_locked(live_.find(b->addr)); },
-                         [this] { events_.synchronize(to_free_list()); });
+    PoolCheckpoints part(
+        blocks_, live_, segments_, events_, pools_, sink_, allocations_,
+        [this](Block* b) { free_live_locked(live_.find(b->addr)); }, [this] { events_.synchronize(to_free_list()); });
     return f(part);
   }
 
@@ -266,8 +266,7 @@ class DeviceAllocator {
   // growth.cpp
   // A block for `rounded` bytes after a cache miss in `owner`'s lists; sets
   // *from_cache when it is a cached free block (use_on_oom pools).
-  Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner,
-                            bool* from_cache);
+  Block* malloc_slow_locked(size_t rounded, size_t requested, Stream stream, PrivatePool* owner, bool* from_cache);
   Block* grow_locked(size_t rounded, Stream stream, PrivatePool* owner);
   // The "threshold" policy (limits.h) before reserved bytes grow by `bytes`:
   // releases the cache when it asks for it (never while a route is open).
@@ -299,7 +298,7 @@ class DeviceAllocator {
   Blocks blocks_;
   LiveTable live_;
   SegmentTable segments_;  // every segment: addr -> bytes, owner, expandable segment
-  StreamEvents events_;  // blocks freed after record_stream, waiting for their streams' work
+  StreamEvents events_;    // blocks freed after record_stream, waiting for their streams' work
   // The expandable segments. Declared after blocks_, whose blocks its
   // destructor still reads, and after events_: the backend sees the
   // reservations end before the events are destroyed, as it always has.
@@ -309,7 +308,7 @@ class DeviceAllocator {
   // subscriber, with the public call's caller.
   EventSink sink_;
   uint64_t allocations_ = 0;  // blocks made live so far (malloc, restore): the arena's clock (vm_arena.h)
-  Limits limits_;  // the memory fraction, the threshold policy, the capacity
+  Limits limits_;             // the memory fraction, the threshold policy, the capacity
 };
 
 // Caps `a`'s reserved bytes at fraction * the device's total bytes

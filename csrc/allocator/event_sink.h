@@ -52,9 +52,7 @@ class EventSink {
 
   const DeviceStats& stats() const { return accounting_.stats(); }
   size_t reserved_bytes() const { return static_cast<size_t>(accounting_.stats().reserved_bytes[kStatAll].current); }
-  size_t allocated_bytes() const {
-    return static_cast<size_t>(accounting_.stats().allocated_bytes[kStatAll].current);
-  }
+  size_t allocated_bytes() const { return static_cast<size_t>(accounting_.stats().allocated_bytes[kStatAll].current); }
   Accounting& accounting() { return accounting_; }
   const Accounting& accounting() const { return accounting_; }
   Subscriber* subscriber() const { return sub_; }

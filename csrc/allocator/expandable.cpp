@@ -32,10 +32,7 @@ void add_split(Event& e, const Block* b, int sign) {
 // entered in the segment table. nullptr (and plain segments from then on)
 // when the backend has no virtual memory or no address space left.
 VmSegment* Expandable::new_segment(Stream stream, PoolKind pool, bool large, const std::function<size_t()>& capacity) {
-  VmSegment* seg = vm_.reserve(
-      stream, pool, large,
-      capacity,
-      [this] { return blocks_.make(); });
+  VmSegment* seg = vm_.reserve(stream, pool, large, capacity, [this] { return blocks_.make(); });
   if (seg != nullptr && !segments_.insert(seg->base, Segment{seg->size, nullptr, seg}))
     throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
   return seg;
@@ -67,13 +64,11 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
   if (pool == PoolKind::kLarge && rounded >= VmArena::kLargeRequest) {
     try {
       large = VmArena::large_pages(pool, rounded, capacity());
-    } catch (const DriverError&) {
-    }
+    } catch (const DriverError&) {}
   }
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
   // the free pages a room would have joined: rooms are looked for after it).
-  if (!vm_.empty())
-    collect(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
+  if (!vm_.empty()) collect(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
   VmRoom room;
   VmSegment* seg = vm_.find_room(stream, pool, large, rounded, &room);
   if (seg == nullptr) {
@@ -127,8 +122,7 @@ size_t Expandable::unmap_free_pages(Stream stream, size_t want, const Block* kee
 size_t Expandable::release() {
   if (vm_.empty() || pools_.any_route()) return 0;
   size_t released = 0;
-  for (Stream s : vm_.streams())
-    released += unmap_free_pages(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
+  for (Stream s : vm_.streams()) released += unmap_free_pages(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
   // End the reservations with nothing mapped: one unmapped block each.
   vm_.release_unmapped([this](const VmSegment& seg, Block* hole) {
     blocks_.destroy(hole);

@@ -28,8 +28,8 @@ Block* DeviceAllocator::grow_locked(size_t rounded, Stream stream, PrivatePool* 
   const size_t bytes = segment_size_for(rounded);
   maybe_collect_locked(bytes);
   if (!limits_.admits(sink_.reserved_bytes(), bytes)) return nullptr;
-  void* p = owner != nullptr && owner->source ? owner->source->allocate(bytes, stream)
-                                              : backend_.allocate(device_, bytes);
+  void* p =
+      owner != nullptr && owner->source ? owner->source->allocate(bytes, stream) : backend_.allocate(device_, bytes);
   if (p == nullptr) return nullptr;
   if (!segments_.insert(reinterpret_cast<std::uintptr_t>(p), Segment{bytes, owner, nullptr}))
     throw Error("memalloc internal error: the backend returned a segment that overlaps another one");
@@ -68,9 +68,11 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
       bool no_vm = false;
       // The Expandable part over this device's parts (references only: made
       // per call, on the slow path).
-      Block* v = Expandable(vm_, segments_, blocks_, sink_, limits_, pools_).grow(
-          rounded, stream, Expandable::Policy{config_.reuse_free_pages, allocations_},
-          [this] { return capacity_locked(); }, [this](size_t bytes) { maybe_collect_locked(bytes); }, &no_vm);
+      Block* v =
+          Expandable(vm_, segments_, blocks_, sink_, limits_, pools_)
+              .grow(
+                  rounded, stream, Expandable::Policy{config_.reuse_free_pages, allocations_},
+                  [this] { return capacity_locked(); }, [this](size_t bytes) { maybe_collect_locked(bytes); }, &no_vm);
       *from_cache = v != nullptr;
       if (!no_vm) return v;
     }
@@ -99,8 +101,8 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
   oom.requested = requested;
   oom.addr = backend_.mem_get_info(device_).free;  // kOom: addr = device free bytes then
   sink_.record(oom);
-  throw OutOfMemory(oom_message(backend_, device_, sink_.stats(), limits_, config_.expandable_segments,
-                                 requested, rounded));
+  throw OutOfMemory(
+      oom_message(backend_, device_, sink_.stats(), limits_, config_.expandable_segments, requested, rounded));
 }
 
 // Returns a whole free segment to the backend. When the backend refuses, the
@@ -109,10 +111,12 @@ Block* DeviceAllocator::malloc_slow_locked(size_t rounded, size_t requested, Str
 bool DeviceAllocator::release_segment_locked(Block* b) {
   void* ptr = reinterpret_cast<void*>(b->addr);
   const bool released = b->owner != nullptr && b->owner->source ? b->owner->source->release(ptr, b->size)
-                                                                 : backend_.release(device_, ptr, b->size);
+                                                                : backend_.release(device_, ptr, b->size);
   if (!released) {
-    std::fprintf(stderr, "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
-                 "it stays cached\n", backend_.name(), hex_address(b->addr).c_str(), b->size, device_);
+    std::fprintf(stderr,
+                 "memalloc: the %s backend refused to release segment %s of %zu bytes on device %d; "
+                 "it stays cached\n",
+                 backend_.name(), hex_address(b->addr).c_str(), b->size, device_);
     sink_.record(block_event(Action::kSegmentFreeFailed, *b));
     return false;
   }
@@ -155,9 +159,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   return released;
 }
 
-size_t DeviceAllocator::empty_cache(Caller caller) {
-  return empty_pool_cache(kDefaultPool, caller);
-}
+size_t DeviceAllocator::empty_cache(Caller caller) { return empty_pool_cache(kDefaultPool, caller); }
 
 size_t DeviceAllocator::empty_pool_cache(PoolId id, Caller caller) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -226,14 +228,12 @@ std::vector<SegmentInfo> DeviceAllocator::segments() {
          ++it) {
       const Block* b = it->second;
       if (info == nullptr || (expandable && b->addr != end)) {
-        out.push_back(SegmentInfo{b->addr, 0, b->stream, b->pool, owner, expandable, {},
-                                  expandable ? seg.second.vm->page : 0});
+        out.push_back(
+            SegmentInfo{b->addr, 0, b->stream, b->pool, owner, expandable, {}, expandable ? seg.second.vm->page : 0});
         info = &out.back();
       }
-      const char* state = b->allocated ? "active_allocated"
-                          : b->event_count > 0 ? "active_pending_free" : "inactive";
-      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state,
-                                       sink_.note(b->id)});
+      const char* state = b->allocated ? "active_allocated" : b->event_count > 0 ? "active_pending_free" : "inactive";
+      info->blocks.push_back(BlockInfo{b->addr, b->size, b->requested, state, sink_.note(b->id)});
       info->size += b->size;
       end = b->addr + b->size;
     }

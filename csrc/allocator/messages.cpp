@@ -9,10 +9,14 @@ namespace memalloc {
 std::string format_bytes(size_t bytes) {
   char buf[64];
   const double b = static_cast<double>(bytes);
-  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
-  else if (bytes < (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
-  else if (bytes < (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  if (bytes < 1024)
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  else if (bytes < (size_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
+  else if (bytes < (size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
   return buf;
 }
 
@@ -31,24 +35,24 @@ std::string oom_message(Backend& backend, int device, const DeviceStats& s, cons
   std::string dev = (cuda ? "GPU " : "Host-backend device ") + std::to_string(device);
   std::string msg = std::string(cuda ? "CUDA" : "Device") + " out of memory. Tried to allocate " +
                     format_bytes(rounded > kMaxRequest ? requested : rounded) + ". " + dev +
-                    " has a total capacity of " + format_bytes(info.total) + " of which " +
-                    format_bytes(info.free) + " is free. ";
+                    " has a total capacity of " + format_bytes(info.total) + " of which " + format_bytes(info.free) +
+                    " is free. ";
   if (limits.has_fraction()) {
     msg += "This process has a memory fraction limit of " + format_bytes(limits.cap()) + " (fraction " +
            std::to_string(limits.fraction()) + "). ";
   }
   msg += "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch, and " +
          format_bytes(reserved - allocated) + " is reserved by PyTorch but unallocated. ";
-  msg += expandable
-             ? "(memalloc, expandable segments: free pages were given back before this error)"
-             : "If reserved but unallocated memory is large try setting "
-               "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation. (memalloc)";
+  msg += expandable ? "(memalloc, expandable segments: free pages were given back before this error)"
+                    : "If reserved but unallocated memory is large try setting "
+                      "MEMALLOC_CONF=expandable_segments:True to avoid fragmentation. (memalloc)";
   return msg;
 }
 
 std::string unknown_pointer_message(const char* call, std::uintptr_t addr, int device, bool inside) {
   const bool is_free = std::string(call) == "free";
-  const std::string head = std::string(call) + " of " + hex_address(addr) + " on device " + std::to_string(device) + ": ";
+  const std::string head =
+      std::string(call) + " of " + hex_address(addr) + " on device " + std::to_string(device) + ": ";
   if (inside) {
     return head + "no live allocation starts there. It lies inside a memalloc segment, so it was already freed" +
            (is_free ? " (double free)" : "") + " or is not a pointer that malloc returned; " +

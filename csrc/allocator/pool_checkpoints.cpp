@@ -10,7 +10,7 @@
 namespace memalloc {
 
 std::map<std::uintptr_t, Block*> mapped_blocks(const LiveTable& live, const StreamEvents& events,
-                                                const std::vector<FreeLists*>& free_lists) {
+                                               const std::vector<FreeLists*>& free_lists) {
   std::map<std::uintptr_t, Block*> blocks;
   for (auto& kv : live) blocks.emplace(kv.first, kv.second);
   events.for_each_waiting([&](Block* b) { blocks.emplace(b->addr, b); });
@@ -54,8 +54,10 @@ PoolRestore PoolCheckpoints::restore(const PoolState& state) {
   for (const SegmentState& s : state.segments) {
     auto it = segments_.find(s.addr);
     MEMALLOC_EXPECTS(it != segments_.end() && it->second.owner == &pool && it->second.bytes == s.size,
-                     "restore_pool: the segment at " + std::to_string(s.addr) + " of the checkpoint no longer "
-                     "belongs to " + pool_name(state.id) + "; a checkpoint can only restore its own pool's segments");
+                     "restore_pool: the segment at " + std::to_string(s.addr) +
+                         " of the checkpoint no longer "
+                         "belongs to " +
+                         pool_name(state.id) + "; a checkpoint can only restore its own pool's segments");
   }
   PoolRestore out;
   // 1. Free every block live in the pool now; wait for its pending ones.

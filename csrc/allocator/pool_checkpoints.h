@@ -41,15 +41,22 @@ namespace memalloc {
 // Every mapped block (live, pending, free: the default pool's and every
 // private pool's) by address.
 std::map<std::uintptr_t, Block*> mapped_blocks(const LiveTable& live, const StreamEvents& events,
-                                                const std::vector<FreeLists*>& free_lists);
+                                               const std::vector<FreeLists*>& free_lists);
 
 class PoolCheckpoints {
  public:
   PoolCheckpoints(Blocks& blocks, LiveTable& live, const SegmentTable& segments, const StreamEvents& events,
-                  PrivatePools& pools, EventSink& sink, uint64_t& allocations,
-                  std::function<void(Block*)> free_live, std::function<void()> wait_pending)
-      : blocks_(blocks), live_(live), segments_(segments), events_(events), pools_(pools), sink_(sink),
-        allocations_(allocations), free_live_(std::move(free_live)), wait_pending_(std::move(wait_pending)) {}
+                  PrivatePools& pools, EventSink& sink, uint64_t& allocations, std::function<void(Block*)> free_live,
+                  std::function<void()> wait_pending)
+      : blocks_(blocks),
+        live_(live),
+        segments_(segments),
+        events_(events),
+        pools_(pools),
+        sink_(sink),
+        allocations_(allocations),
+        free_live_(std::move(free_live)),
+        wait_pending_(std::move(wait_pending)) {}
   PoolCheckpoints(const PoolCheckpoints&) = delete;
   PoolCheckpoints& operator=(const PoolCheckpoints&) = delete;
 

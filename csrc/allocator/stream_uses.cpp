@@ -14,7 +14,8 @@ void DeviceAllocator::record_stream(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = live_.find(addr);
   if (it == live_.end())
-    throw InvalidPointer(unknown_pointer_message("record_stream", addr, device_, segments_.containing(addr) != segments_.end()));
+    throw InvalidPointer(
+        unknown_pointer_message("record_stream", addr, device_, segments_.containing(addr) != segments_.end()));
   Block* b = it->second;
   if (stream == b->stream) return;
   auto& uses = b->stream_uses;

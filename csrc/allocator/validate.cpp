@@ -60,7 +60,8 @@ void DeviceAllocator::validate() {
     if (blocks.emplace(b->addr, b).second) held.push_back(SubscribedBlock{b->addr, b->size, b->requested, b->id, true});
   });
   for (const SubscribedBlock& h : held)
-    check(sink_.subscriber() == nullptr ? h.id == 0 : h.id != 0, "a live or pending block's subscriber id is 0 (or not 0 with none)");
+    check(sink_.subscriber() == nullptr ? h.id == 0 : h.id != 0,
+          "a live or pending block's subscriber id is 0 (or not 0 with none)");
   pools_.validate([&](bool ok, const char* what) { check(ok, what); });
   segments_.validate([&](bool ok, const char* what) { check(ok, what); });
   for (FreeLists* lists_of_pool : all_free_lists_locked()) {
@@ -80,7 +81,8 @@ void DeviceAllocator::validate() {
   // arena checks its own invariants, this the segment table's side.
   vm_.validate([&](bool ok, const char* what) { check(ok, what); });
   vm_.for_each_segment([&](const VmSegment& vm) {
-    for (const Block* b : vm.unmapped) check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
+    for (const Block* b : vm.unmapped)
+      check(blocks.emplace(b->addr, b).second, "an unmapped block overlaps another block");
     auto seg = segments_.find(vm.base);
     check(seg != segments_.end() && seg->second.vm == &vm, "an expandable segment is not in the segment table");
   });

@@ -18,8 +18,8 @@ size_t DeviceAllocator::largest_free_block() {
   return largest;
 }
 
-bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable,
-                                 size_t* block_bytes, size_t* page) {
+bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable, size_t* block_bytes,
+                                 size_t* page) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   auto live = live_.find(addr);

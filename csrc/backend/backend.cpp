@@ -7,7 +7,8 @@
 namespace memalloc {
 
 std::string Backend::ipc_handle(int, void*) {
-  throw DriverError(std::string("the ") + name() + " backend has no inter-process memory handles (CUDA IPC needs "
+  throw DriverError(std::string("the ") + name() +
+                    " backend has no inter-process memory handles (CUDA IPC needs "
                     "the cuda backend)");
 }
 

@@ -104,8 +104,7 @@ struct DriverApi {
   // older ones; nullptr when neither exists.
   CUresult (*cuStreamGetCaptureInfo_v3)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
                                         const void**, size_t*);
-  CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
-                                        size_t*);
+  CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**, size_t*);
   CUresult (*cuGraphNodeGetDependencies_v2)(CUgraphNode, CUgraphNode*, void*, size_t*);
   CUresult (*cuGraphNodeGetDependencies)(CUgraphNode, CUgraphNode*, size_t*);
 };
@@ -127,20 +126,15 @@ const DriverApi* driver(std::string* why) {
       error = "no CUDA driver: dlopen(libcuda.so.1) failed";
       return;
     }
-    bool ok = load(lib, "cuInit", api.cuInit) &&
-              load(lib, "cuDeviceGetCount", api.cuDeviceGetCount) &&
+    bool ok = load(lib, "cuInit", api.cuInit) && load(lib, "cuDeviceGetCount", api.cuDeviceGetCount) &&
               load(lib, "cuDeviceGet", api.cuDeviceGet) &&
               load(lib, "cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain) &&
               load(lib, "cuCtxGetCurrent", api.cuCtxGetCurrent) &&
               load(lib, "cuCtxPushCurrent_v2", api.cuCtxPushCurrent) &&
-              load(lib, "cuCtxPopCurrent_v2", api.cuCtxPopCurrent) &&
-              load(lib, "cuMemAlloc_v2", api.cuMemAlloc) &&
-              load(lib, "cuMemFree_v2", api.cuMemFree) &&
-              load(lib, "cuMemGetInfo_v2", api.cuMemGetInfo) &&
-              load(lib, "cuEventCreate", api.cuEventCreate) &&
-              load(lib, "cuEventDestroy_v2", api.cuEventDestroy) &&
-              load(lib, "cuEventRecord", api.cuEventRecord) &&
-              load(lib, "cuEventQuery", api.cuEventQuery) &&
+              load(lib, "cuCtxPopCurrent_v2", api.cuCtxPopCurrent) && load(lib, "cuMemAlloc_v2", api.cuMemAlloc) &&
+              load(lib, "cuMemFree_v2", api.cuMemFree) && load(lib, "cuMemGetInfo_v2", api.cuMemGetInfo) &&
+              load(lib, "cuEventCreate", api.cuEventCreate) && load(lib, "cuEventDestroy_v2", api.cuEventDestroy) &&
+              load(lib, "cuEventRecord", api.cuEventRecord) && load(lib, "cuEventQuery", api.cuEventQuery) &&
               load(lib, "cuEventSynchronize", api.cuEventSynchronize) &&
               load(lib, "cuStreamSynchronize", api.cuStreamSynchronize) &&
               load(lib, "cuGetErrorString", api.cuGetErrorString) &&
@@ -153,10 +147,9 @@ const DriverApi* driver(std::string* why) {
     }
     if (ok && !(load(lib, "cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity) &&
                 load(lib, "cuMemAddressReserve", api.cuMemAddressReserve) &&
-                load(lib, "cuMemAddressFree", api.cuMemAddressFree) &&
-                load(lib, "cuMemCreate", api.cuMemCreate) && load(lib, "cuMemRelease", api.cuMemRelease) &&
-                load(lib, "cuMemMap", api.cuMemMap) && load(lib, "cuMemUnmap", api.cuMemUnmap) &&
-                load(lib, "cuMemSetAccess", api.cuMemSetAccess))) {
+                load(lib, "cuMemAddressFree", api.cuMemAddressFree) && load(lib, "cuMemCreate", api.cuMemCreate) &&
+                load(lib, "cuMemRelease", api.cuMemRelease) && load(lib, "cuMemMap", api.cuMemMap) &&
+                load(lib, "cuMemUnmap", api.cuMemUnmap) && load(lib, "cuMemSetAccess", api.cuMemSetAccess))) {
       api.cuMemCreate = nullptr;  // virtual memory unavailable; the rest works
     }
     if (ok && !(load(lib, "cuMemExportToShareableHandle", api.cuMemExportToShareableHandle) &&
@@ -191,8 +184,8 @@ class CudaBackend final : public Backend {
     const char* ipc = std::getenv("TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC");
     if (api_->cuMemExportToShareableHandle == nullptr) {
       not_shared_ = "this CUDA driver has no cuMemExportToShareableHandle";
-    } else if (ipc != nullptr && (std::strcmp(ipc, "0") == 0 || std::strcmp(ipc, "False") == 0 ||
-                                  std::strcmp(ipc, "false") == 0)) {
+    } else if (ipc != nullptr &&
+               (std::strcmp(ipc, "0") == 0 || std::strcmp(ipc, "False") == 0 || std::strcmp(ipc, "false") == 0)) {
       not_shared_ = "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=" + std::string(ipc) +
                     " turned exportable pages off; unset it (or set it to 1) before the process starts";
     }
@@ -235,13 +228,10 @@ class CudaBackend final : public Backend {
     check(api_->cuEventCreate(&e, kEventDisableTiming), "cuEventCreate");
     return e;
   }
-  void destroy_event(int, EventHandle event) noexcept override {
-    api_->cuEventDestroy(static_cast<CUevent>(event));
-  }
+  void destroy_event(int, EventHandle event) noexcept override { api_->cuEventDestroy(static_cast<CUevent>(event)); }
   void record_event(int device, EventHandle event, Stream stream) override {
     ScopedContext ctx(this, device);
-    check(api_->cuEventRecord(static_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)),
-          "cuEventRecord");
+    check(api_->cuEventRecord(static_cast<CUevent>(event), reinterpret_cast<CUstream>(stream)), "cuEventRecord");
   }
   bool query_event(int, EventHandle event) override {
     CUresult r = api_->cuEventQuery(static_cast<CUevent>(event));
@@ -267,9 +257,8 @@ class CudaBackend final : public Backend {
 
   void* ipc_open(int device, const std::string& handle) override {
     require_ipc();
-    MEMALLOC_EXPECTS(handle.size() == kIpcHandleBytes,
-                     "a CUDA IPC handle has " + std::to_string(kIpcHandleBytes) + " bytes, not " +
-                         std::to_string(handle.size()));
+    MEMALLOC_EXPECTS(handle.size() == kIpcHandleBytes, "a CUDA IPC handle has " + std::to_string(kIpcHandleBytes) +
+                                                           " bytes, not " + std::to_string(handle.size()));
     ScopedContext ctx(this, device);
     CUipcMemHandle h{};
     std::copy(handle.begin(), handle.end(), h.reserved);
@@ -313,8 +302,7 @@ class CudaBackend final : public Backend {
     if (count == 0) return;
     const size_t at = out->size();
     out->resize(at + count);
-    check(get(static_cast<CUgraphNode*>(static_cast<void*>(out->data() + at)), &count),
-          "cuGraphNodeGetDependencies");
+    check(get(static_cast<CUgraphNode*>(static_cast<void*>(out->data() + at)), &count), "cuGraphNodeGetDependencies");
     out->resize(at + count);
   }
 
@@ -355,7 +343,7 @@ class CudaBackend final : public Backend {
     CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
     CaptureModeRelaxed relaxed(this);  // a pool may grow during a capture
-    size_t done = 0;  // pages created and mapped so far; undone on failure
+    size_t done = 0;                   // pages created and mapped so far; undone on failure
     auto undo = [&] {
       for (size_t k = 0; k < done; ++k) {
         api_->cuMemUnmap(base + k * page, page);
@@ -409,9 +397,10 @@ class CudaBackend final : public Backend {
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
     if (!not_shared_.empty())
-      throw DriverError("cannot share this CUDA tensor with another process: it lives in an expandable segment "
-                        "whose pages were not created exportable (" + not_shared_ +
-                        "). Or share from a process with MEMALLOC_CONF=expandable_segments:False");
+      throw DriverError(
+          "cannot share this CUDA tensor with another process: it lives in an expandable segment "
+          "whose pages were not created exportable (" +
+          not_shared_ + "). Or share from a process with MEMALLOC_CONF=expandable_segments:False");
     const auto pages = vm_.run(device, addr, bytes);
     pages.expect(true, "vm_share: a page of the range is not mapped");
     std::vector<int> fds(pages.n, -1);
@@ -431,8 +420,9 @@ class CudaBackend final : public Backend {
   void* vm_open_shared(int device, const SharedPages& shared) override {
     require_vm();
     if (api_->cuMemImportFromShareableHandle == nullptr)
-      throw DriverError("this CUDA driver has no cuMemImportFromShareableHandle: CUDA tensors of expandable "
-                        "segments cannot be received here");
+      throw DriverError(
+          "this CUDA driver has no cuMemImportFromShareableHandle: CUDA tensors of expandable "
+          "segments cannot be received here");
     const size_t n = shared.fds.empty() ? shared.fabric.size() : shared.fds.size();
     const size_t page = shared.page_bytes;
     MEMALLOC_EXPECTS(n > 0 && page > 0, "vm_open_shared: no pages");
@@ -468,8 +458,8 @@ class CudaBackend final : public Backend {
     } else {
       for (const std::string& fabric : shared.fabric) {
         CUmemGenericAllocationHandle h = 0;
-        const CUresult r = api_->cuMemImportFromShareableHandle(&h, const_cast<char*>(fabric.data()),
-                                                                kMemHandleTypeFabric);
+        const CUresult r =
+            api_->cuMemImportFromShareableHandle(&h, const_cast<char*>(fabric.data()), kMemHandleTypeFabric);
         if (r != kSuccess) {
           release_all();
           check(r, "cuMemImportFromShareableHandle (fabric handle)");
@@ -524,8 +514,7 @@ class CudaBackend final : public Backend {
       api_->cuMemUnmap(base, im.bytes);
       for (CUmemGenericAllocationHandle h : im.handles) api_->cuMemRelease(h);
       api_->cuMemAddressFree(base, im.bytes);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   void vm_free(int device, void* base) override {
@@ -542,8 +531,7 @@ class CudaBackend final : public Backend {
     try {
       ScopedContext ctx(this, device);
       api_->cuIpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(ptr));
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
  private:
@@ -587,9 +575,9 @@ class CudaBackend final : public Backend {
   };
 
   CUcontext primary_context(int device) {
-    MEMALLOC_EXPECTS(device >= 0 && device < device_count(),
-                     "CUDA device " + std::to_string(device) + " does not exist (" +
-                         std::to_string(device_count()) + " visible)");
+    MEMALLOC_EXPECTS(
+        device >= 0 && device < device_count(),
+        "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(device_count()) + " visible)");
     std::lock_guard<std::mutex> g(ctx_mu_);
     if (contexts_[device] == nullptr) {
       CUdevice dev = 0;
@@ -609,8 +597,8 @@ class CudaBackend final : public Backend {
       if (r == kSuccess || r == kErrorOutOfMemory) return r;
       const char* msg = nullptr;
       api_->cuGetErrorString(r, &msg);
-      not_shared_ = "the driver refused exportable pages: CUDA error " + std::to_string(r) + " (" +
-                    (msg ? msg : "unknown") + ")";
+      not_shared_ =
+          "the driver refused exportable pages: CUDA error " + std::to_string(r) + " (" + (msg ? msg : "unknown") + ")";
       prop.requestedHandleTypes = 0;
     }
     return api_->cuMemCreate(h, page, &prop, 0);
@@ -629,16 +617,19 @@ class CudaBackend final : public Backend {
     std::string m = std::string("cannot map the CUDA tensor another process (pid ") + std::to_string(pid) +
                     ") shared from an expandable segment: " + call + " failed: " + std::strerror(err) + ". ";
     if (err == ENOSYS)
-      return m + "This kernel lacks pidfd_getfd (Linux 5.6 or newer is needed), as native torch needs it too. "
-                 "Send from a process with MEMALLOC_CONF=expandable_segments:False "
-                 "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False natively)";
+      return m +
+             "This kernel lacks pidfd_getfd (Linux 5.6 or newer is needed), as native torch needs it too. "
+             "Send from a process with MEMALLOC_CONF=expandable_segments:False "
+             "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False natively)";
     if (err == EPERM)
-      return m + "Taking the sender's page descriptors needs ptrace access to it (as native torch's "
-                 "receiver): the same user with kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE. Allow it, or "
-                 "send from a process with MEMALLOC_CONF=expandable_segments:False";
+      return m +
+             "Taking the sender's page descriptors needs ptrace access to it (as native torch's "
+             "receiver): the same user with kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE. Allow it, or "
+             "send from a process with MEMALLOC_CONF=expandable_segments:False";
     if (err == ESRCH)
-      return m + "The sender is gone, or runs in another pid namespace (a container): keep it alive until the "
-                 "tensor is received, or share within one namespace";
+      return m +
+             "The sender is gone, or runs in another pid namespace (a container): keep it alive until the "
+             "tensor is received, or share within one namespace";
     return m + "Send from a process with MEMALLOC_CONF=expandable_segments:False";
   }
 
@@ -651,30 +642,32 @@ class CudaBackend final : public Backend {
 
   void require_vm() const {
     if (api_->cuMemCreate == nullptr)
-      throw DriverError("this CUDA driver has no virtual memory entry points (cuMemCreate...): expandable "
-                        "segments need a newer driver");
+      throw DriverError(
+          "this CUDA driver has no virtual memory entry points (cuMemCreate...): expandable "
+          "segments need a newer driver");
   }
 
   void require_ipc() const {
     if (api_->cuIpcGetMemHandle == nullptr)
-      throw DriverError("this CUDA driver has no IPC entry points (cuIpcGetMemHandle...): CUDA tensors cannot be "
-                        "shared between processes here");
+      throw DriverError(
+          "this CUDA driver has no IPC entry points (cuIpcGetMemHandle...): CUDA tensors cannot be "
+          "shared between processes here");
   }
 
   void check(CUresult r, const char* what) const {
     if (r == kSuccess) return;
     const char* msg = nullptr;
     api_->cuGetErrorString(r, &msg);
-    throw DriverError(std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" +
-                      (msg ? msg : "unknown") + ")");
+    throw DriverError(std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" + (msg ? msg : "unknown") +
+                      ")");
   }
 
   const DriverApi* api_;
   std::mutex ctx_mu_;  // guards contexts_ (filled lazily, one entry per device)
   std::vector<CUcontext> contexts_;
-  std::mutex vm_mu_;  // guards vm_ and vm_pages_
+  std::mutex vm_mu_;                                 // guards vm_ and vm_pages_
   VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
-  std::vector<size_t> vm_pages_;  // page size per device, 0 = not read yet
+  std::vector<size_t> vm_pages_;                     // page size per device, 0 = not read yet
   // Sharing (guarded by vm_mu_): why pages are not exportable ("" = they
   // are), the descriptor exported for each shared page, and the ranges
   // mapped from other processes' pages.

@@ -49,12 +49,11 @@
 namespace memalloc {
 
 namespace {
-constexpr size_t kPage = size_t{4} << 10;      // mprotect granularity
+constexpr size_t kPage = size_t{4} << 10;  // mprotect granularity
 constexpr size_t kReserveRound = size_t{2} << 20;
-constexpr size_t kReserveFactor = 4;  // address space per byte of capacity
+constexpr size_t kReserveFactor = 4;                // address space per byte of capacity
 constexpr size_t kVmGranularity = size_t{2} << 20;  // as CUDA's usual one
-constexpr size_t kVmFactor = 8;              // vm address space per byte of capacity
-
+constexpr size_t kVmFactor = 8;                     // vm address space per byte of capacity
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -72,8 +71,10 @@ struct AddressSpace {
     size = round_up(capacity, kReserveRound) * factor;
     void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
-      throw DriverError("host backend: cannot reserve " + std::to_string(size) + " bytes of address space for "
-                        "device " + std::to_string(device) + ": lower host_capacity_mb");
+      throw DriverError("host backend: cannot reserve " + std::to_string(size) +
+                        " bytes of address space for "
+                        "device " +
+                        std::to_string(device) + ": lower host_capacity_mb");
     base = static_cast<char*>(p);
     free_ranges.emplace(0, size);
   }
@@ -124,7 +125,7 @@ struct StreamClock {
 // One device's simulated graph captures (tests).
 struct Captures {
   uint64_t next_id = 0;
-  std::map<Stream, uint64_t> capture_of;            // captured stream -> its capture id
+  std::map<Stream, uint64_t> capture_of;              // captured stream -> its capture id
   std::map<Stream, std::vector<GraphNode>> frontier;  // captured stream -> its frontier
   std::vector<std::vector<GraphNode>> dependencies;   // [k - 1]: node k's dependencies
 
@@ -161,8 +162,8 @@ struct HostBackend::State {
   size_t capacity = 0;
   std::vector<size_t> used;
   std::vector<std::unordered_map<void*, size_t>> segments;
-  std::vector<AddressSpace> spaces;     // segments
-  std::vector<AddressSpace> vm_spaces;  // vm reservations
+  std::vector<AddressSpace> spaces;            // segments
+  std::vector<AddressSpace> vm_spaces;         // vm reservations
   VmReservations<unsigned char> reservations;  // a page is 1 while mapped
   std::vector<std::map<Stream, StreamClock>> streams;
   std::vector<Faults> faults;
@@ -171,9 +172,10 @@ struct HostBackend::State {
 
   void check_device(int device) const {
     MEMALLOC_EXPECTS(device >= 0 && device < static_cast<int>(used.size()),
-                     "device " + std::to_string(device) + " does not exist: the host backend "
-                     "simulates " + std::to_string(used.size()) +
-                     " device(s); set host_devices in the config for more");
+                     "device " + std::to_string(device) +
+                         " does not exist: the host backend "
+                         "simulates " +
+                         std::to_string(used.size()) + " device(s); set host_devices in the config for more");
   }
 };
 
@@ -316,9 +318,7 @@ EventHandle HostBackend::create_event(int device) {
   return new HostEvent{device, 0, 0};
 }
 
-void HostBackend::destroy_event(int, EventHandle event) noexcept {
-  delete static_cast<HostEvent*>(event);
-}
+void HostBackend::destroy_event(int, EventHandle event) noexcept { delete static_cast<HostEvent*>(event); }
 
 void HostBackend::record_event(int device, EventHandle event, Stream stream) {
   std::lock_guard<std::mutex> g(state_->mu);
@@ -348,8 +348,7 @@ void HostBackend::synchronize_stream(int device, Stream stream) {
   clock.completed = clock.submitted;
 }
 
-bool HostBackend::capture_frontier(int device, Stream stream, uint64_t* capture_id,
-                                   std::vector<GraphNode>* frontier) {
+bool HostBackend::capture_frontier(int device, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
   Captures& c = state_->captures[device];

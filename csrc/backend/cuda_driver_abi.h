@@ -24,21 +24,21 @@ constexpr CUresult kSuccess = 0;
 constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorNotReady = 600;
 constexpr unsigned kEventDisableTiming = 0x2;
-constexpr int kCaptureModeRelaxed = 2;            // CU_STREAM_CAPTURE_MODE_RELAXED
-constexpr int kCaptureStatusActive = 1;           // CU_STREAM_CAPTURE_STATUS_ACTIVE
+constexpr int kCaptureModeRelaxed = 2;              // CU_STREAM_CAPTURE_MODE_RELAXED
+constexpr int kCaptureStatusActive = 1;             // CU_STREAM_CAPTURE_STATUS_ACTIVE
 constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-constexpr size_t kIpcHandleBytes = 64;            // CU_IPC_HANDLE_SIZE
+constexpr size_t kIpcHandleBytes = 64;              // CU_IPC_HANDLE_SIZE
 struct CUipcMemHandle {
   char reserved[kIpcHandleBytes];
 };
 // Virtual memory management (cuda.h, "Virtual Memory Management").
 using CUmemGenericAllocationHandle = unsigned long long;
-constexpr int kMemLocationTypeDevice = 1;        // CU_MEM_LOCATION_TYPE_DEVICE
-constexpr int kMemAllocationTypePinned = 1;      // CU_MEM_ALLOCATION_TYPE_PINNED
-constexpr int kMemAccessProtReadWrite = 3;       // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+constexpr int kMemLocationTypeDevice = 1;           // CU_MEM_LOCATION_TYPE_DEVICE
+constexpr int kMemAllocationTypePinned = 1;         // CU_MEM_ALLOCATION_TYPE_PINNED
+constexpr int kMemAccessProtReadWrite = 3;          // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 constexpr int kMemAllocGranularityRecommended = 1;  // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-constexpr int kMemHandleTypePosixFd = 0x1;       // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-constexpr int kMemHandleTypeFabric = 0x8;        // CU_MEM_HANDLE_TYPE_FABRIC
+constexpr int kMemHandleTypePosixFd = 0x1;          // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+constexpr int kMemHandleTypeFabric = 0x8;           // CU_MEM_HANDLE_TYPE_FABRIC
 struct CUmemLocation {
   int type;
   int id;

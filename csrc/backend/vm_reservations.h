@@ -44,9 +44,9 @@ class VmReservations {
     MEMALLOC_EXPECTS(page > 0 && page % granularity == 0,
                      "vm_reserve: the page size must be a positive multiple of the granularity (" +
                          std::to_string(granularity) + " bytes), not " + std::to_string(page));
-    MEMALLOC_EXPECTS(bytes > 0 && bytes % page == 0,
-                     "vm_reserve: the size must be a positive multiple of the page size (" + std::to_string(page) +
-                         " bytes)");
+    MEMALLOC_EXPECTS(
+        bytes > 0 && bytes % page == 0,
+        "vm_reserve: the size must be a positive multiple of the page size (" + std::to_string(page) + " bytes)");
   }
 
   void add(int device, std::uintptr_t base, size_t bytes, size_t page) {

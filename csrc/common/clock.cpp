@@ -46,8 +46,7 @@ void measure() {
   uint64_t t0 = 0, t1 = 0;
   int64_t n0 = 0, n1 = 0;
   pair(&t0, &n0);
-  while (steady_ns() - n0 < kCalibrationNs) {
-  }
+  while (steady_ns() - n0 < kCalibrationNs) {}
   pair(&t1, &n1);
   if (t1 <= t0 || n1 <= n0) return;  // a counter that did not advance: keep steady_clock
   Scale s;

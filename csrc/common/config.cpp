@@ -23,24 +23,23 @@ size_t parse_config_uint(const std::string& key, const std::string& value) {
   bool ok = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
   errno = 0;
   unsigned long long v = ok ? std::strtoull(value.c_str(), nullptr, 10) : 0;
-  MEMALLOC_EXPECTS(ok && errno == 0,
-                   "MEMALLOC_CONF: value '" + value + "' of key '" + key +
-                       "' is not a non-negative integer; write e.g. '" + key + ":256'");
+  MEMALLOC_EXPECTS(ok && errno == 0, "MEMALLOC_CONF: value '" + value + "' of key '" + key +
+                                         "' is not a non-negative integer; write e.g. '" + key + ":256'");
   return static_cast<size_t>(v);
 }
 
 bool parse_config_bool(const std::string& key, const std::string& value) {
   if (value == "1" || value == "true" || value == "True") return true;
   if (value == "0" || value == "false" || value == "False") return false;
-  MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: value '" + value + "' of key '" + key +
-                              "' is not a boolean; write " + key + ":True or " + key + ":False");
+  MEMALLOC_EXPECTS(false, "MEMALLOC_CONF: value '" + value + "' of key '" + key + "' is not a boolean; write " + key +
+                              ":True or " + key + ":False");
   return false;
 }
 
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kMinMaxSplitMiB = 20;  // native: must exceed kLargeBuffer
+constexpr size_t kMinMaxSplitMiB = 20;       // native: must exceed kLargeBuffer
 constexpr size_t kMaxMiB = size_t{1} << 40;  // 1 EiB: mb * kMiB cannot overflow
 
 std::string trim(const std::string& s) {
@@ -50,19 +49,17 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-
 // Parses a size in MiB and returns bytes; rejects values whose byte count
 // would not fit (so to_string() round-trips).
 size_t parse_mib(const std::string& key, const std::string& value) {
   size_t mb = parse_config_uint(key, value);
-  MEMALLOC_EXPECTS(mb <= kMaxMiB, "MEMALLOC_CONF: value " + value + " of key '" + key +
-                                      "' is too large (at most " + std::to_string(kMaxMiB) + ")");
+  MEMALLOC_EXPECTS(mb <= kMaxMiB, "MEMALLOC_CONF: value " + value + " of key '" + key + "' is too large (at most " +
+                                      std::to_string(kMaxMiB) + ")");
   return mb * kMiB;
 }
 
 // Parses a real number in [lo, hi) or throws naming key and value.
-double parse_real(const std::string& key, const std::string& value, double lo, double hi,
-                  const std::string& expected) {
+double parse_real(const std::string& key, const std::string& value, double lo, double hi, const std::string& expected) {
   char* end = nullptr;
   errno = 0;
   double v = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
@@ -85,7 +82,8 @@ size_t parse_one_division(const std::string& value) {
   size_t d = parse_config_uint("roundup_power2_divisions", value);
   MEMALLOC_EXPECTS(d <= 64 && (d & (d - 1)) == 0,
                    "MEMALLOC_CONF: roundup_power2_divisions must be a power of two "
-                   "between 1 and 64, or 0 to disable (got " + value + ")");
+                   "between 1 and 64, or 0 to disable (got " +
+                       value + ")");
   return d <= 1 ? 0 : d;
 }
 
@@ -115,11 +113,12 @@ void parse_divisions(Config& c, const std::string& value) {
       continue;
     }
     const size_t mib = parse_config_uint("roundup_power2_divisions", bound);
-    MEMALLOC_EXPECTS(mib > 0 && (mib & (mib - 1)) == 0, "MEMALLOC_CONF: roundup_power2_divisions bound " + bound +
-                                                            " is not a power of two (MiB)");
+    MEMALLOC_EXPECTS(mib > 0 && (mib & (mib - 1)) == 0,
+                     "MEMALLOC_CONF: roundup_power2_divisions bound " + bound + " is not a power of two (MiB)");
     const size_t index = std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mib)), kRoundupIntervals - 1);
-    if (first) std::fill(c.roundup_power2_divisions.begin(), c.roundup_power2_divisions.begin() +
-                         static_cast<std::ptrdiff_t>(index), d);
+    if (first)
+      std::fill(c.roundup_power2_divisions.begin(),
+                c.roundup_power2_divisions.begin() + static_cast<std::ptrdiff_t>(index), d);
     c.roundup_power2_divisions[index] = d;
     last = index;
     first = false;
@@ -161,9 +160,8 @@ std::vector<std::pair<std::string, std::string>> config_entries(const std::strin
 bool apply_config_key(Config& c, const std::string& key, const std::string& value) {
   if (key == "max_split_size_mb") {
     size_t bytes = parse_mib(key, value);
-    MEMALLOC_EXPECTS(bytes > kMinMaxSplitMiB * kMiB,
-                     "MEMALLOC_CONF: max_split_size_mb must be greater than " +
-                         std::to_string(kMinMaxSplitMiB) + " (got " + value + ")");
+    MEMALLOC_EXPECTS(bytes > kMinMaxSplitMiB * kMiB, "MEMALLOC_CONF: max_split_size_mb must be greater than " +
+                                                         std::to_string(kMinMaxSplitMiB) + " (got " + value + ")");
     c.max_split_size = bytes;
   } else if (key == "roundup_power2_divisions") {
     parse_divisions(c, value);
@@ -182,8 +180,7 @@ bool apply_config_key(Config& c, const std::string& key, const std::string& valu
     c.host_capacity = bytes;
   } else if (key == "host_devices") {
     size_t n = parse_config_uint(key, value);
-    MEMALLOC_EXPECTS(n >= 1 && n <= 64,
-                     "MEMALLOC_CONF: host_devices must be between 1 and 64 (got " + value + ")");
+    MEMALLOC_EXPECTS(n >= 1 && n <= 64, "MEMALLOC_CONF: host_devices must be between 1 and 64 (got " + value + ")");
     c.host_devices = static_cast<int>(n);
   } else {
     return false;
@@ -192,9 +189,14 @@ bool apply_config_key(Config& c, const std::string& key, const std::string& valu
 }
 
 const std::vector<std::string>& config_keys() {
-  static const std::vector<std::string> keys = {
-      "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "expandable_segments",
-      "graph_capture_record_stream_reuse", "reuse_free_pages", "host_capacity_mb", "host_devices"};
+  static const std::vector<std::string> keys = {"max_split_size_mb",
+                                                "roundup_power2_divisions",
+                                                "garbage_collection_threshold",
+                                                "expandable_segments",
+                                                "graph_capture_record_stream_reuse",
+                                                "reuse_free_pages",
+                                                "host_capacity_mb",
+                                                "host_devices"};
   return keys;
 }
 
@@ -224,8 +226,7 @@ Config parse_config(const std::string& text) {
 
 std::string Config::to_string() const {
   std::string s;
-  if (max_split_size != static_cast<size_t>(-1))
-    s += ",max_split_size_mb:" + std::to_string(max_split_size / kMiB);
+  if (max_split_size != static_cast<size_t>(-1)) s += ",max_split_size_mb:" + std::to_string(max_split_size / kMiB);
   const auto& d = roundup_power2_divisions;
   if (std::all_of(d.begin(), d.end(), [&](size_t v) { return v == d[0]; })) {
     if (d[0]) s += ",roundup_power2_divisions:" + std::to_string(d[0]);

@@ -53,7 +53,7 @@ class OutOfMemory : public Error {
 // MEMALLOC_EXPECTS(cond, msg): throws memalloc::InvalidArgument(msg) when
 // `cond` is false. `msg` (anything convertible to std::string) is evaluated
 // only on failure. Messages are user-facing: problem first, then the fix.
-#define MEMALLOC_EXPECTS(cond, msg)                  \
-  do {                                               \
+#define MEMALLOC_EXPECTS(cond, msg)                      \
+  do {                                                   \
     if (!(cond)) throw ::memalloc::InvalidArgument(msg); \
   } while (0)

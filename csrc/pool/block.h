@@ -53,9 +53,9 @@ struct Block {
   Stream stream = 0;     // allocation stream: reuse is restricted to it
   PoolKind pool = PoolKind::kSmall;
   bool allocated = false;
-  bool mapped = true;   // false: an unmapped run of an expandable segment
-  int event_count = 0;  // outstanding cross-stream events (pending state)
-  uint32_t id = 0;       // the subscriber's id of it (live and pending blocks); 0 = none
+  bool mapped = true;            // false: an unmapped run of an expandable segment
+  int event_count = 0;           // outstanding cross-stream events (pending state)
+  uint32_t id = 0;               // the subscriber's id of it (live and pending blocks); 0 = none
   PrivatePool* owner = nullptr;  // the private pool of its segment; nullptr = default pool
   VmSegment* vm = nullptr;       // its expandable segment; nullptr = a plain segment
   Block* prev = nullptr;
@@ -136,9 +136,7 @@ class FreeList {
 
 // Size rules (native semantics, docs/architecture.md).
 size_t round_size(size_t size, size_t roundup_power2_divisions);
-inline PoolKind pool_kind_for(size_t rounded) {
-  return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
-}
+inline PoolKind pool_kind_for(size_t rounded) { return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge; }
 size_t segment_size_for(size_t rounded);
 // Whether taking `size` bytes from `block` leaves a remainder worth splitting.
 bool should_split(const Block& block, size_t size, size_t max_split);

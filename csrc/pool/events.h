@@ -54,10 +54,9 @@ enum class Action : uint8_t {
 // Names by Action value (exported as memalloc.recording.ACTIONS; torch's
 // trace names where torch has the action).
 inline const char* const* action_names(size_t* count) {
-  static const char* const names[] = {"alloc",       "free_requested", "free_completed",   "segment_alloc",
-                                      "segment_free", "alloc_retry",    "oom",              "empty_cache",
-                                      "sync_all_streams", "gc_release", "segment_free_failed",
-                                      "segment_map", "segment_unmap"};
+  static const char* const names[] = {
+      "alloc",       "free_requested",   "free_completed", "segment_alloc",       "segment_free", "alloc_retry",  "oom",
+      "empty_cache", "sync_all_streams", "gc_release",     "segment_free_failed", "segment_map",  "segment_unmap"};
   *count = sizeof(names) / sizeof(names[0]);
   return names;
 }

@@ -17,7 +17,8 @@ std::string pool_name(PoolId id) {
 PrivatePool& PrivatePools::get(PoolId id, const char* call) const {
   PrivatePool* pool = find(id);
   MEMALLOC_EXPECTS(pool != nullptr, std::string(call) + ": " + pool_name(id) + " does not exist on device " +
-                                        std::to_string(device_) + "; create it first (torch.cuda.MemPool or a graph "
+                                        std::to_string(device_) +
+                                        "; create it first (torch.cuda.MemPool or a graph "
                                         "capture)");
   return *pool;
 }

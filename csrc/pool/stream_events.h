@@ -140,7 +140,8 @@ void StreamEvents::reuse_in_capture(Stream stream, Done&& done) {
 
 template <class Check>
 void StreamEvents::validate(Check&& check) const {
-  for (const Block* b : deferred_) check(!b->allocated && b->event_count > 0, "deferred entry names a non-pending block");
+  for (const Block* b : deferred_)
+    check(!b->allocated && b->event_count > 0, "deferred entry names a non-pending block");
   for (const Pending& p : pending_)
     check(!p.block->allocated && p.block->event_count > 0, "pending entry names a non-pending block");
   check(reuse_.marks_only(deferred_), "a capture-reuse marker names a block that is not deferred");

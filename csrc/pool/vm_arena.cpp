@@ -35,8 +35,10 @@ size_t VmArena::granularity() {
 }
 
 void VmArena::report_unavailable(const char* why) {
-  std::fprintf(stderr, "memalloc: expandable segments are unavailable on device %d (%s); using plain "
-               "segments\n", device_, why);
+  std::fprintf(stderr,
+               "memalloc: expandable segments are unavailable on device %d (%s); using plain "
+               "segments\n",
+               device_, why);
   unavailable_ = true;
 }
 

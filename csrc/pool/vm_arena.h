@@ -102,16 +102,15 @@ struct BlockByAddr {
 struct VmSegment {
   VmSegment(std::uintptr_t base_, size_t size_, size_t page_, Stream stream_, PoolKind pool_,
             std::pmr::memory_resource* mr, bool large_pages_ = false)
-      : base(base_), size(size_), page(page_), stream(stream_), pool(pool_), unmapped(mr),
-        large_pages(large_pages_) {}
+      : base(base_), size(size_), page(page_), stream(stream_), pool(pool_), unmapped(mr), large_pages(large_pages_) {}
   std::uintptr_t base;  // start of the reservation
   size_t size;          // bytes of address space reserved
   size_t page;          // bytes mapped and unmapped at a time (one physical allocation each)
   Stream stream;
   PoolKind pool;
-  size_t mapped = 0;    // bytes backed by device memory
+  size_t mapped = 0;  // bytes backed by device memory
   std::pmr::set<Block*, BlockByAddr> unmapped;
-  bool large_pages;     // the reservation of large requests (large_pages()): pages of large_page()
+  bool large_pages;  // the reservation of large requests (large_pages()): pages of large_page()
 };
 
 // Where a request can be given room in a segment: pages [lo, lo + bytes)
@@ -215,8 +214,7 @@ class VmArena {
   // mapped would take reserved bytes above the ceiling (0: none), after
   // the loop rule above. `at`: the allocator's count of allocations so far
   // (the request's position); `page`: the page of the room's segment.
-  size_t over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at,
-                      size_t page);
+  size_t over_ceiling(size_t allocated, size_t reserved, size_t rounded, size_t room_bytes, uint64_t at, size_t page);
 
   // Maps room (room.bytes > 0) of seg: carves [lo, lo + bytes) out of its
   // hole with split(b, offset) -> upper part, and returns that block, now
@@ -238,8 +236,8 @@ class VmArena {
   // start). Synchronises the stream first; unmap_range(f, lo, hi) does each
   // (the caller's free-list bookkeeping around unmap()). Returns the bytes.
   template <class UnmapRange>
-  size_t unmap_free_pages(std::initializer_list<const FreeList*> lists, Stream stream, size_t want,
-                          const Block* keep_a, const Block* keep_b, UnmapRange&& unmap_range);
+  size_t unmap_free_pages(std::initializer_list<const FreeList*> lists, Stream stream, size_t want, const Block* keep_a,
+                          const Block* keep_b, UnmapRange&& unmap_range);
 
   // The streams that have segments, each once, in segment order.
   std::vector<Stream> streams() const;
@@ -273,10 +271,10 @@ class VmArena {
   const int device_;
   std::pmr::memory_resource* mr_;
   std::vector<std::unique_ptr<VmSegment>> segments_;  // oldest first
-  size_t granularity_ = 0;      // the backend's granularity, read once
-  bool unavailable_ = false;    // the backend has no virtual memory: plain segments
-  size_t allocated_hwm_ = 0;    // not reset by reset_peak_stats
-  size_t slack_divisor_ = kReuseSlackDivisor;  // halved by each loop found
+  size_t granularity_ = 0;                            // the backend's granularity, read once
+  bool unavailable_ = false;                          // the backend has no virtual memory: plain segments
+  size_t allocated_hwm_ = 0;                          // not reset by reset_peak_stats
+  size_t slack_divisor_ = kReuseSlackDivisor;         // halved by each loop found
   // The last requests that went over the ceiling (a ring at next_trigger_;
   // rounded 0: an empty entry): the bytes allocated and high-water mark
   // they went over at, the allocation count at their last time and its
@@ -408,8 +406,7 @@ void VmArena::validate(Check&& check) const {
     check(pg == (seg.large_pages ? large_page(granularity_) : granularity_) &&
               (!seg.large_pages || seg.pool == PoolKind::kLarge),
           "an expandable segment's page is not its kind's");
-    check(pg > 0 && pg % granularity_ == 0 && seg.base % granularity_ == 0 && seg.size % pg == 0 &&
-              seg.size > 0,
+    check(pg > 0 && pg % granularity_ == 0 && seg.base % granularity_ == 0 && seg.size % pg == 0 && seg.size > 0,
           "an expandable segment is not whole pages");
     size_t unmapped = 0;
     for (const Block* b : seg.unmapped) {
@@ -418,7 +415,8 @@ void VmArena::validate(Check&& check) const {
       check((b->addr - seg.base) % pg == 0 && b->size % pg == 0, "an unmapped block is not whole pages");
       check(b->addr >= seg.base && b->addr + b->size <= seg.base + seg.size,
             "an unmapped block lies outside its reservation");
-      check(b->stream == seg.stream && b->pool == seg.pool, "an unmapped block differs from its segment in stream/pool");
+      check(b->stream == seg.stream && b->pool == seg.pool,
+            "an unmapped block differs from its segment in stream/pool");
       check((b->prev == nullptr || b->prev->mapped) && (b->next == nullptr || b->next->mapped),
             "two adjacent unmapped blocks are not coalesced");
       check(b->prev == nullptr ? b->addr == seg.base : b->prev->addr + b->prev->size == b->addr,

@@ -29,9 +29,8 @@ void CachingAllocator::set_recording_file(int index, TraceRecord* slots, uint64_
 
 DeviceAllocator& CachingAllocator::device(int index) {
   MEMALLOC_EXPECTS(index >= 0 && index < device_count(),
-                   "device " + std::to_string(index) + " does not exist: the " + backend_->name() +
-                       " backend has " + std::to_string(device_count()) + " device(s), indices 0.." +
-                       std::to_string(device_count() - 1));
+                   "device " + std::to_string(index) + " does not exist: the " + backend_->name() + " backend has " +
+                       std::to_string(device_count()) + " device(s), indices 0.." + std::to_string(device_count() - 1));
   return *devices_[index];
 }
 
@@ -56,10 +55,9 @@ AllocatorRegistry& AllocatorRegistry::instance() {
 void AllocatorRegistry::install(std::shared_ptr<CachingAllocator> a) {
   MEMALLOC_EXPECTS(a != nullptr, "install: no allocator given");
   std::lock_guard<std::mutex> g(mu_);
-  MEMALLOC_EXPECTS(owner_ == nullptr,
-                   "an allocator is already installed in this process (" +
-                       std::string(owner_ ? owner_->backend().name() : "") +
-                       " backend); it cannot be replaced");
+  MEMALLOC_EXPECTS(owner_ == nullptr, "an allocator is already installed in this process (" +
+                                          std::string(owner_ ? owner_->backend().name() : "") +
+                                          " backend); it cannot be replaced");
   owner_ = std::move(a);
   installed_.store(owner_.get(), std::memory_order_release);
 }

@@ -80,8 +80,7 @@ class CachingAllocator {
   void set_recording(int index, size_t capacity);
   // Recording into a flight file (recorder.h's attach): `capacity` records
   // at `slots`, their sequence numbers at `seqs`, memory `keep` keeps alive.
-  void set_recording_file(int index, TraceRecord* slots, uint64_t* seqs, size_t capacity,
-                          std::shared_ptr<void> keep);
+  void set_recording_file(int index, TraceRecord* slots, uint64_t* seqs, size_t capacity, std::shared_ptr<void> keep);
 
  private:
   std::unique_ptr<Backend> backend_;

@@ -87,10 +87,14 @@ inline const char* phase_name(int p) {
 // The category an unresolved block of phase p gets if it survives its landmark.
 inline Category provisional(Phase p) {
   switch (p) {
-    case Phase::kForward: return Category::kActivations;
-    case Phase::kBackward: return Category::kGradients;
-    case Phase::kOptimizer: return Category::kOptimizerState;
-    case Phase::kIdle: break;
+    case Phase::kForward:
+      return Category::kActivations;
+    case Phase::kBackward:
+      return Category::kGradients;
+    case Phase::kOptimizer:
+      return Category::kOptimizerState;
+    case Phase::kIdle:
+      break;
   }
   return Category::kOther;
 }
@@ -106,8 +110,7 @@ struct CategoryBytes {
   // live with each unresolved phase added to its provisional category.
   std::array<int64_t, kNumCategories> provisional_split() const {
     std::array<int64_t, kNumCategories> out = live;
-    for (int p = 0; p < kNumPhases; ++p)
-      out[static_cast<int>(provisional(static_cast<Phase>(p)))] += unresolved[p];
+    for (int p = 0; p < kNumPhases; ++p) out[static_cast<int>(provisional(static_cast<Phase>(p)))] += unresolved[p];
     return out;
   }
 };
@@ -204,9 +207,9 @@ class Breakdown {
   }
   CategoryBytes now_;
   Peak<CategoryBytes, TotalLevel> peak_;  // the current window's peak
-  uint64_t peak_seq_ = 0;  // blocks with seq <= this were allocated by the peak
+  uint64_t peak_seq_ = 0;                 // blocks with seq <= this were allocated by the peak
   std::array<int64_t, kNumPhases> freed_{};
-  CategoryBytes last_;   // the last finished window's peak
+  CategoryBytes last_;  // the last finished window's peak
   bool has_last_ = false;
   uint32_t last_step_ = 0;
 };

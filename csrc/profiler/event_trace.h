@@ -62,8 +62,13 @@ class EventTrace {
     const int64_t t = e.at_once && e.action == Action::kFreeCompleted ? last_ns_ : clock::now_ns();
     last_ns_ = t;
     ring_.push_with([&](TraceRecord& r) {
-      r = TraceRecord{t, e.addr, e.size, e.requested, e.stream, stack, tag,
-                      thread, step, static_cast<uint8_t>(e.action), device_, static_cast<uint8_t>(e.pool), {}};
+      r = TraceRecord{t,        e.addr,
+                      e.size,   e.requested,
+                      e.stream, stack,
+                      tag,      thread,
+                      step,     static_cast<uint8_t>(e.action),
+                      device_,  static_cast<uint8_t>(e.pool),
+                      {}};
     });
   }
 

@@ -18,8 +18,7 @@ std::shared_ptr<FlightMapping> FlightMapping::create(const std::string& path, si
       ::close(fd);
       ::unlink(path.c_str());
     }
-    throw std::runtime_error(std::string("flight recorder: cannot ") + what + " '" + path + "': " +
-                             std::strerror(err));
+    throw std::runtime_error(std::string("flight recorder: cannot ") + what + " '" + path + "': " + std::strerror(err));
   };
   if (bytes == 0) throw std::runtime_error("flight recorder: a file of 0 bytes cannot hold a header");
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

@@ -80,7 +80,8 @@ void Profiler::validate(const std::vector<SubscribedBlock>& blocks, int64_t allo
 
 std::vector<LiveBlock> Profiler::live_blocks() const {
   std::vector<LiveBlock> out;
-  table_.for_each_allocated([&](const ProvenanceRecord& r) { out.push_back(LiveBlock::of(r.addr, r.size, r.requested, r.prov)); });
+  table_.for_each_allocated(
+      [&](const ProvenanceRecord& r) { out.push_back(LiveBlock::of(r.addr, r.size, r.requested, r.prov)); });
   return out;
 }
 

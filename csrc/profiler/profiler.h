@@ -153,8 +153,8 @@ class Profiler final : public Subscriber {
   }
   // The same for a block a checkpoint's restore makes live again: allocated
   // by whom it was (`stack_id`, `tag_id`), live again now.
-  Slot add_restored(std::uintptr_t addr, size_t size, size_t requested, const CallContext& call,
-                    uint32_t stack_id, uint32_t tag_id) {
+  Slot add_restored(std::uintptr_t addr, size_t size, size_t requested, const CallContext& call, uint32_t stack_id,
+                    uint32_t tag_id) {
     const Slot s = add(addr, size, requested, call);
     table_.at(s).prov.stack_id = stack_id;
     table_.at(s).prov.tag_id = tag_id;
@@ -193,8 +193,8 @@ class Profiler final : public Subscriber {
   // Returns its bytes (0: no allocation holds ptr).
   size_t mark(Slot exact, std::uintptr_t ptr, Category cat);
   State state() const {
-    return State{breakdown_.now(), breakdown_.peak(), breakdown_.last(), breakdown_.has_last(),
-                 breakdown_.last_step(), phase_};
+    return State{breakdown_.now(),      breakdown_.peak(),      breakdown_.last(),
+                 breakdown_.has_last(), breakdown_.last_step(), phase_};
   }
 
   // ---- reading --------------------------------------------------------------
@@ -235,8 +235,8 @@ class Profiler final : public Subscriber {
   void watch(const Event& e, Caller caller, const DeviceStats& after, const Provenance* p) noexcept {
     const CallContext& call = context(caller);
     if (trace_.enabled())
-      trace_.take(e, p != nullptr ? p->stack_id : call.stack_id, p != nullptr ? p->tag_id : call.tag_id,
-                  call.thread, call.step);
+      trace_.take(e, p != nullptr ? p->stack_id : call.stack_id, p != nullptr ? p->tag_id : call.tag_id, call.thread,
+                  call.step);
     if (observer_.fn != nullptr) observe(e, after);
   }
   void observe(const Event& e, const DeviceStats& after) noexcept {
@@ -280,9 +280,9 @@ void Profiler::check_invariants(Check&& check, int64_t allocated_bytes) const {
     check(now.live[c] == want.live[c], std::string("breakdown: ") + category_name(c) + " bytes " +
                                            std::to_string(now.live[c]) + ", expected " + std::to_string(want.live[c]));
   for (int p = 0; p < kNumPhases; ++p)
-    check(now.unresolved[p] == want.unresolved[p],
-          std::string("breakdown: unresolved ") + phase_name(p) + " bytes " + std::to_string(now.unresolved[p]) +
-              ", expected " + std::to_string(want.unresolved[p]));
+    check(now.unresolved[p] == want.unresolved[p], std::string("breakdown: unresolved ") + phase_name(p) + " bytes " +
+                                                       std::to_string(now.unresolved[p]) + ", expected " +
+                                                       std::to_string(want.unresolved[p]));
   check(now.total == allocated_bytes, "breakdown: total differs from allocated_bytes");
   const CategoryBytes& peak = bd.peak();
   int64_t sum = 0;

@@ -39,12 +39,12 @@ enum class Category : uint8_t {
 constexpr int kNumCategories = 6;
 
 struct Provenance {
-  uint32_t stack_id = 0;  // who: the caller's interned call stack
-  uint32_t tag_id = 0;    // who: the caller's interned tag path
-  uint32_t step = 0;      // when: memalloc.step() count at the allocation
+  uint32_t stack_id = 0;                 // who: the caller's interned call stack
+  uint32_t tag_id = 0;                   // who: the caller's interned tag path
+  uint32_t step = 0;                     // when: memalloc.step() count at the allocation
   Phase phase = Phase::kIdle;            // when: the training phase at the allocation
   Category category = Category::kOther;  // what it holds, or kUnresolved
-  uint64_t seq = 0;       // when: the allocation's sequence number on its device
+  uint64_t seq = 0;                      // when: the allocation's sequence number on its device
 };
 
 // The provenance of nothing: what an Event about no allocation points to.

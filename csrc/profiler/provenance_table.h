@@ -123,7 +123,7 @@ class ProvenanceTable {
 
  private:
   std::vector<ProvenanceRecord> records_;  // slot s at [s - 1]
-  Slot free_head_ = 0;  // the last slot freed; each free record's addr holds the next (0: none)
+  Slot free_head_ = 0;                     // the last slot freed; each free record's addr holds the next (0: none)
 };
 
 }  // namespace memalloc

@@ -40,8 +40,8 @@ struct RawFrame {
 class StackTable {
  public:
   static constexpr size_t kMaxDepth = 64;
-  static constexpr size_t kChunk = 4096;       // stacks per storage chunk
-  static constexpr size_t kMaxChunks = 4096;   // at most 16,777,216 stacks
+  static constexpr size_t kChunk = 4096;      // stacks per storage chunk
+  static constexpr size_t kMaxChunks = 4096;  // at most 16,777,216 stacks
   StackTable();
   StackTable(const StackTable&) = delete;
   StackTable& operator=(const StackTable&) = delete;
@@ -54,9 +54,7 @@ class StackTable {
   size_t size();
 
  private:
-  const std::vector<RawFrame>& stored(uint32_t id) const {
-    return chunks_[(id - 1) / kChunk][(id - 1) % kChunk];
-  }
+  const std::vector<RawFrame>& stored(uint32_t id) const { return chunks_[(id - 1) / kChunk][(id - 1) % kChunk]; }
   const uint64_t serial_;  // process-unique, keys the per-thread cache
   std::mutex mu_;
   std::unordered_map<uint64_t, std::vector<uint32_t>> by_hash_;

@@ -73,7 +73,7 @@ void peak_follows_the_maximum_and_restarts_at_the_current_value() {
       const int64_t now = static_cast<int64_t>(rng.below(1000));
       const int64_t ended = p.restart(now);
       EXPECT_EQ(ended, truth);  // the ended window's peak
-      truth = now;                       // the next begins at the current value
+      truth = now;              // the next begins at the current value
       EXPECT_EQ(p.value(), now);
     }
   }
@@ -130,8 +130,7 @@ void check_windows(const Accounting& acc, const Breakdown& bd, const Truth& t, i
   }
   const StepWindow w = acc.window();
   expect(w.peak_allocated_bytes == t.step_alloc_peak,
-         "step window allocated " + std::to_string(w.peak_allocated_bytes) + " vs " +
-             std::to_string(t.step_alloc_peak),
+         "step window allocated " + std::to_string(w.peak_allocated_bytes) + " vs " + std::to_string(t.step_alloc_peak),
          line);
   expect(w.peak_reserved_bytes == t.step_resv_peak, "step window reserved", line);
   expect(w.num_ooms == t.step_ooms, "step window OOMs", line);
@@ -258,7 +257,8 @@ void a_restart_moves_its_window_only() {
   EXPECT(all_high() && step_high() && breakdown_high());
 
   acc.reset_peak();
-  EXPECT(acc.stats().allocated_bytes[kStatAll].peak.value() == 0 && acc.stats().reserved_bytes[kStatAll].peak.value() == 0);
+  EXPECT(acc.stats().allocated_bytes[kStatAll].peak.value() == 0 &&
+         acc.stats().reserved_bytes[kStatAll].peak.value() == 0);
   EXPECT(step_high() && breakdown_high());
 
   Accounting acc2(SIZE_MAX);  // the same history, then the step tracker's restart
@@ -315,10 +315,10 @@ void the_breakdown_reads_block_events_and_their_provenance_only() {
   std::vector<Live> live;
   uint64_t seq = 0;
   CategoryBytes peak_truth;
-  const Action others[] = {Action::kFreeCompleted, Action::kSegmentAlloc, Action::kSegmentFree,
-                           Action::kAllocRetry,    Action::kOom,          Action::kEmptyCache,
-                           Action::kSyncAllStreams, Action::kGcRelease,   Action::kSegmentFreeFailed,
-                           Action::kSegmentMap,    Action::kSegmentUnmap};
+  const Action others[] = {Action::kFreeCompleted,  Action::kSegmentAlloc, Action::kSegmentFree,
+                           Action::kAllocRetry,     Action::kOom,          Action::kEmptyCache,
+                           Action::kSyncAllStreams, Action::kGcRelease,    Action::kSegmentFreeFailed,
+                           Action::kSegmentMap,     Action::kSegmentUnmap};
   for (int i = 0; i < 5000; ++i) {
     const uint64_t op = rng.below(10);
     if (op < 4) {
@@ -376,7 +376,7 @@ void resolving_relabels_the_peak_without_moving_it() {
   feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 1000, a));
   feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 2000, b));
   feed(bd, block_ev(Action::kFreeRequested, PoolKind::kSmall, 2000, b));  // freed after the peak
-  feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 500, c));          // after the peak: not in it
+  feed(bd, block_ev(Action::kAlloc, PoolKind::kSmall, 500, c));           // after the peak: not in it
   EXPECT_EQ(bd.peak().total, 3000);
   bd.resolve(Phase::kForward, Category::kActivations);
   const int act = static_cast<int>(Category::kActivations), tmp = static_cast<int>(Category::kTemporaries);

@@ -58,8 +58,7 @@ ProvEvent event(Action a, uint64_t i) {
 bool same(const TraceRecord& r, const ProvEvent& e, uint32_t thread, uint32_t step, uint8_t device) {
   return r.addr == e.addr && r.size == e.size && r.requested == e.requested && r.stream == e.stream &&
          r.stack_id == e.prov->stack_id && r.tag_id == e.prov->tag_id && r.thread == thread && r.step == step &&
-         r.action == static_cast<uint8_t>(e.action) && r.device == device &&
-         r.pool == static_cast<uint8_t>(e.pool);
+         r.action == static_cast<uint8_t>(e.action) && r.device == device && r.pool == static_cast<uint8_t>(e.pool);
 }
 
 void off_until_reset_and_records_every_field() {
@@ -129,7 +128,7 @@ void attached_slots_get_sequence_numbers() {
   t.attach(slots.data(), seqs.data(), kCap, keep);
   EXPECT(t.enabled());
   EXPECT(seqs[0] == 0 && seqs[1] == 0 && seqs[2] == 0);  // cleared on attach
-  EXPECT(keep.use_count() == 2);  // the ring keeps the memory alive
+  EXPECT(keep.use_count() == 2);                         // the ring keeps the memory alive
   for (uint64_t i = 0; i < 4; ++i) take(t, event(Action::kAlloc, i), 0, 0);
   // 4 pushes into 3 slots: slot 0 holds the 4th record, 1 and 2 the 2nd and 3rd.
   EXPECT(seqs[0] == 4 && seqs[1] == 2 && seqs[2] == 3);

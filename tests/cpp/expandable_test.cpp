@@ -59,8 +59,9 @@ struct Rig {
 
   Rig() { sink.set_subscriber(&pages); }
   Block* grow(size_t bytes, bool* no_vm) {
-    return part.grow(bytes, 0, Expandable::Policy{true, ++clock}, [this] { return config.host_capacity; },
-                     [this](size_t) { ++collections; }, no_vm);
+    return part.grow(
+        bytes, 0, Expandable::Policy{true, ++clock}, [this] { return config.host_capacity; },
+        [this](size_t) { ++collections; }, no_vm);
   }
 };
 

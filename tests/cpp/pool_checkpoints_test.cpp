@@ -143,12 +143,12 @@ struct Rig {
     }
   }
   PoolCheckpoints part() {
-    return PoolCheckpoints(blocks, live, segments, events, pools, sink, allocations,
-                           [this](Block* b) { free_live(b); },
-                           [this] {
-                             ++waits;
-                             events.synchronize([this](Block* b) { to_list(b); });
-                           });
+    return PoolCheckpoints(
+        blocks, live, segments, events, pools, sink, allocations, [this](Block* b) { free_live(b); },
+        [this] {
+          ++waits;
+          events.synchronize([this](Block* b) { to_list(b); });
+        });
   }
   std::vector<void*> live_ptrs() const {
     std::vector<void*> out;
@@ -156,17 +156,21 @@ struct Rig {
     return out;
   }
   void expect_sound(int line) {
-    part_test::expect(static_cast<size_t>(sink.allocated_bytes()) == [&] {
-      size_t sum = 0;
-      for (auto& kv : truth) sum += kv.second.size;
-      return sum;
-    }(), "allocated bytes in the counters == the live blocks' bytes", line);
+    part_test::expect(
+        static_cast<size_t>(sink.allocated_bytes()) ==
+            [&] {
+              size_t sum = 0;
+              for (auto& kv : truth) sum += kv.second.size;
+              return sum;
+            }(),
+        "allocated bytes in the counters == the live blocks' bytes", line);
     part_test::expect(live.size() == truth.size() && pool->live_blocks == truth.size(),
                       "the live table and the pool's count == the truth's blocks", line);
     for (auto& kv : truth) {
       auto it = live.find(kv.first);
       part_test::expect(it != live.end() && it->second->size == kv.second.size &&
-                            it->second->requested == kv.second.requested && notes.note(it->second->id) == kv.second.note,
+                            it->second->requested == kv.second.requested &&
+                            notes.note(it->second->id) == kv.second.note,
                         "a live block as the truth has it (size, requested, note)", line);
     }
     part_test::expect_valid(segments, line);
@@ -188,9 +192,9 @@ void expect_layout(const PoolState& s, const std::map<std::uintptr_t, Truth>& tr
     if (!b.allocated) continue;
     ++allocated;
     auto t = truth.find(b.addr);
-    part_test::expect(t != truth.end() && t->second.size == b.size && t->second.requested == b.requested &&
-                          t->second.note == b.note,
-                      "an allocated block of the state is the truth's", line);
+    part_test::expect(
+        t != truth.end() && t->second.size == b.size && t->second.requested == b.requested && t->second.note == b.note,
+        "an allocated block of the state is the truth's", line);
   }
   part_test::expect(seg.addr == kBase && seg.size == segment && at == kBase + segment, "the segment's extent", line);
   part_test::expect(allocated == truth.size(), "the state's allocated blocks are the truth's", line);

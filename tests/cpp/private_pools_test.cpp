@@ -90,7 +90,7 @@ void a_pool_keeps_the_source_it_was_created_with() {
   EXPECT(error_of([&] { f.pools.create_or_incref(A, s2); }) ==
          "private pool (1, 0) already exists with another segment source");
   EXPECT(a.source == s1 && a.use_count == 2);  // nothing changed
-  f.pools.create_or_incref(A);  // no source given: the pool's stays
+  f.pools.create_or_incref(A);                 // no source given: the pool's stays
   EXPECT(a.source == s1 && a.use_count == 3);
   PrivatePool& b = f.pools.create_or_incref(B);
   EXPECT(b.source == nullptr);
@@ -135,9 +135,11 @@ void route_mistakes_are_refused_and_change_nothing() {
          "allocate to pool (0, 0): the default pool takes no route");
   EXPECT(error_of([&] { f.pools.begin_route(B, PoolFilter{}); }) == "begin_allocate_to_pool: no filter given");
   EXPECT(f.pools.find(B) == nullptr && f.pools.size() == 1);
-  EXPECT(error_of([&] { f.pools.end_route(C); }) == "end_allocate_to_pool: allocations do not go to private pool (7, 0)");
+  EXPECT(error_of([&] { f.pools.end_route(C); }) ==
+         "end_allocate_to_pool: allocations do not go to private pool (7, 0)");
   f.pools.end_route(A);
-  EXPECT(error_of([&] { f.pools.end_route(A); }) == "end_allocate_to_pool: allocations do not go to private pool (1, 0)");
+  EXPECT(error_of([&] { f.pools.end_route(A); }) ==
+         "end_allocate_to_pool: allocations do not go to private pool (1, 0)");
   VALID(f.pools);
 }
 
@@ -173,8 +175,8 @@ void free_lists_in_id_order_after_the_default_pools() {
   for (PoolId id : {PoolId{2, 0}, PoolId{0, 5}, PoolId{1, 0}}) f.pools.create_or_incref(id);
   std::vector<FreeLists*> all = f.pools.all_free_lists(default_lists);
   EXPECT(all.size() == 4 && all[0] == &default_lists);
-  EXPECT(all.size() == 4 && all[1] == &f.pools.find(PoolId{0, 5})->lists && all[2] == &f.pools.find(PoolId{1, 0})->lists &&
-         all[3] == &f.pools.find(PoolId{2, 0})->lists);
+  EXPECT(all.size() == 4 && all[1] == &f.pools.find(PoolId{0, 5})->lists &&
+         all[2] == &f.pools.find(PoolId{1, 0})->lists && all[3] == &f.pools.find(PoolId{2, 0})->lists);
   std::vector<PoolId> order;
   for (auto& kv : f.pools) order.push_back(kv.first);
   EXPECT((order == std::vector<PoolId>{{0, 5}, {1, 0}, {2, 0}}));

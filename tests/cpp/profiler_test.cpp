@@ -106,9 +106,11 @@ bool split_is(const CategoryBytes& got, const CategoryBytes& want, std::string* 
 
 std::vector<std::string> problems(const Feed& f, int64_t allocated) {
   std::vector<std::string> out;
-  f.p.check_invariants([&](bool ok, const std::string& what) {
-    if (!ok) out.push_back(what);
-  }, allocated);
+  f.p.check_invariants(
+      [&](bool ok, const std::string& what) {
+        if (!ok) out.push_back(what);
+      },
+      allocated);
   // And the subscriber's own check against the blocks the allocator holds.
   std::vector<SubscribedBlock> blocks;
   for (const Alloc& a : f.allocs)

@@ -85,8 +85,7 @@ void random_steps_match_a_model() {
   EXPECT(got_addrs == want_addrs && visits == want_addrs.size());
   // A change through the walk is seen by at().
   t.for_each_allocated([&](ProvenanceRecord& r) { r.prov.category = Category::kGradients; });
-  for (const auto& [s, r] : model)
-    EXPECT((t.at(s).prov.category == Category::kGradients) == !r.pending);
+  for (const auto& [s, r] : model) EXPECT((t.at(s).prov.category == Category::kGradients) == !r.pending);
 }
 
 void slot_zero_and_reuse_order() {

@@ -14,10 +14,8 @@ namespace {
 PyObject* walk(PyObject*, PyObject*) {
   memalloc::RawFrame frames[memalloc::StackTable::kMaxDepth];
   size_t n = 0;
-  Py_BEGIN_ALLOW_THREADS
-  n = memalloc::own_frames(frames, memalloc::StackTable::kMaxDepth);
-  Py_END_ALLOW_THREADS
-  PyObject* out = PyList_New(0);
+  Py_BEGIN_ALLOW_THREADS n = memalloc::own_frames(frames, memalloc::StackTable::kMaxDepth);
+  Py_END_ALLOW_THREADS PyObject* out = PyList_New(0);
   for (size_t i = 0; i < n && out != nullptr; ++i) {
     auto* code = reinterpret_cast<PyCodeObject*>(const_cast<void*>(frames[i].code));
     PyObject* obj = reinterpret_cast<PyObject*>(code);
@@ -38,7 +36,8 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyframes_probe", nullptr, -1, methods, nullptr, nullptr, nullptr, nullptr};
+PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "pyframes_probe", nullptr, -1, methods, nullptr, nullptr, nullptr, nullptr};
 }  // namespace
 
 PyMODINIT_FUNC PyInit_pyframes_probe() { return PyModule_Create(&module); }

@@ -69,8 +69,8 @@ void overlapping_and_empty_segments_are_refused() {
   EXPECT(f.table.insert(0x10000, Segment{0x1000, &f.a, nullptr}));
   EXPECT(f.a.segments == 1);
   // Same start, starting inside, reaching into, spanning it, size 0.
-  const std::vector<Range> refused = {{0x10000, 0x1000}, {0x10000, 16}, {0x10fff, 0x10}, {0xf000, 0x1001},
-                                      {0x8000, 0x10000}, {0x20000, 0}};
+  const std::vector<Range> refused = {{0x10000, 0x1000}, {0x10000, 16},     {0x10fff, 0x10},
+                                      {0xf000, 0x1001},  {0x8000, 0x10000}, {0x20000, 0}};
   for (const Range& r : refused) {
     EXPECT(!f.table.insert(r.addr, Segment{r.bytes, &f.b, nullptr}));
     EXPECT(f.table.size() == 1 && f.b.segments == 0);  // nothing changed

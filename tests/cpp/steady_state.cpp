@@ -71,8 +71,7 @@ int main() {
   DeviceStats s = dev.stats();
   double ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / (rounds * 10.0);
   std::printf("rounds=%d allocations=%lld device_allocs=%lld\n", rounds,
-              static_cast<long long>(s.allocation[kStatAll].allocated),
-              static_cast<long long>(s.num_device_alloc));
+              static_cast<long long>(s.allocation[kStatAll].allocated), static_cast<long long>(s.num_device_alloc));
   std::printf("steady_state_operator_new_calls=%ld\n", news);
   std::printf("ns_per_alloc_free_pair=%.1f\n", ns);
   if (s.allocated_bytes[kStatAll].current != 0) {

@@ -65,14 +65,14 @@ using namespace memalloc;
 namespace {
 
 constexpr int kDevices = 2;
-constexpr int kStreams = 4;        // streams 0..3 on each device
-constexpr size_t kWindow = 32;     // live blocks per thread, at most
-constexpr size_t kRingA = 4096;    // event ring sizes of device 0 (the reader
-constexpr size_t kRingB = 1024;    //   switches between them now and then)
-constexpr uint64_t kTagMarker = 0x7a67ULL << 48;   // high 16 bits of a live tag
+constexpr int kStreams = 4;                       // streams 0..3 on each device
+constexpr size_t kWindow = 32;                    // live blocks per thread, at most
+constexpr size_t kRingA = 4096;                   // event ring sizes of device 0 (the reader
+constexpr size_t kRingB = 1024;                   //   switches between them now and then)
+constexpr uint64_t kTagMarker = 0x7a67ULL << 48;  // high 16 bits of a live tag
 constexpr uint64_t kScrubbed = 0xf4eef4eef4eef4eeULL;
 constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kStacks = 3000;   // synthetic call stacks (more than a thread cache holds)
+constexpr size_t kStacks = 3000;  // synthetic call stacks (more than a thread cache holds)
 
 // Synthetic stack k: 1 + k % 40 frames of fake code pointers.
 std::vector<RawFrame> synthetic_stack(size_t k) {
@@ -137,7 +137,7 @@ struct LiveBlock {
 
 struct Counts {
   long ops = 0;
-  long mallocs = 0;      // successful
+  long mallocs = 0;  // successful
   long frees = 0;
   long ooms = 0;
   long record_streams = 0;
@@ -149,14 +149,14 @@ struct Counts {
 size_t pick_size(Rng& r, size_t capacity) {
   const uint64_t x = r.below(100000);
   if (x < 5) return capacity + 512 * (1 + r.below(1024));  // bigger than the device: OOM after a cache release
-  if (x < 10) return size_t{1} << 61;                         // beyond any device: OOM at once
-  if (x < 80000) {                                            // small pool, log-uniform 16 B .. 1 MiB - 1
+  if (x < 10) return size_t{1} << 61;                      // beyond any device: OOM at once
+  if (x < 80000) {                                         // small pool, log-uniform 16 B .. 1 MiB - 1
     const unsigned bits = 4 + static_cast<unsigned>(r.below(16));
     const size_t lo = size_t{1} << bits;
     return lo + r.below(lo);
   }
-  if (x < 99980) return kMiB + 1 + r.below(11 * kMiB);         // large: 1 .. 12 MiB
-  return 12 * kMiB + r.below(84 * kMiB);                       // huge: 12 .. 96 MiB (max_split is 64 MiB)
+  if (x < 99980) return kMiB + 1 + r.below(11 * kMiB);  // large: 1 .. 12 MiB
+  return 12 * kMiB + r.below(84 * kMiB);                // huge: 12 .. 96 MiB (max_split is 64 MiB)
 }
 
 // Checks and scrubs the tags of a block about to be freed.
@@ -171,8 +171,8 @@ bool check_tags(const LiveBlock& b, int thread) {
     };
     fail("thread " + std::to_string(thread) + ": block " + hex(reinterpret_cast<uintptr_t>(b.ptr)) + " (" +
          std::to_string(b.size) + " bytes, device " + std::to_string(b.device) + ") was overwritten: head " +
-         hex(head) + " (" + owner(head) + "), tail " + hex(tail) + " (" + owner(tail) + "), expected " +
-         hex(b.tag) + ": another live block overlaps it");
+         hex(head) + " (" + owner(head) + "), tail " + hex(tail) + " (" + owner(tail) + "), expected " + hex(b.tag) +
+         ": another live block overlaps it");
     return false;
   }
   store64(p, kScrubbed);
@@ -253,7 +253,8 @@ void worker(CachingAllocator& alloc, HostBackend& host, StackTable& stacks,
                hex(head) + ", " + hex(tail) + "): it overlaps a live block");
           break;
         }
-        const uint64_t tag = kTagMarker | (static_cast<uint64_t>(thread & 0xff) << 40) | (++serial & ((1ULL << 40) - 1));
+        const uint64_t tag =
+            kTagMarker | (static_cast<uint64_t>(thread & 0xff) << 40) | (++serial & ((1ULL << 40) - 1));
         store64(cp, tag);
         store64(cp + size - 8, tag);
         live.push_back(LiveBlock{p, size, d, s, tag});
@@ -291,7 +292,7 @@ void worker(CachingAllocator& alloc, HostBackend& host, StackTable& stacks,
 
 // Invariants of one stats snapshot (taken under the device lock).
 std::string check_snapshot(const DeviceStats& s) {
-  auto pool = [](const Stat (&st)[kNumStatTypes], const char* name) -> std::string {
+  auto pool = [](const Stat(&st)[kNumStatTypes], const char* name) -> std::string {
     for (int i = 0; i < kNumStatTypes; ++i) {
       if (st[i].current != st[i].allocated - st[i].freed)
         return std::string(name) + "[" + std::to_string(i) + "]: current != allocated - freed";
@@ -379,11 +380,16 @@ bool parse_args(int argc, char** argv, Options& o) {
       return a.compare(0, n, key) == 0 ? a.c_str() + n : nullptr;
     };
     const char* v;
-    if ((v = value("--threads="))) o.threads = std::atoi(v);
-    else if ((v = value("--ops="))) o.ops = std::atol(v);
-    else if ((v = value("--capacity-mb="))) o.capacity_mb = std::strtoull(v, nullptr, 10);
-    else if ((v = value("--seed="))) o.seed = std::strtoull(v, nullptr, 10);
-    else return false;
+    if ((v = value("--threads=")))
+      o.threads = std::atoi(v);
+    else if ((v = value("--ops=")))
+      o.ops = std::atol(v);
+    else if ((v = value("--capacity-mb=")))
+      o.capacity_mb = std::strtoull(v, nullptr, 10);
+    else if ((v = value("--seed=")))
+      o.seed = std::strtoull(v, nullptr, 10);
+    else
+      return false;
   }
   return o.threads >= 1 && o.threads <= 255 && o.ops >= 0 && o.capacity_mb >= 128;
 }
@@ -396,8 +402,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [--threads=1..255] [--ops=N] [--capacity-mb=N>=128] [--seed=N]\n", argv[0]);
     return 2;
   }
-  const Config config = parse_config("host_capacity_mb:" + std::to_string(opt.capacity_mb) +
-                                     ",host_devices:2,max_split_size_mb:64");
+  const Config config =
+      parse_config("host_capacity_mb:" + std::to_string(opt.capacity_mb) + ",host_devices:2,max_split_size_mb:64");
   int status = 0;
   {
     CachingAllocator alloc(std::unique_ptr<Backend>(new HostBackend(config)), config);
@@ -455,12 +461,12 @@ int main(int argc, char** argv) {
       }
       if (id == 0) continue;
       distinct++;
-      if (stacks.frames(id) != stack_frames[k]) errors.push_back("frames(" + std::to_string(id) + ") != stack " +
-                                                                std::to_string(k));
+      if (stacks.frames(id) != stack_frames[k])
+        errors.push_back("frames(" + std::to_string(id) + ") != stack " + std::to_string(k));
     }
     if (errors.empty() && stacks.size() != distinct)
-      errors.push_back("stack table holds " + std::to_string(stacks.size()) + " stacks, " +
-                       std::to_string(distinct) + " were interned");
+      errors.push_back("stack table holds " + std::to_string(stacks.size()) + " stacks, " + std::to_string(distinct) +
+                       " were interned");
     std::printf("stacks_interned=%zu\n", distinct);
     if (errors.empty()) {
       try {
@@ -493,20 +499,20 @@ int main(int argc, char** argv) {
             expect(s.allocation[i].allocated == s.allocation[i].freed,
                    "allocation" + p + ".allocated " + std::to_string(s.allocation[i].allocated) + " != freed " +
                        std::to_string(s.allocation[i].freed));
-            expect(s.segment[i].allocated == s.segment[i].freed,
-                   "segment" + p + ".allocated " + std::to_string(s.segment[i].allocated) + " != freed " +
-                       std::to_string(s.segment[i].freed));
+            expect(s.segment[i].allocated == s.segment[i].freed, "segment" + p + ".allocated " +
+                                                                     std::to_string(s.segment[i].allocated) +
+                                                                     " != freed " + std::to_string(s.segment[i].freed));
           }
           expect(s.oversize_allocations.current == 0, "oversize_allocations.current != 0");
           expect(s.oversize_segments.current == 0, "oversize_segments.current != 0");
-          expect(s.num_device_alloc == s.num_device_free,
-                 "num_device_alloc " + std::to_string(s.num_device_alloc) + " != num_device_free " +
-                     std::to_string(s.num_device_free));
+          expect(s.num_device_alloc == s.num_device_free, "num_device_alloc " + std::to_string(s.num_device_alloc) +
+                                                              " != num_device_free " +
+                                                              std::to_string(s.num_device_free));
           expect(host.live_segments(d) == 0,
                  "host live_segments == " + std::to_string(host.live_segments(d)) + ", expected 0");
           const MemInfo info = dev.mem_get_info();
-          expect(info.free == info.total, "the simulated device still has " +
-                                              std::to_string(info.total - info.free) + " bytes in use");
+          expect(info.free == info.total,
+                 "the simulated device still has " + std::to_string(info.total - info.free) + " bytes in use");
           try {
             dev.validate();
           } catch (const std::exception& e) {
@@ -522,7 +528,8 @@ int main(int argc, char** argv) {
           errors.push_back("allocation.all.allocated " + std::to_string(allocs) + " != successful mallocs " +
                            std::to_string(total.mallocs));
         if (frees != total.frees)
-          errors.push_back("allocation.all.freed " + std::to_string(frees) + " != frees " + std::to_string(total.frees));
+          errors.push_back("allocation.all.freed " + std::to_string(frees) + " != frees " +
+                           std::to_string(total.frees));
         if (ooms != total.ooms)
           errors.push_back("num_ooms " + std::to_string(ooms) + " != OutOfMemory caught " + std::to_string(total.ooms));
         if (total.ops != static_cast<long>(opt.threads) * opt.ops)

@@ -73,8 +73,7 @@ struct Fixture {
       ++absorbed;
     };
   }
-  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity,
-                     bool large = false) {
+  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity, bool large = false) {
     VmSegment* seg = arena.reserve(stream, pool, large, [capacity] { return capacity; }, make());
     if (seg != nullptr) page = seg->page;
     return seg;
@@ -152,7 +151,7 @@ void a_hole_between_free_blocks_is_mapped_whole() {
   Block* a = f.map(*seg, 2 * MiB);  // [0, 1p)
   EXPECT(a != nullptr);
   if (a == nullptr) return;
-  a->allocated = true;  // live blocks, so that the next room is not a free neighbour
+  a->allocated = true;              // live blocks, so that the next room is not a free neighbour
   Block* b = f.map(*seg, 6 * MiB);  // [1p, 4p)
   if (b == nullptr) return EXPECT(false);
   b->allocated = true;
@@ -266,11 +265,13 @@ void the_reuse_ceiling_follows_the_high_water_mark() {
   EXPECT(f.arena.over_ceiling(0, 0, 20 * MiB, 20 * MiB, 0, 2 * MiB) == 0 && f.arena.allocated_hwm() == 20 * MiB);
   const size_t ceiling = 20 * MiB + 20 * MiB / d;
   EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 4 * MiB, 1, 2 * MiB) == 24 * MiB - ceiling);
-  EXPECT(f.arena.allocated_hwm() == 20 * MiB);  // 0 + 4 MiB is below it: unchanged
+  EXPECT(f.arena.allocated_hwm() == 20 * MiB);                             // 0 + 4 MiB is below it: unchanged
   EXPECT(f.arena.over_ceiling(0, 20 * MiB, 4 * MiB, 0, 2, 2 * MiB) == 0);  // no pages to map
-  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB, 3, 2 * MiB) == 2 * MiB);  // all of it above: capped at the room
+  EXPECT(f.arena.over_ceiling(0, 40 * MiB, 2 * MiB, 2 * MiB, 3, 2 * MiB) ==
+         2 * MiB);  // all of it above: capped at the room
   // A larger peak raises the ceiling: 40 + 2 MiB allocated.
-  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB, 4, 2 * MiB) == 0 && f.arena.allocated_hwm() == 42 * MiB);
+  EXPECT(f.arena.over_ceiling(40 * MiB, 40 * MiB, 2 * MiB, 2 * MiB, 4, 2 * MiB) == 0 &&
+         f.arena.allocated_hwm() == 42 * MiB);
   EXPECT(f.arena.slack_divisor() == d);  // no request went over twice
 }
 
@@ -288,7 +289,8 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   const size_t over = reserved + 8 * MiB - (hwm + hwm / d);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1000, 2 * MiB) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000, 2 * MiB) == over);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000, 2 * MiB) == over);  // a retry: not a third time
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 2000, 2 * MiB) ==
+         over);  // a retry: not a third time
   // a request's first time and its retry (no spacing yet) are not a loop either
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100, 2 * MiB) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 1024, 8 * MiB, 2100, 2 * MiB) == over);
@@ -297,8 +299,10 @@ void a_loop_giving_pages_back_every_step_doubles_the_slack() {
   EXPECT(f.arena.over_ceiling(allocated - 8 * MiB, reserved, rounded, 8 * MiB, 2500, 2 * MiB) == over);
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded - 512, 8 * MiB, 2600, 2 * MiB) == over);
   // uneven: 1499 after, not 1000 (no common period); then 1499 again: a loop, the slack doubles
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3499, 2 * MiB) == over && f.arena.slack_divisor() == d);
-  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 4998, 2 * MiB) == reserved + 8 * MiB - (hwm + hwm / (d / 2)));
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 3499, 2 * MiB) == over &&
+         f.arena.slack_divisor() == d);
+  EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 4998, 2 * MiB) ==
+         reserved + 8 * MiB - (hwm + hwm / (d / 2)));
   EXPECT(f.arena.slack_divisor() == d / 2);
   // under the wider ceiling (110 MiB) 6 MiB of room maps without giving any back
   EXPECT(f.arena.over_ceiling(allocated, reserved, rounded, 6 * MiB, 6000, 2 * MiB) == 0);
@@ -317,11 +321,11 @@ void a_loop_going_over_every_few_steps_is_a_loop() {
     for (uint64_t s : steps) f.arena.over_ceiling(allocated, reserved, rounded, 8 * MiB, 1208 * s + 7, 2 * MiB);
     return f.arena.slack_divisor();
   };
-  EXPECT(times({1, 6}) == d);            // twice: not yet
-  EXPECT(times({1, 6, 9}) == d / 2);     // gaps of 5 and 3 steps
-  EXPECT(times({1, 2, 10}) == d / 2);    // 1 and 8
-  EXPECT(times({1, 2, 11}) == d);        // 1 and 9: too far apart
-  EXPECT(times({1, 2, 11, 12}) == d);    // 9 then 1: still too far apart
+  EXPECT(times({1, 6}) == d);                  // twice: not yet
+  EXPECT(times({1, 6, 9}) == d / 2);           // gaps of 5 and 3 steps
+  EXPECT(times({1, 2, 10}) == d / 2);          // 1 and 8
+  EXPECT(times({1, 2, 11}) == d);              // 1 and 9: too far apart
+  EXPECT(times({1, 2, 11, 12}) == d);          // 9 then 1: still too far apart
   EXPECT(times({1, 2, 11, 12, 13}) == d / 2);  // then 1 and 1
 }
 
@@ -348,7 +352,7 @@ void rooms_are_searched_per_stream_and_pool() {
   VmSegment* small = f.reserve(1, PoolKind::kSmall);
   if (a == nullptr || b == nullptr || other_stream == nullptr || small == nullptr) return EXPECT(false);
   EXPECT(a->base != b->base && (f.arena.streams() == std::vector<Stream>{1, 2}));
-  Block* m = f.map(*b, 4 * MiB);  // b: a free 2-page block, 5 MiB needs one more page
+  Block* m = f.map(*b, 4 * MiB);             // b: a free 2-page block, 5 MiB needs one more page
   Block* s = f.map(*other_stream, 4 * MiB);  // the same on stream 2
   if (m == nullptr || s == nullptr) return EXPECT(false);
   VmRoom room;
@@ -458,9 +462,9 @@ void exhausted_address_space_is_refused_but_not_for_good() {
 void large_requests_on_a_large_device_use_natives_large_page() {
   const size_t from = VmArena::kLargePagesFrom, req = VmArena::kLargeRequest;
   EXPECT(VmArena::large_pages(PoolKind::kLarge, req, from));
-  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req - 1, from));   // a smaller request: fine pages
-  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req, from - 1));   // a smaller device: fine pages
-  EXPECT(!VmArena::large_pages(PoolKind::kSmall, req, from));       // the small pool: fine pages
+  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req - 1, from));  // a smaller request: fine pages
+  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req, from - 1));  // a smaller device: fine pages
+  EXPECT(!VmArena::large_pages(PoolKind::kSmall, req, from));      // the small pool: fine pages
   EXPECT(VmArena::large_page(2 * MiB) == 20 * MiB && VmArena::large_page(8 * MiB) == 24 * MiB);
 }
 

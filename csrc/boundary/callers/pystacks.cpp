@@ -35,7 +35,7 @@ size_t walk_frames(RawFrame* out, size_t max_depth) {
   while (frame != nullptr && n < max_depth) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
     out[n++] = RawFrame{code, PyFrame_GetLasti(frame)};
-    Py_DECREF(code);  // the frame keeps it alive while we walk
+    Py_DECREF(code);                               // the frame keeps it alive while we walk
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     Py_DECREF(frame);
     frame = back;

@@ -41,7 +41,8 @@ void bind_attribution(py::module_& m) {
   std::string choices;
   for (int i = 0; i < kNumStackModes; ++i) {
     modes[stack_mode_name(i)] = i;
-    choices += (i ? (i + 1 == kNumStackModes ? " or " : ", ") : "") + std::to_string(i) + " (" + stack_mode_name(i) + ")";
+    choices +=
+        (i ? (i + 1 == kNumStackModes ? " or " : ", ") : "") + std::to_string(i) + " (" + stack_mode_name(i) + ")";
   }
   m.attr("STACK_MODES") = modes;
   m.def("set_stack_mode", [choices](int mode) {
@@ -53,9 +54,8 @@ void bind_attribution(py::module_& m) {
   m.def("tag_names", [] { return AllocatorRegistry::instance().tags().names(); });
   m.def("thread_tag", &AllocatorRegistry::thread_tag);
   m.def("set_thread_tag", &AllocatorRegistry::set_thread_tag);
-  m.def("set_backward_context", [](uint32_t tag, uint32_t stack) {
-    AllocatorRegistry::instance().set_backward_context(tag, stack);
-  });
+  m.def("set_backward_context",
+        [](uint32_t tag, uint32_t stack) { AllocatorRegistry::instance().set_backward_context(tag, stack); });
   m.def("backward_context", [] {
     auto& r = AllocatorRegistry::instance();
     return py::make_tuple(r.backward_tag(), r.backward_stack());
@@ -66,11 +66,14 @@ void bind_attribution(py::module_& m) {
   m.def("stack_count", [] { return AllocatorRegistry::instance().stacks().size(); });
   m.def("stack_frames", &stack_frames, py::arg("stack_id"),
         "[(filename, line, function)] of an interned stack, innermost first.");
-  m.def("set_oom_hook", [](py::object hook) {
-    MEMALLOC_EXPECTS(hook.is_none() || PyCallable_Check(hook.ptr()),
-                     "the OOM hook must be callable(device, requested_bytes) -> str, or None");
-    set_oom_hook(hook.ptr());
-  }, py::arg("hook"), "Text appended to out-of-memory errors of the installed allocator (None: off).");
+  m.def(
+      "set_oom_hook",
+      [](py::object hook) {
+        MEMALLOC_EXPECTS(hook.is_none() || PyCallable_Check(hook.ptr()),
+                         "the OOM hook must be callable(device, requested_bytes) -> str, or None");
+        set_oom_hook(hook.ptr());
+      },
+      py::arg("hook"), "Text appended to out-of-memory errors of the installed allocator (None: off).");
   m.def("use_for_torch_cpu", &use_for_torch_cpu,
         "Makes torch's CPU tensors come from device 0 of the installed host-backend allocator (irreversible).");
   m.def("used_for_torch_cpu", &used_for_torch_cpu);

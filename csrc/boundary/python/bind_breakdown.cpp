@@ -30,8 +30,8 @@ inline constexpr pyargs::TextSpec kPhaseName{"phase", "a str: 'idle', 'forward',
 inline constexpr pyargs::TextSpec kCategoryName{
     "category", "a str: 'parameters', 'gradients', 'optimizer_state', 'activations', 'temporaries' or 'other'"};
 inline constexpr pyargs::UIntSpec kStepNumber{"step", "step", "",
-                                             "an int >= 0 (the step that ended) or None (memalloc.steps())",
-                                             std::numeric_limits<uint32_t>::max()};
+                                              "an int >= 0 (the step that ended) or None (memalloc.steps())",
+                                              std::numeric_limits<uint32_t>::max()};
 using PhaseArg = pyargs::Text<kPhaseName>;
 using CategoryArg = pyargs::Text<kCategoryName>;
 
@@ -82,14 +82,14 @@ void bind_breakdown(AllocatorClass& cls) {
          },
          py::arg("phase"),
          "Stamps new blocks of every device with `phase`; entering 'backward' resolves the live forward blocks "
-         "(activations), entering 'optimizer' the live backward blocks (gradients). memalloc/features/phases.py calls it.")
+         "(activations), entering 'optimizer' the live backward blocks (gradients). memalloc/features/phases.py calls "
+         "it.")
       .def(
           "resolve",
           [](CachingAllocator& a, const PhaseArg& phase, const CategoryArg& category) {
             const Phase p = phase_of(phase);
             const Category c = category_of(category);
-            MEMALLOC_EXPECTS(p != Phase::kIdle,
-                             "phase 'idle' has nothing to resolve: its blocks are 'other' at once");
+            MEMALLOC_EXPECTS(p != Phase::kIdle, "phase 'idle' has nothing to resolve: its blocks are 'other' at once");
             py::gil_scoped_release nogil;
             for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.resolve(p, c); });
           },
@@ -98,14 +98,16 @@ void bind_breakdown(AllocatorClass& cls) {
       .def(
           "phase",
           [](CachingAllocator& a, Device device) {
-            return std::string(phase_name(static_cast<int>(a.with_profiler(device, [](Profiler& pr) { return pr.phase(); }))));
+            return std::string(
+                phase_name(static_cast<int>(a.with_profiler(device, [](Profiler& pr) { return pr.phase(); }))));
           },
           py::arg("device") = 0, "The phase new blocks of `device` are stamped with.")
       .def(
           "end_step",
           [](CachingAllocator& a, const py::object& step_number) {
-            const auto step = static_cast<uint32_t>(step_number.is_none() ? AllocatorRegistry::instance().step()
-                                                                        : pyargs::load_uint(step_number, kStepNumber));
+            const auto step =
+                static_cast<uint32_t>(step_number.is_none() ? AllocatorRegistry::instance().step()
+                                                            : pyargs::load_uint(step_number, kStepNumber));
             py::gil_scoped_release nogil;
             for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.end_step(step); });
           },

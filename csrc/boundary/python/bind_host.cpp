@@ -89,12 +89,12 @@ HostBackend& host_backend(CachingAllocator& a) {
 }
 
 void bind_host(py::class_<CachingAllocator, std::shared_ptr<CachingAllocator>>& cls) {
-  cls
-      .def("host_synchronize_stream",
-           [](CachingAllocator& a, StreamArg stream, Device device) {
-             host_backend(a).synchronize_stream(device, stream);
-           },
-           py::arg("stream"), py::arg("device") = 0, NoGil())
+  cls.def(
+         "host_synchronize_stream",
+         [](CachingAllocator& a, StreamArg stream, Device device) {
+           host_backend(a).synchronize_stream(device, stream);
+         },
+         py::arg("stream"), py::arg("device") = 0, NoGil())
       .def("host_buffer", &host_buffer, py::arg("nbytes"), py::arg("device") = 0, py::arg("stream") = 0,
            "A DLPack capsule (1-D uint8, CPU) over nbytes of this allocator's memory; "
            "the memory returns to the allocator when the consuming tensor dies.");

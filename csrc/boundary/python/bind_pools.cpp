@@ -32,7 +32,8 @@ using pyargs::Device;
 PoolId pool_id(const py::handle& obj) {
   const char* what = "pool must be a pair of ints >= 0, e.g. (0, 1), as torch.cuda.MemPool().id";
   if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj))
-    throw py::type_error(std::string(what) + ", not " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+    throw py::type_error(std::string(what) + ", not " +
+                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
   MEMALLOC_EXPECTS(seq.size() == 2, std::string(what) + "; got " + std::to_string(seq.size()) + " items");
   unsigned long long parts[2] = {0, 0};
@@ -63,8 +64,7 @@ py::dict state_dict(const PoolState& s) {
   py::list segments;
   for (const SegmentState& seg : s.segments) {
     py::list blocks;
-    for (const BlockState& b : seg.blocks)
-      blocks.append(py::make_tuple(b.addr, b.size, b.requested, b.allocated));
+    for (const BlockState& b : seg.blocks) blocks.append(py::make_tuple(b.addr, b.size, b.requested, b.allocated));
     py::dict d;
     d["address"] = seg.addr;
     d["size"] = seg.size;
@@ -114,115 +114,128 @@ void bind_pools(py::module_& t) {
       t, "HostSegmentSource",
       "Segments for one private pool from host memory, at most `limit` bytes at once (the host backend's "
       "torch.cuda.MemPool(allocator=...)); counts allocations and releases.")
-      .def(py::init([](pyargs::SizeArg limit) { return std::make_shared<HostSegmentSource>(limit); }),
-           py::arg("limit"))
+      .def(py::init([](pyargs::SizeArg limit) { return std::make_shared<HostSegmentSource>(limit); }), py::arg("limit"))
       .def_property_readonly("allocations", [](const HostSegmentSource& s) { return s.allocations_.load(); })
       .def_property_readonly("releases", [](const HostSegmentSource& s) { return s.releases_.load(); })
       .def_property_readonly("held", [](const HostSegmentSource& s) { return s.held_.load(); });
-  t.def("create_or_incref_pool",
-          [](pyargs::AllocatorArg a, py::object pool, Device device, py::object source_arg) {
+  t.def(
+       "create_or_incref_pool",
+       [](pyargs::AllocatorArg a, py::object pool, Device device, py::object source_arg) {
+         const PoolId id = pool_id(pool);
+         std::shared_ptr<HostSegmentSource> source;
+         if (!source_arg.is_none()) {
+           if (!py::isinstance<HostSegmentSource>(source_arg))
+             throw py::type_error("source must be a memalloc._C._testing.HostSegmentSource or None, not " +
+                                  std::string(py::str(py::type::handle_of(source_arg).attr("__name__"))));
+           source = source_arg.cast<std::shared_ptr<HostSegmentSource>>();
+         }
+         py::gil_scoped_release nogil;
+         a->device(device).with_pools([&](PrivatePools& p) { p.create_or_incref(id, source); });
+       },
+       py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, py::arg("source") = py::none(),
+       "Creates the private pool (use count 1) or adds one use; with `source` (a HostSegmentSource) "
+       "the pool's segments come from it.")
+      .def(
+          "begin_allocate_to_pool",
+          [](pyargs::AllocatorArg a, py::object pool, py::object streams, Device device) {
             const PoolId id = pool_id(pool);
-            std::shared_ptr<HostSegmentSource> source;
-            if (!source_arg.is_none()) {
-              if (!py::isinstance<HostSegmentSource>(source_arg))
-                throw py::type_error("source must be a memalloc._C._testing.HostSegmentSource or None, not " +
-                                     std::string(py::str(py::type::handle_of(source_arg).attr("__name__"))));
-              source = source_arg.cast<std::shared_ptr<HostSegmentSource>>();
-            }
+            const std::vector<uintptr_t> list = ints(streams, "streams");
+            std::unordered_set<Stream> set(list.begin(), list.end());
             py::gil_scoped_release nogil;
-            a->device(device).with_pools([&](PrivatePools& p) { p.create_or_incref(id, source); });
+            a->device(device).with_pools(
+                [&](PrivatePools& p) { p.begin_route(id, [set](Stream s) { return set.count(s) != 0; }); });
           },
-          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, py::arg("source") = py::none(),
-          "Creates the private pool (use count 1) or adds one use; with `source` (a HostSegmentSource) "
-          "the pool's segments come from it.")
-      .def("begin_allocate_to_pool",
-           [](pyargs::AllocatorArg a, py::object pool, py::object streams, Device device) {
-             const PoolId id = pool_id(pool);
-             const std::vector<uintptr_t> list = ints(streams, "streams");
-             std::unordered_set<Stream> set(list.begin(), list.end());
-             py::gil_scoped_release nogil;
-             a->device(device).with_pools(
-                 [&](PrivatePools& p) { p.begin_route(id, [set](Stream s) { return set.count(s) != 0; }); });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("streams"), py::arg("device") = 0,
-           "Adds a use of the pool and sends allocations on `streams` to it until end_allocate_to_pool.")
-      .def("end_allocate_to_pool",
-           [](pyargs::AllocatorArg a, py::object pool, Device device) {
-             const PoolId id = pool_id(pool);
-             py::gil_scoped_release nogil;
-             a->device(device).with_pools([&](PrivatePools& p) { p.end_route(id); });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
-      .def("release_pool",
-           [](pyargs::AllocatorArg a, py::object pool, Device device) {
-             const PoolId id = pool_id(pool);
-             py::gil_scoped_release nogil;
-             a->device(device).with_pools([&](PrivatePools& p) { p.release(id); });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, "Drops one use; at zero the pool's free segments may be released.")
-      .def("pool_use_count",
-           [](pyargs::AllocatorArg a, py::object pool, Device device) {
-             const PoolId id = pool_id(pool);
-             py::gil_scoped_release nogil;
-             return a->device(device).with_pools([&](PrivatePools& p) { return p.use_count(id); });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
-      .def("set_pool_use_on_oom",
-           [](pyargs::AllocatorArg a, py::object pool, pyargs::UseOnOomArg use_on_oom, Device device) {
-             const PoolId id = pool_id(pool);
-             const bool flag = use_on_oom;
-             py::gil_scoped_release nogil;
-             a->device(device).with_pools([&](PrivatePools& p) { p.get(id, "set_use_on_oom").use_on_oom = flag; });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("use_on_oom"), py::arg("device") = 0)
-      .def("empty_pool_cache",
-           [](pyargs::AllocatorArg a, py::object pool, Device device) {
-             const PoolId id = pool_id(pool);
-             py::gil_scoped_release nogil;
-             const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
-             return a->device(device).empty_pool_cache(id, &caller);
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0, "Releases the pool's fully free segments; returns the bytes.")
-      .def("capturing",
-           [](pyargs::AllocatorArg a, Device device) {
-             return a->device(device).with_pools([](PrivatePools& p) { return p.any_route(); });
-           },
-           py::arg("allocator"), py::arg("device") = 0, NoGil(), "True while a route to a private pool is open.")
-      .def("pool_live_blocks_are",
-           [](pyargs::AllocatorArg a, py::object pool, py::object ptrs, Device device) {
-             const PoolId id = pool_id(pool);
-             std::vector<void*> expected;
-             for (uintptr_t p : ints(ptrs, "ptrs")) expected.push_back(reinterpret_cast<void*>(p));
-             py::gil_scoped_release nogil;
-             return a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.live_blocks_are(id, expected); });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("ptrs"), py::arg("device") = 0)
-      .def("checkpoint_pool",
-           [](pyargs::AllocatorArg a, py::object pool, Device device) {
-             const PoolId id = pool_id(pool);
-             py::gil_scoped_release nogil;
-             return a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.checkpoint(id); });
-           },
-           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
-      .def("restore_pool",
-           [](pyargs::AllocatorArg a, py::object state, Device device) {
-             if (!py::isinstance<PoolState>(state))
-               throw py::type_error("state must be a PoolState from checkpoint_pool, not " +
-                                    std::string(py::str(py::type::handle_of(state).attr("__name__"))));
-             const PoolState& s = state.cast<const PoolState&>();
-             PoolRestore r;
-             {
-               py::gil_scoped_release nogil;
-               const CallContext caller = AllocatorRegistry::instance().thread_context();
-               r = a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.restore(s); }, &caller);
-             }
-             std::vector<uintptr_t> freed, allocated;
-             for (void* p : r.freed) freed.push_back(reinterpret_cast<uintptr_t>(p));
-             for (void* p : r.allocated) allocated.push_back(reinterpret_cast<uintptr_t>(p));
-             return py::make_tuple(freed, allocated);
-           },
-           py::arg("allocator"), py::arg("state"), py::arg("device") = 0,
-           "Puts the pool back as the state recorded it; returns (freed pointers, live-again pointers).");
+          py::arg("allocator"), py::arg("pool"), py::arg("streams"), py::arg("device") = 0,
+          "Adds a use of the pool and sends allocations on `streams` to it until end_allocate_to_pool.")
+      .def(
+          "end_allocate_to_pool",
+          [](pyargs::AllocatorArg a, py::object pool, Device device) {
+            const PoolId id = pool_id(pool);
+            py::gil_scoped_release nogil;
+            a->device(device).with_pools([&](PrivatePools& p) { p.end_route(id); });
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
+      .def(
+          "release_pool",
+          [](pyargs::AllocatorArg a, py::object pool, Device device) {
+            const PoolId id = pool_id(pool);
+            py::gil_scoped_release nogil;
+            a->device(device).with_pools([&](PrivatePools& p) { p.release(id); });
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0,
+          "Drops one use; at zero the pool's free segments may be released.")
+      .def(
+          "pool_use_count",
+          [](pyargs::AllocatorArg a, py::object pool, Device device) {
+            const PoolId id = pool_id(pool);
+            py::gil_scoped_release nogil;
+            return a->device(device).with_pools([&](PrivatePools& p) { return p.use_count(id); });
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
+      .def(
+          "set_pool_use_on_oom",
+          [](pyargs::AllocatorArg a, py::object pool, pyargs::UseOnOomArg use_on_oom, Device device) {
+            const PoolId id = pool_id(pool);
+            const bool flag = use_on_oom;
+            py::gil_scoped_release nogil;
+            a->device(device).with_pools([&](PrivatePools& p) { p.get(id, "set_use_on_oom").use_on_oom = flag; });
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("use_on_oom"), py::arg("device") = 0)
+      .def(
+          "empty_pool_cache",
+          [](pyargs::AllocatorArg a, py::object pool, Device device) {
+            const PoolId id = pool_id(pool);
+            py::gil_scoped_release nogil;
+            const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
+            return a->device(device).empty_pool_cache(id, &caller);
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0,
+          "Releases the pool's fully free segments; returns the bytes.")
+      .def(
+          "capturing",
+          [](pyargs::AllocatorArg a, Device device) {
+            return a->device(device).with_pools([](PrivatePools& p) { return p.any_route(); });
+          },
+          py::arg("allocator"), py::arg("device") = 0, NoGil(), "True while a route to a private pool is open.")
+      .def(
+          "pool_live_blocks_are",
+          [](pyargs::AllocatorArg a, py::object pool, py::object ptrs, Device device) {
+            const PoolId id = pool_id(pool);
+            std::vector<void*> expected;
+            for (uintptr_t p : ints(ptrs, "ptrs")) expected.push_back(reinterpret_cast<void*>(p));
+            py::gil_scoped_release nogil;
+            return a->device(device).with_checkpoints(
+                [&](PoolCheckpoints& c) { return c.live_blocks_are(id, expected); });
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("ptrs"), py::arg("device") = 0)
+      .def(
+          "checkpoint_pool",
+          [](pyargs::AllocatorArg a, py::object pool, Device device) {
+            const PoolId id = pool_id(pool);
+            py::gil_scoped_release nogil;
+            return a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.checkpoint(id); });
+          },
+          py::arg("allocator"), py::arg("pool"), py::arg("device") = 0)
+      .def(
+          "restore_pool",
+          [](pyargs::AllocatorArg a, py::object state, Device device) {
+            if (!py::isinstance<PoolState>(state))
+              throw py::type_error("state must be a PoolState from checkpoint_pool, not " +
+                                   std::string(py::str(py::type::handle_of(state).attr("__name__"))));
+            const PoolState& s = state.cast<const PoolState&>();
+            PoolRestore r;
+            {
+              py::gil_scoped_release nogil;
+              const CallContext caller = AllocatorRegistry::instance().thread_context();
+              r = a->device(device).with_checkpoints([&](PoolCheckpoints& c) { return c.restore(s); }, &caller);
+            }
+            std::vector<uintptr_t> freed, allocated;
+            for (void* p : r.freed) freed.push_back(reinterpret_cast<uintptr_t>(p));
+            for (void* p : r.allocated) allocated.push_back(reinterpret_cast<uintptr_t>(p));
+            return py::make_tuple(freed, allocated);
+          },
+          py::arg("allocator"), py::arg("state"), py::arg("device") = 0,
+          "Puts the pool back as the state recorded it; returns (freed pointers, live-again pointers).");
 }
 
 }  // namespace memalloc

@@ -50,8 +50,8 @@ int load_device(py::handle src) {
 
 double load_real(py::handle src, const RealSpec& spec) {
   PyNumberMethods* number = Py_TYPE(src.ptr())->tp_as_number;
-  const bool real = PyFloat_Check(src.ptr()) || PyIndex_Check(src.ptr()) ||
-                    (number != nullptr && number->nb_float != nullptr);
+  const bool real =
+      PyFloat_Check(src.ptr()) || PyIndex_Check(src.ptr()) || (number != nullptr && number->nb_float != nullptr);
   if (PyBool_Check(src.ptr()) || !real) wrong_type(src, spec.name, spec.what);
   const double v = PyFloat_AsDouble(src.ptr());
   if (v == -1.0 && PyErr_Occurred()) throw py::error_already_set();

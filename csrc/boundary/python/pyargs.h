@@ -84,8 +84,8 @@ inline constexpr UIntSpec kPtr{"ptr", "ptr", "", "an address that malloc returne
                                std::numeric_limits<std::uintptr_t>::max()};
 inline constexpr UIntSpec kStream{"stream", "stream", "", "a stream handle, an int >= 0 (0 = the default stream)",
                                   std::numeric_limits<std::uintptr_t>::max()};
-inline constexpr UIntSpec kCapacity{"capacity", "capacity", " records",
-                                    "an int >= 0 (records per device; 0 = off)", kMaxTraceRecords};
+inline constexpr UIntSpec kCapacity{"capacity", "capacity", " records", "an int >= 0 (records per device; 0 = off)",
+                                    kMaxTraceRecords};
 inline constexpr UIntSpec kSkip{"skip", "skip", "", "an int >= 0 (successful calls to let through first)",
                                 std::numeric_limits<size_t>::max()};
 inline constexpr UIntSpec kCount{"count", "count", "", "an int >= 0 (calls to fail)",
@@ -106,8 +106,7 @@ inline constexpr TextSpec kConfigText{"text", "a 'key:value,...' str (MEMALLOC_C
 inline constexpr TextSpec kPath{"path", "a str (a file path)"};
 
 inline constexpr FlagSpec kUseOnOom{"use_on_oom", "a bool"};
-inline constexpr FlagSpec kDriverError{"driver_error",
-                                       "a bool (True: fail with DriverError, False: as out of memory)"};
+inline constexpr FlagSpec kDriverError{"driver_error", "a bool (True: fail with DriverError, False: as out of memory)"};
 
 // The conversions (pyargs.cpp). GIL held; they throw py::type_error or
 // memalloc::InvalidArgument.

@@ -13,14 +13,10 @@ namespace {
 // documentation order.
 const std::vector<std::pair<std::string, std::string>>& option_places() {
   static const std::vector<std::pair<std::string, std::string>> places = {
-      {"backend", "max_split_size_mb"},
-      {"empty_cache_every_n_steps", "host_capacity_mb"},
-      {"patch_torch", "host_capacity_mb"},
-      {"record_history", "host_capacity_mb"},
-      {"record_stacks", "host_capacity_mb"},
-      {"call_sites", "host_capacity_mb"},
-      {"flight_recorder", "host_capacity_mb"},
-      {"flight_recorder_keep", "host_capacity_mb"}};
+      {"backend", "max_split_size_mb"},        {"empty_cache_every_n_steps", "host_capacity_mb"},
+      {"patch_torch", "host_capacity_mb"},     {"record_history", "host_capacity_mb"},
+      {"record_stacks", "host_capacity_mb"},   {"call_sites", "host_capacity_mb"},
+      {"flight_recorder", "host_capacity_mb"}, {"flight_recorder_keep", "host_capacity_mb"}};
   return places;
 }
 
@@ -47,7 +43,8 @@ bool apply_option_key(Options& o, const std::string& key, const std::string& val
   } else if (key == "flight_recorder") {
     MEMALLOC_EXPECTS(!value.empty() && value.find(',') == std::string::npos,
                      "MEMALLOC_CONF: flight_recorder needs a directory without commas, e.g. "
-                     "flight_recorder:/tmp/memalloc-flight (got '" + value + "')");
+                     "flight_recorder:/tmp/memalloc-flight (got '" +
+                         value + "')");
     o.flight_recorder = value;
   } else if (key == "flight_recorder_keep") {
     o.flight_recorder_keep = parse_config_bool(key, value);

@@ -51,8 +51,8 @@ namespace py = pybind11;
 namespace memalloc {
 namespace {
 enum Key { kAction, kAddr, kSize, kStream, kTimeUs, kFrames, kRequested, kTag, kStep, kThread, kDeviceFree, kKeys };
-const char* const kKeyNames[kKeys] = {"action", "addr", "size", "stream", "time_us", "frames",
-                                      "requested_size", "tag", "step", "thread", "device_free"};
+const char* const kKeyNames[kKeys] = {"action",         "addr", "size", "stream", "time_us",    "frames",
+                                      "requested_size", "tag",  "step", "thread", "device_free"};
 
 // d[key] = value, taking ownership of a new reference.
 void set_new(PyObject* d, PyObject* key, PyObject* value) {

@@ -11,6 +11,6 @@ namespace memalloc {
 // (stack_id -> list of {"filename", "line", "name"}) is called once per
 // distinct stack id and its result is shared by every entry with that stack.
 // GIL held.
-pybind11::list trace_entries(const pybind11::bytes& raw, const pybind11::sequence& keep,
-                             const pybind11::sequence& tags, const pybind11::function& frames_of);
+pybind11::list trace_entries(const pybind11::bytes& raw, const pybind11::sequence& keep, const pybind11::sequence& tags,
+                             const pybind11::function& frames_of);
 }  // namespace memalloc

@@ -48,8 +48,7 @@ Decoded decode(const std::string& h) {
   if (d.type == kCudaMalloc) {
     if (d.version < 1 || d.version > 3) refuse("version " + std::to_string(d.version) + " of a 'c' handle");
     if (h.size() != 2 + kCudaIpcBytes)
-      refuse("a 'c' handle has " + std::to_string(2 + kCudaIpcBytes) + " bytes, this one " +
-             std::to_string(h.size()));
+      refuse("a 'c' handle has " + std::to_string(2 + kCudaIpcBytes) + " bytes, this one " + std::to_string(h.size()));
     d.cuda_ipc = h.substr(2);
     return d;
   }

@@ -48,11 +48,11 @@ struct Decoded {
   char type = kCudaMalloc;
   std::string cuda_ipc;  // 'c': the 64-byte cudaIpcMemHandle_t
   // 'e':
-  int pid = 0;             // the sender, in its pid namespace
-  size_t page_bytes = 0;   // bytes of each page
+  int pid = 0;            // the sender, in its pid namespace
+  size_t page_bytes = 0;  // bytes of each page
   PageHandle handle = PageHandle::kPosixFd;
-  std::vector<int> fds;              // kPosixFd: the sender's descriptor numbers
-  std::vector<std::string> fabric;   // kFabric: 64 bytes each
+  std::vector<int> fds;             // kPosixFd: the sender's descriptor numbers
+  std::vector<std::string> fabric;  // kFabric: 64 bytes each
 };
 
 // The handle version the installed torch writes and its receivers accept:

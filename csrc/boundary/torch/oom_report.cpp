@@ -49,8 +49,10 @@ std::string hook_text(int device, size_t size) {
     PyErr_Print();  // never let the report replace the out-of-memory error
   } else if (PyUnicode_Check(r)) {
     const char* text = PyUnicode_AsUTF8(r);
-    if (text != nullptr) out = text;
-    else PyErr_Clear();
+    if (text != nullptr)
+      out = text;
+    else
+      PyErr_Clear();
   }
   Py_XDECREF(r);
   PyGILState_Release(gil);

@@ -42,8 +42,7 @@ namespace memalloc {
 namespace {
 CachingAllocator& installed_or_throw() {
   CachingAllocator* a = AllocatorRegistry::instance().installed();
-  if (a == nullptr)
-    throw Error("memalloc is not installed: call memalloc.enable() before the first CUDA allocation");
+  if (a == nullptr) throw Error("memalloc is not installed: call memalloc.enable() before the first CUDA allocation");
   return *a;
 }
 }  // namespace
@@ -57,8 +56,8 @@ extern "C" {
 
 void* memalloc_alloc(size_t size, int device, void* stream) {
   try {
-    return memalloc::malloc_for_torch(memalloc::installed_or_throw(), device, size,
-                                      reinterpret_cast<Stream>(stream), memalloc::current_context(), __func__);
+    return memalloc::malloc_for_torch(memalloc::installed_or_throw(), device, size, reinterpret_cast<Stream>(stream),
+                                      memalloc::current_context(), __func__);
   } catch (...) {
     memalloc::rethrow_for_torch(__func__);
   }

@@ -72,8 +72,7 @@ void free_anywhere(void* ptr) noexcept {
     for (int d = 0; d < core->device_count(); ++d)
       if (d != hint && core->device(d).free_if_owned(ptr, &ctx)) return;
     if (free_uncached(core, ptr)) return;
-    std::fprintf(stderr, "memalloc: free of %p ignored: no device holds a live allocation there (double free?)\n",
-                 ptr);
+    std::fprintf(stderr, "memalloc: free of %p ignored: no device holds a live allocation there (double free?)\n", ptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: free of %p failed: %s\n", ptr, e.what());
   }
@@ -244,7 +243,9 @@ class TorchCudaAllocator final : public Pluggable {
     });
   }
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t pool) override {
-    guard([&] { core_->device(device).with_pools([&](PrivatePools& p) { p.get(pool, "set_no_split").no_split = true; }); });
+    guard([&] {
+      core_->device(device).with_pools([&](PrivatePools& p) { p.get(pool, "set_no_split").no_split = true; });
+    });
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t pool,
                                 const std::unordered_set<void*>& expected) override {
@@ -352,9 +353,8 @@ class TorchCudaAllocator final : public Pluggable {
   // torch's _record_memory_history: torch's context recorder and levels, as
   // natively (torch_history.h). memalloc's own ring (memalloc.
   // record_memory_history) is separate.
-  void recordHistory(bool enabled, cda::CreateContextFn context_recorder, size_t max_entries,
-                     cda::RecordContext when, bool clear_history,
-                     const std::vector<std::string>& skip_actions) override {
+  void recordHistory(bool enabled, cda::CreateContextFn context_recorder, size_t max_entries, cda::RecordContext when,
+                     bool clear_history, const std::vector<std::string>& skip_actions) override {
     history_.configure(enabled, std::move(context_recorder), std::min(max_entries, kTorchDefaultEntries), when,
                        clear_history, skip_actions);
   }
@@ -472,8 +472,9 @@ class TorchCudaAllocator final : public Pluggable {
   // a live one again, so a deleted pool's allocator is not kept.
   std::shared_ptr<SegmentSource> source_for(c10::DeviceIndex device, std::shared_ptr<cca::CUDAAllocator> allocator) {
     std::lock_guard<std::mutex> lock(sources_mu_);
-    sources_.erase(std::remove_if(sources_.begin(), sources_.end(), [](const SourceEntry& e) { return e.source.expired(); }),
-                   sources_.end());
+    sources_.erase(
+        std::remove_if(sources_.begin(), sources_.end(), [](const SourceEntry& e) { return e.source.expired(); }),
+        sources_.end());
     for (const SourceEntry& e : sources_)
       if (e.allocator == allocator.get() && e.device == device)
         if (auto live = e.source.lock()) return live;
@@ -493,8 +494,8 @@ class TorchCudaAllocator final : public Pluggable {
       memalloc::DeviceAllocator& d = core_->device(device);
       const MemInfo info = d.mem_get_info();
       const double fraction = d.with_limits([](Limits& l) { return l.fraction(); });
-      const size_t limit = fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total))
-                                          : info.total;
+      const size_t limit =
+          fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(info.total)) : info.total;
       for (auto& obs : observers) obs(device, size, limit, info.free);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "memalloc: an out-of-memory observer failed: %s\n", e.what());

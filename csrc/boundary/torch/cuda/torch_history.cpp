@@ -19,21 +19,30 @@ thread_local TorchHistory::Context t_context;  // the frames of this thread's ca
 
 const char* action_name(TorchAction a) {
   switch (a) {
-    case TorchAction::ALLOC: return "alloc";
-    case TorchAction::FREE_REQUESTED: return "free_requested";
-    case TorchAction::FREE_COMPLETED: return "free_completed";
-    case TorchAction::SEGMENT_ALLOC: return "segment_alloc";
-    case TorchAction::SEGMENT_FREE: return "segment_free";
-    case TorchAction::SEGMENT_MAP: return "segment_map";
-    case TorchAction::SEGMENT_UNMAP: return "segment_unmap";
-    case TorchAction::OOM: return "oom";
-    default: return "snapshot";
+    case TorchAction::ALLOC:
+      return "alloc";
+    case TorchAction::FREE_REQUESTED:
+      return "free_requested";
+    case TorchAction::FREE_COMPLETED:
+      return "free_completed";
+    case TorchAction::SEGMENT_ALLOC:
+      return "segment_alloc";
+    case TorchAction::SEGMENT_FREE:
+      return "segment_free";
+    case TorchAction::SEGMENT_MAP:
+      return "segment_map";
+    case TorchAction::SEGMENT_UNMAP:
+      return "segment_unmap";
+    case TorchAction::OOM:
+      return "oom";
+    default:
+      return "snapshot";
   }
 }
 
 int64_t unix_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -47,9 +56,8 @@ TorchHistory::Scope::~Scope() {
   if (active_) t_context = std::move(previous_);
 }
 
-void TorchHistory::configure(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder,
-                             size_t max_entries, RecordContext when, bool clear_history,
-                             const std::vector<std::string>& skip_actions) {
+void TorchHistory::configure(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder, size_t max_entries,
+                             RecordContext when, bool clear_history, const std::vector<std::string>& skip_actions) {
   std::lock_guard<std::mutex> lock(mu_);
   recorder_ = enabled ? std::move(recorder) : nullptr;
   when_ = enabled ? when : RecordContext::NEVER;
@@ -88,8 +96,8 @@ void TorchHistory::add_locked(Device& d, int device, TorchAction action, std::ui
   c10::MempoolId_t pool{0, 0};
   if (e.block != nullptr && e.block->owner != nullptr) pool = e.block->owner->id;
   TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<cudaStream_t>(e.stream),
-                pool, 0, std::move(context),
-                compile_contexts_.empty() ? std::string("N/A") : compile_contexts_.back(), user_metadata_);
+                pool, 0, std::move(context), compile_contexts_.empty() ? std::string("N/A") : compile_contexts_.back(),
+                user_metadata_);
   te.time_.t_ = static_cast<time_t>(unix_us());
   d.entries.push_back(std::move(te));
   if (d.entries.size() > max_entries_) d.entries.pop_front();
@@ -98,8 +106,7 @@ void TorchHistory::add_locked(Device& d, int device, TorchAction action, std::ui
 void TorchHistory::on_event(int device, const Event& e) {
   if (!enabled()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!enabled_.load(std::memory_order_relaxed) || device < 0 || static_cast<size_t>(device) >= devices_.size())
-    return;
+  if (!enabled_.load(std::memory_order_relaxed) || device < 0 || static_cast<size_t>(device) >= devices_.size()) return;
   Device& d = devices_[static_cast<size_t>(device)];
   const bool keep_state = static_cast<int>(when_) >= static_cast<int>(RecordContext::STATE);
   // A free's own frames (level ALL), else the frames of the allocation.

@@ -91,8 +91,8 @@ class TorchHistory {
     std::unordered_map<std::uintptr_t, Context> blocks;    // live block -> its allocation's frames
     std::unordered_map<std::uintptr_t, Context> segments;  // segment -> the frames that made it
   };
-  void add_locked(Device& d, int device, TraceEntry::Action action, std::uintptr_t addr, size_t size,
-                  const Event& e, Context context);
+  void add_locked(Device& d, int device, TraceEntry::Action action, std::uintptr_t addr, size_t size, const Event& e,
+                  Context context);
 
   mutable std::mutex mu_;
   std::atomic<bool> enabled_{false};

@@ -17,20 +17,29 @@ namespace cda = c10::CachingDeviceAllocator;
 cda::TraceEntry::Action torch_action(Action a, bool* known) {
   *known = true;
   switch (a) {
-    case Action::kAlloc: return cda::TraceEntry::ALLOC;
-    case Action::kFreeRequested: return cda::TraceEntry::FREE_REQUESTED;
-    case Action::kFreeCompleted: return cda::TraceEntry::FREE_COMPLETED;
-    case Action::kSegmentAlloc: return cda::TraceEntry::SEGMENT_ALLOC;
-    case Action::kSegmentFree: return cda::TraceEntry::SEGMENT_FREE;
-    case Action::kSegmentMap: return cda::TraceEntry::SEGMENT_MAP;
-    case Action::kSegmentUnmap: return cda::TraceEntry::SEGMENT_UNMAP;
-    case Action::kOom: return cda::TraceEntry::OOM;
-    default: *known = false; return cda::TraceEntry::ALLOC;
+    case Action::kAlloc:
+      return cda::TraceEntry::ALLOC;
+    case Action::kFreeRequested:
+      return cda::TraceEntry::FREE_REQUESTED;
+    case Action::kFreeCompleted:
+      return cda::TraceEntry::FREE_COMPLETED;
+    case Action::kSegmentAlloc:
+      return cda::TraceEntry::SEGMENT_ALLOC;
+    case Action::kSegmentFree:
+      return cda::TraceEntry::SEGMENT_FREE;
+    case Action::kSegmentMap:
+      return cda::TraceEntry::SEGMENT_MAP;
+    case Action::kSegmentUnmap:
+      return cda::TraceEntry::SEGMENT_UNMAP;
+    case Action::kOom:
+      return cda::TraceEntry::OOM;
+    default:
+      *known = false;
+      return cda::TraceEntry::ALLOC;
   }
 }
 
-cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHistory& history,
-                               StackContexts* contexts) {
+cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHistory& history, StackContexts* contexts) {
   cda::SegmentInfo seg;
   seg.device = static_cast<c10::DeviceIndex>(device);
   seg.address = s.addr;
@@ -47,8 +56,8 @@ cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHist
     bi.allocated = std::string(b.state) == "active_allocated";
     bi.active = std::string(b.state) != "inactive";
     if (bi.active) {
-      bi.context_when_allocated = history.enabled() ? history.block_context(device, addr)
-                                                    : contexts->of(Profiler::note_stack(b.note));
+      bi.context_when_allocated =
+          history.enabled() ? history.block_context(device, addr) : contexts->of(Profiler::note_stack(b.note));
     }
     addr += b.size;
     if (bi.allocated) {
@@ -65,16 +74,17 @@ cda::SegmentInfo torch_segment(int device, const SegmentInfo& s, const TorchHist
 void add_traces(CachingAllocator& core, int device, std::vector<cda::TraceEntry>* out, StackContexts* contexts) {
   uint64_t dropped = 0;
   const std::vector<TraceRecord> records = core.with_profiler(device, [&](Profiler& p) { return p.records(&dropped); });
-  const auto steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now().time_since_epoch()).count();
-  const auto unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto steady_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const auto unix_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   for (const TraceRecord& r : records) {
     bool known = false;
     const auto action = torch_action(static_cast<Action>(r.action), &known);
     if (!known) continue;
-    cda::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), r.addr, r.size,
-                       reinterpret_cast<void*>(r.stream), kDefaultPool, 0, contexts->of(r.stack_id));
+    cda::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), r.addr, r.size, reinterpret_cast<void*>(r.stream),
+                       kDefaultPool, 0, contexts->of(r.stack_id));
     te.time_.t_ = static_cast<time_t>(unix_us - (steady_ns - r.time_ns) / 1000);
     out->push_back(std::move(te));
   }
