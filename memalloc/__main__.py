@@ -9,13 +9,26 @@ from collections.abc import Sequence
 
 from memalloc.cli import demo, info, postmortem, replay, report, run, top
 
+DESCRIPTION = (
+    "memalloc: PyTorch's CUDA caching allocator with full accounting. "
+    "`demo` shows it on a small model (no GPU needed), `run SCRIPT` runs a training script under it "
+    "(leaks, memory per step, advice, the largest batch that fits), `report`, `postmortem` and `top` "
+    "read what a run left (reports, flight recorder files), `replay` replays traces on the CPU, "
+    "`info` shows the backend and settings it would use."
+)
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memalloc", description=__doc__)
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: every command's parser under one."""
+    parser = argparse.ArgumentParser(prog="python -m memalloc", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (demo, run, report, replay, info, postmortem, top):
         module.add_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -37,8 +37,13 @@ HOST_CAPACITY_MB = 256
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small model under memalloc and show what it did")
-    p.add_argument("--backend", default="auto", choices=_state.BACKENDS)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=_state.BACKENDS,
+        help="cuda: the GPU; host: a simulated device on the CPU; auto (default): cuda when a GPU is there",
+    )
+    p.add_argument("--steps", type=int, default=8, help="training steps to run (default 8)")
     p.set_defaults(func=main)
 
 

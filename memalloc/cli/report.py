@@ -30,7 +30,10 @@ from memalloc.trace.trace_files import load_trace
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="render a saved leak report or trace")
-    p.add_argument("file")
+    p.add_argument(
+        "file",
+        help="a leak report (.json), a trace file, or a flight recorder folder (the job's report)",
+    )
     p.add_argument("--html", default=None, help="also write the HTML page here (leak reports)")
     p.add_argument("--top", type=int, default=10, help="call sites to list (traces)")
     p.set_defaults(func=main)

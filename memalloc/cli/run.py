@@ -81,7 +81,13 @@ from ._common import check_or_exit, enable_or_exit
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a Python script with memalloc enabled")
-    p.add_argument("--backend", default="auto", choices=_state.BACKENDS)
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=_state.BACKENDS,
+        help="cuda: the GPU; host: a simulated device, the script's CPU tensors on it; "
+        "auto (default): cuda when a GPU is there, else host",
+    )
     p.add_argument("--config", default=None, help="key:value,... applied after $MEMALLOC_CONF")
     p.add_argument("--leaks", action="store_true", help="track leaks per step and report them at exit")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps ignored before judging growth (--leaks)")
@@ -116,8 +122,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-only", action="store_true", help="print the plan and stop (--fit)")
     p.add_argument("--fit-probe-out", default=None, help=argparse.SUPPRESS)  # a probe's child process
     p.add_argument("--fit-probe-batch", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("script")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.add_argument("script", help="the Python script to run (as `python SCRIPT ARGS...` would)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=main)
 
 
