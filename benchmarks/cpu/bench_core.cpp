@@ -532,7 +532,7 @@ int mode_callgrind(int argc, char** argv) {
 }
 
 // Proves the self-check can fail: leaks one block, so the check must report
-// it and the exit status must be 3 (tests/test_bench_cpu.py).
+// it and the exit status must be 3 (tests/integration/test_bench_cpu.py).
 int mode_leak_demo() {
   Bench b;
   b.alloc.device(0).malloc(4096, 0);

@@ -26,8 +26,8 @@
 //     the reservations (vm_reservations.h: their page size and their
 //     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
-//     cuda_driver_abi.h with the driver's layout; tests/test_cuda_abi.py
-//     compiles a check of each against cuda.h; tests/gpu/test_cuda_vm.py
+//     cuda_driver_abi.h with the driver's layout; tests/contract/test_cuda_abi.py
+//     compiles a check of each against cuda.h; tests/gpu/test_cuda_expandable.py
 //     runs them on a GPU. vm_map, like allocate, runs in the relaxed
 //     stream-capture mode.
 //   * Pages are created exportable as POSIX descriptors (CUDA IPC of

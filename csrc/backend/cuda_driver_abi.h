@@ -3,7 +3,7 @@
 // CUDA toolkit (the driver is loaded with dlopen at run time).
 //
 // Invariants: every struct has cuda.h's size and field offsets, every
-// constant cuda.h's value; tests/test_cuda_abi.py compiles static_asserts of
+// constant cuda.h's value; tests/contract/test_cuda_abi.py compiles static_asserts of
 // each against cuda.h where a toolkit is installed.
 #pragma once
 

@@ -2,13 +2,13 @@
 //
 // Invariants:
 //   * The core never depends on torch/c10: it throws only the types below.
-//     The boundaries (boundary/pluggable.cpp for torch, boundary/bindings.cpp
+//     The boundaries (boundary/torch/pluggable.cpp for torch, boundary/python/bindings.cpp
 //     for Python)
 //     translate them: OutOfMemory -> c10::OutOfMemoryError
 //     (torch.OutOfMemoryError), InvalidArgument -> ValueError,
 //     InvalidPointer -> memalloc.InvalidPointerError, DriverError ->
 //     memalloc.DriverError.
-//   * Free paths never throw across the torch boundary (see boundary/pluggable.cpp).
+//   * Free paths never throw across the torch boundary (see boundary/torch/pluggable.cpp).
 //   * Every message names the problem and, where there is one, the fix.
 #pragma once
 

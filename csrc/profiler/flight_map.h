@@ -1,5 +1,6 @@
 // flight_map.h — a file mapped MAP_SHARED, the storage of the flight
-// recorder (memalloc/trace/flight.py lays the file out and reads it back):
+// recorder (memalloc/features/flight.py writes the file, memalloc/trace/flight_files.py
+// lays it out and reads it back):
 // what is written into the mapping is in the kernel's page cache, so it
 // survives the writer's SIGKILL, segfault or abort (not a host crash).
 //

@@ -3,7 +3,7 @@
 //
 // A stack is a sequence of raw frames, innermost first: (code object,
 // last instruction offset). Symbolising (file, line, function) is deferred
-// to export time (boundary/bindings.cpp, under the GIL): recording only hashes and
+// to export time (boundary/python/, under the GIL): recording only hashes and
 // compares pointers.
 //
 // Invariants:

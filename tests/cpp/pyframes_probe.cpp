@@ -1,6 +1,6 @@
 // pyframes_probe.cpp — a minimal CPython extension (C API only, no torch,
 // no pybind11) around csrc/boundary/callers/pyframes.cpp, built by
-// tests/test_pyframes.py against every local CPython so that the GIL-free
+// tests/unit/test_pyframes.py against every local CPython so that the GIL-free
 // frame walk is checked on each interpreter version it supports.
 //
 //   walk()      -> [(filename, line, qualname)], innermost first, read with

@@ -1,5 +1,5 @@
 // steady_state.cpp — standalone C++17 test of the caching core (no torch,
-// no Python): built by tests/test_cpp_core.py with g++ -std=c++17.
+// no Python): built by tests/cpp/test_cpp_core.py with g++ -std=c++17.
 //
 // Proves two claims of csrc/: (1) the core is plain C++17 that compiles and
 // runs without torch; (2) once warmed up, a repeating allocate/free pattern

@@ -1,5 +1,5 @@
 // stress.cpp — multi-threaded stress test of the caching core (no torch, no
-// Python): built by tests/test_sanitizers.py three ways (ASan+UBSan, TSan,
+// Python): built by tests/cpp/test_sanitizers.py three ways (ASan+UBSan, TSan,
 // plain -O2) with g++ -std=c++17 and run under each sanitizer.
 //
 // One CachingAllocator on a HostBackend with two simulated devices. T worker

@@ -1,5 +1,5 @@
 """Training loops of the libraries people train with, for the libraries
-suite (tests/integration/test_libraries.py on the host backend, tests/gpu/test_libraries.py
+suite (tests/integration/test_libraries.py on the host backend, tests/gpu/test_cuda_libraries.py
 on CUDA).
 
 Run as a script, in a fresh interpreter per mode::

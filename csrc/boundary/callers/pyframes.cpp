@@ -26,7 +26,7 @@
 //   * Frames the public API hides are skipped the same way
 //     (_PyFrame_IsIncomplete, and the C-stack shim frames of 3.12+), so a
 //     stack read here equals traceback.extract_stack() of the same thread
-//     (tests/test_pyframes.py checks it on every local CPython).
+//     (tests/unit/test_pyframes.py checks it on every local CPython).
 //   * lasti is in bytes, as PyFrame_GetLasti reports it, so symbolising
 //     with PyCode_Addr2Line is the same for both capture paths.
 #include <Python.h>

@@ -1,5 +1,5 @@
 // bind_breakdown.cpp — Python bindings of the breakdown by category
-// (breakdown.h, csrc/allocator/phases.cpp): the training phase, the end of a step,
+// (profiler/breakdown.h, profiler/profiler.h): the training phase, the end of a step,
 // marking parameters, and the report. memalloc/features/phases.py calls them at the
 // training loop's landmarks; memalloc/features/breakdown.py reads the report.
 //

@@ -1,8 +1,9 @@
 // bind_flight.cpp — Python bindings of the flight recorder's storage:
 // memalloc._C.FlightMap (a new file mapped MAP_SHARED, profiler/flight_map.h)
 // and Allocator.record_to_file (a device's event ring attached to a region
-// of it). memalloc/trace/flight.py lays the file out; the ring writes its
-// records and sequence numbers there (recorder.h).
+// of it). memalloc/features/flight.py writes the file, as
+// memalloc/trace/flight_files.py lays it out; the ring writes its records and
+// sequence numbers there (recorder.h).
 //
 // Invariants: the ring holds the mapping (a shared_ptr) while attached, so
 // the file stays mapped however the Python object ends; a region is
