@@ -30,7 +30,7 @@ from memalloc.features.replay import (
     smallest_capacity_mb,
     steps_table,
 )
-from memalloc.trace.trace_files import load_trace
+from memalloc.trace.trace_files import Trace, load_trace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -122,21 +122,25 @@ def main(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise SystemExit(f"memalloc: --repeat-last-step on {path}: {e}") from None
         traces[path] = trace
-        workloads.append(
-            lambda config, path=path, trace=trace: replay_trace(
+
+        def replay_file(config: str, path: str = path, trace: Trace = trace) -> ReplayResult:
+            return replay_trace(
                 trace,
                 config,
                 host_capacity_mb=args.host_capacity_mb,
                 skip_unknown_frees=args.skip_unknown_frees,
                 name=path,
             )
-        )
+
+        workloads.append(replay_file)
     for n in args.random:
-        workloads.append(
-            lambda config, n=n: replay_ops(
+
+        def replay_random(config: str, n: int = n) -> ReplayResult:
+            return replay_ops(
                 random_workload(n), config, host_capacity_mb=args.host_capacity_mb, name=f"{RANDOM_SOURCE}{n}"
             )
-        )
+
+        workloads.append(replay_random)
     try:
         results = [replay(config) for replay in workloads for config in configs]
     except (ValueError, TypeError, _C.MemallocError) as e:

@@ -132,7 +132,7 @@ def _summarise_trace(trace, top: int) -> None:
                 live[e.addr] = (e.size, e.stack_id)
             elif e.action == "free_requested":
                 live.pop(e.addr, None)
-        by_stack = collections.Counter()
+        by_stack: collections.Counter[int] = collections.Counter()  # bytes by stack id
         for size, stack_id in live.values():
             by_stack[stack_id] += size
         if by_stack:

@@ -294,7 +294,9 @@ def _keep_flight(config: str | None, world: int) -> bool:
         for key, _ in _C.config_entries(text)
     )
     if given:
-        return config_value(_state.installed_config(), "flight_recorder_keep") == "True"
+        installed = _state.installed_config()
+        assert installed is not None  # main() enabled memalloc (enable_or_exit) before
+        return config_value(installed, "flight_recorder_keep") == "True"
     return world > 1
 
 

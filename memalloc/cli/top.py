@@ -131,8 +131,8 @@ def main(args: argparse.Namespace) -> int:
             from rich.live import Live
             from rich.text import Text
         except ImportError:
-            Live = None
-        if Live is not None:
+            pass  # without rich: the plain refresh below
+        else:
             with Live(Text(frame(files, args.top)), refresh_per_second=4) as live:
                 while True:
                     time.sleep(args.interval)  # the refresh period of a display, not synchronisation

@@ -14,7 +14,7 @@ import os
 import sysconfig
 import zipfile
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -31,9 +31,19 @@ _INTERNAL_DIRS = tuple(
 
 
 class FrameLike(Protocol):
-    filename: str
-    line: int
-    name: str
+    """A frame as user_frame reads it (read-only: recording.Frame is frozen)."""
+
+    @property
+    def filename(self) -> str: ...
+
+    @property
+    def line(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+_Frame = TypeVar("_Frame", bound=FrameLike)
 
 
 def is_internal(filename: str) -> bool:
@@ -45,7 +55,7 @@ def is_internal(filename: str) -> bool:
     return path.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
 
 
-def user_frame(frames: Iterable[FrameLike]) -> FrameLike | None:
+def user_frame(frames: Iterable[_Frame]) -> _Frame | None:
     """The innermost user-code frame; the innermost frame when none is; None
     for no frames."""
     frames = list(frames)

@@ -30,4 +30,5 @@ def train(device: str, *, keep_item: bool, steps: int = 12) -> memalloc.LeakRepo
             else:
                 losses.append(loss)  # keeps the tensor and its graph: the leak
             memalloc.step()
+    assert check.report is not None  # made when the with block ended
     return check.report

@@ -47,7 +47,7 @@ from memalloc.core._device import DeviceLike, device_index
 from memalloc.core._format import fmt_bytes
 from memalloc.features import phases
 
-CATEGORIES = phases.CATEGORIES
+CATEGORIES: tuple[str, ...] = phases.CATEGORIES
 
 
 @dataclasses.dataclass(frozen=True)

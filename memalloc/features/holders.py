@@ -236,8 +236,8 @@ def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
     held: set[int] = set()
     # A running frame does not show its variables to gc.get_referrers: read them.
     for o in _running_frames_values():
-        if id(o) in by_id:
-            held.add(_storage_of(o))
+        if id(o) in by_id and (storage := _storage_of(o)) is not None:
+            held.add(storage)
     for r in gc.get_referrers(*candidates):
         if (
             r is candidates
@@ -249,8 +249,8 @@ def _held_elsewhere(ptrs: set[int], own: list, ours: set[int]) -> set[int]:
         ):
             continue
         for o in gc.get_referents(r):
-            if id(o) in by_id:
-                held.add(_storage_of(o))
+            if id(o) in by_id and (storage := _storage_of(o)) is not None:
+                held.add(storage)
     return held
 
 
@@ -272,7 +272,7 @@ def _user_frames() -> Iterator[types.FrameType]:
     cycle that would keep every variable of the frames alive until the
     next garbage collection."""
     tops = list(sys._current_frames().values())
-    f = None
+    f: types.FrameType | None = None
     try:
         for f in tops:
             while f is not None:
@@ -280,7 +280,7 @@ def _user_frames() -> Iterator[types.FrameType]:
                     yield f
                 f = f.f_back
     finally:
-        tops = f = None
+        del tops, f
 
 
 def _storage_of(t: torch.Tensor) -> int | None:
@@ -409,6 +409,7 @@ def _take_adding_line(leak: Leak, hooks: list[tuple[str, int, int]]) -> None:
     """The holder's adding line (``where_line``, popped from the holder dict)
     becomes the leak's site and code; ``in_hook`` when it lies in the code of
     a registered module hook (``hooks``: _hook_code)."""
+    assert leak.holder is not None  # both callers set it just before
     where = leak.holder.pop("where_line", None)
     if where:
         leak.site = {"filename": where[0], "line": where[1], "function": where[2]}
@@ -500,7 +501,8 @@ def _describe(container: Any, leak: Leak) -> tuple[Any, dict]:
     if isinstance(container, torch.optim.Optimizer):
         kind, length = "optimizer", len(container.param_groups)
     else:
-        kind = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}.get(type(container), "other")
+        kinds: dict[type, str] = {list: "list", dict: "dict", set: "set", collections.deque: "deque"}
+        kind = kinds.get(type(container), "other")
         length = len(container)
     holder = {"kind": kind, "name": name or f"<unnamed {kind}>", "length": length, "where": "", "code": ""}
     if kind == "optimizer":
@@ -629,8 +631,8 @@ def _adding_line(
 
     def score(h: int) -> tuple:
         text = lines[h - 1]
-        exact = bool(var) and re.search(r"[(\[=,]\s*" + re.escape(var.group(1)) + r"\s*[)\],]?\s*(#.*)?$", text)
-        mentions = bool(var) and re.search(
+        exact = var is not None and re.search(r"[(\[=,]\s*" + re.escape(var.group(1)) + r"\s*[)\],]?\s*(#.*)?$", text)
+        mentions = var is not None and re.search(
             r"\b" + re.escape(var.group(1)) + r"\b(?!\.(?:item|tolist|cpu|numpy)\()", text
         )
         outside = scope is not None and not scope[0] <= h <= scope[1]

@@ -25,6 +25,7 @@ import collections
 import os
 import pickle
 import threading
+from typing import TypedDict
 
 from memalloc import _C
 from memalloc.core import _hooks, _state
@@ -35,8 +36,16 @@ from memalloc.features import stats
 from memalloc.trace import snapshots
 from memalloc.trace.sites import live_blocks, site_of
 
+
+class _Settings(TypedDict):
+    enabled: bool
+    directory: str | None
+    max_reports: int
+    top: int
+
+
 _lock = threading.Lock()
-_settings = {
+_settings: _Settings = {
     "enabled": True,
     "directory": os.environ.get("MEMALLOC_OOM_REPORT_DIR") or None,
     "max_reports": 3,
@@ -66,10 +75,12 @@ def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_re
         os.makedirs(directory, exist_ok=True)
     with _lock:
         _settings.update(
-            enabled=enabled,
-            directory=None if directory is None else os.fspath(directory),
-            max_reports=max_reports,
-            top=top,
+            {
+                "enabled": enabled,
+                "directory": None if directory is None else os.fspath(directory),
+                "max_reports": max_reports,
+                "top": top,
+            }
         )
     install()
 
@@ -152,7 +163,7 @@ def _hook(device: int, size: int) -> str:
     global _written
     try:
         with _lock:
-            settings = dict(_settings)
+            settings = _settings.copy()
         text = _describe(top_holders(device, settings["top"]))
         directory = settings["directory"]
         if directory:

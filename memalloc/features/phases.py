@@ -177,6 +177,7 @@ def _backward_begins() -> _C.Allocator | None:
             frame = _marks.stepping[-1] if _marks.stepping else None
             in_closure = frame is not None and frame[1] and not frame[2]
             if in_closure:
+                assert frame is not None  # in_closure says so
                 frame[2] = True  # the update comes after this backward returns
         if in_closure:
             # A closure step entered after a backward (two micro-batches) runs

@@ -912,9 +912,9 @@ def _replay(pattern: _Pattern, config: str, budget: int, max_repeats: int) -> _R
                     made[op[2], rank] = key
                     continue
                 back, site, rank = op[1], op[2], op[3]
-                key = sites[-1 - back].get((site, rank)) if back < len(sites) else None
-                if key is not None and ptrs[key] in live and live[ptrs[key]] == key:
-                    free(key)
+                target = sites[-1 - back].get((site, rank)) if back < len(sites) else None
+                if target is not None and ptrs[target] in live and live[ptrs[target]] == target:
+                    free(target)
             repeats += 1
         now = state(len(sites))
         if now in seen:
@@ -1138,7 +1138,8 @@ def largest_batch(
         check_budget(a, d, budget)
     hooked = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     config = policy_config(a)
-    batches, records = sorted(set(probes)), []
+    batches = sorted(set(probes))
+    records: list[ProbeRecord] = []
     try:
         while True:
             # every probe from this one line: a probe's allocations are named by their Python stacks

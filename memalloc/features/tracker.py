@@ -198,6 +198,7 @@ class StepTracker:
         return _state.enabled_backend()
 
     def _key(self) -> tuple[int, int]:
+        assert self._device is not None  # used from start() on, after _resolve()
         return (id(self._allocator), self._device)
 
     @property
@@ -302,6 +303,7 @@ class StepTracker:
                     "(or use `with memalloc.StepTracker() as tracker:`) first"
                 )
             device, a = self._device, self._allocator
+            assert device is not None and a is not None  # running: start() resolved both
             s = a.stats(device)  # currents before the window: the step's peaks then cover them
             _take_window(a, device)
             (peak_allocated, peak_reserved, ooms), self._window = self._window, (0, 0, 0)

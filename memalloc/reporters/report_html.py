@@ -327,7 +327,7 @@ def _chart(
 
 
 def _hover_bands(
-    steps: Sequence[int], lines: Sequence[tuple[str, str, list[float]]], px: Any, top: float, height: float
+    steps: Sequence[int], lines: Sequence[tuple[str, str, Sequence[float]]], px: Any, top: float, height: float
 ) -> list[str]:
     """Invisible vertical bands (at most _MAX_HOVER_BANDS) whose ``<title>``
     gives the step and every series' value there."""

@@ -16,6 +16,7 @@ import collections
 import functools
 import html
 import statistics
+from typing import Any, TypedDict
 
 from memalloc import _C
 from memalloc.core._format import fmt_bytes
@@ -28,9 +29,26 @@ STANDS_OUT = 1.10  # a rank whose peak is more than 10% above the median rank's
 MIN_LEAK_STEPS = 4  # a leak grows at every step end over at least this many steps
 
 
+class _RankSummary(TypedDict):
+    """One rank's entry in :func:`merge`'s ``"ranks"`` (sizes in bytes)."""
+
+    rank: int
+    pid: int
+    host: str
+    state: str
+    path: str
+    steps: list[int]
+    peak_allocated: list[int]  # per step: the largest of the devices' peaks
+    reserved: list[int]  # per step: the largest of the devices' reserved bytes
+    split: list[dict]  # per step: the first device's split of the peak by category
+    peak: int
+    sites: dict[tuple, int]  # live bytes by line at the end (_sites)
+    leaks: list[dict]  # leaks_of
+
+
 def merge(files: list[FlightFile]) -> dict:
     """The merged report of one job's files (sizes in bytes)."""
-    ranks = []
+    ranks: list[_RankSummary] = []
     for f in sorted(files, key=lambda f: (f.rank, f.pid)):
         per_step: dict[int, list[dict]] = collections.defaultdict(list)  # a row per device
         for h in f.history:
@@ -54,7 +72,7 @@ def merge(files: list[FlightFile]) -> dict:
             }
         )
     median = statistics.median([r["peak"] for r in ranks]) if ranks else 0
-    out = {"ranks": ranks, "median_peak": median, "outliers": []}
+    out: dict[str, Any] = {"ranks": ranks, "median_peak": median, "outliers": []}
     median_rank = min(ranks, key=lambda r: abs(r["peak"] - median)) if ranks else None
     for r in ranks:
         if median and r["peak"] > STANDS_OUT * median:

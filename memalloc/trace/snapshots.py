@@ -31,7 +31,8 @@ def snapshot(device: DeviceLike = None, *, allocator: _C.Allocator | None = None
         a.stats(d)  # raises "device N does not exist" for a bad index
     tags = _C.tag_names()
     frames_of = functools.lru_cache(maxsize=None)(frames_json)  # one shared list per stack
-    segments, traces = [], []
+    segments: list[dict] = []
+    traces: list[list[dict]] = []  # one list of trace entries per device
     for d in range(a.device_count):
         if d not in devices:
             traces.append([])

@@ -10,7 +10,7 @@ import io
 import json
 import os
 import struct
-from typing import Any, Union
+from typing import Any, BinaryIO, Union
 
 from memalloc import _C
 from memalloc.core import _state
@@ -73,6 +73,7 @@ def load_trace(path: PathLike) -> Trace:
     JSON, records that do not match the metadata), and OSError as open() does.
     """
     path = os.fspath(path)
+    f: BinaryIO  # the file, or its decompressed bytes
     with open(path, "rb") as f:
         if f.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC:  # written to a .gz path: decompress in memory
             f.seek(0)
