@@ -1,6 +1,6 @@
 """Every path of this repository that a doc, a comment or a docstring names
-exists (issue 40: errors.h named boundary/pluggable.cpp, architecture.md
-boundary/pyframes.cpp, long after the files moved).
+exists (issue 40: errors.h and architecture.md still named files of
+boundary/ by their places before its sub-folders, long after the move).
 
 A path is a run of folders and a file name with an extension of the tree's
 kinds (.h .cpp .py .md .sh .toml); it is this repository's when it starts
