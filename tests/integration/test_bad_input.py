@@ -27,8 +27,10 @@ before, conf and cli share one interpreter (none of them may enable memalloc).
 Each interpreter runs all of its cases and prints one ``CASE <json>`` line per
 case; the interpreters run in parallel.
 
-docs/bad-input.md is rendered from CASES: ``python tests/integration/test_bad_input.py
---write-doc`` writes it and test_doc_is_current fails when it differs.
+tests/integration/bad_input_catalogue.md (test data beside this file, not a
+user's document) is rendered from CASES: ``python
+tests/integration/test_bad_input.py --write-doc`` writes it and
+test_doc_is_current fails when it differs.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "bad-input.md"
+DOC = REPO / "tests" / "integration" / "bad_input_catalogue.md"
 MiB = 1 << 20
 HOST_CONFIG = "host_capacity_mb:64,host_devices:2"  # the inproc allocator and the enabled process
 RAW_PYBIND = ("incompatible function arguments", "incompatible constructor arguments")

@@ -1,6 +1,6 @@
 """torch's CUDA IPC handle bytes as memalloc reads and writes them
 (csrc/boundary/torch/ipc_wire.h), against layouts this test packs itself from
-native torch's format (docs/notes-expandable-ipc.md: torch 2.11's version 2
+native torch's format (read from its wheels: torch 2.11's version 2
 with a 24-byte header, 2.13/2.14's version 3 with a 32-byte header carrying
 the page handle type). The CUDA half (pages exported, mapped in another
 process, native on either side) is tests/gpu/test_cuda_ipc.py."""

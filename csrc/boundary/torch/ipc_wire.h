@@ -1,9 +1,10 @@
 // ipc_wire.h — the bytes of torch's ShareableHandle.handle: what a process
 // sends when a CUDA tensor goes through torch.multiprocessing
 // (storage._share_cuda_()) and what the receiving allocator's getIpcDevPtr
-// gets. Native torch's own forms, read from its wheels (docs/
-// notes-expandable-ipc.md), so that memalloc and native processes can
-// exchange tensors both ways:
+// gets. Native torch's own forms, read from its 2.11, 2.13 and 2.14 wheels
+// (the research note, retired once this file held its result, is in git:
+// git log -- 'docs/notes-expandable-ipc*'), so that memalloc and native
+// processes can exchange tensors both ways:
 //
 //   legacy        64 bytes: a cudaIpcMemHandle_t of the segment's base
 //   'c'           [version][ 'c' ][64-byte cudaIpcMemHandle_t]
