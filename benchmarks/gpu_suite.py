@@ -25,7 +25,7 @@ from .gpu_worker import ALLOCATORS, DEFAULT_ALLOCATORS, GROUPS, PAIR_SIZES, RECO
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
 
-# (metric, label, unit, lower_is_better); the table in docs/results.md shows these rows.
+# (metric, label, unit, lower_is_better); the table benchmarks/report.py renders shows these rows.
 ROWS = [
     *[
         (f"pair_us_{n}", f"torch.empty+del {label}", "µs", True)

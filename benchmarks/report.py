@@ -1,9 +1,9 @@
-"""Renders the "Performance" section of docs/results.md from benchmark results files:
-``python -m benchmarks.report --gpu FILE --cpu FILE [--recording FILE] [--readme docs/results.md]``
+"""Renders the tables of benchmark results files as one Markdown section:
+``python -m benchmarks.report --gpu FILE --cpu FILE [--recording FILE] [--readme FILE]``
 (--recording: a GPU suite run of the ``recording`` group).
 
-The section sits between the markers ``<!-- PERF-START -->`` and
-``<!-- PERF-END -->``; without --readme it is printed.
+The section is printed; with --readme it replaces what sits between the
+markers ``<!-- PERF-START -->`` and ``<!-- PERF-END -->`` of that file.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", required=True)
     p.add_argument("--cpu", required=True)
     p.add_argument("--recording", default=None, help="a GPU suite run of the recording group")
-    p.add_argument("--readme", default=None, help="the file whose section to replace (docs/results.md)")
+    p.add_argument("--readme", default=None, help="a file whose marked section to replace")
     args = p.parse_args(argv)
     parts = [gpu_section(args.gpu)] + ([recording_section(args.recording)] if args.recording else [])
     section = START + "\n" + "\n\n".join(parts + [cpu_section(args.cpu)]) + "\n" + END

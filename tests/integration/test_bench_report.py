@@ -1,4 +1,6 @@
-"""The Performance section of docs/results.md is generated from committed results."""
+"""benchmarks/report.py renders the tables of a GPU suite, recording and CPU
+suite run from committed results files (docs/results.md quotes the current
+figures with their files instead of carrying the generated tables: issue 40)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ def latest(kind: str) -> str:
     return files[-1]
 
 
-def test_report_renders_both_suites_and_readme_is_current():
+def test_report_renders_both_suites_from_the_newest_files():
     proc = subprocess.run(
         [
             sys.executable,
@@ -40,8 +42,4 @@ def test_report_renders_both_suites_and_readme_is_current():
     assert "| case | unit | native |" in section and "memalloc" in section
     assert "Ir/op" in section
     assert "Python stacks on / off in one process" in section and "via in-process ratio" in section
-    with open(os.path.join(REPO, "docs", "results.md")) as f:
-        results = f.read()
-    # The doc carries exactly what the generator renders from the newest files.
-    assert section in results
     assert "/root/" not in section and "/work/" not in section  # no machine paths

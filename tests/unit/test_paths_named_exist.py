@@ -8,8 +8,8 @@ with one of its top folders or csrc/'s (csrc/ itself is where C++ comments
 count from), and it must then name a tracked file: as written, from the top,
 from csrc/, or from the naming file's own folder. Paths of other projects
 (torch's c10/ and test/, pybind11/, system headers) and placeholders (DIR/,
-OUT/) are not this repository's. docs/results.md and benchmarks/results/ are
-dated records of runs: they keep the names the tree had then."""
+OUT/) are not this repository's. benchmarks/results/ holds dated records of
+runs: they keep the names the tree had then."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)+[\w.-]+\.(?:h|cpp|py|md|sh|toml))(?![\w])")
-RECORDS = ("docs/results.md", "benchmarks/results/")
+RECORDS = ("benchmarks/results/",)
 
 
 def tracked() -> list[str]:
