@@ -192,9 +192,8 @@ def bert_hook_stores_outputs(allocator=None):
     store = []
 
     def keep(module, args, output):
-        store.append(
-            output[0].detach() if isinstance(output, tuple) else output.detach()
-        )  # LEAK:bert_hook_stores_outputs
+        out = output[0] if isinstance(output, tuple) else output
+        store.append(out.detach())  # LEAK:bert_hook_stores_outputs
 
     handle = m.bert.encoder.layer[0].register_forward_hook(keep)
     with memalloc.leak_check(allocator=allocator) as check:
