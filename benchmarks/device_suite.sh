@@ -22,7 +22,9 @@
 # SIGINT, so it writes its junit (the tests it finished) and the collection
 # below still runs, and a phase with under 20 s left is skipped, said so.
 # Never wrap this script in an outer `timeout`: its kill would skip the EXIT
-# trap that brings the files back.
+# trap that brings the files back. SUITE_K (a pytest -k expression) narrows
+# every phase of the call to the tests it selects, e.g. SUITE_K=resnet for
+# the planner's ResNet-50 case alone.
 # A device call runs what fits its 600 s; gpu-results.json joins the junits
 # of this invocation's phases (python -m benchmarks.collect_gpu_results) with
 # each test's seconds. It and gpu_scenarios.jsonl come back in $OUT; the
@@ -48,7 +50,8 @@ suite() {  # suite NAME pytest-args...: one pytest process, its junit and log in
   local left=$(( DEVICE_DEADLINE - $(date +%s) - 30 ))
   if [ "$left" -lt 20 ]; then echo "-- $name: skipped, ${left} s left before the deadline"; return 1; fi
   timeout -s INT -k 20 "$left" \
-    python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider "$@" --junitxml="$OUT/junit-$name.xml" > "$OUT/log-$name.txt" 2>&1
+    python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider ${SUITE_K:+-k "$SUITE_K"} "$@" \
+    --junitxml="$OUT/junit-$name.xml" > "$OUT/log-$name.txt" 2>&1
   local r=$?
   [ "$r" -eq 124 ] && echo "-- $name: stopped at the deadline (SIGINT after ${left} s)"
 
