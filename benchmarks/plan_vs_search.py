@@ -290,13 +290,19 @@ def largest_that_runs_long(runs_long: Callable[[int], bool], planned: int, large
     return lo
 
 
+def trial(model: str, batch: int, steps: int, backend: str, budget_mb: int) -> dict:
+    """One trial in a fresh process (worker_trial): ``steps`` steps at
+    ``batch``; its result, ``ok`` when no step ran out of memory."""
+    return run_worker(
+        ["trial", model, str(batch), "--steps", str(steps), "--backend", backend, "--budget-mb", str(budget_mb)]
+    )
+
+
 def search(model: str, backend: str, budget_mb: int, steps: int, start: int) -> dict:
     trials = []
 
     def fits(b: int) -> bool:
-        r = run_worker(
-            ["trial", model, str(b), "--steps", str(steps), "--backend", backend, "--budget-mb", str(budget_mb)]
-        )
+        r = trial(model, b, steps, backend, budget_mb)
         trials.append(r)
         return r["ok"]
 
@@ -325,9 +331,7 @@ def compare(model: str, backend: str, budget_mb: int, steps: int, start: int) ->
         tried: dict[int, bool] = {}
 
         def runs_long(b: int) -> bool:
-            tried[b] = run_worker(
-                ["trial", model, str(b), "--steps", str(horizon), "--backend", backend, "--budget-mb", str(budget_mb)]
-            )["ok"]
+            tried[b] = trial(model, b, horizon, backend, budget_mb)["ok"]
             return tried[b]
 
         t0 = time.perf_counter()

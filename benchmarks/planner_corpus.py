@@ -166,10 +166,7 @@ def host_plan(model: str, budget_mb: int, plan_steps: int | None) -> dict:
 
 # ---- fresh processes: plan_vs_search's workers ----------------------------------------
 def fresh_trial(model: str, budget_mb: int, batch: int, steps: int, backend: str) -> bool:
-    r = plan_vs_search.run_worker(
-        ["trial", model, str(batch), "--steps", str(steps), "--backend", backend, "--budget-mb", str(budget_mb)]
-    )
-    return bool(r["ok"])
+    return bool(plan_vs_search.trial(model, batch, steps, backend, budget_mb)["ok"])
 
 
 def fresh_plan(model: str, budget_mb: int, backend: str, plan_steps: int | None) -> dict:

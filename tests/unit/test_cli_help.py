@@ -9,10 +9,12 @@ import argparse
 from memalloc.__main__ import build_parser
 
 
+def subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def commands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
+    return dict(subcommands(build_parser()).choices)
 
 
 def test_every_argument_of_every_command_has_help():
@@ -29,8 +31,7 @@ def test_every_argument_of_every_command_has_help():
 
 def test_every_command_has_a_summary_and_the_top_help_names_them():
     parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    summaries = {a.dest: a.help for a in sub._choices_actions}
+    summaries = {a.dest: a.help for a in subcommands(parser)._choices_actions}
     assert set(summaries) == set(commands()) and all(summaries.values()), summaries
     text = parser.format_help()
     assert "memalloc/cli" not in text  # the layout of the source is not the user's business
