@@ -48,7 +48,7 @@ def worker(perturb: int) -> list:
         layer = nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True, norm_first=True)
         model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         opt = torch.optim.AdamW(model.parameters())
-        recording.record_memory_history(max_entries=1_000_000, stacks="none", allocator=a)
+        recording.record_history(max_entries=1_000_000, stacks="none", allocator=a)
         for n in (64, 128):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = model(torch.randn(4, n, 128)).float().square().mean()
@@ -56,7 +56,7 @@ def worker(perturb: int) -> list:
             loss.backward()
             opt.step()
         events = recording.events(0, allocator=a)
-        recording.record_memory_history(enabled=False, allocator=a)
+        recording.record_history(enabled=False, allocator=a)
     # as benchmarks/fit_diff.py reads torch's snapshots: the same requests
     trace = [{"action": e.action, "addr": e.addr, "size": e.size} for e in events]
     return [list(r) for r in timeline({"device_traces": [trace]}).requests]

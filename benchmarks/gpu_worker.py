@@ -136,10 +136,10 @@ def setup(name: str):
             memalloc.auto_step()
         stacks = {"memalloc_tags": "tags", "memalloc_stacks": "python"}.get(name)
         if stacks:
-            memalloc.record_memory_history(max_entries=1 << 20, stacks=stacks)
+            memalloc.record_history(max_entries=1 << 20, stacks=stacks)
 
         def peaks():
-            s = memalloc.memory_stats_raw(0)
+            s = memalloc.memory.memory_stats_raw(0)
             return s["allocated_bytes"]["all"]["peak"], s["reserved_bytes"]["all"]["peak"]
 
         return peaks
@@ -285,9 +285,9 @@ def set_recording(name: str, mode: str) -> None:
         import memalloc
 
         if mode == "off":
-            memalloc.record_memory_history(enabled=False)
+            memalloc.record_history(enabled=False)
         else:
-            memalloc.record_memory_history(max_entries=1 << 20, stacks=mode)
+            memalloc.record_history(max_entries=1 << 20, stacks=mode)
 
 
 def set_call_sites(mode: str) -> None:
@@ -333,10 +333,10 @@ def run_flight(rounds: int = 121, bf16_steps: bool = True) -> dict:
 
     def set_mode(mode: str) -> None:
         rec.detach()
-        memalloc.record_memory_history(enabled=False)
+        memalloc.record_history(enabled=False)
         memalloc.auto_step(mode == "file")
         if mode == "memory":
-            memalloc.record_memory_history(max_entries=flight.DEFAULT_RECORDS, stacks="python")
+            memalloc.record_history(max_entries=flight.DEFAULT_RECORDS, stacks="python")
         elif mode == "file":
             rec.attach()
 

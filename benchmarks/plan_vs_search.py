@@ -150,9 +150,9 @@ def worker_trial(model: str, batch: int, steps: int, backend: str, budget_mb: in
     out: dict = {"batch": batch, "ok": True}
     try:
         for i in range(steps):
-            memalloc.reset_peak_memory_stats()
+            memalloc.memory.reset_peak_memory_stats()
             step(batch, i)
-            s = memalloc.memory_stats()
+            s = memalloc.memory.memory_stats()
             peaks.append(
                 (s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"], s["allocated_bytes.all.current"])
             )

@@ -131,7 +131,7 @@ def record_one(name: str, backend: str, out_dir: str, steps: int | None = None, 
 
         torch.cuda.synchronize()
     path = memalloc.save_trace(os.path.join(out_dir, f"{name}.mtrace.gz"))
-    stats = memalloc.memory_stats()
+    stats = memalloc.memory.memory_stats()
     return {
         "workload": name,
         "steps": n,

@@ -167,7 +167,7 @@ def run(
     for _ in range(args.warmup):
         step()
     _sync(w.device)
-    memalloc.reset_peak_memory_stats(device)
+    memalloc.memory.reset_peak_memory_stats(device)
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -182,9 +182,9 @@ def run(
         "batch": w.batch,
         "samples_per_step": samples_per_step or w.batch,
         "steps": args.steps,
-        "peak_allocated": memalloc.max_memory_allocated(device),
-        "peak_reserved": memalloc.max_memory_reserved(device),
-        "reserved_after": memalloc.memory_reserved(device),
+        "peak_allocated": memalloc.memory.max_memory_allocated(device),
+        "peak_reserved": memalloc.memory.max_memory_reserved(device),
+        "reserved_after": memalloc.memory.memory_reserved(device),
         "step_ms": sorted(times)[len(times) // 2],
         "breakdown_at_peak": b.peak,
         "breakdown_step": b.peak_step,

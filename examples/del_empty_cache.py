@@ -1,7 +1,7 @@
 """``del`` and ``empty_cache`` between phases: the step drops its output and
 loss as soon as backward is done (before the optimizer step), frees the
 gradients right after it (zero_grad(set_to_none=True)), then returns the
-cached blocks to the device (torch.cuda.empty_cache; memalloc.empty_cache on
+cached blocks to the device (torch.cuda.empty_cache; memalloc.memory.empty_cache on
 the host backend). The peak is what the tensors need at once; what changes
 is what stays reserved between steps, at the price of new device
 allocations every step.
@@ -25,7 +25,7 @@ def step() -> None:
     del out, loss
     w.optimizer.step()
     w.optimizer.zero_grad(set_to_none=True)
-    memalloc.empty_cache()
+    memalloc.memory.empty_cache()
 
 
 run("del_empty_cache", w, step, args)

@@ -9,7 +9,7 @@ then::
             for batch in memalloc.steps_of(batches):
                 train_step(batch)
 
-The block fails the test with :class:`memalloc.LeakError` (an
+The block fails the test with :class:`memalloc.errors.LeakError` (an
 AssertionError whose message is the leak report) when the reported leaks
 grow by more than ``max_bytes_per_step`` bytes per step. Other keyword
 arguments are those of :class:`memalloc.leak_check`.

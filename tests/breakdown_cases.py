@@ -39,7 +39,7 @@ device = "cuda"
 MODEL = """
 import os
 from memalloc.trace import recording, sites
-recording.record_memory_history(max_entries=200_000, stacks="none")  # for the peaks' rounding
+recording.record_history(max_entries=200_000, stacks="none")  # for the peaks' rounding
 already = list(sites.live_blocks(0))  # blocks made before the recording (none expected)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
@@ -100,7 +100,7 @@ def closure():
     seen["before_backward"] = memalloc.memory_breakdown()
     seen["expected_activations"] = tensor_bytes(mine + [loss])
     del saved, mine, out
-    memalloc.reset_peak_memory_stats()
+    memalloc.memory.reset_peak_memory_stats()
     loss.backward()
     return loss
 
@@ -121,16 +121,16 @@ for step in range(3):
         "now": b.now, "peak": b.peak, "peak_step": b.peak_step,
         "params": tensor_bytes(params), "grads": tensor_bytes([p.grad for p in params]),
         "state": tensor_bytes(state), "inputs": tensor_bytes([x, y]), "loss": tensor_bytes([loss]),
-        "rounding": rounding(), "max_allocated": memalloc.max_memory_allocated(), "loss_value": loss.item(),
+        "rounding": rounding(), "max_allocated": memalloc.memory.max_memory_allocated(), "loss_value": loss.item(),
     })
 assert recording.dropped(0) == 0
 for s, start, end in zip(R["steps"], marks, marks[1:]):
     s["peak_allocated_replayed"], s["peak_rounding"] = window_peak_rounding(start, end)
-recording.record_memory_history(False)
+recording.record_history(False)
 tracker.stop()
 R["rows"] = tracker.rows
 R["summary"] = tracker.summary()
-R["memory_summary"] = memalloc.memory_summary()
+R["memory_summary"] = memalloc.memory.memory_summary()
 a.validate()
 """
 

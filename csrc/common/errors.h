@@ -6,7 +6,7 @@
 //     for Python)
 //     translate them: OutOfMemory -> c10::OutOfMemoryError
 //     (torch.OutOfMemoryError), InvalidArgument -> ValueError,
-//     InvalidPointer -> memalloc.InvalidPointerError, DriverError ->
+//     InvalidPointer -> memalloc.errors.InvalidPointerError, DriverError ->
 //     memalloc.DriverError.
 //   * Free paths never throw across the torch boundary (see boundary/torch/pluggable.cpp).
 //   * Every message names the problem and, where there is one, the fix.

@@ -26,7 +26,7 @@ ENV_VAR = "MEMALLOC_CONF"
 # The engine's own Config{} (``_C.Allocator(backend, "")``, the replay tools'
 # '' config) stays torch's native default, the reference the tests model.
 PRODUCT_DEFAULTS = "expandable_segments:True"
-# Stack capture modes (record_stacks / record_memory_history(stacks=...)): name -> number, as _C defines them.
+# Stack capture modes (record_stacks / record_history(stacks=...)): name -> number, as _C defines them.
 STACK_MODES: dict[str, int] = dict(_C.STACK_MODES)
 
 
@@ -39,7 +39,7 @@ def config_text(
     at once, so a later key that sets the engine's own default (which the
     canonical text leaves out) still overrides an earlier one.
 
-    Raises ValueError (``memalloc.InvalidArgumentError``) naming an unknown
+    Raises ValueError (``memalloc.errors.InvalidArgumentError``) naming an unknown
     key or a malformed value, with the valid keys, and where it came from
     (the ``config`` argument, ``$MEMALLOC_CONF``, or ``base``, named by
     ``base_source``: enable() names torch's ``PYTORCH_CUDA_ALLOC_CONF`` when

@@ -1,6 +1,6 @@
 """Empty-cache policies.
 
-- manual: ``memalloc.empty_cache()`` and ``torch.cuda.empty_cache()``
+- manual: ``memalloc.memory.empty_cache()`` and ``torch.cuda.empty_cache()``
   return every fully free cached segment to the device (always available).
 - on-OOM: before raising an out-of-memory error the allocator releases the
   cache and retries once (always on; in C++).

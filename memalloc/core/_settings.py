@@ -122,7 +122,7 @@ def apply_startup_fraction(allocator: _C.Allocator) -> None:
 
 def apply(allocator: _C.Allocator, text: str) -> None:
     """torch's run-time settings text applied to ``allocator`` with torch's
-    rules (module docstring). Raises memalloc.InvalidArgumentError for a bad
+    rules (module docstring). Raises memalloc.errors.InvalidArgumentError for a bad
     value of a shared key, changing nothing."""
     shared, fraction, unsupported = split(text)
     current = allocator.settings()

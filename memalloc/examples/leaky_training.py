@@ -10,7 +10,7 @@ import torch
 import memalloc
 
 
-def train(device: str, *, keep_item: bool, steps: int = 12) -> memalloc.LeakReport:
+def train(device: str, *, keep_item: bool, steps: int = 12) -> memalloc.leaks.LeakReport:
     """Trains a small MLP for ``steps`` steps under memalloc.leak_check();
     keeps each loss as a tensor (leaks) or as loss.item() (does not).
     Returns the report."""

@@ -412,7 +412,7 @@ def advise(
     ``profile`` adds checkpointing, sharpens the mixed-precision estimate,
     says where the step's peak was and what empty_cache() would keep;
     ``reserved_after``: reserved bytes between steps (del + empty_cache);
-    ``leaks``: the same run's leak report (:class:`memalloc.LeakReport`, or
+    ``leaks``: the same run's leak report (:class:`memalloc.leaks.LeakReport`, or
     a list of its :class:`Leak`): each leak is advised first and the bytes
     it held when the peak's step began are not counted as activations;
     ``gpus``: the GPUs the run could use (default :func:`visible_gpus`; DDP

@@ -59,7 +59,7 @@ class MemoryBreakdown:
     them: a forward block as ``activations``, a backward block as
     ``gradients``, an optimizer block as ``optimizer_state``).
     ``peak``: the split when allocated bytes peaked in the last finished step
-    (``peak_step`` its number: memalloc.steps() at its boundary, or, where no
+    (``peak_step`` its number: memalloc.iteration.steps() at its boundary, or, where no
     boundaries are marked, how many steps the first optimizer has taken),
     fully resolved; before the first step ends,
     the peak so far (``peak_step`` None, ``peak_provisional`` bytes not yet

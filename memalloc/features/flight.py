@@ -127,7 +127,7 @@ class FlightRecorder:
     def attach(self) -> None:
         """Points every device's event ring into the file (the constructor
         does; after :meth:`detach`, the rings start again from empty). While
-        attached, the file owns the rings: memalloc.record_memory_history
+        attached, the file owns the rings: memalloc.record_history
         borrows them and gives them back (recording.set_ring_owner)."""
         for d in range(self.allocator.device_count):
             self._attach_device(d)

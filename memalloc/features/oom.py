@@ -152,7 +152,7 @@ def _describe(holders: list[dict]) -> str:
     if holders and all(h["filename"] is None for h in holders):
         lines.append(
             "  (call sites are off: remove call_sites:False from MEMALLOC_CONF or enable()'s config, "
-            "or call memalloc.record_memory_history(stacks='python'))"
+            "or call memalloc.record_history(stacks='python'))"
         )
     return "\n".join(lines)
 

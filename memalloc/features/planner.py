@@ -417,9 +417,9 @@ class ProbeRecording:
     def __init__(self, allocator: _C.Allocator, device: int, ring: int, batch: int, steps: int) -> None:
         if recording.history_on(device, allocator):
             raise PlannerError(
-                f"device {device} is recording (memalloc.record_memory_history): the planner needs "
+                f"device {device} is recording (memalloc.record_history): the planner needs "
                 "the event ring for its probes; stop the history first "
-                "(memalloc.record_memory_history(enabled=False))"
+                "(memalloc.record_history(enabled=False))"
             )
         self.allocator, self.device, self.ring, self.batch, self.steps = allocator, device, ring, batch, steps
         self.live = live_blocks(device, allocator)
@@ -427,7 +427,7 @@ class ProbeRecording:
         self.reserved = allocator.stats(device)["reserved_bytes"]["all"]["current"]
         self.allocs = self._allocations()
         self.step_allocs: list[int] = []
-        recording.record_memory_history(max_entries=ring, stacks="python", device=device, allocator=allocator)
+        recording.record_history(max_entries=ring, stacks="python", device=device, allocator=allocator)
 
     def _allocations(self) -> int:
         return self.allocator.stats(self.device)["allocation"]["all"]["allocated"]
@@ -440,7 +440,7 @@ class ProbeRecording:
         return len(self.step_allocs) >= 1 + self.steps
 
     def stop(self) -> None:
-        recording.record_memory_history(enabled=False, device=self.device, allocator=self.allocator)
+        recording.record_history(enabled=False, device=self.device, allocator=self.allocator)
 
     def finish(self) -> tuple[ProbeRecord | None, int]:
         """(the record, 0), or (None, events lost) when the ring overflowed;

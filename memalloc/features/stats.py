@@ -6,6 +6,12 @@ OrderedDict with torch's flattened key names
 queries are read from it exactly as torch reads its own. All sizes are bytes.
 ``memory_summary`` renders torch's own table (torch's formatter, fed with
 memalloc's statistics) and adds a memalloc footer.
+
+This is the public module ``memalloc.memory`` (torch's are in
+``torch.cuda.memory``). Beside torch's names it holds the two of memalloc's
+own that act on the same cache: ``empty_cache_policy()`` and
+``set_empty_cache_policy(...)`` (when memalloc empties it by itself), and
+``memory_stats_raw()`` (its counters, torch's and its own).
 """
 
 from __future__ import annotations
@@ -18,7 +24,28 @@ import torch
 
 from memalloc.core import _policy, _state
 from memalloc.core._device import DeviceLike, device_index
+from memalloc.core._policy import empty_cache_policy, set_empty_cache_policy
 from memalloc.features.breakdown import memory_breakdown
+
+__all__ = [
+    "empty_cache",
+    "empty_cache_policy",
+    "get_per_process_memory_fraction",
+    "list_gpu_processes",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_stats_raw",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_empty_cache_policy",
+    "set_per_process_memory_fraction",
+]
 
 # memalloc's own counters that torch does not have: kept out of the
 # torch-format dictionaries, available through memory_stats_raw().

@@ -27,7 +27,7 @@ one row (:data:`FIELDS`; sizes in bytes, times in seconds):
     and ``reset_peak_memory_stats`` stay the user's: the tracker never resets
     them, and resetting them does not shorten the tracker's window
 ``device_used`` / ``device_total``
-    ``total - free`` and ``total`` of :func:`memalloc.mem_get_info` (every
+    ``total - free`` and ``total`` of :func:`memalloc.memory.mem_get_info` (every
     process's use of the device; on the host backend, memalloc's reserved bytes)
 ``num_ooms``
     out-of-memory errors raised during this step (a count per step, not the
@@ -157,7 +157,7 @@ class StepTracker:
             current CUDA device on the CUDA backend, 0 on the host backend).
             Checked against the allocator's devices when memalloc is enabled
             (here if it already is, else at :meth:`start`):
-            ``memalloc.InvalidArgumentError`` (a ValueError) names the valid
+            ``memalloc.errors.InvalidArgumentError`` (a ValueError) names the valid
             range, TypeError a value of the wrong type.
         allocator: the allocator to track (default: the one
             :func:`memalloc.enable` installed); tests pass their own.

@@ -106,9 +106,7 @@ def enable(
             keep=config_value(text, "flight_recorder_keep") == "True",
         )
     elif entries:
-        recording.record_memory_history(
-            True, max_entries=entries, stacks=config_value(text, "record_stacks") or "python"
-        )
+        recording.record_history(True, max_entries=entries, stacks=config_value(text, "record_stacks") or "python")
     if verbose:
         why = "" if chosen == "cuda" or backend == "host" else f" ({_state.cuda_usable()[1]})"
         print(f"memalloc: enabled on the {chosen} backend{why}")

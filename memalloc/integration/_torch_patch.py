@@ -62,13 +62,13 @@ def _torch_record_memory_history(
     **_: Any,
 ) -> None:
     if enabled is None or enabled is False:
-        recording.record_memory_history(False, device=device)
+        recording.record_history(False, device=device)
         return
     mode = "python" if stacks in ("python", "all") and context is not None else "tags"
     # torch's default max_entries is sys.maxsize (an unbounded deque); memalloc's
     # ring is preallocated, so "unbounded" becomes DEFAULT_TORCH_ENTRIES (64 MB).
     entries = int(max_entries) if int(max_entries) < (1 << 31) else DEFAULT_TORCH_ENTRIES
-    recording.record_memory_history(True, max_entries=entries, stacks=mode, device=device)
+    recording.record_history(True, max_entries=entries, stacks=mode, device=device)
 
 
 def _torch_snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:

@@ -120,7 +120,7 @@ def cpu_tensors_from(allocator: _C.Allocator) -> Iterator[_C.Allocator]:
 
     One block at a time, on one thread while no other thread makes CPU
     tensors (the route is process-wide). Raises ValueError
-    (memalloc.InvalidArgumentError) when another block is open.
+    (memalloc.errors.InvalidArgumentError) when another block is open.
     """
     if not isinstance(allocator, _C.Allocator):
         raise TypeError(f"allocator must be a memalloc.Allocator on the host backend, not {type(allocator).__name__}")

@@ -1,6 +1,6 @@
 """Event recording with stack tags, and its exports.
 
-``record_memory_history(stacks="python")`` makes the C++ core write every
+``record_history(stacks="python")`` makes the C++ core write every
 allocator event (alloc, free requested / completed, segment alloc / free,
 OOM, empty_cache, ...) as a 64-byte record into a preallocated per-device
 ring (csrc/profiler/recorder.h). Each record names who caused it: an interned Python
@@ -97,7 +97,7 @@ class Event:
 # it records (memalloc._C.installed() returns that object while it lives).
 _recording: dict[int, tuple[_C.Allocator, set[int]]] = {}
 # A recorder that owns an allocator's rings for longer (the flight recorder's
-# file, memalloc/features/flight.py), by id: record_memory_history may lend
+# file, memalloc/features/flight.py), by id: record_history may lend
 # a ring to the in-memory history, and gives it back on stopping.
 _ring_owners: dict[int, tuple[_C.Allocator, Callable[[int], None]]] = {}
 
@@ -113,13 +113,13 @@ def set_ring_owner(allocator: _C.Allocator, take_back: Callable[[int], None] | N
 
 
 def history_on(device: int, allocator: _C.Allocator) -> bool:
-    """Whether :func:`record_memory_history` has ``device`` of ``allocator``
+    """Whether :func:`record_history` has ``device`` of ``allocator``
     recording now (the in-memory history; a flight recorder's file is not it)."""
     entry = _recording.get(id(allocator))
     return entry is not None and device in entry[1]
 
 
-def record_memory_history(
+def record_history(
     enabled: bool = True,
     max_entries: int = 100_000,
     stacks: str = "python",
@@ -285,6 +285,6 @@ __all__ = [
     "events_array",
     "frames_json",
     "raw_records",
-    "record_memory_history",
+    "record_history",
     "stack",
 ]

@@ -9,7 +9,7 @@ tests/integration/test_real_paths_advice_applied.py:
     (precision="bf16-mixed": torch.autocast on the CPU), --autocast fp16
     (Lightning's MixedPrecision plugin, fp16 on the CPU with a GradScaler:
     precision="16-mixed" alone turns into bf16 there), --empty-cache
-    (memalloc.empty_cache() at the end of every training batch: Lightning
+    (memalloc.memory.empty_cache() at the end of every training batch: Lightning
     has dropped the step's outputs by then)
 
 OUT.json gets what the run measured over the optimizer steps after the
@@ -55,9 +55,9 @@ class Module(L.LightningModule):
 class Measure(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, i):
         if args.empty_cache:
-            memalloc.empty_cache()
+            memalloc.memory.empty_cache()
         if trainer.global_step == 2 and (i + 1) % args.micro == 0:  # after the second optimizer step
-            memalloc.reset_peak_memory_stats()
+            memalloc.memory.reset_peak_memory_stats()
 
     def on_train_end(self, trainer, module):
         write_measurement(args.out, optimizer_steps=trainer.global_step)

@@ -61,14 +61,14 @@ def optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | No
 
 
 def end_step(args: argparse.Namespace, step: int) -> None:
-    """After a step: memalloc.empty_cache() with --empty-cache (the caller
+    """After a step: memalloc.memory.empty_cache() with --empty-cache (the caller
     has deleted its step's tensors first), and after the second step the
     peaks reset (Adam's state exists from the first step on: the
     measurement is of the steps after the second)."""
     if args.empty_cache:
-        memalloc.empty_cache()
+        memalloc.memory.empty_cache()
     if step == 1:
-        memalloc.reset_peak_memory_stats()
+        memalloc.memory.reset_peak_memory_stats()
 
 
 def write_measurement(path: str, **extra: int) -> None:
@@ -77,10 +77,10 @@ def write_measurement(path: str, **extra: int) -> None:
     with open(path, "w") as f:
         json.dump(
             {
-                "peak_allocated": memalloc.max_memory_allocated(),
-                "peak_reserved": memalloc.max_memory_reserved(),
-                "reserved_after": memalloc.memory_reserved(),
-                "allocated_after": memalloc.memory_allocated(),
+                "peak_allocated": memalloc.memory.max_memory_allocated(),
+                "peak_reserved": memalloc.memory.max_memory_reserved(),
+                "reserved_after": memalloc.memory.memory_reserved(),
+                "allocated_after": memalloc.memory.memory_allocated(),
                 **extra,
             },
             f,

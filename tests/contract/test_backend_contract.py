@@ -146,20 +146,20 @@ def test_misuse_is_refused_with_the_rule_and_changes_nothing(backend):
     base = T.vm_reserve(a, 4 * page)
     assert T.vm_map(a, base, page)
     mapped = backend.free()
-    with pytest.raises(memalloc.InvalidArgumentError, match="already mapped"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="already mapped"):
         T.vm_map(a, base, 2 * page)
-    with pytest.raises(memalloc.InvalidArgumentError, match="not mapped"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="not mapped"):
         T.vm_unmap(a, base, 2 * page)
-    with pytest.raises(memalloc.InvalidArgumentError, match="whole pages of the reservation"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="whole pages of the reservation"):
         T.vm_map(a, base + page + 4096, page)
-    with pytest.raises(memalloc.InvalidArgumentError, match="in no reservation"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="in no reservation"):
         T.vm_map(a, base + 4 * page, page)
-    with pytest.raises(memalloc.InvalidArgumentError, match="unmap every page"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="unmap every page"):
         T.vm_free(a, base)
     assert backend.dropped_by(mapped, 0) if backend.exact else backend.free() >= mapped - page
     T.vm_unmap(a, base, page)
     T.vm_free(a, base)
-    with pytest.raises(memalloc.InvalidArgumentError, match="no reservation starts"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="no reservation starts"):
         T.vm_free(a, base)
 
 
@@ -171,20 +171,20 @@ def test_a_reservation_maps_and_unmaps_in_its_own_pages(backend):
     multiples of the granularity."""
     a, gran = backend.allocator, backend.page
     page = 3 * gran
-    with pytest.raises(memalloc.InvalidArgumentError, match="positive multiple of the granularity"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="positive multiple of the granularity"):
         T.vm_reserve(a, 4 * page, page=gran + 4096)
-    with pytest.raises(memalloc.InvalidArgumentError, match="positive multiple of the page size"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="positive multiple of the page size"):
         T.vm_reserve(a, 4 * page + gran, page=page)
     base = T.vm_reserve(a, 4 * page, page=page)
     before = backend.free()
     for start, n in [(base, gran), (base + gran, page), (base + page, 2 * gran)]:  # cuts a page
-        with pytest.raises(memalloc.InvalidArgumentError, match="whole pages of the reservation"):
+        with pytest.raises(memalloc.errors.InvalidArgumentError, match="whole pages of the reservation"):
             T.vm_map(a, start, n)
     assert backend.dropped_by(before, 0) if backend.exact else backend.free() >= before - gran
     assert T.vm_map(a, base + page, 2 * page) is True
     assert backend.dropped_by(before, 2 * page)
     assert backend.fill(base + page, 2 * page, 5) == [5, 5]
-    with pytest.raises(memalloc.InvalidArgumentError, match="whole pages of the reservation"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="whole pages of the reservation"):
         T.vm_unmap(a, base + page, gran)
     T.vm_unmap(a, base + 2 * page, page)  # the second page alone
     assert backend.dropped_by(before, page) if backend.exact else backend.free() > before - 2 * page

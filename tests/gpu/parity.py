@@ -120,7 +120,7 @@ def lightning_stats() -> dict:
         rows = list(csv.DictReader(open(glob.glob(os.path.join(d, "m", "*", "metrics.csv"))[0])))
     keys = sorted({k for r in rows for k, v in r.items() if v and "allocated_bytes.all.current" in k})
     values = [int(float(r[k])) for r in rows for k in keys if r.get(k)]
-    return {"keys": keys, "values": values, "memalloc_peak": memalloc.max_memory_allocated()}
+    return {"keys": keys, "values": values, "memalloc_peak": memalloc.memory.max_memory_allocated()}
 
 
 WORKLOADS = {"transformer": transformer, "resnet50": resnet50, "random": random_workload}
@@ -136,4 +136,4 @@ if __name__ == "__main__":
     else:
         # patched: whether torch.cuda's queries were monkeypatched (never on CUDA now:
         # torch's own functions answer through memalloc's getDeviceStats).
-        print(json.dumps({"samples": WORKLOADS[name](), "patched": memalloc.torch_is_patched()}))
+        print(json.dumps({"samples": WORKLOADS[name](), "patched": memalloc.integration._torch_patch.is_patched()}))

@@ -47,7 +47,7 @@ def setup(mode: str, config: str = "") -> None:
 
 
 def stats(device: int = 0) -> dict:
-    return memalloc.memory_stats_raw(device) if memalloc.is_enabled() else {}
+    return memalloc.memory.memory_stats_raw(device) if memalloc.is_enabled() else {}
 
 
 def train20(mode: str) -> dict:
@@ -380,7 +380,7 @@ def oom_report(mode: str) -> dict:
     import tempfile
 
     setup(mode)
-    memalloc.record_memory_history(max_entries=10_000, stacks="python")
+    memalloc.record_history(max_entries=10_000, stacks="python")
     d = tempfile.mkdtemp()
     memalloc.set_oom_report(directory=d, max_reports=1)
     line = _marker_line("# HOLDS-MEMORY")
@@ -469,12 +469,12 @@ def empty_cache(mode: str) -> dict:
     torch.cuda.synchronize()
     del x
     free_cached, _ = torch.cuda.mem_get_info()
-    out = {"reserved_cached": memalloc.memory_reserved(0) if mode == "memalloc" else None}
+    out = {"reserved_cached": memalloc.memory.memory_reserved(0) if mode == "memalloc" else None}
     torch.cuda.empty_cache()
     free_after, total = torch.cuda.mem_get_info()
     out.update(free_cached=free_cached, free_after=free_after, total=total, returned=free_after - free_cached)
     if mode == "memalloc":
-        out["reserved_after"] = memalloc.memory_reserved(0)
+        out["reserved_after"] = memalloc.memory.memory_reserved(0)
     memalloc_validate()
     return out
 
@@ -508,17 +508,17 @@ def accounting(mode: str) -> dict:
     ts = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
     out = {
         "sizes": sizes,
-        "allocated": memalloc.memory_allocated(0),
-        "reserved": memalloc.memory_reserved(0),
+        "allocated": memalloc.memory.memory_allocated(0),
+        "reserved": memalloc.memory.memory_reserved(0),
         "torch_reports": None,
     }
     try:
         out["torch_reports"] = torch.cuda.memory_allocated(0)
     except RuntimeError as e:  # torch's own query raises under a pluggable allocator (issue 4)
         out["torch_error"] = str(e)[:200]
-    out["requested"] = memalloc.memory_stats_raw(0)["requested_bytes"]["all"]["current"]
+    out["requested"] = memalloc.memory.memory_stats_raw(0)["requested_bytes"]["all"]["current"]
     del ts
-    out["allocated_after_free"] = memalloc.memory_allocated(0)
+    out["allocated_after_free"] = memalloc.memory.memory_allocated(0)
     memalloc_validate()
     return out
 
@@ -578,7 +578,7 @@ def record_training(mode: str) -> dict:
     from torch.cuda import _memory_viz
 
     setup(mode)
-    memalloc.record_memory_history(max_entries=200_000, stacks="python")
+    memalloc.record_history(max_entries=200_000, stacks="python")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -237,8 +237,8 @@ at_end = {}
 
 def after_the_profile(n):  # the profile read this boundary first: empty_cache() here keeps what it said
     if at_end.get("steps") == n:
-        memalloc.empty_cache()
-        at_end["reserved"] = memalloc.memory_reserved()
+        memalloc.memory.empty_cache()
+        at_end["reserved"] = memalloc.memory.memory_reserved()
 iteration.add_step_listener(after_the_profile)
 
 def loop(model, opt, batch, zero_grad_before_backward, steps=3):
@@ -247,21 +247,21 @@ def loop(model, opt, batch, zero_grad_before_backward, steps=3):
         x = torch.randn(batch, TOKENS, WIDTH)
         y = torch.randint(0, CLASSES, (batch, TOKENS))
         peaks = {}
-        memalloc.reset_peak_memory_stats()  # the truth of where the peak is: Stat's peak per part
-        before = memalloc.memory_allocated()
+        memalloc.memory.reset_peak_memory_stats()  # the truth of where the peak is: Stat's peak per part
+        before = memalloc.memory.memory_allocated()
         out = model(x)
-        kept = memalloc.memory_allocated() - before
+        kept = memalloc.memory.memory_allocated() - before
         loss = torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
-        peaks["forward"] = memalloc.max_memory_allocated()
+        peaks["forward"] = memalloc.memory.max_memory_allocated()
         if zero_grad_before_backward:
             opt.zero_grad(set_to_none=True)
         grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
-        memalloc.reset_peak_memory_stats()
+        memalloc.memory.reset_peak_memory_stats()
         loss.backward()
-        peaks["backward"] = memalloc.max_memory_allocated()
-        memalloc.reset_peak_memory_stats()
+        peaks["backward"] = memalloc.memory.max_memory_allocated()
+        memalloc.memory.reset_peak_memory_stats()
         opt.step()
-        peaks["optimizer"] = memalloc.max_memory_allocated()
+        peaks["optimizer"] = memalloc.memory.max_memory_allocated()
         output = out.untyped_storage().nbytes()
         del out, loss  # (not freed by the next step's `out = model(x)`, after its forward)
     p = profile.profile()

@@ -35,13 +35,15 @@ def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config(run
         """
         R["before"] = [memalloc.is_enabled(), memalloc.enabled_backend()]
         R["installed_before"] = err(memalloc.installed_allocator)
-        R["allocated_before"] = err(memalloc.memory_allocated)
+        R["allocated_before"] = err(memalloc.memory.memory_allocated)
         R["first"] = memalloc.enable(verbose=True)
         R["after"] = [memalloc.is_enabled(), memalloc.enabled_backend()]
         a = memalloc.installed_allocator()
         R["installed_backend"] = a.backend_name
         R["installed_config"] = a.config
-        R["expected_config"] = memalloc._C.parse_config("expandable_segments:True," + memalloc.config_text())
+        R["expected_config"] = memalloc._C.parse_config(
+            "expandable_segments:True," + memalloc.core._config.config_text()
+        )
         R["again"] = memalloc.enable()
         R["again_host"] = memalloc.enable(backend="host")
         R["again_mapping"] = memalloc.enable(config={})
@@ -77,7 +79,7 @@ def test_enable_auto_picks_host_is_idempotent_and_refuses_a_different_config(run
 def test_enable_rejects_cuda_and_unknown_backends_without_enabling(run_child):
     p, r = run_child(
         """
-        R["usable"] = list(memalloc.cuda_usable())
+        R["usable"] = list(memalloc.core._state.cuda_usable())
         R["cuda"] = err(lambda: memalloc.enable(backend="cuda"))
         R["after_cuda"] = memalloc.is_enabled()
         R["conf_cuda"] = err(lambda: memalloc.enable(config="backend:cuda"))
@@ -116,7 +118,7 @@ LAYER_PROBE = """
     memalloc.enable(backend="host"%s)
     R["config"] = memalloc.installed_allocator().config
     t = host.empty((3, 1 << 20), torch.uint8)   # 3 MiB: a large-pool request
-    R["reserved"] = memalloc.memory_reserved()
+    R["reserved"] = memalloc.memory.memory_reserved()
     R["expandable"] = [s["is_expandable"] for s in memalloc.snapshot()["segments"]]
     """
 
@@ -172,31 +174,33 @@ def test_memory_functions_track_host_tensors_exactly(run_child):
     _, r = run_child(
         """
         memalloc.enable(config="expandable_segments:False")  # whole segments, as the reserved figures below
-        R["start"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
+        R["start"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
         t1 = host.empty(1000, torch.float32)            # 4000 B
-        R["t1"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
-        R["devices"] = [memalloc.memory_allocated(0), memalloc.memory_allocated("cuda:0"),
-                        memalloc.memory_allocated("cuda"), memalloc.memory_allocated(torch.device("cuda", 0)),
-                        memalloc.memory_reserved(0), memalloc.memory_reserved("cuda:0")]
+        R["t1"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
+        R["devices"] = [memalloc.memory.memory_allocated(0), memalloc.memory.memory_allocated("cuda:0"),
+                        memalloc.memory.memory_allocated("cuda"),
+                        memalloc.memory.memory_allocated(torch.device("cuda", 0)),
+                        memalloc.memory.memory_reserved(0), memalloc.memory.memory_reserved("cuda:0")]
         t2 = host.empty(300, torch.float16)             # 600 B
-        R["t2"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
+        R["t2"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
         big = host.empty((1024, 1024), torch.float32)   # 4 MiB
-        R["big"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
-        raw = memalloc.memory_stats_raw()
+        R["big"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
+        raw = memalloc.memory.memory_stats_raw()
         R["raw"] = [raw["allocated_bytes"]["large_pool"]["current"], raw["segment"]["all"]["current"]]
         del big
-        R["big_freed"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
-        R["released"] = memalloc.empty_cache()
-        R["after_empty"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
+        R["big_freed"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
+        R["released"] = memalloc.memory.empty_cache()
+        R["after_empty"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
         del t1, t2
-        R["all_freed"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
-        R["released2"] = memalloc.empty_cache(0)
-        R["end"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
-        R["released3"] = memalloc.empty_cache()
-        R["bad"] = [err(lambda: memalloc.memory_allocated(1)), err(lambda: memalloc.memory_reserved(-1)),
-                    err(lambda: memalloc.memory_allocated("cuda:3")), err(lambda: memalloc.empty_cache(2)),
-                    err(lambda: memalloc.mem_get_info(5))]
-        R["bad_type"] = err(lambda: memalloc.memory_allocated(1.5))
+        R["all_freed"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
+        R["released2"] = memalloc.memory.empty_cache(0)
+        R["end"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
+        R["released3"] = memalloc.memory.empty_cache()
+        R["bad"] = [err(lambda: memalloc.memory.memory_allocated(1)), err(lambda: memalloc.memory.memory_reserved(-1)),
+                    err(lambda: memalloc.memory.memory_allocated("cuda:3")),
+                    err(lambda: memalloc.memory.empty_cache(2)),
+                    err(lambda: memalloc.memory.mem_get_info(5))]
+        R["bad_type"] = err(lambda: memalloc.memory.memory_allocated(1.5))
         memalloc.installed_allocator().validate()
         """
     )
@@ -225,11 +229,11 @@ def test_mem_get_info_reports_the_configured_capacity(run_child):
     _, r = run_child(
         """
         memalloc.enable()
-        R["empty"] = list(memalloc.mem_get_info())
+        R["empty"] = list(memalloc.memory.mem_get_info())
         t = host.empty(100, torch.uint8)
-        R["one"] = list(memalloc.mem_get_info(0))
-        R["str"] = list(memalloc.mem_get_info("cuda:0"))
-        R["types"] = [type(x).__name__ for x in memalloc.mem_get_info()]
+        R["one"] = list(memalloc.memory.mem_get_info(0))
+        R["str"] = list(memalloc.memory.mem_get_info("cuda:0"))
+        R["types"] = [type(x).__name__ for x in memalloc.memory.mem_get_info()]
         """,
         conf="host_capacity_mb:48",
     )
@@ -244,21 +248,21 @@ def test_capacity_from_env_raises_torch_oom_and_recovers(run_child):
     _, r = run_child(
         """
         memalloc.enable()
-        R["total"] = memalloc.mem_get_info()[1]
+        R["total"] = memalloc.memory.mem_get_info()[1]
         keep = host.empty(1000, torch.float32)
         keep.fill_(2.0)
-        R["before"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
+        R["before"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
         try:
             host.empty(32 << 20, torch.uint8)
         except torch.OutOfMemoryError as e:
             R["oom"] = [type(e).__name__, isinstance(e, RuntimeError), str(e)]
         else:
             R["oom"] = None
-        R["after"] = [memalloc.memory_allocated(), memalloc.memory_reserved()]
-        R["num_ooms"] = memalloc.memory_stats_raw()["num_ooms"]
+        R["after"] = [memalloc.memory.memory_allocated(), memalloc.memory.memory_reserved()]
+        R["num_ooms"] = memalloc.memory.memory_stats_raw()["num_ooms"]
         later = host.empty(12 << 20, torch.uint8)   # >= 10 MiB: own 12 MiB segment, fits in 16
         later[0] = 1; later[-1] = 3
-        R["later"] = [int(later[0]), int(later[-1]), memalloc.memory_allocated()]
+        R["later"] = [int(later[0]), int(later[-1]), memalloc.memory.memory_allocated()]
         R["keep"] = float(keep.sum())
         memalloc.installed_allocator().validate()
         """,
@@ -283,7 +287,7 @@ def test_enable_config_overrides_env(run_child):
         """
         R["backend"] = memalloc.enable(config="host_capacity_mb:32")
         a = memalloc.installed_allocator()
-        R["total"] = memalloc.mem_get_info()[1]
+        R["total"] = memalloc.memory.mem_get_info()[1]
         R["config"] = a.config
         R["oom"] = err(lambda: host.empty(40 << 20, torch.uint8))
         """,
@@ -297,22 +301,22 @@ def test_enable_config_overrides_env(run_child):
 
 
 def test_free_of_unknown_pointer_and_double_free_raise_invalid_pointer_error():
-    assert issubclass(memalloc.InvalidPointerError, ValueError)
-    assert issubclass(memalloc.InvalidArgumentError, ValueError)
+    assert issubclass(memalloc.errors.InvalidPointerError, ValueError)
+    assert issubclass(memalloc.errors.InvalidArgumentError, ValueError)
     assert issubclass(memalloc.MemallocError, RuntimeError)
-    assert issubclass(memalloc.DriverError, memalloc.MemallocError)
+    assert issubclass(memalloc.errors.DriverError, memalloc.MemallocError)
 
     a = memalloc.Allocator("host")
     p = a.malloc(1000)
     assert a.stats()["allocated_bytes"]["all"]["current"] == rnd(1000)
     before = a.stats()
 
-    with pytest.raises(memalloc.InvalidPointerError, match="unknown pointer"):
+    with pytest.raises(memalloc.errors.InvalidPointerError, match="unknown pointer"):
         a.free(12345)
     with pytest.raises(ValueError):
         a.free(12345)
     # Inside a segment but not the start of a live block.
-    with pytest.raises(memalloc.InvalidPointerError, match="double free"):
+    with pytest.raises(memalloc.errors.InvalidPointerError, match="double free"):
         a.free(p + 512)
     assert a.stats() == before
     a.validate()
@@ -322,7 +326,7 @@ def test_free_of_unknown_pointer_and_double_free_raise_invalid_pointer_error():
     assert freed["allocated_bytes"]["all"]["current"] == 0
     assert freed["allocation"]["all"]["freed"] == 1
 
-    with pytest.raises(memalloc.InvalidPointerError, match="double free"):
+    with pytest.raises(memalloc.errors.InvalidPointerError, match="double free"):
         a.free(p)
     assert a.stats() == freed
     a.validate()
@@ -338,7 +342,7 @@ def test_allocator_object_basics():
     a = memalloc.Allocator("host", "host_capacity_mb:64,host_devices:3")
     assert a.backend_name == "host"
     assert a.device_count == 3
-    assert a.config == memalloc.config_text("host_capacity_mb:64,host_devices:3", use_env=False)
+    assert a.config == memalloc.core._config.config_text("host_capacity_mb:64,host_devices:3", use_env=False)
     assert a.mem_get_info(2) == (64 * MiB, 64 * MiB)
     assert a.malloc(0) == 0  # zero bytes: no allocation
     assert a.stats(0)["allocation"]["all"]["allocated"] == 0

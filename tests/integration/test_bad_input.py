@@ -672,31 +672,31 @@ add(
 add(A, "memalloc._C.parse_config(None)", "None text", "TypeError", "must be a")
 
 A = "config_text"
-add(A, "memalloc.config_text(123)", "int config", "TypeError", "config must be a 'key:value,...' string")
+add(A, "memalloc.core._config.config_text(123)", "int config", "TypeError", "config must be a 'key:value,...' string")
 add(
     A,
-    'memalloc.config_text({"nope": 1}, use_env=False)',
+    'memalloc.core._config.config_text({"nope": 1}, use_env=False)',
     "mapping with an unknown key",
     "InvalidArgumentError",
     "unknown key 'nope'",
 )
 add(
     A,
-    'memalloc.config_text({"host_devices": None}, use_env=False)',
+    'memalloc.core._config.config_text({"host_devices": None}, use_env=False)',
     "mapping value None",
     "InvalidArgumentError",
     "value 'None' of key 'host_devices'",
 )
 add(
     A,
-    'memalloc.config_text({"host_devices": "2,host_capacity_mb:1"}, use_env=False)',
+    'memalloc.core._config.config_text({"host_devices": "2,host_capacity_mb:1"}, use_env=False)',
     "mapping value containing ',' and ':'",
     "InvalidArgumentError",
     "host_devices",
 )
 add(
     A,
-    'memalloc.config_text({"host_capacity_mb:1,host_devices": 2}, use_env=False)',
+    'memalloc.core._config.config_text({"host_capacity_mb:1,host_devices": 2}, use_env=False)',
     "mapping key containing ',' and ':'",
     "InvalidArgumentError",
     "host_capacity_mb:1,host_devices",
@@ -764,30 +764,30 @@ add(
 # =============================================================================
 NOT_ENABLED = "call memalloc.enable() first"
 for call in (
-    "memory_allocated()",
-    "max_memory_allocated()",
-    "memory_reserved()",
-    "max_memory_reserved()",
-    "memory_stats()",
-    "memory_stats_raw()",
-    "memory_stats_as_nested_dict()",
-    "memory_summary()",
-    "reset_peak_memory_stats()",
-    "reset_accumulated_memory_stats()",
-    "empty_cache()",
-    "mem_get_info()",
-    "get_per_process_memory_fraction()",
-    "set_per_process_memory_fraction(0.5)",
-    "list_gpu_processes()",
-    "set_empty_cache_policy(threshold=0.5)",
-    "empty_cache_policy()",
-    "record_memory_history()",
+    "memory.memory_allocated()",
+    "memory.max_memory_allocated()",
+    "memory.memory_reserved()",
+    "memory.max_memory_reserved()",
+    "memory.memory_stats()",
+    "memory.memory_stats_raw()",
+    "memory.memory_stats_as_nested_dict()",
+    "memory.memory_summary()",
+    "memory.reset_peak_memory_stats()",
+    "memory.reset_accumulated_memory_stats()",
+    "memory.empty_cache()",
+    "memory.mem_get_info()",
+    "memory.get_per_process_memory_fraction()",
+    "memory.set_per_process_memory_fraction(0.5)",
+    "memory.list_gpu_processes()",
+    "memory.set_empty_cache_policy(threshold=0.5)",
+    "memory.empty_cache_policy()",
+    "record_history()",
     "events()",
-    "events_array()",
+    "recording.events_array()",
     "snapshot()",
     'save_trace(scratch + "/run.trace")',
     "installed_allocator()",
-    "memory_allocated(99)",
+    "memory.memory_allocated(99)",
     "memory_breakdown()",
 ):
     add("before enable()", f"memalloc.{call}", "not enabled yet", "RuntimeError", NOT_ENABLED, env="before")
@@ -1048,6 +1048,10 @@ DEVICE_QUERIES = (
     "snapshot",
     "memory_breakdown",
 )
+# where each lives: torch.cuda's queries in memalloc.memory, the raw events in memalloc.recording
+WHERE = {"events_array": "recording."} | {
+    fn: "memory." for fn in DEVICE_QUERIES if fn not in ("events", "events_array", "snapshot", "memory_breakdown")
+}
 for fn in DEVICE_QUERIES:
     for dev, what, error, fragment in (
         ("-1", "device -1", "InvalidArgumentError", "device -1 does not exist"),
@@ -1056,28 +1060,28 @@ for fn in DEVICE_QUERIES:
         ("1.5", "float device", "TypeError", "device must be an int"),
         ("True", "bool device", "TypeError", "not bool"),
     ):
-        add(fn, f"memalloc.{fn}({dev})", what, error, fragment, env=E)
+        add(fn, f"memalloc.{WHERE.get(fn, '')}{fn}({dev})", what, error, fragment, env=E)
 add(
     "memory_allocated",
-    'memalloc.memory_allocated(torch.device("cuda", 5))',
+    'memalloc.memory.memory_allocated(torch.device("cuda", 5))',
     "torch.device cuda:5",
     "InvalidArgumentError",
     "device 5 does not exist",
     env=E,
 )
-add("memory_allocated", "memalloc.memory_allocated([0])", "list device", "TypeError", "not list", env=E)
+add("memory_allocated", "memalloc.memory.memory_allocated([0])", "list device", "TypeError", "not list", env=E)
 add(
     "memory_allocated",
-    'memalloc.memory_allocated("xyz")',
+    'memalloc.memory.memory_allocated("xyz")',
     "unparsable device string",
     "RuntimeError",
     "device string: xyz",
     env=E,
 )
-add("memory_allocated", 'memalloc.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E)
+add("memory_allocated", 'memalloc.memory.memory_allocated("cpu")', 'device "cpu"', "ValueError", "cpu", env=E)
 add(
     "memory_allocated",
-    "memalloc.memory_allocated(2**64)",
+    "memalloc.memory.memory_allocated(2**64)",
     "device beyond int (2**64)",
     "InvalidArgumentError",
     "does not exist",
@@ -1088,7 +1092,7 @@ A = "set_per_process_memory_fraction"
 for v, what in (("-0.5", "negative"), ("1.5", "above 1"), ('float("nan")', "NaN")):
     add(
         A,
-        f"memalloc.set_per_process_memory_fraction({v})",
+        f"memalloc.memory.set_per_process_memory_fraction({v})",
         f"{what} fraction",
         "InvalidArgumentError",
         "set a value in [0, 1]",
@@ -1096,7 +1100,7 @@ for v, what in (("-0.5", "negative"), ("1.5", "above 1"), ('float("nan")', "NaN"
     )
 add(
     A,
-    "memalloc.set_per_process_memory_fraction(0.5, 99)",
+    "memalloc.memory.set_per_process_memory_fraction(0.5, 99)",
     "device 99",
     "InvalidArgumentError",
     "device 99 does not exist",
@@ -1104,21 +1108,26 @@ add(
 )
 add(
     A,
-    'memalloc.set_per_process_memory_fraction(0.5, "cuda:7")',
+    'memalloc.memory.set_per_process_memory_fraction(0.5, "cuda:7")',
     'device "cuda:7"',
     "InvalidArgumentError",
     "device 7 does not exist",
     env=E,
 )
 add(
-    A, "memalloc.set_per_process_memory_fraction(0.5, 1.5)", "float device", "TypeError", "device must be an int", env=E
+    A,
+    "memalloc.memory.set_per_process_memory_fraction(0.5, 1.5)",
+    "float device",
+    "TypeError",
+    "device must be an int",
+    env=E,
 )
-add(A, 'memalloc.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be", env=E)
-add(A, "memalloc.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be", env=E)
-add(A, "memalloc.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be", env=E)
+add(A, 'memalloc.memory.set_per_process_memory_fraction("0.5")', "str fraction", "TypeError", "fraction must be", env=E)
+add(A, "memalloc.memory.set_per_process_memory_fraction(True)", "bool fraction", "TypeError", "fraction must be", env=E)
+add(A, "memalloc.memory.set_per_process_memory_fraction(None)", "None fraction", "TypeError", "fraction must be", env=E)
 add(
     A,
-    'memalloc.set_per_process_memory_fraction("abc")',
+    'memalloc.memory.set_per_process_memory_fraction("abc")',
     "non-numeric str fraction",
     "TypeError",
     "fraction must be",
@@ -1131,7 +1140,14 @@ for kw, what in (
     ("threshold=-0.1", "negative threshold"),
     ('threshold=float("nan")', "NaN threshold"),
 ):
-    add(A, f"memalloc.set_empty_cache_policy({kw})", what, "ValueError", "invalid garbage_collection_threshold", env=E)
+    add(
+        A,
+        f"memalloc.memory.set_empty_cache_policy({kw})",
+        what,
+        "ValueError",
+        "invalid garbage_collection_threshold",
+        env=E,
+    )
 for kw, what in (
     ("every_n_steps=-1", "negative every_n_steps"),
     ("every_n_steps=1.5", "float every_n_steps"),
@@ -1139,14 +1155,28 @@ for kw, what in (
     ('every_n_steps="3"', "str every_n_steps"),
     ("threshold=0.5, every_n_steps=-1", "valid threshold, bad every_n_steps"),
 ):
-    add(A, f"memalloc.set_empty_cache_policy({kw})", what, "ValueError", "every_n_steps must be an int >= 0", env=E)
-add(
-    A, "memalloc.set_empty_cache_policy(0.5)", "positional argument", "TypeError", "takes 0 positional arguments", env=E
-)
-add(A, 'memalloc.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E)
+    add(
+        A,
+        f"memalloc.memory.set_empty_cache_policy({kw})",
+        what,
+        "ValueError",
+        "every_n_steps must be an int >= 0",
+        env=E,
+    )
 add(
     A,
-    'memalloc.set_empty_cache_policy(threshold="0.5")',
+    "memalloc.memory.set_empty_cache_policy(0.5)",
+    "positional argument",
+    "TypeError",
+    "takes 0 positional arguments",
+    env=E,
+)
+add(
+    A, 'memalloc.memory.set_empty_cache_policy(threshold="x")', "str threshold", "TypeError", "threshold must be", env=E
+)
+add(
+    A,
+    'memalloc.memory.set_empty_cache_policy(threshold="0.5")',
     "numeric str threshold",
     "TypeError",
     "threshold must be",
@@ -1154,10 +1184,10 @@ add(
 )
 
 A = "empty_cache_policy"
-add(A, "memalloc.empty_cache_policy(99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
+add(A, "memalloc.memory.empty_cache_policy(99)", "device 99", "InvalidArgumentError", "device 99 does not exist", env=E)
 add(
     A,
-    'memalloc.empty_cache_policy("cuda:7")',
+    'memalloc.memory.empty_cache_policy("cuda:7")',
     'device "cuda:7"',
     "InvalidArgumentError",
     "device 7 does not exist",
@@ -1166,11 +1196,11 @@ add(
 )
 
 add("step", "memalloc.step(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
-add("steps", "memalloc.steps(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
+add("steps", "memalloc.iteration.steps(1)", "unexpected argument", "TypeError", "takes 0 positional arguments", env=E)
 add("steps_of", "memalloc.steps_of(5)", "not iterable", "TypeError", "steps_of needs an iterable", env=E)
 add(
     "add_step_listener",
-    "memalloc.add_step_listener(3)",
+    "memalloc.iteration.add_step_listener(3)",
     "not callable",
     "TypeError",
     "a step listener must be callable",
@@ -1178,7 +1208,7 @@ add(
 )
 add(
     "remove_step_listener",
-    "memalloc.remove_step_listener(None)",
+    "memalloc.iteration.remove_step_listener(None)",
     "not callable",
     "TypeError",
     "a step listener must be callable",
@@ -1245,7 +1275,7 @@ add("top_holders", "memalloc.top_holders(99)", "device 99", "InvalidArgumentErro
 add("top_holders", "memalloc.top_holders(n=0)", "zero n", "ValueError", "n must be an int >= 1", env=E)
 add(
     "remove_step_listener",
-    "memalloc.remove_step_listener()",
+    "memalloc.iteration.remove_step_listener()",
     "no listener",
     "TypeError",
     "missing 1 required positional argument",
@@ -1296,7 +1326,7 @@ add(
     env=E,
 )
 
-A = "record_memory_history"
+A = "record_history"
 for kw, what in (
     ("max_entries=0", "zero max_entries"),
     ("max_entries=-5", "negative max_entries"),
@@ -1304,10 +1334,10 @@ for kw, what in (
     ("max_entries=True", "bool max_entries"),
     ('max_entries="10"', "str max_entries"),
 ):
-    add(A, f"memalloc.record_memory_history({kw})", what, "ValueError", "max_entries must be a positive int", env=E)
+    add(A, f"memalloc.record_history({kw})", what, "ValueError", "max_entries must be a positive int", env=E)
 add(
     A,
-    "memalloc.record_memory_history(max_entries=2**62)",
+    "memalloc.record_history(max_entries=2**62)",
     "huge max_entries (2**62)",
     "ValueError",
     "max_entries",
@@ -1315,7 +1345,7 @@ add(
 )
 add(
     A,
-    "memalloc.record_memory_history(max_entries=2**64)",
+    "memalloc.record_history(max_entries=2**64)",
     "max_entries above size_t (2**64)",
     "ValueError",
     "max_entries",
@@ -1324,7 +1354,7 @@ add(
 for kw, what in (('stacks="all"', "unknown stacks mode"), ("stacks=None", "None stacks mode")):
     add(
         A,
-        f"memalloc.record_memory_history({kw})",
+        f"memalloc.record_history({kw})",
         what,
         "ValueError",
         "stacks must be one of none, tags, python",
@@ -1332,7 +1362,7 @@ for kw, what in (('stacks="all"', "unknown stacks mode"), ("stacks=None", "None 
     )
 add(
     A,
-    "memalloc.record_memory_history(device=99)",
+    "memalloc.record_history(device=99)",
     "device 99",
     "InvalidArgumentError",
     "device 99 does not exist",
@@ -1340,13 +1370,13 @@ add(
 )
 add(
     A,
-    'memalloc.record_memory_history(device="cuda:7")',
+    'memalloc.record_history(device="cuda:7")',
     'device "cuda:7"',
     "InvalidArgumentError",
     "device 7 does not exist",
     env=E,
 )
-add(A, "memalloc.record_memory_history(device=1.5)", "float device", "TypeError", "device must be an int", env=E)
+add(A, "memalloc.record_history(device=1.5)", "float device", "TypeError", "device must be an int", env=E)
 
 for arg, what in (('""', "empty tag"), ('"a/b"', "tag with '/'"), ("1", "int tag"), ("None", "None tag")):
     add("tag", f"with memalloc.tag({arg}): pass", what, "ValueError", "a tag is a non-empty str without '/'", env=E)
@@ -1668,7 +1698,7 @@ def _child_state(ns: dict) -> dict:
     s: dict[str, Any] = {
         "enabled": [memalloc.is_enabled(), memalloc.enabled_backend(), _state.installed_config()],
         "installed": _C.installed() is not None,
-        "torch_patched": memalloc.torch_is_patched(),
+        "torch_patched": memalloc.integration._torch_patch.is_patched(),
         "stack_mode": _C.stack_mode(),
         "files": _scratch_files(ns),
         "fd_open": _fd_is_ours(ns),
@@ -1678,9 +1708,9 @@ def _child_state(ns: dict) -> dict:
         devices = range(a.device_count)
         s.update(
             {
-                "memory_allocated": [memalloc.memory_allocated(d) for d in devices],
-                "memory_reserved": [memalloc.memory_reserved(d) for d in devices],
-                "stats": [memalloc.memory_stats_raw(d) for d in devices],
+                "memory_allocated": [memalloc.memory.memory_allocated(d) for d in devices],
+                "memory_reserved": [memalloc.memory.memory_reserved(d) for d in devices],
+                "stats": [memalloc.memory.memory_stats_raw(d) for d in devices],
                 "memory_fraction": [a.memory_fraction(d) for d in devices],
                 "gc_threshold": [a.gc_threshold(d) for d in devices],
                 "every_n_steps": _policy._every(),
@@ -1751,9 +1781,9 @@ def problems(case: Case, out: dict | None) -> list[str]:
 # The documentation table
 # =============================================================================
 TYPE_NAMES = {
-    "InvalidArgumentError": "memalloc.InvalidArgumentError",
-    "InvalidPointerError": "memalloc.InvalidPointerError",
-    "DriverError": "memalloc.DriverError",
+    "InvalidArgumentError": "memalloc.errors.InvalidArgumentError",
+    "InvalidPointerError": "memalloc.errors.InvalidPointerError",
+    "DriverError": "memalloc.errors.DriverError",
     "OutOfMemoryError": "torch.OutOfMemoryError",
 }
 
@@ -1762,7 +1792,7 @@ DOC_INTRO = (
     "`python tests/integration/test_bad_input.py --write-doc`, and `test_doc_is_current` in that file fails when this "
     "file differs from what the data renders: change the cases, then regenerate. Every row is a test: the "
     "call is run exactly as written and must raise the error type shown (a subclass also counts, e.g. "
-    "`memalloc.InvalidArgumentError` for `ValueError`) with a message containing the excerpt, and "
+    "`memalloc.errors.InvalidArgumentError` for `ValueError`) with a message containing the excerpt, and "
     "afterwards the allocator's counters and settings, recording, scratch files and enabled state must be "
     "unchanged (an out-of-memory error may only add one to the device's `num_ooms`). Rows marked † are "
     "open bugs: they state the answer wanted, run as strict xfails, and the list at the end says what "
@@ -1889,28 +1919,22 @@ if pytest is not None:
         import memalloc
 
         calls = "\n".join(c.call for c in CASES)
-        # Names that take no input a caller could get wrong, or are types.
+        # Names that take no input a caller could get wrong, types and modules.
         no_input = {
             "Allocator",
-            "DriverError",
-            "InvalidArgumentError",
-            "InvalidPointerError",
             "MemallocError",
             "config_keys",
-            "cuda_usable",
             "enabled_backend",
+            "errors",
             "host",
+            "memory",
             "is_enabled",
             "patch_torch",
-            "torch_is_patched",
             "unpatch_torch",
-            "LeakReport",
-            "LeakError",
-            "MemoryBreakdown",
-            "BatchPlan",
-            "PlannerError",
         }
-        missing = [n for n in memalloc.__all__ if n not in no_input and f"memalloc.{n}(" not in calls]
+        public = [f"memalloc.{n}" for n in memalloc.__all__ if n not in no_input]
+        public += [f"memalloc.memory.{n}" for n in memalloc.memory.__all__]
+        missing = [n for n in public if f"{n}(" not in calls]
         assert not missing, f"public functions without a bad-input case: {missing}"
         methods = [
             m for m in dir(memalloc.Allocator) if not m.startswith("_") and callable(getattr(memalloc.Allocator, m))

@@ -113,10 +113,10 @@ small = host.empty(256, torch.float32)   # 1 KiB: a 2 MiB segment
 big.fill_(1)
 small.fill_(2.0)
 info["sums"] = [int(big.sum()), float(small.sum())]
-info["allocated"] = memalloc.memory_allocated()
-stats = memalloc.memory_stats()
-info["peak"] = memalloc.max_memory_allocated()
-info["peak_reserved"] = memalloc.max_memory_reserved()
+info["allocated"] = memalloc.memory.memory_allocated()
+stats = memalloc.memory.memory_stats()
+info["peak"] = memalloc.memory.max_memory_allocated()
+info["peak_reserved"] = memalloc.memory.max_memory_reserved()
 info["allocations"] = stats["allocation.all.allocated"]
 info["device_allocations"] = stats["num_device_alloc"]
 print("SCRIPT", json.dumps(info))
@@ -221,8 +221,9 @@ def test_run_script_that_raises_still_prints_summary_and_fails(tmp_path, memallo
         import memalloc, torch
         from memalloc import host
         t = host.empty((512, 512), torch.float32)   # 1 MiB
-        print("TOTAL", memalloc.mem_get_info()[1])
-        print("PEAK", memalloc.max_memory_allocated(), memalloc.memory_stats()["allocation.all.allocated"])
+        print("TOTAL", memalloc.memory.mem_get_info()[1])
+        m = memalloc.memory
+        print("PEAK", m.max_memory_allocated(), m.memory_stats()["allocation.all.allocated"])
         raise ValueError("boom from the script")
         """
         )
@@ -280,12 +281,12 @@ def record_trace(path: Path, *, late: bool = False) -> Path:
     mode = _C.stack_mode()
     early = a.malloc(3 << 20) if late else None
     try:
-        recording.record_memory_history(max_entries=1000, stacks="none", allocator=a)
+        recording.record_history(max_entries=1000, stacks="none", allocator=a)
         keep = [a.malloc(1000), early if late else a.malloc(3 << 20), a.malloc(20 << 20)]
         a.free(keep.pop(1))
         save_trace(path, allocator=a)
     finally:
-        recording.record_memory_history(False, allocator=a)
+        recording.record_history(False, allocator=a)
         _C.set_stack_mode(mode)
     for ptr in keep:
         a.free(ptr)

@@ -181,7 +181,7 @@ def test_report_summarises_a_saved_trace(tmp_path, fresh_python, memalloc_cli_he
         import memalloc, torch
         memalloc.enable(backend="host", config="host_capacity_mb:64")
         memalloc.host.use_for_cpu_tensors()
-        memalloc.record_memory_history(max_entries=1000, stacks="python")
+        memalloc.record_history(max_entries=1000, stacks="python")
         kept = [torch.empty(1 << 20, dtype=torch.uint8) for _ in range(3)]  # KEEPS 3 MiB
         for _ in range(5):
             t = torch.empty(4096, dtype=torch.uint8)

@@ -52,7 +52,7 @@ before = (0, 0)
 for i in range(%d):
     step()
     memalloc.step()
-    s = memalloc.memory_stats()
+    s = memalloc.memory.memory_stats()
     now = (s["num_device_alloc"], s["num_device_free"])
     R["steps"].append({"maps": now[0] - before[0], "unmaps": now[1] - before[1],
                        "peak_allocated": s["allocated_bytes.all.peak"], "peak_reserved": s["reserved_bytes.all.peak"]})

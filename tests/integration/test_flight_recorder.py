@@ -239,7 +239,7 @@ def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(killed):
 
 
 def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_allocator, tmp_path):
-    """memalloc.record_memory_history while the flight recorder runs: the
+    """memalloc.record_history while the flight recorder runs: the
     rings move into memory (those events are the in-memory history's), and
     stopping it gives them back to the file, whose ring starts again, with
     stacks still on."""
@@ -249,20 +249,20 @@ def test_the_in_memory_history_borrows_the_rings_and_gives_them_back(host_alloca
     from memalloc.trace import recording, tags
 
     a = host_allocator
-    # record_memory_history subscribes the backward context for its stacks
+    # record_history subscribes the backward context for its stacks
     # (memalloc.trace.tags); this process is the test's, so it is taken back
     # afterwards (tests/conftest.py checks torch is left as found)
     subscribed = _hooks.subscribed(_hooks.BACKWARD, tags.BACKWARD_FEATURE)
     r = FlightRecorder(a, str(tmp_path), 64, keep=False)
     try:
         a.free(a.malloc(4096))  # into the file
-        recording.record_memory_history(enabled=False, allocator=a)  # stops nothing: the file keeps its ring
+        recording.record_history(enabled=False, allocator=a)  # stops nothing: the file keeps its ring
         assert [(e.action, e.requested) for e in ff.read(r.path).rings[0] if e.action == "alloc"] == [("alloc", 4096)]
-        recording.record_memory_history(max_entries=16, allocator=a)
+        recording.record_history(max_entries=16, allocator=a)
         a.free(a.malloc(8192))  # into memory
         raw, _dropped = recording.raw_records(0, allocator=a)
         in_memory = [(ACTIONS[rec[9]], rec[3]) for rec in struct.iter_unpack(RECORD_FORMAT, raw)]
-        recording.record_memory_history(enabled=False, allocator=a)
+        recording.record_history(enabled=False, allocator=a)
         a.free(a.malloc(12288))  # into the file again
         f = ff.read(r.path)
         assert ("alloc", 8192) in in_memory and ("alloc", 4096) not in in_memory

@@ -376,7 +376,7 @@ def test_host_empty_without_installed_allocator_raises(fresh_python):
                 print("NOERR")
         memalloc.enable(backend="host")
         t = host.empty((2, 3))
-        print("AFTER", tuple(t.shape), memalloc.memory_allocated())
+        print("AFTER", tuple(t.shape), memalloc.memory.memory_allocated())
         """
     )
     p = fresh_python.run(["-c", code])
@@ -495,7 +495,7 @@ with host.cpu_tensors_from(other):
     R["inside"] = err(host.use_for_cpu_tensors)
 host.use_for_cpu_tensors()
 t = torch.empty(1000)
-R["installed"] = memalloc.memory_allocated()
+R["installed"] = memalloc.memory.memory_allocated()
 R["other"] = other.stats(0)["allocated_bytes"]["all"]["current"]
 R["used"] = host.used_for_cpu_tensors()
 """,

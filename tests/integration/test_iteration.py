@@ -8,7 +8,7 @@ from __future__ import annotations
 PRELUDE = """
 memalloc.enable(backend="host", config="host_capacity_mb:64")
 seen = []
-memalloc.add_step_listener(seen.append)
+memalloc.iteration.add_step_listener(seen.append)
 """
 
 
@@ -17,17 +17,17 @@ def test_step_counts_and_calls_listeners_in_order(fresh_python):
         PRELUDE,
         """
 order = []
-memalloc.add_step_listener(lambda n: order.append(("b", n)))
-memalloc.add_step_listener(seen.append)  # registered twice: called once
+memalloc.iteration.add_step_listener(lambda n: order.append(("b", n)))
+memalloc.iteration.add_step_listener(seen.append)  # registered twice: called once
 R["returns"] = [memalloc.step(), memalloc.step()]
 R["seen"] = seen[:]
 R["order"] = order[:]
-memalloc.remove_step_listener(seen.append)
-memalloc.remove_step_listener(seen.append)  # not registered any more: ignored
+memalloc.iteration.remove_step_listener(seen.append)
+memalloc.iteration.remove_step_listener(seen.append)  # not registered any more: ignored
 memalloc.step()
 R["after_remove"] = seen
-R["count"] = memalloc.steps()
-R["bad"] = err(lambda: memalloc.add_step_listener(3))
+R["count"] = memalloc.iteration.steps()
+R["bad"] = err(lambda: memalloc.iteration.add_step_listener(3))
 """,
     )
     assert r["returns"] == [1, 2] and r["seen"] == [1, 2]
@@ -42,7 +42,7 @@ def test_steps_of_steps_after_each_item_body(fresh_python):
         """
 bodies = []
 for x in memalloc.steps_of(["a", "b", "c"]):
-    bodies.append((x, memalloc.steps()))
+    bodies.append((x, memalloc.iteration.steps()))
 R["bodies"] = bodies
 R["seen"] = seen[:]
 """,
@@ -96,12 +96,12 @@ memalloc.enable(backend="host", config="host_capacity_mb:64,empty_cache_every_n_
         """
 def cached():
     t = host.empty(1000); del t
-    return memalloc.memory_reserved()
+    return memalloc.memory.memory_reserved()
 R["reserved"] = []
 for _ in range(4):
     R["reserved"].append(cached())
     memalloc.step()
-    R["reserved"].append(memalloc.memory_reserved())
+    R["reserved"].append(memalloc.memory.memory_reserved())
 """,
     )
     seg = 2 << 20

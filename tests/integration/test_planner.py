@@ -36,8 +36,8 @@ MiB = 1 << 20
 
 @pytest.fixture(autouse=True)
 def backward_hook_as_before():
-    """Tests that record by hand (record_memory_history, run_probe) leave its
-    backward hook subscribed, as record_memory_history does by design; the
+    """Tests that record by hand (record_history, run_probe) leave its
+    backward hook subscribed, as record_history does by design; the
     next test module must find torch.autograd.backward as it was."""
     from memalloc.core import _hooks
     from memalloc.trace import tags
@@ -338,13 +338,13 @@ def test_a_probe_that_runs_out_of_memory_says_so_and_leaves_recording_off(small)
 
 def test_the_planner_will_not_take_a_running_history(small):
     a, step = small
-    memalloc.record_memory_history(max_entries=1000, allocator=a)
+    memalloc.record_history(max_entries=1000, allocator=a)
     try:
         with pytest.raises(planner.PlannerError, match="device 0 is recording"):
             memalloc.largest_batch(step, allocator=a)
         assert memalloc.recording.history_on(0, a)  # left as it was
     finally:
-        memalloc.record_memory_history(enabled=False, allocator=a)
+        memalloc.record_history(enabled=False, allocator=a)
 
 
 def test_a_probe_whose_ring_overflows_is_taken_again_with_a_larger_ring(small):

@@ -11,7 +11,7 @@ logits kept in a list). Each is run once under ``python -m memalloc run
 figure is applied to the same script (a flag of the script: half the
 batch, two micro-batches, torch.utils.checkpoint on the repeated blocks,
 torch.autocast('cpu', bf16 or fp16 with a GradScaler), del +
-memalloc.empty_cache() after each step, the leak removed) and the script
+memalloc.memory.empty_cache() after each step, the leak removed) and the script
 measures itself: peak allocated over the steps after the first two,
 reserved after the last. One fresh process per run (tests/advice_cases/
 forks.py forks them from one that has imported torch and, for Lightning,

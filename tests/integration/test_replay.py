@@ -204,10 +204,10 @@ def recorded_allocator(config: str) -> Iterator[_C.Allocator]:
     mode = _C.stack_mode()
     a = _C.Allocator("host", config)
     try:
-        recording.record_memory_history(max_entries=1 << 16, stacks="none", allocator=a)
+        recording.record_history(max_entries=1 << 16, stacks="none", allocator=a)
         yield a
     finally:
-        recording.record_memory_history(False, allocator=a)
+        recording.record_history(False, allocator=a)
         _C.set_stack_mode(mode)
 
 

@@ -58,9 +58,11 @@ def snap():
     c = torch.cuda
     return {"torch": [c.memory_allocated(), c.max_memory_allocated(), c.memory_reserved(),
                       c.max_memory_reserved(), c.memory_cached(), c.max_memory_cached(), list(c.mem_get_info())],
-            "memalloc": [memalloc.memory_allocated(), memalloc.max_memory_allocated(), memalloc.memory_reserved(),
-                         memalloc.max_memory_reserved(), memalloc.memory_reserved(), memalloc.max_memory_reserved(),
-                         list(memalloc.mem_get_info())]}
+            "memalloc": [memalloc.memory.memory_allocated(), memalloc.memory.max_memory_allocated(),
+                         memalloc.memory.memory_reserved(),
+                         memalloc.memory.max_memory_reserved(), memalloc.memory.memory_reserved(),
+                         memalloc.memory.max_memory_reserved(),
+                         list(memalloc.memory.mem_get_info())]}
 """ % (PATCHED,)
 
 
@@ -152,7 +154,7 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
         before = fns()
         R["enable"] = memalloc.enable(backend="host", config="host_capacity_mb:64,expandable_segments:False")
         a = memalloc.installed_allocator()
-        R["patched"] = memalloc.torch_is_patched()
+        R["patched"] = memalloc.integration._torch_patch.is_patched()
         R["replaced"] = same_as(before)
         R["start"] = snap()
         t1 = host.empty(1000, torch.float32)              # 4000 B -> 4096, small segment
@@ -165,11 +167,11 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
         R["stats_by_device"] = [dict(torch.cuda.memory_stats(0)) == dict(st),
                                 dict(torch.cuda.memory_stats("cuda:0")) == dict(st),
                                 dict(torch.cuda.memory_stats(device=torch.device("cuda", 0))) == dict(st)]
-        R["memalloc_stats"] = dict(memalloc.memory_stats())
+        R["memalloc_stats"] = dict(memalloc.memory.memory_stats())
         R["raw"] = a.stats()
         R["nested"] = torch.cuda.memory_stats_as_nested_dict()
         R["summary_live"] = torch.cuda.memory_summary()
-        R["summary_memalloc"] = memalloc.memory_summary()
+        R["summary_memalloc"] = memalloc.memory.memory_summary()
         R["summary_abbrev"] = torch.cuda.memory_summary(abbreviated=True)
         del t2
         R["freed"] = snap()
@@ -183,7 +185,7 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
         R["stats_reset_acc"] = dict(torch.cuda.memory_stats())
         R["frac0"] = [torch.cuda.get_per_process_memory_fraction(), a.memory_fraction()]
         torch.cuda.set_per_process_memory_fraction(0.5)
-        R["frac1"] = [torch.cuda.get_per_process_memory_fraction(), memalloc.get_per_process_memory_fraction(),
+        R["frac1"] = [torch.cuda.get_per_process_memory_fraction(), memalloc.memory.get_per_process_memory_fraction(),
                       a.memory_fraction()]
         R["oom"] = err(lambda: host.empty(31 * MiB, torch.uint8))  # 32 MiB segment: 2 + 32 > 32 MiB
         t3 = host.empty(29 * MiB + 1, torch.uint8)                 # 30 MiB segment: 2 + 30 == 32 MiB
@@ -272,18 +274,19 @@ def test_unpatch_restores_torch_and_memalloc_summary_still_works(run_child):
         """
         before = fns()
         memalloc.enable(backend="host", config="max_split_size_mb:40,host_capacity_mb:128,expandable_segments:False")
-        R["patched"] = [memalloc.torch_is_patched(), same_as(before)]
+        R["patched"] = [memalloc.integration._torch_patch.is_patched(), same_as(before)]
         t = host.empty(45 * MiB, torch.uint8)   # 46 MiB segment >= 40 MiB: oversize block and segment
         R["torch_alloc_patched"] = torch.cuda.memory_allocated()
         memalloc.unpatch_torch()
-        R["unpatched"] = [memalloc.torch_is_patched(), same_as(before)]
-        R["summary"] = memalloc.memory_summary()
-        R["stats"] = dict(memalloc.memory_stats())
-        R["allocated"] = memalloc.memory_allocated()
+        R["unpatched"] = [memalloc.integration._torch_patch.is_patched(), same_as(before)]
+        R["summary"] = memalloc.memory.memory_summary()
+        R["stats"] = dict(memalloc.memory.memory_stats())
+        R["allocated"] = memalloc.memory.memory_allocated()
         memalloc.unpatch_torch()              # twice: still torch's own
         R["unpatched_again"] = same_as(before)
         memalloc.patch_torch()
-        R["repatched"] = [memalloc.torch_is_patched(), same_as(before), torch.cuda.memory_allocated(),
+        R["repatched"] = [memalloc.integration._torch_patch.is_patched(), same_as(before),
+                          torch.cuda.memory_allocated(),
                           torch.cuda.memory_stats()["max_split_size"]]
         """
     )
@@ -311,11 +314,11 @@ def test_patch_torch_false_leaves_torch_untouched(how, run_child):
     code = """
         before = fns()
         memalloc.enable(backend="host"%s)
-        R["patched"] = memalloc.torch_is_patched()
+        R["patched"] = memalloc.integration._torch_patch.is_patched()
         R["same"] = same_as(before)
         t = host.empty(1000, torch.float32)
-        R["allocated"] = memalloc.memory_allocated()
-        R["summary_ok"] = "PyTorch CUDA memory summary" in memalloc.memory_summary()
+        R["allocated"] = memalloc.memory.memory_allocated()
+        R["summary_ok"] = "PyTorch CUDA memory summary" in memalloc.memory.memory_summary()
         R["still_same"] = same_as(before)
     """ % (", patch_torch=False" if how == "argument" else "")
     conf = {"argument": None, "env_False": "patch_torch:False", "env_0": "patch_torch:0"}[how]
@@ -333,7 +336,7 @@ def test_patch_torch_true_argument_overrides_the_env(run_child):
         """
         before = fns()
         memalloc.enable(backend="host", patch_torch=True)
-        R["patched"] = memalloc.torch_is_patched()
+        R["patched"] = memalloc.integration._torch_patch.is_patched()
         R["same"] = same_as(before)
         """,
         conf="patch_torch:False",

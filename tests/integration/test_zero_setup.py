@@ -105,10 +105,10 @@ from memalloc import _C
 R["before"] = _C.stack_mode()
 memalloc.enable(backend="host", config="host_capacity_mb:64")
 R["enabled"] = _C.stack_mode()
-memalloc.record_memory_history(stacks="tags")
+memalloc.record_history(stacks="tags")
 t = host.empty(1000)
 R["tags_recording"] = [_C.stack_mode(), memalloc.events()[-1].stack_id != 0]
-memalloc.record_memory_history(False)
+memalloc.record_history(False)
 R["stopped"] = _C.stack_mode()
 with memalloc.leak_check():
     pass

@@ -288,7 +288,7 @@ def main() -> None:
     if memalloc is not None:
         from memalloc.core import _hooks
 
-        s = memalloc.memory_stats()
+        s = memalloc.memory.memory_stats()
         results["memalloc"] = {
             "allocations": s.get("allocation.all.allocated", 0),
             "peak_allocated": s.get("allocated_bytes.all.peak", 0),

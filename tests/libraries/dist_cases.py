@@ -197,7 +197,7 @@ def main() -> None:
     if memalloc is not None:
         from memalloc.core import _hooks
 
-        s = memalloc.memory_stats(device) if kind == "cuda" else memalloc.memory_stats()
+        s = memalloc.memory.memory_stats(device) if kind == "cuda" else memalloc.memory.memory_stats()
         a = memalloc.installed_allocator()
         index = device.index if kind == "cuda" else 0
         results["memalloc"] = {

@@ -117,7 +117,7 @@ def check_snapshot(killed_dir) -> None:
 
 # A live process for top --once: 7 steps, each keeping one more 32 KiB
 # tensor (the HOLDER line) and doing a step's work; it prints what it holds
-# (memalloc.memory_allocated, bytes) and waits until the test has looked.
+# (memalloc.memory.memory_allocated, bytes) and waits until the test has looked.
 LIVE = """
 import sys, torch, memalloc
 backend = {backend!r}
@@ -134,7 +134,7 @@ for step in range(7):
     memalloc.step()
 if device == "cuda":
     torch.cuda.synchronize()
-print("ready", memalloc.memory_allocated(0), flush=True)
+print("ready", memalloc.memory.memory_allocated(0), flush=True)
 sys.stdin.readline()  # stays alive until the test has looked
 """
 

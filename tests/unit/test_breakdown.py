@@ -155,13 +155,13 @@ def test_mark_finds_interior_pointers_and_ignores_unknown_ones(host_allocator):
 def test_bad_phase_and_category_names_are_refused_and_change_nothing(host_allocator):
     a = host_allocator
     p, _ = alloc(a, MiB)
-    with pytest.raises(memalloc.InvalidArgumentError, match="unknown phase 'fwd'.*'forward'"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="unknown phase 'fwd'.*'forward'"):
         a.enter_phase("fwd")
     with pytest.raises(TypeError, match="phase"):
         a.enter_phase(1)
-    with pytest.raises(memalloc.InvalidArgumentError, match="unknown category 'weights'.*'parameters'"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="unknown category 'weights'.*'parameters'"):
         a.mark(p, "weights")
-    with pytest.raises(memalloc.InvalidArgumentError, match="ptr"):
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="ptr"):
         a.mark(-1, "parameters")
     assert a.phase() == "idle" and split(a) == {"other": a.stats()["allocated_bytes"]["all"]["current"]}
     a.free(p)
@@ -507,14 +507,14 @@ def test_the_names_python_uses_are_the_ones_the_core_accepts(host_allocator):
     assert CATEGORIES == phases.CATEGORIES and len(set(CATEGORIES)) == 6
     for category in CATEGORIES:
         a.resolve("forward", category)  # accepted (nothing unresolved to move)
-    with pytest.raises(memalloc.InvalidArgumentError):
+    with pytest.raises(memalloc.errors.InvalidArgumentError):
         a.resolve("forward", "not_a_category")
     before = _C.stack_mode()
     try:
         for number in _config.STACK_MODES.values():
             _C.set_stack_mode(number)
             assert _C.stack_mode() == number
-        with pytest.raises(memalloc.InvalidArgumentError, match="2 \\(python\\)"):
+        with pytest.raises(memalloc.errors.InvalidArgumentError, match="2 \\(python\\)"):
             _C.set_stack_mode(len(_config.STACK_MODES))
     finally:
         _C.set_stack_mode(before)

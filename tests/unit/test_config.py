@@ -1,4 +1,4 @@
-"""Configuration text: memalloc.config_text() (MEMALLOC_CONF + explicit config)
+"""Configuration text: memalloc.core._config.config_text() (MEMALLOC_CONF + explicit config)
 and the one parser behind it, memalloc._C.parse_config."""
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ def items(text: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    "parse", [_C.parse_config, lambda t: memalloc.config_text(t, use_env=False)], ids=["parse_config", "config_text"]
+    "parse",
+    [_C.parse_config, lambda t: memalloc.core._config.config_text(t, use_env=False)],
+    ids=["parse_config", "config_text"],
 )
 def test_defaults(parse):
     assert parse("") == DEFAULT
     assert parse(" , ,") == DEFAULT
-    assert memalloc.config_text() == DEFAULT
+    assert memalloc.core._config.config_text() == DEFAULT
 
 
 def test_config_keys():
@@ -38,7 +40,9 @@ def test_config_keys():
     assert list(_C.config_keys()) == KEYS
 
 
-@pytest.mark.parametrize("parse", [_C.parse_config, memalloc.config_text], ids=["parse_config", "config_text"])
+@pytest.mark.parametrize(
+    "parse", [_C.parse_config, memalloc.core._config.config_text], ids=["parse_config", "config_text"]
+)
 @pytest.mark.parametrize(
     "text,key",
     [
@@ -50,7 +54,7 @@ def test_config_keys():
 def test_unknown_key_names_it_and_lists_valid_keys(parse, text, key):
     with pytest.raises(ValueError) as info:
         parse(text)
-    assert isinstance(info.value, memalloc.InvalidArgumentError)
+    assert isinstance(info.value, memalloc.errors.InvalidArgumentError)
     msg = str(info.value)
     assert f"unknown key '{key}'" in msg
     for k in KEYS:
@@ -77,12 +81,14 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("parse", [_C.parse_config, memalloc.config_text], ids=["parse_config", "config_text"])
+@pytest.mark.parametrize(
+    "parse", [_C.parse_config, memalloc.core._config.config_text], ids=["parse_config", "config_text"]
+)
 @pytest.mark.parametrize("text,fragments", MALFORMED, ids=[t for t, _ in MALFORMED])
 def test_malformed_values_raise_value_error_naming_the_problem(parse, text, fragments):
     with pytest.raises(ValueError) as info:
         parse(text)
-    assert isinstance(info.value, memalloc.InvalidArgumentError)
+    assert isinstance(info.value, memalloc.errors.InvalidArgumentError)
     for f in fragments:
         assert f in str(info.value)
 
@@ -124,7 +130,7 @@ ROUND_TRIP = [
 def test_canonical_text_round_trips(text):
     canon = _C.parse_config(text)
     assert _C.parse_config(canon) == canon
-    assert memalloc.config_text(canon, use_env=False) == canon
+    assert memalloc.core._config.config_text(canon, use_env=False) == canon
     # Canonical form: every key once, in documentation order, no spaces.
     keys = [item.split(":")[0] for item in canon.split(",")]
     assert keys == [k for k in KEYS if k in keys]
@@ -143,61 +149,61 @@ def test_later_keys_win():
 
 
 def test_mapping_config():
-    text = memalloc.config_text({"max_split_size_mb": 256})
+    text = memalloc.core._config.config_text({"max_split_size_mb": 256})
     assert items(text)["max_split_size_mb"] == "256"
     assert text == _C.parse_config("max_split_size_mb:256")
-    text = memalloc.config_text({"host_capacity_mb": 64, "backend": "host", "host_devices": 2})
+    text = memalloc.core._config.config_text({"host_capacity_mb": 64, "backend": "host", "host_devices": 2})
     got = items(text)
     assert (got["host_capacity_mb"], got["backend"], got["host_devices"]) == ("64", "host", "2")
-    assert memalloc.config_text({}) == DEFAULT
+    assert memalloc.core._config.config_text({}) == DEFAULT
     with pytest.raises(ValueError, match="unknown key 'nope'"):
-        memalloc.config_text({"nope": 1})
+        memalloc.core._config.config_text({"nope": 1})
     with pytest.raises(ValueError, match="max_split_size_mb must be greater than 20"):
-        memalloc.config_text({"max_split_size_mb": 10})
+        memalloc.core._config.config_text({"max_split_size_mb": 10})
 
 
 def test_env_is_read_and_explicit_config_overrides_it(monkeypatch):
     monkeypatch.setenv("MEMALLOC_CONF", "host_capacity_mb:8,max_split_size_mb:64")
-    env_only = items(memalloc.config_text())
+    env_only = items(memalloc.core._config.config_text())
     assert env_only["host_capacity_mb"] == "8"
     assert env_only["max_split_size_mb"] == "64"
 
-    merged = items(memalloc.config_text("host_capacity_mb:32"))
+    merged = items(memalloc.core._config.config_text("host_capacity_mb:32"))
     assert merged["host_capacity_mb"] == "32"  # explicit wins
     assert merged["max_split_size_mb"] == "64"  # env key kept
 
-    merged = items(memalloc.config_text({"max_split_size_mb": 128, "backend": "host"}))
+    merged = items(memalloc.core._config.config_text({"max_split_size_mb": 128, "backend": "host"}))
     assert merged["max_split_size_mb"] == "128"
     assert merged["host_capacity_mb"] == "8"
     assert merged["backend"] == "host"
 
-    assert memalloc.config_text(use_env=False) == DEFAULT
-    assert memalloc.config_text("host_devices:2", use_env=False) == _C.parse_config("host_devices:2")
+    assert memalloc.core._config.config_text(use_env=False) == DEFAULT
+    assert memalloc.core._config.config_text("host_devices:2", use_env=False) == _C.parse_config("host_devices:2")
 
 
 def test_empty_env_means_defaults(monkeypatch):
     monkeypatch.setenv("MEMALLOC_CONF", "")
-    assert memalloc.config_text() == DEFAULT
+    assert memalloc.core._config.config_text() == DEFAULT
 
 
 def test_malformed_env_raises_unless_ignored(monkeypatch):
     monkeypatch.setenv("MEMALLOC_CONF", "host_capacity_mb:lots")
     with pytest.raises(ValueError, match="'lots' of key 'host_capacity_mb'"):
-        memalloc.config_text()
+        memalloc.core._config.config_text()
     # An explicit config does not rescue a malformed environment...
     with pytest.raises(ValueError, match="host_capacity_mb"):
-        memalloc.config_text("host_capacity_mb:8")
+        memalloc.core._config.config_text("host_capacity_mb:8")
     # ...but use_env=False ignores it.
-    assert items(memalloc.config_text("host_capacity_mb:8", use_env=False))["host_capacity_mb"] == "8"
+    assert items(memalloc.core._config.config_text("host_capacity_mb:8", use_env=False))["host_capacity_mb"] == "8"
 
 
 @pytest.mark.parametrize("bad", [42, 1.5, ["max_split_size_mb:256"], ("a", "b"), b"max_split_size_mb:256", object()])
 def test_config_of_wrong_type_raises_type_error(bad, monkeypatch):
     monkeypatch.setenv("MEMALLOC_CONF", "host_capacity_mb:8")
     with pytest.raises(TypeError, match="config must be"):
-        memalloc.config_text(bad)
+        memalloc.core._config.config_text(bad)
     with pytest.raises(TypeError):
-        memalloc.config_text(bad, use_env=False)
+        memalloc.core._config.config_text(bad, use_env=False)
 
 
 @pytest.mark.parametrize("key", ["host_capacity_mb", "max_split_size_mb"])
@@ -246,7 +252,7 @@ def test_a_bad_key_is_blamed_on_where_it_came_from(monkeypatch, env, config, bla
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(memalloc.InvalidArgumentError) as info:
+    with pytest.raises(memalloc.errors.InvalidArgumentError) as info:
         memalloc.enable(backend="host", config=config)
     msg = str(info.value)
     assert msg.startswith(f"{blamed}") and key in msg, msg

@@ -54,7 +54,9 @@ def test_config_keys_round_trip():
     text = a.config
     assert "expandable_segments:True" in text and "reuse_free_pages:False" in text
     assert "expandable_segments" not in memalloc.Allocator("host", "").config
-    with pytest.raises(memalloc.InvalidArgumentError, match="expandable_segments:True or expandable_segments:False"):
+    with pytest.raises(
+        memalloc.errors.InvalidArgumentError, match="expandable_segments:True or expandable_segments:False"
+    ):
         memalloc.Allocator("host", "expandable_segments:yes")
 
 
@@ -193,7 +195,7 @@ def test_a_failed_map_is_an_oom_after_releasing_and_the_books_stay_exact():
     a.free(p)
     a.free(q)
     T.inject_allocate_faults(a, 0, 1, True)
-    with pytest.raises(memalloc.DriverError, match="injected"):
+    with pytest.raises(memalloc.errors.DriverError, match="injected"):
         a.malloc(32 * MiB)  # more than the 16 MiB cached
     check(a)
 
@@ -248,9 +250,9 @@ def test_unknown_and_double_frees_inside_an_expandable_segment_are_refused():
     a = make()
     p = a.malloc(12 * MiB)
     a.free(p)
-    with pytest.raises(memalloc.InvalidPointerError, match="double free"):
+    with pytest.raises(memalloc.errors.InvalidPointerError, match="double free"):
         a.free(p)
-    with pytest.raises(memalloc.InvalidPointerError, match="double free"):
+    with pytest.raises(memalloc.errors.InvalidPointerError, match="double free"):
         a.free(p + MiB)
     check(a)
 
@@ -345,7 +347,7 @@ def test_each_device_has_its_own_expandable_segments():
         assert a.stats(d)["reserved_bytes"]["all"]["current"] == want
         assert a.mem_get_info(d)[0] == 128 * MiB - want
         assert [s["is_expandable"] for s in a.segments(d)] == [True]
-    with pytest.raises(memalloc.InvalidPointerError):
+    with pytest.raises(memalloc.errors.InvalidPointerError):
         a.free(p0, 1)  # device 1 never allocated it
     a.free(p0, 0)
     a.free(p1, 1)

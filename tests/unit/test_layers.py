@@ -85,6 +85,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
             ("memalloc.integration._install",),  # enable(): wires every feature
         ],
     ),
+    ("", [("memalloc.errors",)]),  # every exception, gathered
     ("", [("memalloc", "memalloc.pytest_plugin")]),  # the public API
     ("examples", [("memalloc.examples", "memalloc.examples.leaky_training")]),
     (

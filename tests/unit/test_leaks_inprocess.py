@@ -105,7 +105,7 @@ def test_first_step_is_numbered_as_the_steps_sampled(allocator):
     boundaries sampled), and the text says so (issue 37: a report said
     "since step 0" beside "sampled (1..20)")."""
     kept = []
-    start = memalloc.steps()
+    start = memalloc.iteration.steps()
     with memalloc.leak_check(allocator=allocator, warmup_steps=1) as check:
         for i in range(1, 13):
             if i >= 4:

@@ -31,7 +31,7 @@ def test_message_names_the_biggest_holders_and_files_are_written_once(tmp_path, 
     _, r, src = fresh_python.code(
         PRELUDE,
         f"""
-memalloc.record_memory_history(max_entries=1000, stacks="python")
+memalloc.record_history(max_entries=1000, stacks="python")
 memalloc.set_oom_report(directory={str(tmp_path)!r}, max_reports=1, top=2)
 big = [torch.empty(8 << 20, dtype=torch.uint8) for _ in range(3)]  # HOLDER-BIG
 mid = torch.empty(4 << 20, dtype=torch.uint8)  # HOLDER-MID
@@ -39,7 +39,7 @@ tiny = torch.ones(10)  # HOLDER-TINY
 R["first"], R["second"] = oom(), oom()
 R["files"] = sorted(os.listdir({str(tmp_path)!r}))
 R["pid"] = os.getpid()
-R["ooms"] = memalloc.memory_stats()["num_ooms"]
+R["ooms"] = memalloc.memory.memory_stats()["num_ooms"]
 """,
     )
     first = r["first"]
@@ -69,7 +69,7 @@ def test_without_call_sites_holders_are_grouped_by_tag_and_the_fix_is_named(fres
         PRELUDE,
         """
 R["mode"] = memalloc._C.stack_mode()
-memalloc.record_memory_history(max_entries=1000, stacks="tags")
+memalloc.record_history(max_entries=1000, stacks="tags")
 with memalloc.tag("weights"):
     w = torch.empty(8 << 20, dtype=torch.uint8)
 R["msg"] = oom()

@@ -1,6 +1,6 @@
 """Empty-cache policies on the host backend: threshold (C++, per device),
 on-OOM (C++, always on), every N steps (Python, memalloc.step()), how they are
-reported (memalloc.empty_cache_policy(), memory_summary's footer) and how
+reported (memalloc.memory.empty_cache_policy(), memory_summary's footer) and how
 their config keys are parsed.
 
 Threshold rule (csrc/allocator/growth.cpp): before a new segment of S bytes is obtained,
@@ -27,7 +27,7 @@ from memalloc import _C
 
 PRELUDE = """
 def footer():
-    return memalloc.memory_summary().rstrip("\\n").split("\\n")[-1]
+    return memalloc.memory.memory_summary().rstrip("\\n").split("\\n")[-1]
 """
 
 
@@ -242,34 +242,34 @@ def test_every_n_steps_empties_the_cache_on_every_nth_step(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host", config="expandable_segments:False")  # plain segments: whole ones cached
-        R["policy"] = memalloc.empty_cache_policy()
+        R["policy"] = memalloc.memory.empty_cache_policy()
         R["footer"] = footer()
         keep = host.empty(1000, torch.float32)           # 4096 B in a 2 MiB segment
         def churn():
             t = host.empty((3, MiB), torch.uint8)         # a 20 MiB segment, cached when t dies
             del t
         churn()
-        R["reserved"] = [memalloc.memory_reserved()]
+        R["reserved"] = [memalloc.memory.memory_reserved()]
         R["steps"] = []
         for _ in range(3):
             R["steps"].append(memalloc.step())
-            R["reserved"].append(memalloc.memory_reserved())
+            R["reserved"].append(memalloc.memory.memory_reserved())
         churn()
         for _ in range(3):
             R["steps"].append(memalloc.step())
-            R["reserved"].append(memalloc.memory_reserved())
-        R["frees"] = memalloc.memory_stats_raw()["num_device_free"]
-        memalloc.set_empty_cache_policy(every_n_steps=0)
-        R["off_policy"] = memalloc.empty_cache_policy()
+            R["reserved"].append(memalloc.memory.memory_reserved())
+        R["frees"] = memalloc.memory.memory_stats_raw()["num_device_free"]
+        memalloc.memory.set_empty_cache_policy(every_n_steps=0)
+        R["off_policy"] = memalloc.memory.empty_cache_policy()
         R["off_footer"] = footer()
         churn()
         R["off"] = []
         for _ in range(4):
             R["steps"].append(memalloc.step())
-            R["off"].append(memalloc.memory_reserved())
-        R["bad"] = [err(lambda: memalloc.set_empty_cache_policy(every_n_steps=v)) for v in (-1, 1.5, True, "3")]
-        R["after_bad"] = memalloc.empty_cache_policy()["every_n_steps"]
-        R["live"] = memalloc.memory_allocated()
+            R["off"].append(memalloc.memory.memory_reserved())
+        R["bad"] = [err(lambda: memalloc.memory.set_empty_cache_policy(every_n_steps=v)) for v in (-1, 1.5, True, "3")]
+        R["after_bad"] = memalloc.memory.empty_cache_policy()["every_n_steps"]
+        R["live"] = memalloc.memory.memory_allocated()
         """,
         conf="empty_cache_every_n_steps:3",
     )
@@ -294,7 +294,7 @@ def test_policy_report_and_footer_name_threshold_and_every_n(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host")
-        R["p"] = memalloc.empty_cache_policy()
+        R["p"] = memalloc.memory.empty_cache_policy()
         R["f"] = footer()
         R["steps0"] = [memalloc.step(), memalloc.step()]
         """,
@@ -310,18 +310,18 @@ def test_set_empty_cache_policy_threshold_at_run_time(run_child):
         """
         memalloc.enable(backend="host", config="host_capacity_mb:64")
         a = memalloc.installed_allocator()
-        R["p0"] = memalloc.empty_cache_policy()
-        memalloc.set_empty_cache_policy(threshold=0.5)
-        R["p1"] = [memalloc.empty_cache_policy()["threshold"], a.gc_threshold(0)]
+        R["p0"] = memalloc.memory.empty_cache_policy()
+        memalloc.memory.set_empty_cache_policy(threshold=0.5)
+        R["p1"] = [memalloc.memory.empty_cache_policy()["threshold"], a.gc_threshold(0)]
         R["f1"] = footer()
         t = host.empty(10 * MiB, torch.uint8); del t       # a cached 10 MiB segment
         u = host.empty(24 * MiB, torch.uint8)               # 10 + 24 > 32: released first
-        R["after"] = [memalloc.memory_reserved(), memalloc.memory_stats_raw()["num_gc_releases"]]
-        R["gc_in_torch_stats"] = "num_gc_releases" in memalloc.memory_stats()
-        R["bad"] = [err(lambda: memalloc.set_empty_cache_policy(threshold=v)) for v in (1.0, -0.1)]
-        R["p2"] = memalloc.empty_cache_policy()["threshold"]
-        memalloc.set_empty_cache_policy(threshold=0)
-        R["p3"] = memalloc.empty_cache_policy()
+        R["after"] = [memalloc.memory.memory_reserved(), memalloc.memory.memory_stats_raw()["num_gc_releases"]]
+        R["gc_in_torch_stats"] = "num_gc_releases" in memalloc.memory.memory_stats()
+        R["bad"] = [err(lambda: memalloc.memory.set_empty_cache_policy(threshold=v)) for v in (1.0, -0.1)]
+        R["p2"] = memalloc.memory.empty_cache_policy()["threshold"]
+        memalloc.memory.set_empty_cache_policy(threshold=0)
+        R["p3"] = memalloc.memory.empty_cache_policy()
         R["f3"] = footer()
         """
     )
@@ -342,8 +342,8 @@ def test_rejected_set_empty_cache_policy_changes_nothing(run_child):
     r = run_child(
         """
         memalloc.enable(backend="host")
-        R["bad"] = err(lambda: memalloc.set_empty_cache_policy(threshold=0.3, every_n_steps=-1))
-        R["p"] = memalloc.empty_cache_policy()
+        R["bad"] = err(lambda: memalloc.memory.set_empty_cache_policy(threshold=0.3, every_n_steps=-1))
+        R["p"] = memalloc.memory.empty_cache_policy()
         """
     )
     assert r["bad"] is not None and "ValueError" in r["bad"][1]
@@ -355,12 +355,12 @@ def test_every_n_steps_from_config_works_after_a_step_before_enable(run_child):
         """
         R["early"] = memalloc.step()          # e.g. a training-loop helper that runs before enable()
         memalloc.enable(backend="host")
-        R["policy"] = memalloc.empty_cache_policy()["every_n_steps"]
+        R["policy"] = memalloc.memory.empty_cache_policy()["every_n_steps"]
         t = host.empty((3, MiB), torch.uint8); del t      # 20 MiB cached
         R["reserved"] = []
         for _ in range(3):                    # steps 2, 3, 4: one of them is a multiple of 3
             memalloc.step()
-            R["reserved"].append(memalloc.memory_reserved())
+            R["reserved"].append(memalloc.memory.memory_reserved())
         """,
         conf="empty_cache_every_n_steps:3",
     )

@@ -16,11 +16,12 @@ import memalloc
 DOCUMENTED = {
     "memalloc.advisor": "memalloc.features.advisor",
     "memalloc.host": "memalloc.integration.host",
+    "memalloc.iteration": "memalloc.core.iteration",
     "memalloc.leaks": "memalloc.features.leaks",
+    "memalloc.memory": "memalloc.features.stats",
     "memalloc.phases": "memalloc.features.phases",
     "memalloc.recording": "memalloc.trace.recording",
     "memalloc.replay": "memalloc.features.replay",
-    "memalloc.stats": "memalloc.features.stats",
 }
 
 

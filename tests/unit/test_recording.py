@@ -87,7 +87,7 @@ def owned_recording(config: str = "host_capacity_mb:64") -> Iterator[_C.Allocato
     Afterwards its recording is stopped, it is validated, and the
     process-wide recording state is as before: the stack mode, this
     thread's tag, the backward context, and the backward hook (which
-    record_memory_history subscribes to, memalloc.core._hooks)."""
+    record_history subscribes to, memalloc.core._hooks)."""
     mode, thread_tag, backward = _C.stack_mode(), _C.thread_tag(), _C.backward_context()
     subscribed = _hooks.subscribed(_hooks.BACKWARD, tags_module.BACKWARD_FEATURE)
     a = _C.Allocator("host", config)
@@ -95,7 +95,7 @@ def owned_recording(config: str = "host_capacity_mb:64") -> Iterator[_C.Allocato
         try:
             yield a
         finally:
-            recording.record_memory_history(False, allocator=a)
+            recording.record_history(False, allocator=a)
     finally:
         if not subscribed:
             _hooks.unsubscribe(_hooks.BACKWARD, tags_module.BACKWARD_FEATURE)
@@ -200,7 +200,7 @@ def key(e):
 def sequence():
     R = {}
     with owned_recording() as a:
-        recording.record_memory_history(stacks="python", allocator=a)
+        recording.record_history(stacks="python", allocator=a)
         R["actions"] = list(recording.ACTIONS)
         t1 = user_code.alloc_a(1000, a)
         with memalloc.tag("fwd"):
@@ -229,8 +229,8 @@ def sequence():
         a.empty_cache(0)
 
         # ---- steps (the ring restarts; the step counter is the process's) ----
-        recording.record_memory_history(stacks="python", allocator=a)
-        R["steps_before"] = memalloc.steps()
+        recording.record_history(stacks="python", allocator=a)
+        R["steps_before"] = memalloc.iteration.steps()
         s0 = host.empty(1000, torch.uint8, allocator=a)
         R["step_returns"] = [memalloc.step()]
         s1 = host.empty(1000, torch.uint8, allocator=a)
@@ -246,7 +246,7 @@ def sequence():
         a.empty_cache(0)
 
         # ---- a release inside an allocation (OOM retry) ----
-        recording.record_memory_history(stacks="python", allocator=a)
+        recording.record_history(stacks="python", allocator=a)
         c = user_code.alloc_a(1000, a)
         del c  # a fully free cached 2 MiB segment
         with memalloc.tag("big"):
@@ -439,7 +439,7 @@ FIELDS = ("time_ns", "addr", "size", "requested", "stream", "stack_id", "thread"
 def ring_case(a, n, m):
     """m allocations into a ring of n entries (a tag on odd k, a step before
     every k divisible by 3); what events() and events_array() then read."""
-    recording.record_memory_history(max_entries=n, stacks="python", allocator=a)
+    recording.record_history(max_entries=n, stacks="python", allocator=a)
     ptrs = []
     for k in range(1, m + 1):
         if k % 3 == 0:
@@ -472,7 +472,7 @@ def ring_case(a, n, m):
         "mismatches": bad,
         "ptrs": ptrs,
     }
-    recording.record_memory_history(False, allocator=a)
+    recording.record_history(False, allocator=a)
     for p in ptrs:
         a.free(p)
     return out
@@ -487,10 +487,10 @@ def ring():
         R["rings"] = {f"{n},{m}": ring_case(a, n, m) for n, m in RING_CASES}
 
         # ---- stopping ----
-        recording.record_memory_history(max_entries=100, allocator=a)
+        recording.record_history(max_entries=100, allocator=a)
         p = a.malloc(1000)
         R["on"] = [len(recording.events(allocator=a)), _C.stack_mode()]
-        recording.record_memory_history(False, allocator=a)
+        recording.record_history(False, allocator=a)
         R["off_now"] = [
             len(recording.events(allocator=a)),
             len(recording.events_array(allocator=a)),
@@ -505,12 +505,12 @@ def ring():
         R["off_after"] = [len(recording.events(allocator=a)), recording.dropped(allocator=a), a.trace(0)[0] == b""]
 
         # ---- invalid arguments change nothing ----
-        recording.record_memory_history(max_entries=50, stacks="python", allocator=a)
+        recording.record_history(max_entries=50, stacks="python", allocator=a)
         keep = a.malloc(1000)
         before = ev(a)
 
         def bad(**kw):
-            return err(lambda: recording.record_memory_history(allocator=a, **kw))
+            return err(lambda: recording.record_history(allocator=a, **kw))
 
         R["bad"] = {
             "stacks_full": bad(stacks="full"),
@@ -599,7 +599,7 @@ def test_invalid_arguments_raise_value_error_and_change_nothing(ring):
 def stacks_scenario(a) -> dict:
     """Runs in a thread of its own (see ``stacks``)."""
     R = {}
-    recording.record_memory_history(stacks="python", allocator=a)
+    recording.record_history(stacks="python", allocator=a)
     R["stack_count_before"] = _C.stack_count()  # the stack table is the process's
     keep = []
     keep.append(user_code.alloc_a(allocator=a))  # HERE:a
@@ -616,14 +616,14 @@ def stacks_scenario(a) -> dict:
     R["stack_count"] = _C.stack_count()
     R["zero"] = frames(0)
 
-    recording.record_memory_history(stacks="tags", allocator=a)
+    recording.record_history(stacks="tags", allocator=a)
     n = _C.stack_count()
     with memalloc.tag("tagged"):
         t = user_code.alloc_a(allocator=a)
     u = user_code.alloc_b(allocator=a)
     R["tags_mode"] = [ev(a), _C.stack_count() - n, [t.data_ptr(), u.data_ptr()], _C.stack_mode()]
 
-    recording.record_memory_history(stacks="none", allocator=a)
+    recording.record_history(stacks="none", allocator=a)
     n = _C.stack_count()
     with memalloc.tag("tagged"):
         v = user_code.alloc_a(allocator=a)
@@ -751,7 +751,7 @@ def test_none_mode_records_neither(stacks):
 def tags():
     R = {}
     with owned_recording() as a:
-        recording.record_memory_history(stacks="python", allocator=a)
+        recording.record_history(stacks="python", allocator=a)
         cur = tags_module.current_tag
         R["cur"] = [cur()]
         with memalloc.tag("forward") as p1:
@@ -812,7 +812,7 @@ def tags():
         R["events"] = ev(a)
 
         # ---- the backward context ----
-        recording.record_memory_history(stacks="python", allocator=a)
+        recording.record_history(stacks="python", allocator=a)
         log = user_code.BackwardLog()
         R["bw_before"] = list(_C.backward_context())
         user_code.train_step(a, log, tagged=True)
@@ -830,7 +830,7 @@ def tags():
         # a Python thread allocating (untagged) while backward runs, in python and in tags mode
         R["bw_pythread"] = {}
         for mode in ("python", "tags", "none"):
-            recording.record_memory_history(stacks=mode, allocator=a)
+            recording.record_history(stacks=mode, allocator=a)
             log = user_code.BackwardLog()
             user_code.train_step(a, log, tagged=True, python_thread=True)
             R["bw_pythread"][mode] = {"native": log.native[-1], "python": log.python[-1], "events": ev(a)}
@@ -920,7 +920,7 @@ def test_owned_recording_restores_the_process_state():
     """What a scenario changes process-wide is put back after it."""
     before = (_C.stack_mode(), _C.thread_tag(), _C.backward_context(), torch.autograd.backward)
     with owned_recording() as a:
-        recording.record_memory_history(stacks="python", allocator=a)
+        recording.record_history(stacks="python", allocator=a)
         _C.set_thread_tag(_C.intern_tag("left-over"))
         _C.set_backward_context(_C.intern_tag("<backward>/left-over"), 0)
         assert hasattr(torch.autograd.backward, "__wrapped__")
@@ -936,7 +936,7 @@ def snap(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("snap")
     R = {}
     with owned_recording() as a:
-        recording.record_memory_history(max_entries=1000, stacks="python", allocator=a)
+        recording.record_history(max_entries=1000, stacks="python", allocator=a)
         small = user_code.alloc_a(1000, a)
         large = user_code.alloc_b(3 * MiB + 5, a)
         tmp_t = user_code.alloc_a(5000, a)
@@ -1142,7 +1142,7 @@ def test_snapshot_traces_equal_the_reference_where_each_field_changes_alone():
     with ooms back to back and entries after them (an oom entry has one key
     more), is still the definition, entry for entry."""
     with owned_recording() as a:
-        recording.record_memory_history(stacks="python", allocator=a)
+        recording.record_history(stacks="python", allocator=a)
         kept = [a.malloc(1000)]
         kept.append(a.malloc(1000, 0, 7))  # another stream
         with memalloc.tag("other"):
@@ -1169,7 +1169,7 @@ def test_snapshot_traces_equal_the_reference_where_each_field_changes_alone():
 
 def test_snapshot_of_a_million_events_takes_under_a_second():
     with owned_recording() as a:
-        recording.record_memory_history(max_entries=1_000_000, stacks="python", allocator=a)
+        recording.record_history(max_entries=1_000_000, stacks="python", allocator=a)
 
         def alloc_site(i):
             p = a.malloc(512 + (i % 7) * 4096)  # HERE:million
@@ -1280,8 +1280,8 @@ def trace_file(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trace")
     R = {}
     with owned_recording("host_capacity_mb:64,host_devices:2") as a:
-        recording.record_memory_history(stacks="python", max_entries=8, allocator=a)
-        R["steps_before"] = memalloc.steps()
+        recording.record_history(stacks="python", max_entries=8, allocator=a)
+        R["steps_before"] = memalloc.iteration.steps()
         keep = []
         with memalloc.tag("d0"):
             for i in range(3):
@@ -1319,8 +1319,8 @@ def trace_file(tmp_path_factory):
         R["empty_file"] = err(lambda: trace_files.load_trace(bad))
 
         # ---- stopping one device ----
-        recording.record_memory_history(stacks="python", max_entries=100, allocator=a)
-        recording.record_memory_history(False, device=0, allocator=a)
+        recording.record_history(stacks="python", max_entries=100, allocator=a)
+        recording.record_history(False, device=0, allocator=a)
         with memalloc.tag("still"):
             p0 = a.malloc(1000, 0)
             p1 = a.malloc(1000, 1)
@@ -1395,7 +1395,7 @@ import user_code
 TMP = tempfile.mkdtemp()
 
 # ---- before enable(): no allocator to record on; the process-wide stack mode is off ----
-R["not_enabled"] = err(lambda: memalloc.record_memory_history())
+R["not_enabled"] = err(lambda: memalloc.record_history())
 R["mode_before"] = _C.stack_mode()
 
 # ---- MEMALLOC_CONF=record_history:3,record_stacks:tags turns recording on at enable() ----
@@ -1418,13 +1418,13 @@ with memalloc.tag("snap"):
     tagged = user_code.alloc_a(2000)
 s = memalloc.snapshot()
 R["torch_snapshot_same"] = torch.cuda.memory._snapshot() == s
-R["allocated"] = [memalloc.memory_allocated(), torch.cuda.memory_allocated()]
+R["allocated"] = [memalloc.memory.memory_allocated(), torch.cuda.memory_allocated()]
 path = os.path.join(TMP, "b.pickle")
 R["torch_dump_returns"] = repr(torch.cuda.memory._dump_snapshot(path))
 with open(path, "rb") as f:
     R["torch_dump_same"] = pickle.load(f) == s
 del large
-memalloc.empty_cache()
+memalloc.memory.empty_cache()
 
 # ---- stopping and starting through torch's API ----
 torch.cuda.memory._record_memory_history(enabled=None)

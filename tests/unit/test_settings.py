@@ -58,9 +58,9 @@ R["warnings"] = [str(w.message) for w in caught if "have no effect" in str(w.mes
 R["settings"] = a.settings()
 R["fraction"] = torch.cuda.get_per_process_memory_fraction()
 def grows(n):
-    before = memalloc.memory_stats()["active_bytes.all.allocated"]
+    before = memalloc.memory.memory_stats()["active_bytes.all.allocated"]
     keep.append(host.empty(n, torch.uint8))
-    return memalloc.memory_stats()["active_bytes.all.allocated"] - before
+    return memalloc.memory.memory_stats()["active_bytes.all.allocated"] - before
 keep = []
 R["startup_84mib"] = grows(84 * MiB)   # [64:8,...]: 8 divisions for 64..128 MiB
 R["startup_400mib"] = grows(400 * MiB)  # 2 divisions for 256..512 MiB
@@ -99,9 +99,9 @@ memalloc.enable(backend="host", config="host_capacity_mb:2048")
 a = memalloc.installed_allocator()
 keep = []
 def grows(n):
-    before = memalloc.memory_stats()["active_bytes.all.allocated"]
+    before = memalloc.memory.memory_stats()["active_bytes.all.allocated"]
     keep.append(host.empty(n, torch.uint8))
-    return memalloc.memory_stats()["active_bytes.all.allocated"] - before
+    return memalloc.memory.memory_stats()["active_bytes.all.allocated"] - before
 R["plain"] = grows(84 * MiB)
 torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4")
 R["div4"] = grows(84 * MiB)
@@ -113,9 +113,9 @@ R["bad"] = err(lambda: torch._C._accelerator_setAllocatorSettings("garbage_colle
 R["after_bad"] = a.settings()
 torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
 R["expandable"] = a.settings()
-keep.clear(); memalloc.empty_cache()
+keep.clear(); memalloc.memory.empty_cache()
 t = host.empty(30 * MiB, torch.uint8)
-R["expandable_segment"] = memalloc.memory_stats()["reserved_bytes.all.current"]
+R["expandable_segment"] = memalloc.memory.memory_stats()["reserved_bytes.all.current"]
 torch._C._accelerator_setAllocatorSettings("max_split_size_mb:64")  # expandable_segments is kept
 R["kept"] = a.settings()
 torch._C._accelerator_setAllocatorSettings("graph_capture_record_stream_reuse:True")

@@ -69,12 +69,12 @@ def raised(f) -> BaseException:
 
 
 def user_peaks(a):
-    """What memalloc.max_memory_allocated() / max_memory_reserved() answer for ``a``."""
+    """What memalloc.memory.max_memory_allocated() / max_memory_reserved() answer for ``a``."""
     return [stat(a, "allocated_bytes", field="peak"), stat(a, "reserved_bytes", field="peak")]
 
 
 def test_scripted_loop_exact_bytes_and_listener_removed_on_stop(host_allocator):
-    a, base = host_allocator, memalloc.steps()
+    a, base = host_allocator, memalloc.iteration.steps()
     keep = []
     with memalloc.StepTracker(allocator=a) as t:
         assert t._on_step in iteration._listeners
@@ -107,7 +107,7 @@ def test_scripted_loop_exact_bytes_and_listener_removed_on_stop(host_allocator):
 def test_torch_peaks_and_tracker_peaks_do_not_disturb_each_other(host_allocator):
     # torch.cuda.max_memory_allocated() answering from memalloc needs the
     # torch patch: test_tracker_before_enable_then_the_installed_allocator.
-    a, base = host_allocator, memalloc.steps()
+    a, base = host_allocator, memalloc.iteration.steps()
     t = memalloc.StepTracker(allocator=a).start()
     try:
         x = host.empty(5 * MiB, dtype=u8, allocator=a)
@@ -129,7 +129,7 @@ def test_torch_peaks_and_tracker_peaks_do_not_disturb_each_other(host_allocator)
 
 
 def test_two_trackers_of_one_device_each_see_their_own_steps(host_allocator):
-    a, base = host_allocator, memalloc.steps()
+    a, base = host_allocator, memalloc.iteration.steps()
     t1 = memalloc.StepTracker(allocator=a).start()
     t2 = memalloc.StepTracker(0, allocator=a)
     try:
@@ -157,7 +157,7 @@ def test_two_trackers_of_one_device_each_see_their_own_steps(host_allocator):
 def test_record_row_ooms_summary_and_bad_input(host_allocator, tmp_path):
     a, d = host_allocator, str(tmp_path)
     bad_device = raised(lambda: memalloc.StepTracker(3, allocator=a))
-    assert type(bad_device) is memalloc.InvalidArgumentError and isinstance(bad_device, ValueError)
+    assert type(bad_device) is memalloc.errors.InvalidArgumentError and isinstance(bad_device, ValueError)
     assert "device 3 does not exist" in str(bad_device) and "indices 0..0" in str(bad_device)
     assert type(raised(lambda: memalloc.StepTracker(True, allocator=a))) is TypeError
     t = memalloc.StepTracker("cuda:0", allocator=a)
@@ -208,7 +208,7 @@ def test_record_row_ooms_summary_and_bad_input(host_allocator, tmp_path):
 
 
 def test_csv_json_round_trip_and_plot(host_allocator, tmp_path):
-    a, d, base = host_allocator, str(tmp_path), memalloc.steps()
+    a, d, base = host_allocator, str(tmp_path), memalloc.iteration.steps()
     keep = []
     with memalloc.StepTracker(allocator=a) as t:
         for i in memalloc.steps_of(range(3)):
@@ -270,13 +270,13 @@ early = memalloc.StepTracker()
 R["start_before_enable"] = err(early.start)
 R["device_before_enable"] = early.device
 memalloc.enable(backend="host", config="host_capacity_mb:64,expandable_segments:False")
-base = memalloc.steps()
+base = memalloc.iteration.steps()
 early.start()
 x = host.empty(5 * MiB, dtype=torch.uint8); del x
-memalloc.reset_peak_memory_stats()
-R["user_peak_after_reset"] = [memalloc.max_memory_allocated(), memalloc.max_memory_reserved()]
+memalloc.memory.reset_peak_memory_stats()
+R["user_peak_after_reset"] = [memalloc.memory.max_memory_allocated(), memalloc.memory.max_memory_reserved()]
 memalloc.step()
-R["user_peak_after_step"] = [memalloc.max_memory_allocated(), memalloc.max_memory_reserved(),
+R["user_peak_after_step"] = [memalloc.memory.max_memory_allocated(), memalloc.memory.max_memory_reserved(),
                              torch.cuda.max_memory_allocated()]
 early.stop()
 R["rows"] = early.rows

@@ -30,7 +30,7 @@ inline constexpr pyargs::TextSpec kPhaseName{"phase", "a str: 'idle', 'forward',
 inline constexpr pyargs::TextSpec kCategoryName{
     "category", "a str: 'parameters', 'gradients', 'optimizer_state', 'activations', 'temporaries' or 'other'"};
 inline constexpr pyargs::UIntSpec kStepNumber{"step", "step", "",
-                                              "an int >= 0 (the step that ended) or None (memalloc.steps())",
+                                              "an int >= 0 (the step that ended) or None (memalloc.iteration.steps())",
                                               std::numeric_limits<uint32_t>::max()};
 using PhaseArg = pyargs::Text<kPhaseName>;
 using CategoryArg = pyargs::Text<kCategoryName>;
@@ -112,7 +112,7 @@ void bind_breakdown(AllocatorClass& cls) {
             for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.end_step(step); });
           },
           py::arg("step") = py::none(),
-          "Step `step` (default: memalloc.steps()) ended on every device: resolves every live block, keeps the "
+          "Step `step` (default: memalloc.iteration.steps()) ended on every device: resolves every live block, keeps the "
           "step's peak split (breakdown()['last'], 'last_step') and enters 'forward'.")
       .def(
           "mark",

@@ -9,7 +9,7 @@
 //
 // Invariants:
 //   * A wrong type raises TypeError "<name> must be <what>, not <type>";
-//     a value out of range raises memalloc.InvalidArgumentError (a
+//     a value out of range raises memalloc.errors.InvalidArgumentError (a
 //     ValueError) naming the value. pybind11's "incompatible function
 //     arguments" list of C++ signatures is never what a caller sees.
 //   * bool is never a number here: True is not size 1, device 1 or

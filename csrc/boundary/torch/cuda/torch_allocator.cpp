@@ -352,7 +352,7 @@ class TorchCudaAllocator final : public Pluggable {
   // ---- history and snapshots --------------------------------------------------
   // torch's _record_memory_history: torch's context recorder and levels, as
   // natively (torch_history.h). memalloc's own ring (memalloc.
-  // record_memory_history) is separate.
+  // record_history) is separate.
   void recordHistory(bool enabled, cda::CreateContextFn context_recorder, size_t max_entries, cda::RecordContext when,
                      bool clear_history, const std::vector<std::string>& skip_actions) override {
     history_.configure(enabled, std::move(context_recorder), std::min(max_entries, kTorchDefaultEntries), when,
