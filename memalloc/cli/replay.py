@@ -4,7 +4,9 @@ replays traces saved by ``memalloc.save_trace`` (and the GPU benchmark's
 random workload) on the host backend under each config, and prints peak
 allocated, peak reserved, their ratio and OOMs per (workload, config, device);
 ``--smallest-device`` also finds, per (workload, config), the smallest
-simulated device that runs it without an OOM; ``--per-step`` prints each
+simulated device that runs it without an OOM (the batch planner's search,
+memalloc/features/planner.py's smallest_device_mb: what fits, from a
+trace; the largest batch for a budget is ``run --fit``); ``--per-step`` prints each
 step's page moves (does the loop keep mapping and unmapping under expandable
 segments?); ``--repeat-last-step N`` runs each trace's last step N more times
 first (memalloc/features/replay.py)."""
@@ -17,6 +19,7 @@ import shlex
 from collections.abc import Callable
 
 from memalloc import _C
+from memalloc.features.planner import smallest_device_mb
 from memalloc.features.replay import (
     RANDOM_SOURCE,
     ReplayResult,
@@ -25,11 +28,9 @@ from memalloc.features.replay import (
     replay_ops,
     replay_steps,
     replay_trace,
-    results_table,
-    results_to_json,
-    smallest_capacity_mb,
-    steps_table,
 )
+from memalloc.reporters.plan import smallest_device_text
+from memalloc.reporters.replay import results_table, results_to_json, steps_table
 from memalloc.trace.trace_files import Trace, load_trace
 
 
@@ -145,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
         results = [replay(config) for replay in workloads for config in configs]
     except (ValueError, TypeError, _C.MemallocError) as e:
         raise SystemExit(f"memalloc: {e}") from None
-    print(results_table(results), end="")
+    print(results_table([r.to_dict() for r in results]), end="")
     per_step: dict = {}
     if args.per_step:
         try:
@@ -159,9 +160,10 @@ def main(args: argparse.Namespace) -> int:
                             host_capacity_mb=args.host_capacity_mb,
                             skip_unknown_frees=args.skip_unknown_frees,
                         )
-                        per_step.setdefault(path, {}).setdefault(config, {})[str(device)] = [r.to_dict() for r in rows]
+                        step_rows = [r.to_dict() for r in rows]
+                        per_step.setdefault(path, {}).setdefault(config, {})[str(device)] = step_rows
                         print(f"\n== {path} under {config or '(default)'}, device {device}, step by step")
-                        print(steps_table(rows), end="")
+                        print(steps_table(step_rows), end="")
         except (ValueError, TypeError, _C.MemallocError) as e:
             raise SystemExit(f"memalloc: {e}") from None
     smallest: dict = {}
@@ -169,7 +171,6 @@ def main(args: argparse.Namespace) -> int:
         if args.host_capacity_mb is not None:
             raise SystemExit("memalloc: --smallest-device chooses the capacity itself: drop --host-capacity-mb")
         sources = [*args.traces, *(f"{RANDOM_SOURCE}{n}" for n in args.random)]
-        print("\nsmallest device without an OOM (MiB):")
         try:
             for source in sources:
                 for config in configs:
@@ -178,14 +179,19 @@ def main(args: argparse.Namespace) -> int:
                         if args.skip_unknown_frees and not source.startswith(RANDOM_SOURCE)
                         else {}
                     )
-                    mb = smallest_capacity_mb(source, config, **options)
-                    smallest.setdefault(source, {})[config] = mb
-                    print(f"  {source}  {config or '(default)'}  {mb}")
+                    smallest.setdefault(source, {})[config] = smallest_device_mb(source, config, **options)
         except (ValueError, TypeError, _C.MemallocError) as e:
             raise SystemExit(f"memalloc: {e}") from None
+        print("\n" + smallest_device_text(smallest))
     if args.json:
         try:
-            results_to_json(results, args.json, command=_command(args), smallest_device_mb=smallest, per_step=per_step)
+            results_to_json(
+                [r.to_dict() for r in results],
+                args.json,
+                command=_command(args),
+                smallest_device_mb=smallest,
+                per_step=per_step,
+            )
         except OSError as e:
             raise SystemExit(f"memalloc: cannot write {args.json}: {e}") from None
         print(f"wrote {args.json}")

@@ -2,10 +2,12 @@
 
 DIR holds a job's flight recorder files (one per rank, ``flight_recorder:DIR``),
 or is the ``--out`` folder of ``memalloc run`` (its files are in DIR/flight):
-they are merged into one report (memalloc/trace/flight_report.py): per rank
+they are merged into one report (memalloc/trace/flight_report.py, rendered
+by memalloc/reporters/flight.py): per rank
 and step the peak allocated, reserved and the breakdown, the rank whose peak
 stands out with the lines that make the difference, leaks per rank; with
-``--html OUT`` also a page with a per-rank memory-over-steps chart.
+``--html OUT`` also a page with a per-rank memory-over-steps chart. (What
+one process held when it ended: ``postmortem``; a running one: ``top``.)
 
 FILE is a leak report (``leaks.json`` from ``memalloc run --leaks`` or
 ``LeakReport.to_json``): printed as text, and with ``--html OUT`` written
@@ -22,9 +24,10 @@ import os
 import struct
 
 from memalloc.core._format import fmt_bytes
+from memalloc.reporters import flight
 from memalloc.reporters.leak_report import LeakReport
 from memalloc.trace import flight_report
-from memalloc.trace.flight_files import SUFFIX, FlightFileError, files_in, read
+from memalloc.trace.flight_files import FlightFileError, files_in, read
 from memalloc.trace.trace_files import load_trace
 
 
@@ -67,58 +70,17 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _job_report(args: argparse.Namespace) -> int:
-    directory = _flight_folder(args.file)
-    if not _has_flight_files(directory):
-        raise SystemExit(f"memalloc: {_none_found(args.file, directory)}")
     try:
-        files = [read(p) for p in files_in(directory)]
+        files = [read(p) for p in files_in(args.file)]
     except FlightFileError as e:
         raise SystemExit(f"memalloc: {e}") from None
     merged = flight_report.merge(files)
-    print(flight_report.to_text(merged))
+    print(flight.job_text(merged))
     if args.html:
         with open(args.html, "w") as f:
-            f.write(flight_report.to_html(merged))
+            f.write(flight.job_html(merged))
         print(f"wrote {args.html}")
     return 0
-
-
-def _has_flight_files(directory: str) -> bool:
-    try:
-        return any(n.endswith(SUFFIX) for n in os.listdir(directory))
-    except OSError:
-        return False
-
-
-def _flight_folder(directory: str) -> str:
-    """The folder of flight files to merge: ``directory``, or its ``flight``
-    folder when ``directory`` is a ``memalloc run --out`` folder."""
-    sub = os.path.join(directory, "flight")
-    if not _has_flight_files(directory) and os.path.isdir(sub):
-        return sub
-    return directory
-
-
-def _none_found(given: str, directory: str) -> str:
-    """Why ``directory`` (from the argument ``given``) holds no flight files,
-    as far as can be known, and what else is there to render."""
-    where = f"{given} (nor {directory})" if directory != given else given
-    text = (
-        f"{where}: no flight recorder files (*{SUFFIX}). `python -m memalloc run` removes a process's file "
-        "when the script ends cleanly in a single process (a job of several ranks keeps them, as does "
-        "--config flight_recorder_keep:True), writes none with --no-flight-recorder, and keeps one after "
-        "an exception, a kill or a crash; outside `memalloc run`, MEMALLOC_CONF=flight_recorder:DIR "
-        "writes them in DIR"
-    )
-    reports = sorted(os.path.join(root, n) for root, _, names in os.walk(given) for n in names if n == "leaks.json")
-    if reports:
-        text += (
-            "; the leak report"
-            + ("s" * (len(reports) > 1))
-            + " here: "
-            + ", ".join(f"python -m memalloc report {r}" for r in reports[:8])
-        )
-    return text
 
 
 def _summarise_trace(trace, top: int) -> None:

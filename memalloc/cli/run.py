@@ -200,6 +200,7 @@ def main(args: argparse.Namespace) -> int:
         host.use_for_cpu_tensors()
     if probing:
         fit.start_probe(args.fit_probe_batch, args.fit_steps, args.fit_probe_out)
+    plan = None  # --fit's plan: the advice's batch figures come from it
     if records is not None:
         plan = fit.plan_of(records, budget, args.fit_max)
         extra = planner.refinement(plan)
@@ -247,7 +248,7 @@ def main(args: argparse.Namespace) -> int:
         if tracker is not None:
             leak_report = _write_leaks(tracker, out) if args.leaks else _leaks_for_advice(tracker)
         if advice is not None:
-            _write_advice(*advice, out, leak_report)  # the leaks come first, not counted as activations
+            _write_advice(*advice, out, leak_report, plan)  # the leaks come first, not counted as activations
         _print_totals(backend)
         del script_globals
         if flight_dir is not None:
@@ -322,12 +323,12 @@ def _start_advice() -> tuple[advisor.ForwardProfile, dict]:
     return advisor.ForwardProfile(device=device).start(), seen
 
 
-def _write_advice(profile: advisor.ForwardProfile, seen: dict, out: str, leaks: Any = None) -> None:
+def _write_advice(profile: advisor.ForwardProfile, seen: dict, out: str, leaks: Any = None, plan: Any = None) -> None:
     profile.stop()
     iteration.remove_step_listener(seen["listener"])
     b = memory_breakdown(seen["device"])
     p = profile.profile()
-    advice = advisor.advise(b, p, seen["reserved_after"], leaks=leaks)
+    advice = advisor.advise(b, p, seen["reserved_after"], leaks=leaks, plan=plan)
     print(advisor.to_text(advice, b), file=sys.stderr)
     path = os.path.join(out, "advice.json")
     with open(path, "w") as f:

@@ -2,14 +2,16 @@
 of running memalloc processes, from outside them, with no change to their
 code: each process whose flight recorder is on (``python -m memalloc run``,
 or ``MEMALLOC_CONF=flight_recorder:DIR``) maps its file, and this view reads
-it (memalloc/trace/flight_files.py).
+it (memalloc/trace/flight_report.py reads, memalloc/reporters/flight.py
+renders).
 
 Which processes: a PID (its file is found in /proc/PID/maps), a DIR (every
 file there: one job's ranks), or, with neither, every process on this
 machine that maps a flight recorder file. Per process: pid, rank, step and
 the age of its last heartbeat, allocated / reserved / peak bytes per device
 and the breakdown at the last checkpoint (each step), the top call sites of
-live memory, the last OOM the ring holds. ``--once`` prints one plain-text
+live memory, the last OOM the ring holds; a process that has ended gets one line naming
+``postmortem`` (what it held when it ended). ``--once`` prints one plain-text
 frame (for scripts and tests); otherwise the view refreshes every
 ``--interval`` seconds until Ctrl-C (through ``rich`` when it is installed,
 else by redrawing the terminal).
@@ -23,8 +25,9 @@ import os
 import sys
 import time
 
-from memalloc.core._format import describe_split, fmt_bytes
-from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read
+from memalloc.reporters.flight import top_lines
+from memalloc.trace.flight_files import SUFFIX, FlightFileError, files_in, read
+from memalloc.trace.flight_report import process_view
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,37 +82,10 @@ def frame(files: list[str], top: int = 3, now_ns: int | None = None) -> str:
         except FlightFileError as e:
             lines.append(f"  {e}")
             continue
-        lines.extend(_process(f, top, now_ns))
+        lines.extend(top_lines(process_view(f, events=0, top=0, now_ns=now_ns), top))
     if not files:
         lines.append("  no running memalloc process has its flight recorder on (python -m memalloc run turns it on)")
     return "\n".join(lines)
-
-
-def _process(f: FlightFile, top: int, now_ns: int) -> list[str]:
-    age = f"{(now_ns - f.heartbeat_ns) / 1e9:.1f} s ago" if f.heartbeat_ns else "none yet"
-    state = {"exited": ", exited", "raised": ", exited on an exception"}.get(f.state, "")
-    out = [f"pid {f.pid} (rank {f.rank}/{f.world_size}, {f.backend}) step {f.step}, heartbeat {age}{state}"]
-    cp = f.checkpoint or {"devices": []}
-    for dev in cp["devices"]:
-        d = dev["device"]
-        out.append(
-            f"  device {d}: allocated {fmt_bytes(dev['allocated'])}, reserved {fmt_bytes(dev['reserved'])}, "
-            f"peak {fmt_bytes(dev['peak_allocated'])} (at step {cp['step']})"
-        )
-        split = (dev.get("breakdown") or {}).get("split") or {}
-        if any(split.values()):
-            out.append("    by category: " + describe_split(split))
-        if dev.get("top_step") == -1:
-            out.append("    call sites: named at the first step")
-        elif dev.get("top_step") not in (None, cp["step"]):
-            out.append(f"    call sites as of step {dev['top_step']} (named again as 0.5% of the run's time allows):")
-        for h in dev.get("top", [])[:top]:
-            where = f"{h['filename']}:{h['line']} in {h['function']}" if h.get("filename") else (h.get("tag") or "?")
-            out.append(f"    {fmt_bytes(h['bytes']):>10} in {h['tensors']} tensors  {where}")
-        ooms = [e for e in (f.rings[d] if d < len(f.rings) else []) if e.action == "oom"]
-        if ooms:
-            out.append(f"    last OOM: step {ooms[-1].step}, {fmt_bytes(ooms[-1].requested)} asked")
-    return out
 
 
 def main(args: argparse.Namespace) -> int:

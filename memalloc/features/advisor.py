@@ -18,7 +18,10 @@ forward left allocated):
   there only A (what the loop keeps: its outputs, the loss, the batch)
   scales with the batch, and checkpointing saves nothing (not listed);
 - half the batch: what scales with the batch halves: (A + T) / 2, or A / 2
-  at a peak in the optimizer's step;
+  at a peak in the optimizer's step; under ``run --fit`` the planner's
+  figure instead (its per-sample bytes times the samples dropped: the batch
+  planner, memalloc/features/planner.py, answers "what fits", and the
+  largest batch for a budget is its answer, not this list's);
 - gradient accumulation over 2 micro-batches: the same, but every gradient
   is live while the second micro-batch runs backward: ... - (P - G);
 - DDP over 2 GPUs (half the batch each): ... - P (DDP's gradient buckets);
@@ -88,6 +91,7 @@ from memalloc.core import _hooks, _state, iteration
 from memalloc.core._format import fmt_bytes
 from memalloc.features import phases
 from memalloc.features.breakdown import MemoryBreakdown
+from memalloc.reporters.advice import advice_text
 
 # Layers whose weights autocast copies to half precision (kept for backward).
 CAST_WEIGHTS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
@@ -406,6 +410,7 @@ def advise(
     leaks: Any = None,
     gpus: int | None = None,
     held_between_steps: int | None = None,
+    plan: Any = None,
 ) -> list[Advice]:
     """The strategies that apply, the run's leaks first, then largest saving
     first (bytes); a strategy that would save nothing is not listed.
@@ -417,7 +422,13 @@ def advise(
     it held when the peak's step began are not counted as activations;
     ``gpus``: the GPUs the run could use (default :func:`visible_gpus`; DDP
     is advised from 2); ``held_between_steps``: bytes allocated at the last
-    step boundary (default: the profile's)."""
+    step boundary (default: the profile's); ``plan``: the batch planner's
+    plan the run trains at (:class:`memalloc.BatchPlan`, ``run --fit``):
+    the bytes a batch half as large saves (half_batch, and the half batch of
+    gradient accumulation and DDP) are then the planner's, its per-sample
+    bytes times the samples dropped, not the breakdown's estimate. For the
+    batch that fits a budget, ask the planner (``run --fit BUDGET``,
+    :func:`memalloc.largest_batch`), not this list."""
     b = breakdown.peak
     act, tmp, grads = b["activations"], b["temporaries"], b["gradients"]
     params = profile.trainable_bytes if profile is not None else b["parameters"]
@@ -479,12 +490,22 @@ def advise(
             f"activations {fmt_bytes(act)}{leak_note} and temporaries {fmt_bytes(tmp)} at the peak scale with the batch"
         )
     out: list[Advice] = []
-    if varying > 0:
-        out.append(Advice("half_batch", varying // 2, scales, "half the samples per step"))
+    half = varying // 2  # what half the batch saves at the peak (bytes)
+    fit_note = "; the largest batch that fits a budget: python -m memalloc run --fit BUDGET"
+    if plan is not None and plan.per_sample_bytes > 0:
+        # the planner's figure: its probes' peaks grow by per_sample_bytes per sample
+        half = plan.per_sample_bytes * (plan.batch - plan.batch // 2)
+        scales = (
+            f"the planner's probes: the peak grows {fmt_bytes(plan.per_sample_bytes)} per sample; "
+            f"batch {plan.batch} -> {plan.batch // 2}"
+        )
+        fit_note = ""
+    if varying > 0 or half > 0:
+        out.append(Advice("half_batch", half, scales, "half the samples per step" + fit_note))
         out.append(
             Advice(
                 "grad_accumulation",
-                max(0, varying // 2 - max(0, params - grads)),
+                max(0, half - max(0, params - grads)),
                 "half the activations per micro-batch; every gradient is live in the second one",
                 "the same samples per optimizer step; two forward/backward passes each",
             )
@@ -493,7 +514,7 @@ def advise(
             out.append(
                 Advice(
                     "ddp",
-                    max(0, varying // 2 - params),
+                    max(0, half - params),
                     "each of 2 GPUs trains half the batch; DDP adds gradient buckets the size of the "
                     "trainable parameters",
                     "a second GPU",
@@ -602,16 +623,6 @@ def advise(
 
 def to_text(advice: list[Advice], breakdown: MemoryBreakdown) -> str:
     """The advice as lines, in :func:`advise`'s order: the leaks first ("fix
-    the leak at file:line: +X per step"), then largest saving first."""
-    total = breakdown.peak_total
-    lines = [f"memalloc advice (peak allocated {fmt_bytes(total)}; the largest part: {breakdown.largest()}):"]
-    for a in advice:
-        if a.strategy == "fix_leak":
-            lines.append(f"  {a.strategy:<20} {a.why}; hint: {a.cost}")
-            continue
-        if a.strategy == "del_empty_cache":
-            what = "reserved between steps"
-        else:
-            what = f"of the peak ({100 * a.saves / total:.0f}%)" if total else "of the peak"
-        lines.append(f"  {a.strategy:<20} saves ~{fmt_bytes(a.saves)} {what}: {a.why}; cost: {a.cost}")
-    return "\n".join(lines)
+    the leak at file:line: +X per step"), then largest saving first
+    (memalloc/reporters/advice.py renders it)."""
+    return advice_text([a.to_dict() for a in advice], breakdown.peak_total, breakdown.largest())

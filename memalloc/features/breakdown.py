@@ -44,8 +44,8 @@ import dataclasses
 from memalloc import _C
 from memalloc.core import _state
 from memalloc.core._device import DeviceLike, device_index
-from memalloc.core._format import fmt_bytes
 from memalloc.features import phases
+from memalloc.reporters import advice
 
 CATEGORIES: tuple[str, ...] = phases.CATEGORIES
 
@@ -97,31 +97,12 @@ class MemoryBreakdown:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
     def to_text(self) -> str:
-        """A table: one row per category, bytes and share now and at the peak."""
-        where = f"step {self.peak_step}'s peak" if self.peak_step is not None else "peak so far"
-        lines = [
-            f"memory by category, device {self.device} (phase: {self.phase})",
-            f"  {'category':<16}{'now':>12}{'':>7}{where:>20}{'':>7}",
-        ]
-        for c in CATEGORIES:
-            lines.append(
-                f"  {c:<16}{fmt_bytes(self.now[c]):>12}{_share(self.now[c], self.now_total):>7}"
-                f"{fmt_bytes(self.peak[c]):>20}{_share(self.peak[c], self.peak_total):>7}"
-            )
-        lines.append(f"  {'total':<16}{fmt_bytes(self.now_total):>12}{'':>7}{fmt_bytes(self.peak_total):>20}")
-        if self.now_provisional or self.peak_provisional:
-            lines.append(
-                f"  (provisional: {fmt_bytes(self.now_provisional)} now, "
-                f"{fmt_bytes(self.peak_provisional)} at the peak; decided when the step goes on)"
-            )
-        return "\n".join(lines)
+        """A table: one row per category, bytes and share now and at the
+        peak (memalloc/reporters/advice.py renders it)."""
+        return advice.breakdown_text(self.to_dict(), CATEGORIES)
 
     def __str__(self) -> str:
         return self.to_text()
-
-
-def _share(part: int, whole: int) -> str:
-    return f"{100 * part / whole:5.1f}%" if whole else ""
 
 
 def memory_breakdown(device: DeviceLike = None, allocator: _C.Allocator | None = None) -> MemoryBreakdown:

@@ -124,6 +124,8 @@ from memalloc import _C
 from memalloc.core import _hooks, _state
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._format import fmt_bytes
+from memalloc.features import replay
+from memalloc.reporters.plan import plan_text
 from memalloc.trace import recording, tags
 from memalloc.trace.sites import live_blocks
 
@@ -974,22 +976,8 @@ class BatchPlan:
     repeats: int = 0  # ... after this many steps beyond the recorded ones
 
     def __str__(self) -> str:
-        limit = "no limit (nothing grows with the batch)" if self.limit is None else f"{self.limit}"
-        return (
-            f"largest batch that fits {fmt_bytes(self.budget)}: {self.batch}"
-            f"{' (the most asked for: max_batch)' if self.capped else ''}; predicted peak reserved "
-            f"{fmt_bytes(self.peak_reserved)}, allocated {fmt_bytes(self.peak_allocated)}\n"
-            f"  the peak: {fmt_bytes(self.fixed_bytes)} that does not grow with the batch, "
-            f"{fmt_bytes(self.per_sample_bytes)} per sample; a perfect allocator would fit {limit}\n"
-            f"  probes (batch: peak allocated / reserved): "
-            + ", ".join(f"{b}: {fmt_bytes(a)} / {fmt_bytes(r)}" for b, a, r in self.probes)
-            + (
-                ""
-                if self.steady
-                else f"\n  not steady: the replay ran {self.repeats} more steps without coming "
-                "back to a state it had been in; the plan is for that many steps"
-            )
-        )
+        """The plan in a few lines (memalloc/reporters/plan.py renders it)."""
+        return plan_text(self.to_dict())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -1047,9 +1035,8 @@ def plan(
             lo = nxt
         else:
             hi = nxt
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if judge(mid).fits else (lo, mid)
+    if hi is not None:
+        lo = _boundary(lambda batch: judge(batch).fits, lo, hi)
     (b1, a1), (b2, a2) = [(r.batch, r.peak_allocated) for r in records[-2:]]
     per_sample = max(0, (a2 - a1) // (b2 - b1))
     fixed = max(0, a2 - per_sample * b2)
@@ -1070,6 +1057,58 @@ def plan(
         steady=best.steady,
         repeats=best.repeats,
     )
+
+
+def _boundary(fits: Callable[[int], bool], good: int, bad: int) -> int:
+    """The planner's one search: bisects between ``good`` (it fits) and
+    ``bad`` (it does not) and returns the value that fits next to the
+    boundary: the largest batch when ``good < bad`` (:func:`plan`), the
+    smallest device when ``good > bad`` (:func:`smallest_device_mb`). It
+    assumes fitting is monotonic between the two (where fragmentation makes
+    it not, another value beyond the boundary may fit too)."""
+    while abs(bad - good) > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
+def smallest_device_mb(source: str, config: str = "", *, step_mb: int = 8, **options: Any) -> int:
+    """The smallest device that fits a recorded workload: the smallest
+    capacity of the simulated device, in MiB and a multiple of ``step_mb``,
+    under which :func:`memalloc.features.replay.replay_source` of ``source``
+    (a trace's path or ``random:N``) under
+    ``config`` makes no OOM: the smallest device the workload trains on with
+    that policy (what "fit more" saves, measured on the CPU).
+
+    The planner's search (:func:`_boundary`, as :func:`plan` bisects the
+    batch) between a capacity that fails and one that fits (the unlimited
+    replay's peak reserved, rounded up): it assumes that a device larger
+    than one that fits fits too, and checks both ends. ``options``
+    go to :func:`replay_source` (``host_capacity_mb`` is this function's).
+    Raises ValueError when the unlimited replay itself has OOMs."""
+    if isinstance(step_mb, bool) or not isinstance(step_mb, int) or step_mb < 1:
+        raise ValueError(f"step_mb must be an int >= 1, not {step_mb!r}")
+    if "host_capacity_mb" in options:
+        raise ValueError("smallest_device_mb chooses host_capacity_mb itself")
+    step = step_mb * MiB
+
+    def fits(units: int) -> bool:
+        result = replay.replay_source(source, config, host_capacity_mb=units * step_mb, **options)
+        return all(d.ooms == 0 for d in result.devices)
+
+    free = replay.replay_source(source, config, **options)
+    if any(d.ooms for d in free.devices):
+        raise ValueError(f"{source} has OOMs under {config or 'the default config'!r} without a capacity limit")
+    hi = -(-max(d.peak_reserved for d in free.devices) // step) + 1  # fits
+    lo = max(d.peak_allocated for d in free.devices) // step - 1  # fails, as a rule
+    if not fits(hi):
+        raise ValueError(
+            f"{source}: a device of {hi * step_mb} MiB, above the unlimited replay's peak reserved, "
+            "still runs out of memory"
+        )
+    if lo > 0 and fits(lo):
+        lo = 0
+    return _boundary(fits, hi, lo) * step_mb
 
 
 def default_budget(allocator: _C.Allocator, device: int) -> int:

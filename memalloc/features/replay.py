@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
 import random
@@ -52,7 +51,6 @@ from typing import Union
 import torch
 
 from memalloc import _C
-from memalloc.core._format import fmt_bytes
 from memalloc.trace.recording import Event
 from memalloc.trace.trace_files import Trace, load_trace
 
@@ -578,21 +576,6 @@ def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
     return out
 
 
-def steps_table(rows: Sequence[StepReplay]) -> str:
-    """A text table of :func:`replay_steps`' rows, one line per step (the
-    recording run's own moves too when the trace has any)."""
-    live = any(r.recorded_maps or r.recorded_unmaps for r in rows)
-    lines = []
-    for r in rows:
-        ratio = r.peak_reserved / r.peak_allocated if r.peak_allocated else 0.0
-        lines.append(
-            f"step {r.step:>4}: {r.maps:>4} mapped {r.unmaps:>4} unmapped  "
-            f"reserved {fmt_bytes(r.reserved):>10}  peak reserved / allocated {ratio:.4f}"
-            + (f"  (recorded run: {r.recorded_maps} mapped {r.recorded_unmaps} unmapped)" if live else "")
-        )
-    return "\n".join(lines) + "\n"
-
-
 def replay_source(source: str, config: str = "", **options) -> ReplayResult:
     """``random:N``: :func:`random_workload` (N allocations, the benchmark's
     64 slots and seed 7) through :func:`replay_ops`; anything else: a trace
@@ -605,97 +588,13 @@ def replay_source(source: str, config: str = "", **options) -> ReplayResult:
     return replay_trace(source, config, **options)
 
 
-def smallest_capacity_mb(source: str, config: str = "", *, step_mb: int = 8, **options) -> int:
-    """The smallest capacity of the simulated device, in MiB and a multiple
-    of ``step_mb``, under which :func:`replay_source` of ``source`` under
-    ``config`` makes no OOM: the smallest device the workload trains on with
-    that policy (what "fit more" saves, measured on the CPU).
-
-    Bisection between a capacity that fails and one that fits (the
-    unlimited replay's peak reserved, rounded up): it assumes that a device
-    larger than one that fits fits too, and checks both ends. ``options``
-    go to :func:`replay_source` (``host_capacity_mb`` is this function's).
-    Raises ValueError when the unlimited replay itself has OOMs."""
-    if isinstance(step_mb, bool) or not isinstance(step_mb, int) or step_mb < 1:
-        raise ValueError(f"step_mb must be an int >= 1, not {step_mb!r}")
-    if "host_capacity_mb" in options:
-        raise ValueError("smallest_capacity_mb chooses host_capacity_mb itself")
-    step = step_mb * MiB
-
-    def fits(units: int) -> bool:
-        result = replay_source(source, config, host_capacity_mb=units * step_mb, **options)
-        return all(d.ooms == 0 for d in result.devices)
-
-    free = replay_source(source, config, **options)
-    if any(d.ooms for d in free.devices):
-        raise ValueError(f"{source} has OOMs under {config or 'the default config'!r} without a capacity limit")
-    hi = -(-max(d.peak_reserved for d in free.devices) // step) + 1  # fits
-    lo = max(d.peak_allocated for d in free.devices) // step - 1  # fails, as a rule
-    if not fits(hi):
-        raise ValueError(
-            f"{source}: a device of {hi * step_mb} MiB, above the unlimited replay's peak reserved, "
-            "still runs out of memory"
+def __getattr__(name: str) -> object:
+    if name == "smallest_capacity_mb":  # moved to the batch planner: one search answers "what fits"
+        raise AttributeError(
+            "memalloc.replay.smallest_capacity_mb is now memalloc.features.planner.smallest_device_mb "
+            "(the same arguments; python -m memalloc replay --smallest-device calls it)"
         )
-    if lo > 0 and fits(lo):
-        lo = 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi * step_mb
-
-
-# ---- reports ----------------------------------------------------------------------
-_COLUMNS = ("workload", "config", "device", "peak allocated", "peak reserved", "reserved/allocated", "OOMs")
-
-
-def results_table(results: Sequence[ReplayResult]) -> str:
-    """A text table: one row per (workload, config, device)."""
-    rows = [_COLUMNS]
-    for r in results:
-        for d in r.devices:
-            rows.append(
-                (
-                    r.source,
-                    r.config or "(default)",
-                    str(d.device),
-                    fmt_bytes(d.peak_allocated),
-                    fmt_bytes(d.peak_reserved),
-                    "-" if d.ratio is None else f"{d.ratio:.4f}",
-                    str(d.ooms),
-                )
-            )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    lines = [
-        "  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-        for row in rows
-    ]
-    return "\n".join(line.rstrip() for line in lines) + "\n"
-
-
-def results_to_json(
-    results: Sequence[ReplayResult],
-    path: PathLike | None = None,
-    command: str | None = None,
-    smallest_device_mb: dict | None = None,
-    per_step: dict | None = None,
-) -> str:
-    """``{"command": command, "results": [result.to_dict(), ...]}`` as JSON
-    text (plus ``"smallest_device_mb": {source: {config: MiB}}`` and
-    ``"per_step": {source: {config: {device: [StepReplay.to_dict(), ...]}}}``
-    when given), also written to ``path`` when given."""
-    data: dict = {"command": command, "results": [r.to_dict() for r in results]}
-    if smallest_device_mb:
-        data["smallest_device_mb"] = smallest_device_mb
-    if per_step:
-        data["per_step"] = per_step
-    text = json.dumps(data, indent=2) + "\n"
-    if path is not None:
-        with open(path, "w") as f:
-            f.write(text)
-    return text
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -712,7 +611,4 @@ __all__ = [
     "replay_source",
     "replay_steps",
     "replay_trace",
-    "results_table",
-    "results_to_json",
-    "steps_table",
 ]

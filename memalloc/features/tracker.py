@@ -47,9 +47,7 @@ still sees the peak over its own steps.
 
 from __future__ import annotations
 
-import csv
 import datetime
-import io
 import json
 import os
 import threading
@@ -61,9 +59,9 @@ from typing import Any, NamedTuple, Union
 from memalloc import _C
 from memalloc.core import _state, iteration
 from memalloc.core._device import DeviceLike, existing_device_index
-from memalloc.core._format import describe_split, fmt_bytes
 from memalloc.features import stats
 from memalloc.features.breakdown import CATEGORIES
+from memalloc.reporters import steps
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -346,13 +344,10 @@ class StepTracker:
         """The rows as CSV text (a header of :data:`FIELDS`, one line per
         row; bytes, seconds), also written to ``path`` when given.
         FileNotFoundError when its directory does not exist,
-        IsADirectoryError for a directory."""
+        IsADirectoryError for a directory. (Rendered by
+        memalloc/reporters/steps.py.)"""
         p = _output_path(path, "to_csv") if path is not None else None
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(self.rows)
-        text = out.getvalue()
+        text = steps.to_csv(self.rows, FIELDS)
         if p is not None:
             p.write_text(text, encoding="utf-8")
         return text
@@ -410,67 +405,13 @@ class StepTracker:
         the peak allocated within each step (MiB) over the steps; returns the
         path. Needs matplotlib (ImportError saying ``pip install matplotlib``
         otherwise); ValueError when there are no rows yet; path errors as for
-        :meth:`to_csv`."""
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-            from matplotlib.ticker import MaxNLocator
-        except ImportError as e:
-            raise ImportError(
-                "StepTracker.plot needs matplotlib, which is not installed: "
-                "pip install matplotlib (to_csv and to_json need nothing)"
-            ) from e
+        :meth:`to_csv`. (Drawn by memalloc/reporters/steps.py.)"""
         p = _output_path(path, "plot")
-        rows = self.rows
-        if not rows:
-            raise ValueError("StepTracker.plot: no rows yet: call memalloc.step() or record_row() while it runs")
-        steps = [r["step"] for r in rows]
-        fig = Figure(figsize=(8, 4.5))
-        FigureCanvasAgg(fig)  # draws without pyplot: no global backend or figure state
-        ax = fig.add_subplot()
-        for key, label, style in (
-            ("peak_allocated", "peak allocated in step", ":"),
-            ("allocated", "allocated at step end", "-"),
-            ("reserved", "reserved at step end", "--"),
-        ):
-            ax.plot(steps, [r[key] / 2**20 for r in rows], style, marker=".", label=label)
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("MiB")
-        ax.set_title(f"memalloc StepTracker: device {self._device} ({self._backend()} backend)")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(p, format="png", dpi=100)
+        steps.plot(self.rows, p, f"memalloc StepTracker: device {self._device} ({self._backend()} backend)")
         return p
 
     def summary(self) -> str:
         """A few lines of text: steps covered, allocated growth per step, the
         highest peak within a step, reserved and device use, OOMs."""
-        rows = self.rows
         head = f"StepTracker, device {self._device} ({self._backend()} backend)"
-        if not rows:
-            return f"{head}: no rows yet"
-        first, last = rows[0], rows[-1]
-        n = len(rows)
-        growth = (last["allocated"] - first["allocated"]) / (n - 1) if n > 1 else 0.0
-        peak = max(rows, key=lambda r: r["peak_allocated"])
-        peak_r = max(rows, key=lambda r: r["peak_reserved"])
-        used = max(r["device_used"] for r in rows)
-        ooms = [r for r in rows if r["num_ooms"]]
-        sign = "+" if growth >= 0 else "-"
-        lines = [
-            f"{head}: {n} steps ({first['step']}..{last['step']}) in {last['time_s']:.3f} s",
-            f"  allocated at step end: {fmt_bytes(first['allocated'])} -> {fmt_bytes(last['allocated'])} "
-            f"({sign}{fmt_bytes(abs(growth))}/step)",
-            f"  peak allocated in a step: {fmt_bytes(peak['peak_allocated'])} (step {peak['step']})",
-            f"  reserved at step end: {fmt_bytes(last['reserved'])}; peak in a step: "
-            f"{fmt_bytes(peak_r['peak_reserved'])} (step {peak_r['step']})",
-            f"  device used: up to {fmt_bytes(used)} of {fmt_bytes(last['device_total'])}",
-            f"  OOMs: {sum(r['num_ooms'] for r in ooms)}"
-            + (f" (steps {', '.join(str(r['step']) for r in ooms)})" if ooms else ""),
-        ]
-        split = describe_split({c: peak[f"peak_{c}"] for c in CATEGORIES})
-        if split:
-            lines.append(f"  at that peak: {split}")
-        return "\n".join(lines)
+        return steps.summary(self.rows, head, CATEGORIES)

@@ -319,18 +319,51 @@ def _history(data, offset: int, rows: int) -> list[dict]:
 
 
 def files_in(directory: PathLike) -> list[str]:
-    """The flight recorder files in ``directory``, by name (FlightFileError
-    when it is not a directory or holds none)."""
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        raise FlightFileError(f"{directory}: not a directory (give the flight_recorder:DIR directory)")
-    found = sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(SUFFIX))
+    """The flight recorder files of ``directory``, by name: its own, or,
+    for the ``--out`` folder of ``python -m memalloc run``, those of its
+    ``flight`` folder. The one way ``report``, ``postmortem`` and ``top``
+    find a job's files. FlightFileError when it is not a directory or holds
+    none, saying why none may be there and naming the leak reports found
+    under it (``python -m memalloc report`` renders those)."""
+    given = os.fspath(directory)
+    if not os.path.isdir(given):
+        raise FlightFileError(f"{given}: not a directory (give the flight_recorder:DIR directory)")
+    found = _flight_names(given)
+    sub = os.path.join(given, "flight")
+    if not found and os.path.isdir(sub):
+        found = _flight_names(sub)
     if not found:
-        raise FlightFileError(
-            f"{directory}: no flight recorder files (*{SUFFIX}) in it: was the job run with "
-            f"MEMALLOC_CONF=flight_recorder:{directory}?"
-        )
+        raise FlightFileError(_none_found(given, sub if os.path.isdir(sub) else given))
     return found
+
+
+def _flight_names(directory: str) -> list[str]:
+    try:
+        return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(SUFFIX))
+    except OSError:
+        return []
+
+
+def _none_found(given: str, directory: str) -> str:
+    """Why ``directory`` (from the argument ``given``) holds no flight files,
+    as far as can be known, and the leak reports under ``given``."""
+    where = f"{given} (nor {directory})" if directory != given else given
+    text = (
+        f"{where}: no flight recorder files (*{SUFFIX}). `python -m memalloc run` removes a process's file "
+        "when the script ends cleanly in a single process (a job of several ranks keeps them, as does "
+        "--config flight_recorder_keep:True), writes none with --no-flight-recorder, and keeps one after "
+        "an exception, a kill or a crash; outside `memalloc run`, MEMALLOC_CONF=flight_recorder:DIR "
+        "writes them in DIR"
+    )
+    reports = sorted(os.path.join(root, n) for root, _, names in os.walk(given) for n in names if n == "leaks.json")
+    if reports:
+        text += (
+            "; the leak report"
+            + ("s" * (len(reports) > 1))
+            + " here: "
+            + ", ".join(f"python -m memalloc report {r}" for r in reports[:8])
+        )
+    return text
 
 
 __all__ = [

@@ -1,12 +1,19 @@
-"""All ranks, one report: the flight recorder files of one job (a DIR, one
-file per rank, memalloc/trace/flight_files.py) merged: per rank and step the
-peak allocated bytes, reserved bytes at the step's end and the peak's split
-by category (each file's history), the rank whose peak stands out (more than
-10% above the median of the ranks' peaks) with the lines that make the
-difference (its live memory by line at its end against the median rank's:
-:func:`_sites`), and per rank the lines whose live memory grew at every step
-the ring covers (leaks). Text (:func:`to_text`) and a self-contained HTML
-page with a per-rank memory-over-steps chart (:func:`to_html`).
+"""The one reader of a flight directory (one file per process,
+memalloc/trace/flight_files.py): what ``report``, ``postmortem`` and
+``top`` print, as plain data; memalloc/reporters/flight.py renders it.
+
+- :func:`merge` (``report``: what a finished job left): per rank and step
+  the peak allocated bytes, reserved bytes at the step's end and the peak's
+  split by category (each file's history), the rank whose peak stands out
+  (more than 10% above the median of the ranks' peaks) with the lines that
+  make the difference (its live memory by line at its end against the
+  median rank's: :func:`_sites`), and per rank the lines whose live memory
+  grew at every step the ring covers (:func:`leaks_of`).
+- :func:`process_view` (``postmortem``: what held memory when it ended;
+  ``top``: what a running process holds now): how the process ended, each
+  device's checkpoint, its live memory by line (:func:`live_sites`), its
+  last events and last OOM.
+- :func:`snapshot_of`: a file as a memory_viz snapshot.
 """
 
 from __future__ import annotations
@@ -14,13 +21,12 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
-import html
+import os
 import statistics
+import time
 from typing import Any, TypedDict
 
 from memalloc import _C
-from memalloc.core._format import fmt_bytes
-from memalloc.reporters.report_html import chart, render_page
 from memalloc.trace.flight_files import FlightFile, live_at_end, replay
 from memalloc.trace.recording import Event
 from memalloc.trace.snapshots import _TORCH_KEEP
@@ -172,98 +178,93 @@ def leaks_of(f: FlightFile) -> list[dict]:
     return sorted(out, key=lambda l: -l["bytes_per_step"])
 
 
-def _where(site) -> str:
-    file, line, func = site
-    return f"{file}:{line} in {func}" if file else "?"
+def how_it_ended(f: FlightFile, now_ns: int | None = None) -> str:
+    """How the process that wrote ``f`` ended: "exited cleanly (file
+    kept)", "exited on an uncaught exception at step N", "running (pid N is
+    alive)" (on this host), or "no clean exit (...)" with the age of its
+    last heartbeat (``now_ns``: unix ns, default now)."""
+    if f.state == "exited":
+        return "exited cleanly (file kept)"
+    if f.state == "raised":
+        return f"exited on an uncaught exception at step {f.step}"
+    if f.host == os.uname().nodename and _alive(f.pid):
+        return f"running (pid {f.pid} is alive)"
+    now = time.time_ns() if now_ns is None else now_ns
+    when = f"{(now - f.heartbeat_ns) / 1e9:.0f} s ago, at step {f.step}" if f.heartbeat_ns else "none"
+    return f"no clean exit (killed, crashed or aborted); last heartbeat {when}"
 
 
-def to_text(m: dict) -> str:
-    lines = [f"memalloc job report: {len(m['ranks'])} rank(s), median peak {fmt_bytes(m['median_peak'])}"]
-    for r in m["ranks"]:
-        lines.append(
-            f"rank {r['rank']} (pid {r['pid']} on {r['host']}, {r['state']}): peak {fmt_bytes(r['peak'])} "
-            f"over {len(r['steps'])} steps"
+def is_running(f: FlightFile) -> bool:
+    """Whether the process that wrote ``f`` may still run: it has not
+    exited, and its pid is alive on this host (a process of another host
+    is taken as running: its heartbeat's age tells)."""
+    return f.state == "running" and (f.host != os.uname().nodename or _alive(f.pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_sites(f: FlightFile, device: int) -> list[tuple[tuple, int, int]]:
+    """((file, line, function), bytes, blocks) of the blocks the ring of
+    ``device`` saw allocated and not freed, by :meth:`FlightFile.site`, most
+    bytes first."""
+    sites: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for e in live_at_end(f.rings[device]).values():
+        key = f.site(e.stack_id)
+        sites[key][0] += e.size
+        sites[key][1] += 1
+    return sorted(((k, v[0], v[1]) for k, v in sites.items()), key=lambda s: -s[1])
+
+
+def process_view(f: FlightFile, *, events: int = 10, top: int = 5, now_ns: int | None = None) -> dict:
+    """One process's file as plain data (sizes in bytes, times in seconds):
+    who it was, how it ended (:func:`how_it_ended`), ``running``, the age of
+    its last heartbeat (``heartbeat_age_s``, None before the first), the
+    last checkpoint (``checkpoint``: its step and per device allocated,
+    reserved, peak, breakdown and call sites), and per device of the file
+    (``devices``) its record count, torn and overwritten records, its
+    ``top`` live sites (:func:`live_sites`), its last ``events`` records
+    (step, action, bytes, user frame) and its last OOM (step, bytes asked)."""
+    now = time.time_ns() if now_ns is None else now_ns
+    devices = []
+    for d, ring in enumerate(f.rings):
+        ooms = [e for e in ring if e.action == "oom"]
+        devices.append(
+            {
+                "device": d,
+                "records": len(ring),
+                "torn": f.torn[d],
+                "overwritten": f.sequences[d][0] - 1 if f.sequences[d] else 0,
+                "live": live_sites(f, d)[:top],
+                "last": [(e.step, e.action, e.size, f.user_frame(e.stack_id)) for e in ring[-events:]]
+                if events
+                else [],
+                "last_oom": (ooms[-1].step, ooms[-1].requested) if ooms else None,
+            }
         )
-    for o in m["outliers"]:
-        lines.append(
-            f"rank {o['rank']} stands out: peak {fmt_bytes(o['peak'])}, {o['above_median']:.0%} above the "
-            f"median; the lines that make the difference (against rank {o['median_rank']}):"
-        )
-        for l in o["lines"]:
-            lines.append(
-                f"    +{fmt_bytes(l['bytes_more'])}  {_where(l['site'])}  ({fmt_bytes(l['bytes'])} against "
-                f"{fmt_bytes(l['median_rank_bytes'])})"
-            )
-    for r in m["ranks"]:
-        for leak in r["leaks"]:
-            lines.append(
-                f"rank {r['rank']} leaks: {_where(leak['site'])} grows by "
-                f"{fmt_bytes(leak['bytes_per_step'])} per step (steps {leak['steps'][0]}-{leak['steps'][1]})"
-            )
-    if m["ranks"]:
-        lines.append("peak allocated per step:")
-        lines.append("  step  " + "".join(f"{'rank ' + str(r['rank']):>14}" for r in m["ranks"]))
-        peak_at = [dict(zip(r["steps"], r["peak_allocated"])) for r in m["ranks"]]
-        for s in sorted({s for r in m["ranks"] for s in r["steps"]}):
-            cells = [fmt_bytes(at[s]) if s in at else "-" for at in peak_at]
-            lines.append(f"  {s:>4}  " + "".join(f"{c:>14}" for c in cells))
-    return "\n".join(lines)
-
-
-_PALETTE = ("#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#953800", "#57606a")
-
-
-def to_html(m: dict) -> str:
-    """The merged report as one self-contained page: ``id="ranks"`` (a row
-    per rank, ``data-rank``, ``data-peak``), ``id="chart-ranks"`` (one
-    ``polyline.series.rank-N`` per rank), ``id="outliers"`` and ``id="leaks"``."""
-    e = html.escape
-    steps = sorted({s for r in m["ranks"] for s in r["steps"]})
-    series = []
-    for r in m["ranks"]:
-        at = dict(zip(r["steps"], r["peak_allocated"]))
-        series.append((f"rank-{r['rank']}", f"rank {r['rank']}", [at.get(s, 0) for s in steps]))
-    rows = "".join(
-        f'<tr data-rank="{r["rank"]}" data-peak="{r["peak"]}"><td>{r["rank"]}</td><td>{r["pid"]}</td>'
-        f"<td>{e(r['host'])}</td><td>{e(r['state'])}</td><td>{e(fmt_bytes(r['peak']))}</td></tr>"
-        for r in m["ranks"]
-    )
-    outliers = (
-        "".join(
-            f'<p data-rank="{o["rank"]}">rank {o["rank"]} stands out: peak {e(fmt_bytes(o["peak"]))}, '
-            f"{o['above_median']:.0%} above the median</p><ul>"
-            + "".join(
-                f"<li>+{e(fmt_bytes(l['bytes_more']))} <code>{e(_where(l['site']))}</code></li>" for l in o["lines"]
-            )
-            + "</ul>"
-            for o in m["outliers"]
-        )
-        or "<p>No rank stands out.</p>"
-    )
-    leaks = "".join(
-        f'<li data-rank="{r["rank"]}">rank {r["rank"]}: <code>{e(_where(l["site"]))}</code> +'
-        f"{e(fmt_bytes(l['bytes_per_step']))} per step</li>"
-        for r in m["ranks"]
-        for l in r["leaks"]
-    )
-    # a legend swatch is the 2px top border of a box 0 high (report_html's .legend rule): the border takes the colour
-    css = "".join(
-        f".series.rank-{r['rank']}{{stroke:{_PALETTE[i % len(_PALETTE)]};fill:none;stroke-width:2}}"
-        f".legend .rank-{r['rank']}::before{{border-color:{_PALETTE[i % len(_PALETTE)]}}}"
-        f".area.rank-{r['rank']}{{fill:none}}"
-        for i, r in enumerate(m["ranks"])
-    )
-    sections = [
-        f'<section class="card" id="summary"><h1>memalloc job report: {len(m["ranks"])} ranks</h1>'
-        f'<table id="ranks"><tr><th>rank</th><th>pid</th><th>host</th><th>end</th><th>peak allocated</th></tr>'
-        f"{rows}</table></section>",
-        '<section class="card" id="memory"><h2>Peak allocated per step, by rank</h2>'
-        + chart("chart-ranks", steps, series)
-        + "</section>",
-        f'<section class="card" id="outliers"><h2>Ranks that stand out</h2>{outliers}</section>',
-        f'<section class="card" id="leaks"><h2>Leaks per rank</h2><ul>{leaks or "<li>none found</li>"}</ul></section>',
-    ]
-    return render_page(f"memalloc job report: {len(m['ranks'])} ranks", sections, css)
+    return {
+        "path": f.path,
+        "pid": f.pid,
+        "host": f.host,
+        "rank": f.rank,
+        "world_size": f.world_size,
+        "backend": f.backend,
+        "start_ns": f.start_ns,
+        "step": f.step,
+        "state": f.state,
+        "ended": how_it_ended(f, now),
+        "running": is_running(f),
+        "heartbeat_age_s": (now - f.heartbeat_ns) / 1e9 if f.heartbeat_ns else None,
+        "checkpoint": f.checkpoint or {"step": f.step, "devices": []},
+        "devices": devices,
+    }
 
 
 def snapshot_of(f: FlightFile) -> dict:
@@ -341,4 +342,13 @@ def snapshot_of(f: FlightFile) -> dict:
     return {"segments": segments, "device_traces": traces}
 
 
-__all__ = ["STANDS_OUT", "leaks_of", "merge", "snapshot_of", "to_html", "to_text"]
+__all__ = [
+    "STANDS_OUT",
+    "how_it_ended",
+    "is_running",
+    "leaks_of",
+    "live_sites",
+    "merge",
+    "process_view",
+    "snapshot_of",
+]

@@ -7,6 +7,7 @@ tiny model's table on the host backend: tests/integration/test_strategies.py."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,22 @@ def breakdown(**peak: int) -> MemoryBreakdown:
 
 def by_name(advice):
     return {a.strategy: a.saves for a in advice}
+
+
+def test_under_a_plan_the_batch_figures_are_the_planners():
+    """run --fit --advise: half the batch saves the planner's per-sample
+    bytes times the samples dropped (batch 37 -> 18: 19 samples), and
+    gradient accumulation and DDP start from that figure; without a plan the
+    half_batch entry points to the planner for the batch that fits."""
+    b = breakdown(parameters=30, gradients=5, optimizer_state=60, activations=100, temporaries=20, other=7)
+    plan = types.SimpleNamespace(batch=37, per_sample_bytes=4)
+    got = {a.strategy: a for a in advisor.advise(b, gpus=2, plan=plan)}
+    assert got["half_batch"].saves == 4 * 19
+    assert "per sample" in got["half_batch"].why and "37 -> 18" in got["half_batch"].why
+    assert got["grad_accumulation"].saves == 4 * 19 - (30 - 5)
+    assert got["ddp"].saves == 4 * 19 - 30
+    alone = {a.strategy: a for a in advisor.advise(b, gpus=2)}
+    assert alone["half_batch"].saves == 60 and "run --fit BUDGET" in alone["half_batch"].cost
 
 
 def test_the_rules_on_made_up_figures():

@@ -16,6 +16,7 @@ import pytest
 from memtest_helpers import CONFIG_KEYS, REPO
 
 from memalloc import _C, load_trace, recording, replay, save_trace
+from memalloc.features import planner
 from memalloc.features.breakdown import CATEGORIES
 
 KEYS = CONFIG_KEYS
@@ -350,8 +351,11 @@ def test_replay_finds_the_smallest_device(tmp_path, memalloc_cli_here):
     )
     assert p.returncode == 0, p.stderr
     data = json.loads(out.read_text())
-    want = {c: replay.smallest_capacity_mb("random:3000", c) for c in ("", "expandable_segments:True")}
+    want = {c: planner.smallest_device_mb("random:3000", c) for c in ("", "expandable_segments:True")}
     assert data["smallest_device_mb"] == {"random:3000": want}
+    for c, mb in want.items():  # the boundary, to 8 MiB: no OOM there, one a step below
+        assert replay.replay_source("random:3000", c, host_capacity_mb=mb).devices[0].ooms == 0
+        assert replay.replay_source("random:3000", c, host_capacity_mb=mb - 8).devices[0].ooms > 0
     assert f"random:3000  (default)  {want['']}" in p.stdout
     assert data["command"].endswith("--smallest-device --json " + str(out))
 

@@ -96,6 +96,31 @@ def test_postmortem_names_the_line_holding_the_most_memory(killed):
     check_postmortem(killed)
 
 
+def test_top_names_postmortem_for_a_process_that_has_ended(killed):
+    """The killed loop is not running: top gives it one line, its pid and
+    last step read from its file, that names postmortem (which says what
+    it held); none of the live view's figures."""
+    (path,) = ff.files_in(killed)
+    f = ff.read(path)
+    p = memalloc_cli("top", "--once", str(killed))
+    assert p.returncode == 0, p.stderr
+    (line,) = [l for l in p.stdout.splitlines() if l.startswith(f"pid {f.pid} ")]
+    assert f"step {f.step}" in line and "not running (no clean exit" in line, p.stdout
+    assert "python -m memalloc postmortem" in line and "allocated" not in p.stdout, p.stdout
+
+
+def test_postmortem_reads_the_out_folder_of_run_as_report_does(killed, tmp_path):
+    """One reader finds the files: postmortem of a `run --out` folder reads
+    its flight/ folder, as report does; a folder with none says why."""
+    out = tmp_path / "out"
+    shutil.copytree(killed, out / "flight")
+    p = memalloc_cli("postmortem", str(out), "--events", "3")
+    assert p.returncode == 0 and "last step: 21" in p.stdout, p.stderr
+    (tmp_path / "none").mkdir()
+    p = memalloc_cli("postmortem", str(tmp_path / "none"))
+    assert p.returncode != 0 and "flight_recorder_keep:True" in p.stderr, p.stderr
+
+
 # the slow tier (CI runs it, `-m slow`): four processes ending each way (~7 s), over the README's fast-tier budget of
 # 180 s on CI's 2 cores
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,12 +27,13 @@ import memalloc
 from benchmarks import plan_vs_search
 from memalloc import host
 from memalloc.features import planner
-from memalloc.features.replay import replay_ops
+from memalloc.features.replay import replay_ops, replay_source
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "planner_cases"))
 from models import MODELS  # noqa: E402
 
 MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -471,3 +473,65 @@ def test_a_budget_of_the_wrong_type_or_below_a_mib_is_refused(small, budget):
         rf"string such as '7GiB'.*not {re.escape(repr(budget))}$",
     ):
         memalloc.largest_batch(step, budget=budget, allocator=a)
+
+
+# =============================================================================
+# The smallest device a recorded workload runs on: the planner's capacity search
+# (replay --smallest-device; moved here from test_replay.py with the search)
+# =============================================================================
+@pytest.mark.parametrize("config", ["", "expandable_segments:True"])
+def test_smallest_capacity_is_the_boundary_between_an_oom_and_none(config):
+    mb = planner.smallest_device_mb("random:3000", config, step_mb=4)
+    assert mb % 4 == 0
+    assert replay_source("random:3000", config, host_capacity_mb=mb).devices[0].ooms == 0
+    assert replay_source("random:3000", config, host_capacity_mb=mb - 4).devices[0].ooms > 0
+
+
+# the slow tier (CI runs it, `-m slow`): every GPU workload replayed at shrinking capacities (~14 s), over the README's
+# fast-tier budget of 180 s on CI's 2 cores
+@pytest.mark.slow
+def test_expandable_segments_run_the_gpu_workloads_on_smaller_devices():
+    """Issue 14's fit-more figure, on the CPU and guarded to the MiB: the
+    smallest simulated device (to 8 MiB) that replays the variable-length
+    GPU trace and the random workload without an OOM."""
+    got = {
+        (source, config): planner.smallest_device_mb(source, config)
+        for source in (str(REPO / "benchmarks/traces/varlen.mtrace.gz"), "random:50000")
+        for config in ("", "expandable_segments:True")
+    }
+    assert list(got.values()) == [3768, 3472, 1616, 1160]
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"step_mb": 0}, "step_mb must be an int >= 1"),
+        ({"host_capacity_mb": 64}, "chooses host_capacity_mb itself"),
+    ],
+)
+def test_smallest_capacity_refuses_bad_arguments(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        planner.smallest_device_mb("random:100", "", **kwargs)
+
+
+def test_the_old_name_of_the_capacity_search_names_its_replacement():
+    from memalloc.features import replay
+
+    with pytest.raises(AttributeError, match="memalloc.features.planner.smallest_device_mb"):
+        replay.smallest_capacity_mb  # noqa: B018
+
+
+@pytest.mark.parametrize("good, bad, boundary", [(3, 40, 17), (40, 3, 18)])
+def test_one_search_finds_the_largest_batch_and_the_smallest_device(good, bad, boundary):
+    """planner._boundary, the search of both: with fitting true up to 17
+    (a batch) it finds 17; true from 18 up (a device) it finds 18, asking
+    only values between the two ends."""
+    asked = []
+
+    def fits(x):
+        asked.append(x)
+        return x <= 17 if good < bad else x >= 18
+
+    assert planner._boundary(fits, good, bad) == boundary
+    assert all(min(good, bad) < x < max(good, bad) for x in asked)
+    assert len(asked) <= 6  # a bisection of 37 values

@@ -30,6 +30,7 @@ from memalloc.replay import repeat_last_step, replay_steps
 from memtest_helpers import LARGE_SEGMENT, REPO, SMALL_SEGMENT, MiB, rnd, rnd_pow2, segment_size
 
 from memalloc import _C, recording, replay, save_trace
+from memalloc.reporters import replay as reporters_replay
 from memalloc.trace.trace_files import Trace, load_trace
 
 if str(REPO) not in sys.path:
@@ -413,7 +414,7 @@ def test_results_table_and_json(tmp_path):
         replay.replay_ops([("alloc", 3 * MiB)], "max_split_size_mb:64", name="two"),
         replay.replay_ops([], name="none"),
     ]
-    lines = replay.results_table(results).splitlines()
+    lines = reporters_replay.results_table([r.to_dict() for r in results]).splitlines()
     assert lines[0].split() == [
         "workload",
         "config",
@@ -428,7 +429,7 @@ def test_results_table_and_json(tmp_path):
     assert lines[1].split() == ["one", "(default)", "0", "1.00", "KiB", "2.00", "MiB", "2048.0000", "0"]
     assert lines[2].split() == ["two", "max_split_size_mb:64", "0", "3.00", "MiB", "20.00", "MiB", "6.6667", "0"]
     assert lines[3].split() == ["none", "(default)", "0", "0", "B", "0", "B", "-", "0"]
-    text = replay.results_to_json(results, tmp_path / "r.json", command="cmd")
+    text = reporters_replay.results_to_json([r.to_dict() for r in results], tmp_path / "r.json", command="cmd")
     assert (tmp_path / "r.json").read_text() == text
     data = json.loads(text)
     assert data["command"] == "cmd"
@@ -481,44 +482,6 @@ def test_expandable_segments_meet_the_fragmentation_target_on_every_baseline_wor
         exp, default = configs["expandable_segments:True"], configs[""]
         assert exp["peak_reserved"] <= 1.05 * exp["peak_allocated"], source
         assert exp["peak_reserved"] < default["peak_reserved"], source
-
-
-# =============================================================================
-# 7. The smallest device a workload runs on (fit more, on the CPU)
-# =============================================================================
-@pytest.mark.parametrize("config", ["", "expandable_segments:True"])
-def test_smallest_capacity_is_the_boundary_between_an_oom_and_none(config):
-    mb = replay.smallest_capacity_mb("random:3000", config, step_mb=4)
-    assert mb % 4 == 0
-    assert replay.replay_source("random:3000", config, host_capacity_mb=mb).devices[0].ooms == 0
-    assert replay.replay_source("random:3000", config, host_capacity_mb=mb - 4).devices[0].ooms > 0
-
-
-# the slow tier (CI runs it, `-m slow`): every GPU workload replayed at shrinking capacities (~14 s), over the README's
-# fast-tier budget of 180 s on CI's 2 cores
-@pytest.mark.slow
-def test_expandable_segments_run_the_gpu_workloads_on_smaller_devices():
-    """Issue 14's fit-more figure, on the CPU and guarded to the MiB: the
-    smallest simulated device (to 8 MiB) that replays the variable-length
-    GPU trace and the random workload without an OOM."""
-    got = {
-        (source, config): replay.smallest_capacity_mb(source, config)
-        for source in (str(REPO / "benchmarks/traces/varlen.mtrace.gz"), "random:50000")
-        for config in ("", "expandable_segments:True")
-    }
-    assert list(got.values()) == [3768, 3472, 1616, 1160]
-
-
-@pytest.mark.parametrize(
-    "kwargs, fragment",
-    [
-        ({"step_mb": 0}, "step_mb must be an int >= 1"),
-        ({"host_capacity_mb": 64}, "chooses host_capacity_mb itself"),
-    ],
-)
-def test_smallest_capacity_refuses_bad_arguments(kwargs, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        replay.smallest_capacity_mb("random:100", "", **kwargs)
 
 
 def test_a_loop_that_moved_pages_every_step_stops_moving_them():

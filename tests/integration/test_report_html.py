@@ -546,7 +546,7 @@ def legend_and_line_colours(page: str) -> dict[str, tuple]:
 def test_legend_swatches_take_their_lines_colours():
     """The leak report's chart and the job report's per-rank chart (issue 37:
     the job page's swatches were grey, its lines blue and red)."""
-    from memalloc.trace import flight_report
+    from memalloc.reporters import flight
 
     ranks = [
         {
@@ -563,7 +563,7 @@ def test_legend_swatches_take_their_lines_colours():
     ]
     pages = {
         "leak report": render_html(sample_report()),
-        "job report": flight_report.to_html({"ranks": ranks, "outliers": []}),
+        "job report": flight.job_html({"ranks": ranks, "outliers": []}),
     }
     for name, page in pages.items():
         colours = legend_and_line_colours(page)

@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from memalloc.cli.postmortem import live_sites
 from memalloc.trace import flight_files as ff
+from memalloc.trace.flight_report import live_sites
 
 REPO = Path(__file__).resolve().parents[2]
 LOOP = REPO / "tests" / "recording_cases" / "flight_loop.py"

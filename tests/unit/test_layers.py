@@ -38,7 +38,14 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         "reporters",
         [
             ("memalloc.reporters", "memalloc.reporters.report_html"),  # HTML of a plain report
-            ("memalloc.reporters.leak_report",),  # leak report types (plain data)
+            (
+                "memalloc.reporters.leak_report",
+                "memalloc.reporters.flight",
+                "memalloc.reporters.steps",
+                "memalloc.reporters.advice",
+                "memalloc.reporters.replay",
+                "memalloc.reporters.plan",
+            ),  # leak report types; renderings of plain data (features and trace delegate down to them)
         ],
     ),
     (

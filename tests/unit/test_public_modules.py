@@ -34,13 +34,13 @@ def test_documented_path_is_the_real_module(short, real):
 
 
 def test_documented_names_resolve_in_a_fresh_interpreter():
-    # `from memalloc.replay import smallest_capacity_mb` before anything else
+    # `from memalloc.replay import replay_source` before anything else
     # imported memalloc: the alias exists as soon as the package does.
     code = (
-        "from memalloc.replay import smallest_capacity_mb\n"
+        "from memalloc.replay import replay_source\n"
         "from memalloc.leaks import LeakReport\n"
         "import memalloc.advisor, memalloc.host\n"
-        "print(smallest_capacity_mb.__module__, LeakReport.__module__, memalloc.advisor.advise.__module__)"
+        "print(replay_source.__module__, LeakReport.__module__, memalloc.advisor.advise.__module__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
