@@ -6,7 +6,7 @@ the strategy changes), and calls :func:`run`.
 Models (``--model``):
 
 - ``transformer``: a 12-layer, 768-wide pre-norm encoder (85 M parameters),
-  batch 16 x 512 tokens, AdamW, fp32 (the step benchmarks/gpu_worker.py
+  batch 16 x 512 tokens, AdamW, fp32 (the step benchmarks/speed/worker.py
   times);
 - ``resnet50``: torchvision's ResNet-50, batch 64 at 224 x 224, SGD with
   momentum, fp32;

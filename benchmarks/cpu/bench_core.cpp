@@ -1,6 +1,6 @@
 // bench_core.cpp — CPU benchmark of the memalloc caching core on the host
 // backend (no torch, no Python, no GPU). Built and driven by
-// benchmarks/cpu_suite.py (`python -m benchmarks.run --suite cpu`); compiled
+// benchmarks/cpu/suite.py (`python -m benchmarks cpu`); compiled
 // with g++ -std=c++17 -O2 -g together with csrc/*.cpp (minus bindings.cpp and
 // pluggable.cpp).
 //

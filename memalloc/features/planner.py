@@ -57,7 +57,7 @@ What it assumes, and what breaks it:
   probe (``steps=len(shapes)``: the probe runs ``1 + steps`` steps, and
   the replay repeats the steps after the first in turn, so their mix's
   fragmentation is in the prediction). The worst case at every step is
-  not the mix: benchmarks/planner_corpus.py's workload of 8 lengths
+  not the mix: benchmarks/fit/planner_corpus.py's workload of 8 lengths
   (64..256 tokens) planned 26 where 25 is the most that trains them three
   times, and 20 where it is 18, given the longest at every step; given its
   lengths, 25 and 18.
@@ -1202,7 +1202,7 @@ def refinement(first: BatchPlan) -> int | None:
     extrapolated from the two largest probes, and between small batches
     they do not grow as between large ones (cuBLAS and attention pick their
     kernels, and their workspaces, by shape): the H200's bf16 transformer
-    of benchmarks/planner_corpus grows 99.3 MiB per sample from batch 4 to
+    of benchmarks/fit/planner_corpus grows 99.3 MiB per sample from batch 4 to
     8, 89.9 from 8 to 16 and 95-97 above; from probes 2, 4 and 8 it planned
     70 on 8 GiB where 80 trains 67 steps, and with one more at 35, 77."""
     half = first.batch // 2

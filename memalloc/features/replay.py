@@ -154,7 +154,7 @@ class StepReplay:
 
 # ---- workloads ----------------------------------------------------------------
 def random_workload(n_allocs: int = 50_000, live: int = 64, seed: int = 7) -> Iterator[Op]:
-    """The GPU benchmark's random workload (benchmarks/gpu_worker.py,
+    """The GPU benchmark's random workload (benchmarks/speed/worker.py,
     ``random_plan`` and ``run_random``) as ops for :func:`replay_ops`.
 
     ``n_allocs`` allocations of e^N(11, 3) bytes (at least 1 B, at most

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from memtest_helpers import REPO
 
-from benchmarks import vm_driver_costs as v
+from benchmarks.speed import driver_costs as v
 
 CHECK = r"""
 #include <cstddef>
@@ -109,7 +109,7 @@ int main() {
 
 
 def test_the_driver_cost_benchmark_passes_the_drivers_structs_as_cuda_h_lays_them_out(tmp_path):
-    """benchmarks/vm_driver_costs.py calls the driver through ctypes with
+    """benchmarks/speed/driver_costs.py calls the driver through ctypes with
     its own declarations of CUmemAllocationProp and CUmemAccessDesc: their
     sizes, offsets and the constants it passes are cuda.h's."""
     include = cuda_include()

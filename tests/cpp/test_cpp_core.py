@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks import core_build  # noqa: E402  (the one builder of the standalone core)
+from benchmarks.cpu import core_build  # noqa: E402  (the one builder of the standalone core)
 
 FLAGS = [
     "-std=c++17",

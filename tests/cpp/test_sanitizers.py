@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks import core_build  # noqa: E402  (the one builder of the standalone core)
+from benchmarks.cpu import core_build  # noqa: E402  (the one builder of the standalone core)
 
 STRESS = os.path.join(REPO, "tests", "cpp", "stress.cpp")
 COMMON = ["-std=c++17", "-g", "-pthread"]
@@ -69,7 +69,7 @@ FLAVORS = {
 
 class Builder:
     """Builds stress.cpp + the core once per flavor, on first use, with
-    benchmarks/core_build.py (each translation unit in parallel)."""
+    benchmarks/cpu/core_build.py (each translation unit in parallel)."""
 
     def __init__(self, root):
         self.root = root

@@ -66,7 +66,7 @@ def resnet50(steps: int = 5) -> list:
 
 def random_workload(n: int = 6000, every: int = 500) -> list:
     sys.path.insert(0, REPO)
-    from benchmarks.gpu_worker import random_plan
+    from benchmarks.speed.worker import random_plan
 
     sizes, victims, live = random_plan(n_allocs=n)
     slots = [None] * live

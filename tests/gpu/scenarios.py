@@ -526,7 +526,7 @@ def accounting(mode: str) -> dict:
 def pair_cost(mode: str) -> dict:
     """Host cost of torch.empty + del through torch, microseconds per pair,
     measured by the benchmark harness's own loop (informational here)."""
-    from benchmarks.gpu_worker import run_pair
+    from benchmarks.speed.worker import run_pair
 
     setup(mode)
     return run_pair(mode)

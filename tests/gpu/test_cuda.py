@@ -27,7 +27,7 @@ MiB = 1 << 20
 
 def record(name: str, mode: str, result: dict) -> None:
     """Appends one GPU run's result to $MEMALLOC_GPU_RESULTS (one JSON line:
-    scenario, mode, result), when it names a file; device_run.sh collects it."""
+    scenario, mode, result), when it names a file; benchmarks/device/collect.py collects it."""
     path = os.environ.get("MEMALLOC_GPU_RESULTS")
     if path:
         with open(path, "a") as f:
@@ -35,11 +35,11 @@ def record(name: str, mode: str, result: dict) -> None:
 
 
 def gpu_worker(allocator: str, group: str, name: str, env: dict | None = None) -> dict:
-    """benchmarks/gpu_worker.py's result for one group under ``allocator``,
+    """benchmarks/speed/worker.py's result for one group under ``allocator``,
     run in a fresh process (environment ``env``, default this one's),
     recorded as scenario ``name`` (record())."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_worker", allocator, group],
+        [sys.executable, "-m", "benchmarks.speed.worker", allocator, group],
         cwd=os.path.dirname(os.path.dirname(HERE)),
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@ processes: parameters, gradients and Adam's state to the byte, activations
 before backward equal to what autograd saved plus the loss (eager), the
 step's peak split adding up to max_memory_allocated, the step tracker's
 rows carrying it. The examples/ scripts run on the GPU through
-benchmarks/strategies.py."""
+benchmarks/fit/strategies.py."""
 
 from __future__ import annotations
 

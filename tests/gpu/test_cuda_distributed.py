@@ -8,7 +8,7 @@ bytes and the step time as a ratio to native are recorded (record()). And
 the flight recorder's merged report of a 2-rank job with one rank per GPU
 (tests/recording_cases/two_ranks.py cuda_per_rank): rank 1 stands out at
 its line, rank 0's leak is named. Issue 26; device script:
-benchmarks/device_two_gpu.sh."""
+benchmarks/device/steps.sh two_gpu."""
 
 from __future__ import annotations
 

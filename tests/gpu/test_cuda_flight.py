@@ -8,11 +8,11 @@ postmortem and its memory_viz snapshot of the killed run, top --once
 against a live CUDA process, and torchrun with two ranks on the one GPU
 (gloo) merged by report DIR. And what the file-backed ring costs: the 512 B
 pair within 1.05x of memalloc without recording, measured in one process
-(benchmarks/gpu_worker.py memalloc flight); the bf16 transformer step within
+(benchmarks/speed/worker.py memalloc flight); the bf16 transformer step within
 1.02x of native with the recorder on as ``python -m memalloc run`` turns it
 on (a heartbeat and checkpoint at every optimizer.step()), native and
-memalloc processes taking turns one step at a time (benchmarks/lockstep.py
-with gpu_worker's bf16_lockstep workers)."""
+memalloc processes taking turns one step at a time (benchmarks/speed/lockstep.py
+with benchmarks/speed/worker.py's bf16_lockstep workers)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from test_cuda import gpu_worker, record
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "recording_cases"))
-sys.path.insert(0, REPO)  # benchmarks.lockstep
+sys.path.insert(0, REPO)  # benchmarks.speed.lockstep
 import flight_checks  # noqa: E402
 
 pytestmark = [
@@ -115,7 +115,7 @@ BF16_STEP_PAIRS = 50
 
 def test_bf16_step_with_the_flight_recorder_within_2pct_of_native():
     """native against memalloc with the flight recorder as ``memalloc run``
-    sets it, in lockstep (benchmarks/lockstep.py): a native and a
+    sets it, in lockstep (benchmarks/speed/lockstep.py): a native and a
     memalloc_flight process alive at once on the same 4 cores, taking turns
     one bf16 step at a time, BF16_STEP_PAIRS pairs of steps, in
     BF16_PROCESS_PAIRS pairs of fresh processes. The figure is the median
@@ -123,10 +123,10 @@ def test_bf16_step_with_the_flight_recorder_within_2pct_of_native():
     one after the other cannot resolve 2% on the H200: native alone went
     from 33 to 45 ms per step across the 12 processes of one run, and the
     rounds' ratios from 0.88 to 1.28.)"""
-    from benchmarks.lockstep import pooled
+    from benchmarks.speed.lockstep import pooled
 
     env = dict(os.environ, MEMALLOC_BENCH_CPUS="2-5")
-    worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, "bf16_lockstep"]
+    worker = lambda name: [sys.executable, "-m", "benchmarks.speed.worker", name, "bf16_lockstep"]
     r = pooled(
         {"native": worker("native"), "memalloc_flight": worker("memalloc_flight")},
         BF16_PROCESS_PAIRS,

@@ -7,7 +7,7 @@ third of the search's time. Where the search's largest is above the plan,
 the truth is the largest that runs as many steps as the plan was made for
 (plan_vs_search.compare's ``long``: on the H100 of 2026-12-05 ResNet-50's
 plan, 136, was for 67 steps and the 10-step search found 144).
-benchmarks/plan_vs_search.py; issue 25's targets. Every comparison is
+benchmarks/fit/plan_vs_search.py; issue 25's targets. Every comparison is
 recorded (scenario planner_vs_search)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from test_cuda import record
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from benchmarks import plan_vs_search  # noqa: E402
+from benchmarks.fit import plan_vs_search  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,7 +1,7 @@
 """Step time of memalloc's default against native on the device (pytest -m
 gpu; skipped without a GPU): the bf16 transformer, ResNet-50 and a
-transformers GPT-2 from its config (benchmarks/gpu_worker.py's
-*_lockstep workers), each compared in lockstep (benchmarks/lockstep.py: a
+transformers GPT-2 from its config (benchmarks/speed/worker.py's
+*_lockstep workers), each compared in lockstep (benchmarks/speed/lockstep.py: a
 native and a memalloc process alive at once, taking turns one synchronised
 step at a time) in STEP_TIME_PAIRS pairs of fresh processes, ALIVE pairs at
 once, so every ratio comes from that many processes per mode. Issue 25's target: memalloc's
@@ -20,7 +20,7 @@ from test_cuda import record
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from benchmarks.lockstep import pooled  # noqa: E402
+from benchmarks.speed.lockstep import pooled  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,7 +29,7 @@ pytestmark = [
 
 STEP_TIME_PAIRS = int(os.environ.get("MEMALLOC_STEP_TIME_PAIRS", "8"))
 STEP_PAIRS = 25
-# pairs alive at once (benchmarks/lockstep.py's crowd: one start-up for them
+# pairs alive at once (benchmarks/speed/lockstep.py's crowd: one start-up for them
 # all); 4 pairs of GPT-2 hold about 80 GB of the device
 ALIVE = int(os.environ.get("MEMALLOC_STEP_TIME_ALIVE", "4"))
 ALLOCATOR = os.environ.get("MEMALLOC_STEP_TIME_ALLOCATOR", "memalloc")
@@ -38,7 +38,7 @@ ALLOCATOR = os.environ.get("MEMALLOC_STEP_TIME_ALLOCATOR", "memalloc")
 @pytest.mark.parametrize("group", ["bf16_lockstep", "resnet50_lockstep", "gpt2_lockstep"])
 def test_step_time_within_2pct_of_native(group):
     env = dict(os.environ, MEMALLOC_BENCH_CPUS="2-5")
-    worker = lambda name: [sys.executable, "-m", "benchmarks.gpu_worker", name, group]
+    worker = lambda name: [sys.executable, "-m", "benchmarks.speed.worker", name, group]
     r = pooled(
         {"native": worker("native"), ALLOCATOR: worker(ALLOCATOR)},
         STEP_TIME_PAIRS,

@@ -3,7 +3,7 @@ pytest -m gpu, skipped without a GPU): with memalloc.enable() alone an OOM
 names the filling line and a leak check of an optimizer loop names the
 leaking line; call_sites:False gives the message without call sites; and
 what the default call-site capture costs, measured in one process
-(benchmarks/gpu_worker.py call_sites group: stack capture off and on
+(benchmarks/speed/worker.py call_sites group: stack capture off and on
 alternating over 11 rounds) against the budget: bf16 transformer step
 <= 1.02x, 512 B torch.empty+del <= 1.10x. The host-backend versions:
 tests/integration/test_zero_setup.py."""

@@ -1,4 +1,4 @@
-"""benchmarks/autocast_free_order.py: fresh processes of one autocast
+"""benchmarks/fit/free_order.py: fresh processes of one autocast
 training loop make the same requests, the frees perhaps in another order
 (the order, not the set, follows the host heap: docs/results.md). The test
 checks what must hold whatever the order: the same allocations, each freed
@@ -13,15 +13,15 @@ from collections import Counter
 
 import pytest
 
-from benchmarks import autocast_free_order
+from benchmarks.fit import free_order
 
 pytestmark = pytest.mark.slow
 
 
 def run_worker(perturb: int) -> list:
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.autocast_free_order", "--worker", str(perturb)],
-        cwd=autocast_free_order.REPO,
+        [sys.executable, "-m", "benchmarks.fit.free_order", "--worker", str(perturb)],
+        cwd=free_order.REPO,
         capture_output=True,
         text=True,
         check=True,

@@ -1,4 +1,4 @@
-"""benchmarks/fit_diff.py: where two allocators' traces of one workload part,
+"""benchmarks/fit/diff.py: where two allocators' traces of one workload part,
 on traces this test writes in torch's snapshot format (device_traces of
 alloc / free_requested / segment_alloc / segment_free / oom entries), with
 the place they differ chosen here."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import pickle
 
-from benchmarks import fit_diff
+from benchmarks.fit import diff
 
 MiB = 1 << 20
 
@@ -42,9 +42,7 @@ def test_the_first_segment_event_that_differs_is_named_with_both_sides_books(tmp
     with gzip.open(pa, "wb") as f:
         pickle.dump(trace(a), f)
     pb.write_bytes(pickle.dumps(trace(b)))
-    r = fit_diff.compare(
-        fit_diff.timeline(fit_diff.load(str(pa))), fit_diff.timeline(fit_diff.load(str(pb))), ("native", "memalloc")
-    )
+    r = diff.compare(diff.timeline(diff.load(str(pa))), diff.timeline(diff.load(str(pb))), ("native", "memalloc"))
     assert r["first_request_difference"] is None  # the same requests in the same order
     d = r["first_segment_difference"]
     assert d["index"] == 1
@@ -68,7 +66,7 @@ def test_the_first_segment_event_that_differs_is_named_with_both_sides_books(tmp
 
 
 def test_a_request_that_differs_is_found():
-    a = fit_diff.timeline(trace(common()))
-    b = fit_diff.timeline(trace(common()[:2] + [("alloc", 0x2000, 9 * MiB)]))
-    r = fit_diff.compare(a, b)
+    a = diff.timeline(trace(common()))
+    b = diff.timeline(trace(common()[:2] + [("alloc", 0x2000, 9 * MiB)]))
+    r = diff.compare(a, b)
     assert r["first_request_difference"] == {"index": 1, "a": ("alloc", 8 * MiB), "b": ("alloc", 9 * MiB)}

@@ -1,4 +1,4 @@
-"""benchmarks/fit_more.py's pure parts, without a GPU: the sequence lengths
+"""benchmarks/fit/largest_batch.py's pure parts, without a GPU: the sequence lengths
 every trial trains on, and the bisection that finds the largest batch (run
 against a fake trial with a known answer)."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import fit_more
+from benchmarks.fit import largest_batch
 
 
 def test_lengths_are_long_tailed_within_bounds_and_repeatable():
-    lens = fit_more.lengths(50)
-    assert lens == fit_more.lengths(50)
+    lens = largest_batch.lengths(50)
+    assert lens == largest_batch.lengths(50)
     assert all(64 <= n <= 4096 and n % 8 == 0 for n in lens)
     assert max(lens) == 4096 and sorted(lens)[25] < 256  # a few long, most short
 
@@ -33,8 +33,8 @@ def test_bisection_finds_the_largest_batch_that_fits(monkeypatch, answer, start)
             "step_ms_median": 1.0,
         }
 
-    monkeypatch.setattr(fit_more, "run_trial", fake)
-    r = fit_more.largest_batch("native", start, 50, 0.1, [])
+    monkeypatch.setattr(largest_batch, "run_trial", fake)
+    r = largest_batch.largest_batch("native", start, 50, 0.1, [])
     assert r["largest_batch"] == answer
     if answer:
         assert r["smallest_failing"] == answer + 1 and r["peak_reserved"] == answer * 11

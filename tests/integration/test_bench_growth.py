@@ -1,4 +1,4 @@
-"""benchmarks/growth.py's own logic, without a GPU: which steps of the train
+"""benchmarks/speed/growth.py's own logic, without a GPU: which steps of the train
 case grow, that every process draws the same lengths, how runs are summed
 up (medians over processes, memalloc's ratios to the other modes, from
 figures this test computes itself), and the arguments it refuses. The GPU
@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from benchmarks import growth
+from benchmarks.speed import growth
 
 
 def test_a_step_grows_when_its_length_is_the_longest_so_far():

@@ -1,5 +1,5 @@
-"""benchmarks/lockstep.py without a GPU: two real worker processes whose
-step is CPU work of a known size (python -m benchmarks.lockstep --work N),
+"""benchmarks/speed/lockstep.py without a GPU: two real worker processes whose
+step is CPU work of a known size (python -m benchmarks lockstep --work N),
 driven in lockstep. The ratio the driver reports must follow the work each
 worker was given; a worker that dies or breaks the protocol is an error that
 names it."""
@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from benchmarks import lockstep
+from benchmarks.speed import lockstep
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def worker(*args: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.lockstep", *args]
+    return [sys.executable, "-m", "benchmarks.speed.lockstep", *args]
 
 
 def run(workers: dict, steps: int) -> dict:
@@ -144,13 +144,13 @@ def test_pooled_crowds_give_each_pair_its_own_ratio():
 
 
 def test_a_worker_pins_every_thread_it_has_then_and_later():
-    """gpu_worker.pin_to (a lockstep worker takes its cores once warmed up,
+    """worker.pin_to (a lockstep worker takes its cores once warmed up,
     when its threads exist already): run in a child so this process keeps
     its cores."""
     code = """
 import os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from benchmarks.gpu_worker import pin_to
+from benchmarks.speed.worker import pin_to
 cores = sorted(os.sched_getaffinity(0))
 done = threading.Event()
 before = threading.Thread(target=done.wait); before.start()

@@ -1,4 +1,4 @@
-"""benchmarks/plan_vs_search.py on the host backend (the harness the GPU
+"""benchmarks/fit/plan_vs_search.py on the host backend (the harness the GPU
 test, tests/gpu/test_cuda_planner.py, runs on the device): the fit
 benchmark's transformer, tiny, on a simulated device of 96 MiB; the search's
 trials and the planner each in fresh processes."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import plan_vs_search
+from benchmarks.fit import plan_vs_search
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""benchmarks/report.py renders the tables of a GPU suite, recording and CPU
+"""benchmarks/report/tables.py renders the tables of a GPU suite, recording and CPU
 suite run from committed results files (docs/results.md quotes the current
 figures with their files instead of carrying the generated tables: issue 40)."""
 
@@ -23,7 +23,8 @@ def test_report_renders_both_suites_from_the_newest_files():
         [
             sys.executable,
             "-m",
-            "benchmarks.report",
+            "benchmarks",
+            "report",
             "--gpu",
             latest("gpu-bench"),
             "--cpu",

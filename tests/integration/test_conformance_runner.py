@@ -1,4 +1,4 @@
-"""benchmarks/conformance.py, the runner of torch's own tests, on a stand-in
+"""benchmarks/compat/conformance.py, the runner of torch's own tests, on a stand-in
 upstream file (no GPU, native mode): per-test outcomes, the selection, a
 test that kills its process and one that hangs (past --timeout: its stack
 in the message) recorded as crashed with the run going on after them,
@@ -15,7 +15,7 @@ import pytest
 # README's fast-tier budget of 180 s on CI's 2 cores
 pytestmark = pytest.mark.slow
 
-from benchmarks import conformance  # noqa: E402 (after the slow mark, as the module's other tests)
+from benchmarks.compat import conformance  # noqa: E402 (after the slow mark, as the module's other tests)
 
 FAKE = textwrap.dedent("""
     import os, threading, unittest

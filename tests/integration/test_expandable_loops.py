@@ -1,5 +1,5 @@
 """Expandable segments on a real training loop, live: a transformers GPT-2
-(benchmarks/gpu_worker.gpt2_step with 2 layers: batch 8x512, AdamW, fp32:
+(benchmarks/speed/worker.gpt2_step with 2 layers: batch 8x512, AdamW, fp32:
 this CPU takes minutes per bf16 step) trains on the host backend
 under ``memalloc.enable(config="expandable_segments:True")``. Its loss asks
 for 786 MiB every step (the logits), which under the 5% reuse ceiling alone
@@ -45,7 +45,7 @@ import memalloc
 memalloc.enable(backend="host", config="expandable_segments:True,host_capacity_mb:8000,"
                 "record_history:1000000,record_stacks:none,call_sites:False")
 memalloc.host.use_for_cpu_tensors()
-from benchmarks.gpu_worker import gpt2_step
+from benchmarks.speed.worker import gpt2_step
 step = gpt2_step("cpu", n_layer=2, batch=8, bf16=False)
 R = {"steps": []}
 before = (0, 0)

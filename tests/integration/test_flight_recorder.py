@@ -243,20 +243,20 @@ def test_torchrun_two_ranks_give_one_report_naming_each_rank_and_line(job):
 @pytest.mark.slow
 def test_the_job_page_in_headless_chromium(job, tmp_path):
     sys.path.insert(0, str(REPO))
-    from benchmarks import screenshot_report
+    from benchmarks.report import screenshot
 
-    browser = screenshot_report.find_browser()
+    browser = screenshot.find_browser()
     if browser is None:
         if os.environ.get("MEMALLOC_REQUIRE_BROWSER") == "1":
             pytest.fail("no Chromium found; MEMALLOC_REQUIRE_BROWSER=1 (CI) needs one: apt-get install chromium")
         pytest.skip("no Chromium found: install one (e.g. apt-get install chromium) to run the browser tests")
     _text, page, _script, _lines = job
-    dumped = screenshot_report.run_headless(browser, str(page), "--dump-dom")
+    dumped = screenshot.run_headless(browser, str(page), "--dump-dom")
     assert dumped.count('class="series rank-') == 2 and 'data-rank="1"' in dumped and "stands out" in dumped
     png = tmp_path / "job.png"
-    screenshot_report.screenshot(browser, str(page), str(png), (1280, 1400))
-    assert screenshot_report.png_size(str(png)) == (1280, 1400)
-    assert screenshot_report.distinct_colours(str(png)) > 50  # a chart and text, not a blank page
+    screenshot.screenshot(browser, str(page), str(png), (1280, 1400))
+    assert screenshot.png_size(str(png)) == (1280, 1400)
+    assert screenshot.distinct_colours(str(png)) > 50  # a chart and text, not a blank page
 
 
 def test_postmortem_writes_a_snapshot_torchs_memory_viz_reads(killed):

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import memalloc
-from benchmarks import plan_vs_search
+from benchmarks.fit import plan_vs_search
 from memalloc import host
 from memalloc.features import planner
 from memalloc.features.replay import replay_ops, replay_source
@@ -69,7 +69,7 @@ def trial_fits(a: memalloc.Allocator, make, batch: int, steps: int = 3) -> bool:
 
 
 def real_search(a: memalloc.Allocator, make, start: int = 8) -> int:
-    """The largest batch that trains (benchmarks/plan_vs_search.py's search:
+    """The largest batch that trains (benchmarks/fit/plan_vs_search.py's search:
     doubling from ``start``, then bisection), each trial a real one."""
     return plan_vs_search.largest_that_fits(lambda b: trial_fits(a, make, b), start)
 

@@ -1,4 +1,4 @@
-"""benchmarks/planner_corpus.py on the host backend (issue 37): every plan
+"""benchmarks/fit/planner_corpus.py on the host backend (issue 37): every plan
 of the corpus (a CNN with batch norm, a transformer, GPT-2 and a workload
 whose sequence length changes every step, two budgets each) trains the
 trial's steps without running out of memory and is within 5% of the
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from benchmarks import planner_corpus
+from benchmarks.fit import planner_corpus
 
 
 @pytest.mark.slow

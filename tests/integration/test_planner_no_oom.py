@@ -2,7 +2,7 @@
 as a user runs it (tests/planner_cases/fresh_run.py), the batch
 memalloc.largest_batch plans trains STEPS steps without running out of
 memory, later steps' fragmentation included, and is within 5% of the
-largest batch that does, found by a real search (benchmarks/plan_vs_search's
+largest batch that does, found by a real search (benchmarks/fit/plan_vs_search's
 doubling and bisection, each trial a fresh process training STEPS steps).
 
 Before the fix the wide CNN (3 conv + batch norm, 48 channels, AdamW) on a
@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from benchmarks import plan_vs_search
+from benchmarks.fit import plan_vs_search
 
 RUN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "planner_cases", "fresh_run.py")
 STEPS = 12

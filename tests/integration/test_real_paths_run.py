@@ -44,7 +44,7 @@ from memalloc.core._format import fmt_bytes
 from memalloc.trace import flight_files as ff
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
-from flight_checks import SPLIT_ENTRY, env  # noqa: E402
+from flight_checks import SPLIT_ENTRY, memalloc_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -444,29 +444,7 @@ def killed_job(tmp_path_factory):
     script = d / "train.py"
     script.write_text(KILLED_JOB.replace("KILLED_AFTER", str(KILLED_AFTER)))
     out = d / "out"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "memalloc",
-            "run",
-            "--backend",
-            "host",
-            "--out",
-            str(out),
-            str(script),
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=d,
-    )
+    p = memalloc_run("--backend", "host", "--out", str(out), str(script), ranks=2, timeout=240, cwd=d)
     assert p.returncode != 0, p.stderr[-3000:]  # the job failed: a rank was killed
     return d, script, out, p
 

@@ -36,8 +36,8 @@ from memalloc.trace.trace_files import Trace, load_trace
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import record_traces  # noqa: E402  (the GPU traces' recorder)
-from benchmarks.gpu_worker import random_plan  # noqa: E402  (the GPU benchmark's plan, stdlib only)
+from benchmarks.speed.worker import random_plan  # noqa: E402  (the GPU benchmark's plan, stdlib only)
+from benchmarks.traces import record as trace_recorder  # noqa: E402  (the GPU traces' recorder)
 
 BASELINE = REPO / "benchmarks" / "baselines" / "replay.json"
 TOLERANCE = 0.01  # host replay against the H200's figures (addresses from cudaMalloc there)
@@ -292,7 +292,7 @@ def test_replays_repeat_to_the_byte_in_one_process():
 # 4. The random workload: the GPU benchmark's plan, the H200's figures
 # =============================================================================
 def plan_ops(n: int) -> list[tuple]:
-    """benchmarks/gpu_worker.py's run_random as ops."""
+    """benchmarks/speed/worker.py's run_random as ops."""
     sizes, victims, live = random_plan(n_allocs=n)
     slots: list = [None] * live
     ops: list[tuple] = []
@@ -461,11 +461,11 @@ def test_a_gz_trace_reads_back_the_same_and_a_damaged_one_is_named(tmp_path):
 
 
 @pytest.mark.slow  # every host workload recorded, then replayed (~5 s)
-def test_record_traces_on_the_host_replays_to_the_runs_own_peaks(tmp_path):
-    """benchmarks/record_traces.py (the GPU traces' recorder) on the host
+def test_traces_recorded_on_the_host_replay_to_the_runs_own_peaks(tmp_path):
+    """benchmarks/traces/record.py (the GPU traces' recorder) on the host
     backend: a training loop's trace replays to the peaks the run had."""
-    assert record_traces.main(["--out", str(tmp_path), "--backend", "host", "--workloads", "tiny"]) == 0
-    (r,) = json.loads((tmp_path / "record_traces.json").read_text())["results"]
+    assert trace_recorder.main(["--out", str(tmp_path), "--backend", "host", "--workloads", "tiny"]) == 0
+    (r,) = json.loads((tmp_path / "recorded.json").read_text())["results"]
     assert r["workload"] == "tiny" and r["dropped"] == 0 and r["events"] > 100
     assert (r["replay_peak_allocated"], r["replay_peak_reserved"]) == (r["peak_allocated"], r["peak_reserved"])
 
@@ -486,7 +486,7 @@ def test_expandable_segments_meet_the_fragmentation_target_on_every_baseline_wor
 
 def test_a_loop_that_moved_pages_every_step_stops_moving_them():
     """transformers' GPT-2 on the CPU (benchmarks/traces/gpt2_cpu.mtrace.gz,
-    benchmarks/record_traces.py): under expandable segments' 5% ceiling its
+    benchmarks/traces/record.py): under expandable segments' 5% ceiling its
     loss's 786 MiB request gave pages back and mapped new ones at every step
     (a stream synchronisation and driver calls per step on a GPU). The loop
     rule (csrc/pool/vm_arena.h) finds it (replay.replay_steps replays

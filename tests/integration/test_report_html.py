@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import screenshot_report  # noqa: E402
+from benchmarks.report import screenshot  # noqa: E402
 from memalloc.reporters.report_html import render_html  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -324,7 +324,7 @@ def test_chart_axis_units_follow_the_data():
 
 @pytest.fixture(scope="module")
 def browser() -> str:
-    found = screenshot_report.find_browser()
+    found = screenshot.find_browser()
     if found is None:
         wanted = "no Chromium found (chromium, chromium-browser, google-chrome, Playwright's)"
         if os.environ.get("MEMALLOC_REQUIRE_BROWSER") == "1":
@@ -340,16 +340,16 @@ def test_report_in_headless_chromium(browser, tmp_path):
     report = sample_report()
     html_path = tmp_path / "report.html"
     html_path.write_text(render_html(report), encoding="utf-8")
-    dumped = screenshot_report.run_headless(browser, str(html_path), "--dump-dom")
+    dumped = screenshot.run_headless(browser, str(html_path), "--dump-dom")
     assert "<svg" in dumped and 'id="leak-2"' in dumped
     dom = Dom(dumped)
     check_page(dom, report)
     assert "3.00 MiB" in dom.text and "288.00 KiB" in dom.text and "3.28 MiB/step" in dom.text
 
     png = tmp_path / "report.png"
-    screenshot_report.screenshot(browser, str(html_path), str(png), (1280, 2000))
-    assert screenshot_report.png_size(str(png)) == (1280, 2000)
-    colours = screenshot_report.distinct_colours(str(png))
+    screenshot.screenshot(browser, str(html_path), str(png), (1280, 2000))
+    assert screenshot.png_size(str(png)) == (1280, 2000)
+    colours = screenshot.distinct_colours(str(png))
     assert colours > 100, f"screenshot looks blank: {colours} distinct colours"
 
 
@@ -362,18 +362,15 @@ def test_colour_count_of_a_known_page(browser, tmp_path):
         '<div style="height:50px;background:#00f"></div></body>'
     )
     png = tmp_path / "blocks.png"
-    screenshot_report.screenshot(browser, str(page), str(png), (200, 300))
-    assert screenshot_report.distinct_colours(str(png)) == 3
+    screenshot.screenshot(browser, str(page), str(png), (200, 300))
+    assert screenshot.distinct_colours(str(png)) == 3
 
 
 def test_screenshot_command(browser, tmp_path):
     report_path, png = tmp_path / "leaks.json", tmp_path / "shot.png"
     report_path.write_text(json.dumps(dict(sample_report(), leaks=[])))
-    assert (
-        screenshot_report.main([str(report_path), str(png), "--size", "800,600", "--html", str(tmp_path / "r.html")])
-        == 0
-    )
-    assert screenshot_report.png_size(str(png)) == (800, 600)
+    assert screenshot.main([str(report_path), str(png), "--size", "800,600", "--html", str(tmp_path / "r.html")]) == 0
+    assert screenshot.png_size(str(png)) == (800, 600)
     assert re.search(r'id="no-leaks"', (tmp_path / "r.html").read_text())
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 
 import pytest
 from memtest_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "recording_cases"))
-from flight_checks import env, memalloc_cli  # noqa: E402
+from flight_checks import memalloc_cli, memalloc_run  # noqa: E402
 
 from memalloc.trace import flight_files as ff  # noqa: E402
 
@@ -61,30 +60,7 @@ def job(tmp_path_factory):
     script = d / "train.py"
     script.write_text(SCRIPT)
     out = d / "out"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "memalloc",
-            "run",
-            "--backend",
-            "host",
-            "--steps",
-            "--leaks",
-            "--out",
-            str(out),
-            str(script),
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
+    p = memalloc_run("--backend", "host", "--steps", "--leaks", "--out", str(out), str(script), ranks=2, timeout=150)
     assert p.returncode == 0, p.stderr[-3000:]
     return out, p
 
@@ -123,25 +99,7 @@ def test_a_single_clean_process_keeps_its_paths_and_report_says_why_no_flight_fi
         "    kept.append(torch.ones(1024))\n    memalloc.step()\n"
     )
     out = tmp_path / "out"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memalloc",
-            "run",
-            "--backend",
-            "host",
-            "--steps",
-            "--leaks",
-            "--out",
-            str(out),
-            str(script),
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = memalloc_run("--backend", "host", "--steps", "--leaks", "--out", str(out), str(script), timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(steps_csv(out / "steps.csv")) == 4 and (out / "leaks.json").is_file()
     assert not list(out.glob("rank*")) and not (out / "flight").exists()

@@ -1,4 +1,4 @@
-"""The strategy scripts of examples/ and benchmarks/strategies.py on the host
+"""The strategy scripts of examples/ and benchmarks/fit/strategies.py on the host
 backend (the tiny model; the GPU table is produced on the device and
 rendered into docs/strategies.md): every script runs and reports, each
 strategy moves the categories it should, the table judges the guide's
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_advisor import TOLERANCE, compare
 
-from benchmarks import strategies
+from benchmarks.fit import strategies
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def tiny(tmp_path_factory) -> dict:
         [
             sys.executable,
             "-m",
-            "benchmarks.strategies",
+            "benchmarks.fit.strategies",
             "--out",
             str(out),
             "--models",
@@ -108,7 +108,7 @@ def test_the_committed_page_is_rendered_from_the_committed_results():
     first = page.split("--doc ", 1)[1].split("`", 1)[0]
     data = json.loads((REPO / first).read_text())
     data["results_file"] = first
-    assert page == strategies.render(data) + "\n", "run python -m benchmarks.strategies --doc " + first
+    assert page == strategies.render(data) + "\n", "run python -m benchmarks strategies --doc " + first
 
 
 @slow

@@ -55,6 +55,22 @@ def memalloc_cli(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
     )
 
 
+def memalloc_run(*args: str, ranks: int = 1, timeout: int, cwd=None) -> subprocess.CompletedProcess:
+    """``python -m memalloc run ARGS...`` in one process, or with ``ranks`` > 1
+    under ``torchrun --standalone --nproc_per_node RANKS`` (torch.distributed.run,
+    the module behind the torchrun script) as a job of that many ranks; the
+    children get env(). Returns the finished process, its output captured."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else []
+    return subprocess.run(
+        [sys.executable, *launcher, "-m", "memalloc", "run", *args],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
 def check_postmortem(killed_dir) -> str:
     """postmortem of the loop killed after step 20: no clean exit, last step
     21, and the keeping line first among live memory (21 kept tensors of
@@ -190,30 +206,17 @@ def run_job(out: Path, backend: str = "host", timeout: int = 300, device: str | 
     src = TWO_RANKS.read_text().splitlines()
     lines = {m: next(i for i, l in enumerate(src, 1) if l.endswith(f"# {m}")) for m in ("HOLD-LINE", "LEAK-LINE")}
     device = device or ("cpu" if backend == "host" else "cuda")
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "memalloc",
-            "run",
-            "--backend",
-            backend,
-            "--steps",
-            "--config",
-            "flight_recorder_keep:True",
-            "--out",
-            str(out),
-            str(TWO_RANKS),
-            device,
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
+    p = memalloc_run(
+        "--backend",
+        backend,
+        "--steps",
+        "--config",
+        "flight_recorder_keep:True",
+        "--out",
+        str(out),
+        str(TWO_RANKS),
+        device,
+        ranks=2,
         timeout=timeout,
     )
     assert p.returncode == 0, p.stderr[-3000:]

@@ -22,7 +22,7 @@ the H200's trace of a ~1B model trained at varying lengths) still makes
 more: their tests are expected failures until issue 38 is done.
 
 The GPU's side (the time itself, native beside memalloc in fresh
-processes): benchmarks/growth.py."""
+processes): benchmarks/speed/growth.py."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_a_training_loop_growing_step_by_step_stays_within_natives_calls(h200):
     "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)",
 )
 def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
-    """The H200's trace of benchmarks/growth.py's train case (a ~1B Llama,
+    """The H200's trace of benchmarks/speed/growth.py's train case (a ~1B Llama,
     lengths 256 to 2048: benchmarks/traces/llama1b_growth.mtrace.gz),
     replayed on a host device of the H200's size: the pages it creates are
     no more than 2% above the 20 MiB pages of its peak reserved bytes (no

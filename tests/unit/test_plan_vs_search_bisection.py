@@ -1,4 +1,4 @@
-"""benchmarks/plan_vs_search.py's two searches against brute force: the
+"""benchmarks/fit/plan_vs_search.py's two searches against brute force: the
 largest batch a trial passes (doubling, then bisection) and the largest
 between the plan and the short search's largest that a long trial passes.
 Each threshold and starting point is checked against the answer a linear
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import plan_vs_search
+from benchmarks.fit import plan_vs_search
 
 
 @pytest.mark.parametrize("limit", [0, 1, 2, 7, 8, 9, 63, 64, 65, 100, 1000])

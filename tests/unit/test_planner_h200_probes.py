@@ -1,5 +1,5 @@
 """The batch planner's replay of probes recorded on the H200 (issue 37):
-benchmarks/planner_corpus's cases on CUDA (torch 2.11.0+cu130, 2026-12-03,
+benchmarks/fit/planner_corpus's cases on CUDA (torch 2.11.0+cu130, 2026-12-03,
 benchmarks/results/2026-12-03-gpu-planner-corpus.json), their probe records
 written by ``MEMALLOC_BENCH_DUMP`` (tests/planner_cases/h200/), planned again
 here on the host as ``memalloc.largest_batch`` planned them there. The

@@ -119,7 +119,7 @@ def test_a_fixed_number_of_repeats_would_judge_batch_8_wrong(repeats):
 
 
 # A step as a model's runs on the GPU (the bf16 transformer of
-# benchmarks/planner_corpus on the H200, 2026-12-03): the step frees the
+# benchmarks/fit/planner_corpus on the H200, 2026-12-03): the step frees the
 # last step's gradients first (zero_grad), its backward makes the
 # activations' gradients and the parameters' gradients from one line (the
 # backward's site), keeping the parameters' to the next step, and the first

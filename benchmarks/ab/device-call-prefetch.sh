@@ -1,7 +1,0 @@
-set -u
-export PYTHONPATH=$PWD
-t0=$(date +%s)
-OUT=$OUT/ab bash benchmarks/device_ab.sh benchmarks/ab/no-prefetch.patch 2 python3 -m benchmarks.gpu_worker memalloc flight_pair 2>&1 | tail -40
-echo "ab took $(( $(date +%s) - t0 )) s"
-MEMALLOC_GPU_TESTS="tests/gpu/test_cuda_flight.py::test_the_file_backed_ring_costs_within_budget tests/gpu/test_cuda_flight.py::test_a_killed_cuda_process_leaves_every_committed_record" MEMALLOC_DEVICE_CPU_TESTS=none bash benchmarks/device_run.sh 2>&1 | grep -E "PASS|FAIL|passed|failed|Error|x_file|assert" | head -30
-echo "all took $(( $(date +%s) - t0 )) s"

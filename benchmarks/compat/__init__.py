@@ -1,0 +1,2 @@
+"""Compatibility: torch's own allocator tests (upstream, unmodified), natively
+and under memalloc."""
