@@ -7,7 +7,7 @@ device): activations and gradients of a two-layer MLP, with backpropagation
 written out, are memalloc tensors from :func:`memalloc.host.empty`. Both end
 by provoking an out-of-memory error, catching it as torch.OutOfMemoryError,
 training on, and emptying the cache. Then a leak hunt
-(memalloc/examples/leaky_training.py): a training loop that keeps every loss
+(memalloc/demo/leaky_training.py): a training loop that keeps every loss
 tensor (``losses.append(loss)``) runs under ``memalloc.leak_check()``, whose
 report names that line and the bytes it leaks per step; the fixed loop
 (``loss.item()``) reports nothing. On the host backend torch's own CPU
@@ -26,7 +26,7 @@ import torch
 
 from memalloc.core import _state, iteration
 from memalloc.core._format import fmt_bytes
-from memalloc.examples import leaky_training
+from memalloc.demo import leaky_training
 from memalloc.features.breakdown import memory_breakdown
 from memalloc.integration import host
 
@@ -108,7 +108,7 @@ def _leak_hunt(backend: str) -> None:
     for keep_item in (False, True):
         print()
         print(
-            "leak hunt (memalloc/examples/leaky_training.py): a loop that keeps "
+            "leak hunt (memalloc/demo/leaky_training.py): a loop that keeps "
             + ("loss.item()" if keep_item else "every loss tensor")
         )
         print(leaky_training.train(device, keep_item=keep_item).to_text())

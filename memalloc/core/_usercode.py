@@ -3,8 +3,8 @@ leak reports, OOM holders and ``recording.stack(user_only=True)``.
 
 Not user code: memalloc itself, torch, the standard library and installed
 packages (torchvision's layers, transformers' modules), so that a call site
-is the user's own line that called into them. memalloc's examples are user
-code (they stand for a user's script).
+is the user's own line that called into them. memalloc's demo script
+(memalloc/demo/) is user code: it stands for a user's script.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 import torch
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # memalloc/
-_EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
+_DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep
 _INTERNAL_DIRS = tuple(
     os.path.abspath(d) + os.sep
     for d in {
@@ -48,9 +48,9 @@ _Frame = TypeVar("_Frame", bound=FrameLike)
 
 def is_internal(filename: str) -> bool:
     """True for a file of memalloc, torch, the standard library or an
-    installed package (not memalloc's examples); ``<frozen ...>`` modules too."""
+    installed package (not memalloc's demo script); ``<frozen ...>`` modules too."""
     path = os.path.abspath(filename)
-    if path.startswith(_EXAMPLES_DIR):
+    if path.startswith(_DEMO_DIR):
         return False
     return path.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
 

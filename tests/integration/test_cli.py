@@ -72,7 +72,7 @@ def test_demo_runs_on_host_and_prints_table_oom_and_validate(memalloc_cli):
     assert "empty_cache(): returned" in out
     assert any("validate() passed" in l for l in lines)
     # The leak hunt: the loop keeping loss tensors is reported at its append line, the fixed one is clean.
-    example = REPO / "memalloc" / "examples" / "leaky_training.py"
+    example = REPO / "memalloc" / "demo" / "leaky_training.py"
     line = next(i for i, l in enumerate(example.read_text().splitlines(), 1) if "the leak" in l)
     assert f"{example}:{line} in train: +512 B per step" in out, out
     assert "held by list `losses`" in out

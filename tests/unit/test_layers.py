@@ -94,7 +94,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     ),
     ("", [("memalloc.errors",)]),  # every exception, gathered
     ("", [("memalloc", "memalloc.pytest_plugin")]),  # the public API
-    ("examples", [("memalloc.examples", "memalloc.examples.leaky_training")]),
+    ("demo", [("memalloc.demo", "memalloc.demo.leaky_training")]),  # the demo's script (user code)
     (
         "cli",
         [

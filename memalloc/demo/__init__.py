@@ -1,3 +1,3 @@
-"""Example user code that ships with memalloc (the demo's leak hunt). Files
+"""The training script `python -m memalloc demo` hunts a leak in. Files
 here count as user code in stacks and leak reports, unlike the rest of the
 memalloc package."""
