@@ -771,9 +771,9 @@ def queries(mode: str, out: dict) -> None:
         out["accelerator_error"] = "torch.accelerator.memory_stats does not exist in this torch"
     if mode == "memalloc":
         m = _memalloc()
-        out["torch_is_patched"] = m.torch_is_patched()
-        out["memalloc_allocated"] = m.memory_allocated()
-        out["memalloc_reserved"] = m.memory_reserved()
+        out["torch_is_patched"] = m.integration._torch_patch.is_patched()
+        out["memalloc_allocated"] = m.memory.memory_allocated()
+        out["memalloc_reserved"] = m.memory.memory_reserved()
     big = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
     del big
     out["peak_with_big"] = torch.cuda.max_memory_allocated()
