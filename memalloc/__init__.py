@@ -2,7 +2,7 @@
 
 Quick start::
 
-    import memalloc
+    import memalloc, torch
     memalloc.enable()            # before the first CUDA tensor
     ...                          # train as usual
     print(torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
@@ -52,7 +52,7 @@ from memalloc.trace.trace_files import load_trace, save_trace
 __version__ = "0.1.0"
 
 # Short module paths (`import memalloc.memory`, `memalloc.host.empty(...)`,
-# `from memalloc.replay import smallest_capacity_mb`), wherever the layout
+# `from memalloc.leaks import LeakReport`), wherever the layout
 # keeps the module. (memalloc.pytest_plugin is a file of its own at the top:
 # pytest loads it by that name and it imports pytest; memalloc.errors is a
 # module of its own.)
