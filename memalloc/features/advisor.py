@@ -423,7 +423,7 @@ def advise(
     ``gpus``: the GPUs the run could use (default :func:`visible_gpus`; DDP
     is advised from 2); ``held_between_steps``: bytes allocated at the last
     step boundary (default: the profile's); ``plan``: the batch planner's
-    plan the run trains at (:class:`memalloc.BatchPlan`, ``run --fit``):
+    plan the run trains at (:class:`memalloc.features.planner.BatchPlan`, ``run --fit``):
     the bytes a batch half as large saves (half_batch, and the half batch of
     gradient accumulation and DDP) are then the planner's, its per-sample
     bytes times the samples dropped, not the breakdown's estimate. For the
