@@ -92,6 +92,7 @@ from memalloc.core._format import fmt_bytes
 from memalloc.features import phases
 from memalloc.features.breakdown import MemoryBreakdown
 from memalloc.reporters.advice import advice_text
+from memalloc.reporters.notebook import advice_html
 
 # Layers whose weights autocast copies to half precision (kept for backward).
 CAST_WEIGHTS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
@@ -112,6 +113,13 @@ class Advice:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def __repr__(self) -> str:
+        return f"<memalloc Advice {self.strategy}: saves ~{fmt_bytes(self.saves)}; {self.why}>"
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows (memalloc/reporters/notebook.py renders it)."""
+        return advice_html(self.to_dict())
 
 
 @dataclasses.dataclass

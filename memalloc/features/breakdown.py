@@ -44,8 +44,9 @@ import dataclasses
 from memalloc import _C
 from memalloc.core import _state
 from memalloc.core._device import DeviceLike, device_index
+from memalloc.core._format import fmt_bytes
 from memalloc.features import phases
-from memalloc.reporters import advice
+from memalloc.reporters import advice, notebook
 
 CATEGORIES: tuple[str, ...] = phases.CATEGORIES
 
@@ -103,6 +104,18 @@ class MemoryBreakdown:
 
     def __str__(self) -> str:
         return self.to_text()
+
+    def __repr__(self) -> str:
+        where = f"step {self.peak_step}'s peak" if self.peak_step is not None else "peak so far"
+        big = self.largest()
+        return (
+            f"<memalloc MemoryBreakdown device {self.device}: {fmt_bytes(self.now_total)} allocated now, "
+            f"{fmt_bytes(self.peak_total)} at {where} (largest: {big} {fmt_bytes(self.peak[big])})>"
+        )
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the table as HTML (memalloc/reporters/notebook.py)."""
+        return notebook.breakdown_html(self.to_dict(), CATEGORIES)
 
 
 def memory_breakdown(device: DeviceLike = None, allocator: _C.Allocator | None = None) -> MemoryBreakdown:

@@ -414,3 +414,15 @@ class leak_check:
 
     def to_html(self, path: str | None = None) -> str:
         return self._finished().to_html(path)
+
+    def __repr__(self) -> str:
+        if self.report is None:
+            return f"<memalloc.leak_check {'running' if self.tracker._running else 'not started'}: no report yet>"
+        return f"<memalloc.leak_check: {repr(self.report)[1:-1]}>"
+
+    def _repr_html_(self) -> str:
+        """The report as Jupyter shows it (:meth:`LeakReport._repr_html_`);
+        before the block ends, a line saying so."""
+        if self.report is None:
+            return "<p>memalloc.leak_check: the report is made when the <code>with</code> block ends</p>"
+        return self.report._repr_html_()

@@ -125,6 +125,7 @@ from memalloc.core import _hooks, _state
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._format import fmt_bytes
 from memalloc.features import replay
+from memalloc.reporters.notebook import plan_html
 from memalloc.reporters.plan import plan_text
 from memalloc.trace import recording, tags
 from memalloc.trace.sites import live_blocks
@@ -978,6 +979,17 @@ class BatchPlan:
     def __str__(self) -> str:
         """The plan in a few lines (memalloc/reporters/plan.py renders it)."""
         return plan_text(self.to_dict())
+
+    def __repr__(self) -> str:
+        return (
+            f"<memalloc BatchPlan: batch {self.batch}{' (max_batch)' if self.capped else ''} fits "
+            f"{fmt_bytes(self.budget)}; predicted peak reserved {fmt_bytes(self.peak_reserved)}, "
+            f"allocated {fmt_bytes(self.peak_allocated)}; {fmt_bytes(self.per_sample_bytes)} per sample>"
+        )
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows (memalloc/reporters/notebook.py renders it)."""
+        return plan_html(self.to_dict())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

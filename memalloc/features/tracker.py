@@ -59,9 +59,10 @@ from typing import Any, NamedTuple, Union
 from memalloc import _C
 from memalloc.core import _state, iteration
 from memalloc.core._device import DeviceLike, existing_device_index
+from memalloc.core._format import fmt_bytes
 from memalloc.features import stats
 from memalloc.features.breakdown import CATEGORIES
-from memalloc.reporters import steps
+from memalloc.reporters import notebook, steps
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -269,10 +270,22 @@ class StepTracker:
 
     def __repr__(self) -> str:
         state = "running" if self._running else "stopped"
+        rows = self.rows
+        figures = (
+            f" (steps {rows[0]['step']}..{rows[-1]['step']}), allocated {fmt_bytes(rows[-1]['allocated'])} at the "
+            f"last, highest peak allocated {fmt_bytes(max(r['peak_allocated'] for r in rows))}"
+            if rows
+            else ""
+        )
         return (
-            f"<memalloc.StepTracker device={self._device} {state}, {len(self._rows)} rows, "
+            f"<memalloc.StepTracker device={self._device} {state}, {len(rows)} rows{figures}, "
             f"boundaries: {self.boundaries}>"
         )
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the figures, a chart and the last rows
+        (memalloc/reporters/notebook.py renders them)."""
+        return notebook.steps_html(self.to_dict(), CATEGORIES)
 
     # --------------------------------------------------------- recording --
     def _on_step(self, step: int) -> None:

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from memalloc.core._format import fmt_bytes
+from memalloc.reporters.notebook import leak_report_html
 from memalloc.reporters.report_html import render_html
 
 SCHEMA = "memalloc.leak_report/1"
@@ -71,6 +72,12 @@ class Leak:
 
     def where(self) -> str:
         return f"{self.site['filename']}:{self.site['line']}"
+
+    def __repr__(self) -> str:
+        return (
+            f"<memalloc Leak at {self.where()}: +{fmt_bytes(self.bytes_per_step)}/step, "
+            f"{fmt_bytes(self.retained_bytes)} retained in {self.retained_tensors} tensors>"
+        )
 
 
 @dataclass
@@ -200,6 +207,19 @@ class LeakReport:
 
     def __str__(self) -> str:
         return self.to_text()
+
+    def __repr__(self) -> str:
+        n = len(self.leaks)
+        what = (
+            f"{n} leak{'s' * (n != 1)}, +{fmt_bytes(self.bytes_per_step())}/step (largest at {self.leaks[0].where()})"
+            if n
+            else "no leaks"
+        )
+        return f"<memalloc LeakReport {self.backend} device {self.device}, {len(self.steps)} steps: {what}>"
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows (memalloc/reporters/notebook.py renders it)."""
+        return leak_report_html(self.to_dict())
 
 
 class LeakError(AssertionError):

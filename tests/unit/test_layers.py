@@ -38,6 +38,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         "reporters",
         [
             ("memalloc.reporters", "memalloc.reporters.report_html"),  # HTML of a plain report
+            ("memalloc.reporters.notebook",),  # notebook HTML (_repr_html_) of plain data
             (
                 "memalloc.reporters.leak_report",
                 "memalloc.reporters.flight",

@@ -101,7 +101,10 @@ def test_scripted_loop_exact_bytes_and_listener_removed_on_stop(host_allocator):
     times = [x["time_s"] for x in rows]
     assert times == sorted(times) and times[0] >= 0
     assert user_peaks(a)[0] == 4 * k + 3 * MiB  # the tracker never reset the user's peak
-    assert repr(t) == "<memalloc.StepTracker device=0 stopped, 4 rows, boundaries: 4 from memalloc.step()>"
+    assert repr(t) == (
+        f"<memalloc.StepTracker device=0 stopped, 4 rows (steps {base + 1}..{base + 4}), allocated 4.00 KiB at the "
+        "last, highest peak allocated 3.00 MiB, boundaries: 4 from memalloc.step()>"
+    )
 
 
 def test_torch_peaks_and_tracker_peaks_do_not_disturb_each_other(host_allocator):
