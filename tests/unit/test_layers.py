@@ -45,6 +45,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.reporters.advice",
                 "memalloc.reporters.replay",
                 "memalloc.reporters.plan",
+                "memalloc.reporters.diff",
             ),  # leak report types; renderings of plain data (features and trace delegate down to them)
         ],
     ),
@@ -60,6 +61,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.trace.flight_files",
             ),  # exports; the flight recorder's file
             ("memalloc.trace.flight_report",),  # a job's flight files merged
+            ("memalloc.trace.diff",),  # two runs compared by line
         ],
     ),
     (
@@ -107,6 +109,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.cli.run",
                 "memalloc.cli.postmortem",
                 "memalloc.cli.top",
+                "memalloc.cli.diff",
             ),
         ],
     ),
