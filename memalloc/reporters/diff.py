@@ -37,6 +37,8 @@ def _where(site: dict) -> str:
 
 def _table_text(rows: Sequence[dict], per_step: bool) -> list[str]:
     unit = "/step" if per_step else ""
+    if not rows:
+        return []
     out = [f"  {'delta':>14}  {'A' + unit:>13}  {'B' + unit:>13}  {'category':<16}site"]
     for r in rows:
         out.append(

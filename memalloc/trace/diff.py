@@ -42,9 +42,14 @@ an edit that moves lines moves their sites.
 The **category** of a line is inferred from what allocated it, where that
 says it (the allocator's own per-block category is not kept in either kind
 of file): ``optimizer_state`` for a stack through ``torch/optim/``,
-``gradients`` for blocks made by autograd's backward (tag ``<backward>``),
+``gradients`` for blocks made by ``backward()`` (a stack through
+``torch/autograd/``, or autograd's engine threads: tag ``<backward>``;
+what backward makes and is still live at the peak is mostly ``.grad``),
 ``parameters`` for a stack through a module's ``__init__`` or
-``reset_parameters`` in ``torch/nn/``; "" otherwise.
+``reset_parameters`` in ``torch/nn/``; "" otherwise (activations,
+temporaries and other are told apart by when blocks die, which a line's
+bytes at one moment do not say). A line's category is that of most of the
+bytes it allocated.
 
 Sizes are block bytes (what the allocator holds for the line: the
 requested bytes rounded up, to 512 B at least).
@@ -201,11 +206,11 @@ def category_of(frames: Sequence[Sequence], tag: str = "") -> str:
     """The breakdown's category an allocation's stack (``[(file, line,
     function), ...]``) and tag say it is, "" when they say none (see the
     module's docstring)."""
-    if tag.startswith("<backward>"):
-        return "gradients"
-    paths = [(str(fr[0]).replace(os.sep, "/"), str(fr[2])) for fr in frames]
+    paths = [(str(fr[0]).replace(os.sep, "/"), str(fr[2]).rsplit(".", 1)[-1]) for fr in frames]
     if any("/torch/optim/" in p for p, _ in paths):
         return "optimizer_state"
+    if tag.startswith("<backward>") or any("/torch/autograd/" in p for p, _ in paths):
+        return "gradients"
     if any("/torch/nn/" in p and fn in _PARAM_FUNCS for p, fn in paths):
         return "parameters"
     return ""

@@ -4,7 +4,9 @@ run --out``, B allocating an extra tensor of EXTRA bytes at one line,
 another line shrinking by SHRINK bytes and a third keeping GROW_B instead of
 GROW_A bytes per step. The diff must name exactly those lines, with their
 text, from the ``--out`` folders, from the flight files themselves and from
-snapshots; bad input gets a clear error.
+snapshots; bad input gets a clear error. A model made wider shows its
+parameters, gradients and optimizer state at their lines, each with its
+category.
 
 Noise floor: 0. Both scripts run the same code but for the planted lines
 (same line numbers), every size is a multiple of 512 (block bytes equal the
@@ -224,6 +226,48 @@ def assert_page_matches(page: str, d: dict) -> None:
 def test_the_category_comes_from_the_stack_and_tag():
     user = ("/home/me/train.py", 12, "train")
     assert category_of([("/x/site-packages/torch/optim/adam.py", 90, "_init_group"), user]) == "optimizer_state"
-    assert category_of([("/x/site-packages/torch/nn/modules/linear.py", 100, "__init__"), user]) == "parameters"
+    assert category_of([("/x/site-packages/torch/nn/modules/linear.py", 100, "Linear.__init__"), user]) == "parameters"
     assert category_of([user], "<backward>") == "gradients"
+    assert category_of([("/x/site-packages/torch/autograd/__init__.py", 388, "backward"), user]) == "gradients"
     assert category_of([user]) == ""
+
+
+MODEL = textwrap.dedent("""\
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(256, {h}), torch.nn.ReLU(), torch.nn.Linear({h}, 1))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    for step in range(4):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_a_wider_model_shows_its_parameters_gradients_and_optimizer_state(tmp_path, fresh_python):
+    """Hidden width 256 -> 512 under `run --steps`: the model's line holds
+    the extra parameters, backward()'s the extra gradients (the same bytes),
+    opt.step()'s at least twice that (Adam's two moments), each with its
+    category."""
+    outs = []
+    for h in (256, 512):
+        folder = tmp_path / f"h{h}"
+        folder.mkdir()
+        (folder / "train.py").write_text(MODEL.format(h=h))
+        p = fresh_python.run(
+            ["-m", "memalloc", "run", "--steps", "--backend", "host", "--config", "flight_recorder_keep:True",
+             "--out", "out", "train.py"],
+            cwd=folder,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        outs.append(str(folder / "out"))
+    rows = {r["site"]["line"]: r for r in diff(*outs)["peak"]}
+    # fp32, blocks of 512 B at least: 256*256*4 more weight, 256*4 more bias, 256*4 more second weight
+    more = 256 * 256 * 4 + 2 * (2048 - 1024)
+    model, backward, step = rows[2], rows[8], rows[9]
+    assert (model["delta"], model["category"]) == (more, "parameters")
+    assert (backward["delta"], backward["category"]) == (more, "gradients")
+    assert step["delta"] >= 2 * more and step["category"] == "optimizer_state"
+    assert model["code"].startswith("model = torch.nn.Sequential(torch.nn.Linear(256, 512)")
+    assert step["code"] == "opt.step()"
