@@ -1,4 +1,4 @@
-"""Command line: ``python -m memalloc {demo,run,report,replay,info,postmortem,top}`` (one module per
+"""Command line: ``python -m memalloc {demo,run,report,diff,replay,info,postmortem,top}`` (one module per
 command under memalloc/cli/)."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from memalloc.cli import demo, info, postmortem, replay, report, run, top
+from memalloc.cli import demo, diff, info, postmortem, replay, report, run, top
 
 DESCRIPTION = (
     "memalloc: PyTorch's CUDA caching allocator with full accounting. "
     "`demo` shows it on a small model (no GPU needed), `run SCRIPT` runs a training script under it "
     "(leaks, memory per step, advice, the largest batch that fits), `report`, `postmortem` and `top` "
-    "read what a run left (reports, flight recorder files), `replay` replays traces on the CPU, "
+    "read what a run left (reports, flight recorder files), `diff` compares two runs line by line, "
+    "`replay` replays traces on the CPU, "
     "`info` shows the backend and settings it would use."
 )
 
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every command's parser under one."""
     parser = argparse.ArgumentParser(prog="python -m memalloc", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (demo, run, report, replay, info, postmortem, top):
+    for module in (demo, run, report, diff, replay, info, postmortem, top):
         module.add_parser(sub)
     return parser
 

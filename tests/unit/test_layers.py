@@ -46,6 +46,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.reporters.advice",
                 "memalloc.reporters.replay",
                 "memalloc.reporters.plan",
+                "memalloc.reporters.diff",
             ),  # leak report types; renderings of plain data (features and trace delegate down to them)
         ],
     ),
@@ -61,6 +62,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.trace.flight_files",
             ),  # exports; the flight recorder's file
             ("memalloc.trace.flight_report",),  # a job's flight files merged
+            ("memalloc.trace.diff",),  # two runs compared by line
         ],
     ),
     (
@@ -108,6 +110,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.cli.run",
                 "memalloc.cli.postmortem",
                 "memalloc.cli.top",
+                "memalloc.cli.diff",
             ),
         ],
     ),
