@@ -16,6 +16,7 @@ import linecache
 import os
 import re
 import sys
+import tokenize
 import types
 import warnings
 import weakref
@@ -620,7 +621,12 @@ def _adding_line(
     prefix = r"\." if name.startswith("self.") else r"(?<![\w.])"
     pattern = re.compile(prefix + re.escape(base) + r"(?:" + _ADDERS.get(kind, _ADDERS["other"]) + r")")
     lines = linecache.getlines(file) or (linecache.getlines(file) if load_zip_source(file) else [])
-    hits = [i + 1 for i, text in enumerate(lines) if pattern.search(text) and not text.lstrip().startswith("#")]
+    not_code = _strings_and_comments(lines)
+    hits = [
+        i + 1
+        for i, text in enumerate(lines)
+        if any(not _inside(not_code, i + 1, m.start()) for m in pattern.finditer(text))
+    ]
     if not hits:
         return None
     alloc_line = leak.alloc_site["line"] if os.path.abspath(leak.alloc_site["filename"]) == os.path.abspath(file) else 0
@@ -640,6 +646,34 @@ def _adding_line(
 
     line = min(hits, key=score)
     return line, _enclosing_function(lines, line)
+
+
+def _strings_and_comments(lines: list[str]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (start, end) positions ((line, column), lines from 1) of the
+    string literals, f-strings and comments of a file's ``lines``: a line
+    that only mentions ``losses.append(loss)`` inside a string or a comment
+    does not add to anything. A file that does not tokenize gives the spans
+    read before the error."""
+    spans: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    it = iter(lines)
+    fstring_start = getattr(tokenize, "FSTRING_START", None)  # Python 3.12+: f-strings are several tokens
+    fstring_end = getattr(tokenize, "FSTRING_END", None)
+    opened: list[tuple[int, int]] = []
+    try:
+        for tok in tokenize.generate_tokens(lambda: next(it, "")):
+            if tok.type in (tokenize.STRING, tokenize.COMMENT):
+                spans.append((tok.start, tok.end))
+            elif fstring_start is not None and tok.type == fstring_start:
+                opened.append(tok.start)
+            elif fstring_end is not None and tok.type == fstring_end and opened:
+                spans.append((opened.pop(), tok.end))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return spans
+
+
+def _inside(spans: list[tuple[tuple[int, int], tuple[int, int]]], line: int, column: int) -> bool:
+    return any(start <= (line, column) < end for start, end in spans)
 
 
 def _enclosing_function(lines: list[str], line: int) -> str:

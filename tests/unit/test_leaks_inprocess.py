@@ -49,6 +49,29 @@ def test_a_list_that_keeps_a_tensor_every_step_is_reported_at_its_line(allocator
     del kept
 
 
+def test_the_adding_line_is_code_not_a_string_or_a_comment_that_reads_like_it(allocator):
+    # Between the allocating line and the line that keeps the tensor, two
+    # lines read like the adding line but are not code: the middle of a
+    # string and a trailing comment. The report's line is the code's.
+    kept2 = []
+    with memalloc.leak_check(allocator=allocator, warmup_steps=1) as check:
+        for _ in range(10):
+            x = torch.from_dlpack(allocator.host_buffer(4 * KiB))  # ALLOCATES
+            note = """
+            kept2.append(x)
+            """
+            n = len(note)  # kept2.append(x)
+            kept2.append(x)  # ADDS
+            del x, n
+            memalloc.step()
+    assert len(check.leaks) == 1, check.to_text()
+    leak = check.leaks[0]
+    assert leak.alloc_site["line"] == line_of("# ALLOCATES")
+    assert leak.holder is not None and leak.holder["name"] == "kept2", check.to_text()
+    assert (leak.site["filename"], leak.site["line"]) == (__file__, line_of("# ADDS")), check.to_text()
+    del kept2
+
+
 def test_tensors_kept_for_one_step_and_warm_up_are_not_leaks(allocator):
     previous = None
     warm = []
