@@ -82,14 +82,14 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         ],
     ),
     (
-        "integration",
+        "install",
         [
             (
-                "memalloc.integration",
-                "memalloc.integration.host",
-                "memalloc.integration._torch_patch",
+                "memalloc.install",
+                "memalloc.install.host",
+                "memalloc.install._torch_patch",
             ),  # torch tensors; torch.cuda patch
-            ("memalloc.integration._install",),  # enable(): wires every feature
+            ("memalloc.install._install",),  # enable(): wires every feature
         ],
     ),
     ("", [("memalloc.errors",)]),  # every exception, gathered
