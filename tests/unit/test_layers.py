@@ -94,6 +94,13 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     ),
     ("", [("memalloc.errors",)]),  # every exception, gathered
     ("", [("memalloc", "memalloc.pytest_plugin")]),  # the public API
+    (
+        "integrations",
+        [
+            ("memalloc.integrations", "memalloc.integrations._monitor"),  # the callbacks' shared trackers
+            ("memalloc.integrations.lightning", "memalloc.integrations.transformers"),  # one per framework
+        ],
+    ),
     ("demo", [("memalloc.demo", "memalloc.demo.leaky_training")]),  # the demo's script (user code)
     (
         "cli",
