@@ -41,8 +41,8 @@ from memalloc.features.leaks import LeakTracker, leak_check
 from memalloc.features.oom import set_oom_report, top_holders
 from memalloc.features.planner import largest_batch
 from memalloc.features.tracker import StepTracker
-from memalloc.integration import _torch_patch, host
-from memalloc.integration._install import enable
+from memalloc.install import _torch_patch, host
+from memalloc.install._install import enable
 from memalloc.trace import recording
 from memalloc.trace.recording import events, record_history
 from memalloc.trace.snapshots import dump_snapshot, snapshot

@@ -37,7 +37,7 @@ def worker(perturb: int) -> list:
 
     sys.path.insert(0, REPO)
     from memalloc import _C
-    from memalloc.integration import host
+    from memalloc.install import host
     from memalloc.trace import recording
 
     torch.set_num_threads(1)

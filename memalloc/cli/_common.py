@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memalloc.core import _state
 from memalloc.core._config import config_text
-from memalloc.integration import _install
+from memalloc.install import _install
 
 
 def check_or_exit(backend: str, config: str | None) -> None:

@@ -28,7 +28,7 @@ from memalloc.core import _state, iteration
 from memalloc.core._format import fmt_bytes
 from memalloc.demo import leaky_training
 from memalloc.features.breakdown import memory_breakdown
-from memalloc.integration import host
+from memalloc.install import host
 
 from ._common import enable_or_exit
 

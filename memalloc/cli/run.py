@@ -73,7 +73,7 @@ from memalloc.features import advisor, flight, oom, planner, stats
 from memalloc.features.breakdown import memory_breakdown
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
-from memalloc.integration import host
+from memalloc.install import host
 
 from . import fit
 from ._common import check_or_exit, enable_or_exit

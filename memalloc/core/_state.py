@@ -2,7 +2,7 @@
 memalloc was enabled with, its config text, the installed allocator, and
 which backend "auto" resolves to.
 
-Only :func:`memalloc.enable` (memalloc/integration/_install.py) changes the state, once
+Only :func:`memalloc.enable` (memalloc/install/_install.py) changes the state, once
 per process (:func:`set_enabled`); everything else reads it.
 """
 

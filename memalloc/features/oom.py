@@ -85,6 +85,15 @@ def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_re
     install()
 
 
+def oom_report_settings() -> dict:
+    """The settings now in force, as :func:`set_oom_report`'s keyword
+    arguments (``enabled``, ``directory``, ``max_reports``, ``top``): a caller
+    that changes them for a while (the framework callbacks) restores them
+    with ``set_oom_report(**settings)``."""
+    with _lock:
+        return dict(_settings)
+
+
 FEATURE = "out-of-memory report"  # its name in hook warnings
 
 

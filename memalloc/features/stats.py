@@ -52,7 +52,7 @@ __all__ = [
 _MEMALLOC_ONLY = ("num_gc_releases", "num_device_free_failures")
 _summary_lock = threading.Lock()
 # torch's own table formatter, taken before memalloc.enable() can patch
-# torch.cuda (memalloc/integration/_torch_patch.py imports this module first).
+# torch.cuda (memalloc/install/_torch_patch.py imports this module first).
 _TORCH_MEMORY_SUMMARY = torch.cuda.memory.memory_summary
 
 

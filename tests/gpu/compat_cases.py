@@ -771,7 +771,7 @@ def queries(mode: str, out: dict) -> None:
         out["accelerator_error"] = "torch.accelerator.memory_stats does not exist in this torch"
     if mode == "memalloc":
         m = _memalloc()
-        out["torch_is_patched"] = m.integration._torch_patch.is_patched()
+        out["torch_is_patched"] = m.install._torch_patch.is_patched()
         out["memalloc_allocated"] = m.memory.memory_allocated()
         out["memalloc_reserved"] = m.memory.memory_reserved()
     big = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")

@@ -136,4 +136,4 @@ if __name__ == "__main__":
     else:
         # patched: whether torch.cuda's queries were monkeypatched (never on CUDA now:
         # torch's own functions answer through memalloc's getDeviceStats).
-        print(json.dumps({"samples": WORKLOADS[name](), "patched": memalloc.integration._torch_patch.is_patched()}))
+        print(json.dumps({"samples": WORKLOADS[name](), "patched": memalloc.install._torch_patch.is_patched()}))

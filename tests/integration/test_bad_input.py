@@ -1698,7 +1698,7 @@ def _child_state(ns: dict) -> dict:
     s: dict[str, Any] = {
         "enabled": [memalloc.is_enabled(), memalloc.enabled_backend(), _state.installed_config()],
         "installed": _C.installed() is not None,
-        "torch_patched": memalloc.integration._torch_patch.is_patched(),
+        "torch_patched": memalloc.install._torch_patch.is_patched(),
         "stack_mode": _C.stack_mode(),
         "files": _scratch_files(ns),
         "fd_open": _fd_is_ours(ns),

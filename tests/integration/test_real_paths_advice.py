@@ -62,7 +62,7 @@ API_PRELUDE = textwrap.dedent("""
     from memalloc.features import stats
     from memalloc.features.breakdown import memory_breakdown
     from memalloc.features.leaks import LeakTracker
-    from memalloc.integration import host
+    from memalloc.install import host
     memalloc.enable(backend="host", config="host_capacity_mb:256")
     host.use_for_cpu_tensors()
     iteration.auto_step()

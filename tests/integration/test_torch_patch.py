@@ -154,7 +154,7 @@ def test_torch_memory_queries_answer_from_memalloc(run_child):
         before = fns()
         R["enable"] = memalloc.enable(backend="host", config="host_capacity_mb:64,expandable_segments:False")
         a = memalloc.installed_allocator()
-        R["patched"] = memalloc.integration._torch_patch.is_patched()
+        R["patched"] = memalloc.install._torch_patch.is_patched()
         R["replaced"] = same_as(before)
         R["start"] = snap()
         t1 = host.empty(1000, torch.float32)              # 4000 B -> 4096, small segment
@@ -274,18 +274,18 @@ def test_unpatch_restores_torch_and_memalloc_summary_still_works(run_child):
         """
         before = fns()
         memalloc.enable(backend="host", config="max_split_size_mb:40,host_capacity_mb:128,expandable_segments:False")
-        R["patched"] = [memalloc.integration._torch_patch.is_patched(), same_as(before)]
+        R["patched"] = [memalloc.install._torch_patch.is_patched(), same_as(before)]
         t = host.empty(45 * MiB, torch.uint8)   # 46 MiB segment >= 40 MiB: oversize block and segment
         R["torch_alloc_patched"] = torch.cuda.memory_allocated()
         memalloc.unpatch_torch()
-        R["unpatched"] = [memalloc.integration._torch_patch.is_patched(), same_as(before)]
+        R["unpatched"] = [memalloc.install._torch_patch.is_patched(), same_as(before)]
         R["summary"] = memalloc.memory.memory_summary()
         R["stats"] = dict(memalloc.memory.memory_stats())
         R["allocated"] = memalloc.memory.memory_allocated()
         memalloc.unpatch_torch()              # twice: still torch's own
         R["unpatched_again"] = same_as(before)
         memalloc.patch_torch()
-        R["repatched"] = [memalloc.integration._torch_patch.is_patched(), same_as(before),
+        R["repatched"] = [memalloc.install._torch_patch.is_patched(), same_as(before),
                           torch.cuda.memory_allocated(),
                           torch.cuda.memory_stats()["max_split_size"]]
         """
@@ -314,7 +314,7 @@ def test_patch_torch_false_leaves_torch_untouched(how, run_child):
     code = """
         before = fns()
         memalloc.enable(backend="host"%s)
-        R["patched"] = memalloc.integration._torch_patch.is_patched()
+        R["patched"] = memalloc.install._torch_patch.is_patched()
         R["same"] = same_as(before)
         t = host.empty(1000, torch.float32)
         R["allocated"] = memalloc.memory.memory_allocated()
@@ -336,7 +336,7 @@ def test_patch_torch_true_argument_overrides_the_env(run_child):
         """
         before = fns()
         memalloc.enable(backend="host", patch_torch=True)
-        R["patched"] = memalloc.integration._torch_patch.is_patched()
+        R["patched"] = memalloc.install._torch_patch.is_patched()
         R["same"] = same_as(before)
         """,
         conf="patch_torch:False",

@@ -85,18 +85,25 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
         ],
     ),
     (
-        "integration",
+        "install",
         [
             (
-                "memalloc.integration",
-                "memalloc.integration.host",
-                "memalloc.integration._torch_patch",
+                "memalloc.install",
+                "memalloc.install.host",
+                "memalloc.install._torch_patch",
             ),  # torch tensors; torch.cuda patch
-            ("memalloc.integration._install",),  # enable(): wires every feature
+            ("memalloc.install._install",),  # enable(): wires every feature
         ],
     ),
     ("", [("memalloc.errors",)]),  # every exception, gathered
     ("", [("memalloc", "memalloc.pytest_plugin")]),  # the public API
+    (
+        "integrations",
+        [
+            ("memalloc.integrations", "memalloc.integrations._monitor"),  # the callbacks' shared trackers
+            ("memalloc.integrations.lightning", "memalloc.integrations.transformers"),  # one per framework
+        ],
+    ),
     ("demo", [("memalloc.demo", "memalloc.demo.leaky_training")]),  # the demo's script (user code)
     (
         "cli",

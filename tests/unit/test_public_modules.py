@@ -15,7 +15,7 @@ import memalloc
 
 DOCUMENTED = {
     "memalloc.advisor": "memalloc.features.advisor",
-    "memalloc.host": "memalloc.integration.host",
+    "memalloc.host": "memalloc.install.host",
     "memalloc.iteration": "memalloc.core.iteration",
     "memalloc.leaks": "memalloc.features.leaks",
     "memalloc.memory": "memalloc.features.stats",

@@ -659,7 +659,7 @@ def test_stack_names_the_user_line_and_function(stacks):
     assert len(user) == 2
     # the full stack starts inside memalloc (host.empty); user_only drops it, and the
     # standard library's frames of the thread the scenario runs in
-    assert everything[0][0].endswith(os.path.join("memalloc", "integration", "host.py")) and everything[0][2] == "empty"
+    assert everything[0][0].endswith(os.path.join("memalloc", "install", "host.py")) and everything[0][2] == "empty"
     assert everything[1:3] == user
     assert everything[3:] and all(is_internal(f[0]) for f in everything[3:]), everything
     assert not any(internal(f[0]) for f in user)

@@ -28,7 +28,7 @@ from memalloc import _C
 from memalloc.core import _policy, _settings, _state, iteration
 from memalloc.core._config import PRODUCT_DEFAULTS, ConfigLike, config_text, config_value
 from memalloc.features import flight, oom, phases
-from memalloc.integration import _torch_patch
+from memalloc.install import _torch_patch
 from memalloc.trace import recording
 
 
