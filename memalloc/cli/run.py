@@ -47,7 +47,8 @@ The flight recorder is on (memalloc/features/flight.py): the event rings go
 into a file in DIR/flight that a SIGKILL, segfault or abort leaves behind,
 for ``python -m memalloc postmortem DIR/flight``; so does an exception out
 of the script (an OOM, Ctrl-C, SIGTERM). A clean end removes it in a single
-process; in a job of several ranks every rank's file stays (marked exited)
+process, leaving DIR/sites.json (its bytes by line, for ``python -m memalloc
+diff``); in a job of several ranks every rank's file stays (marked exited)
 for ``python -m memalloc report DIR``, which merges the ranks. The config
 key ``flight_recorder_keep`` says otherwise when given (True: keep it in a
 single process too; False: remove it in a job as well).
@@ -74,6 +75,7 @@ from memalloc.features.breakdown import memory_breakdown
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
 from memalloc.install import host
+from memalloc.trace import diff
 
 from . import fit
 from ._common import check_or_exit, enable_or_exit
@@ -252,8 +254,11 @@ def main(args: argparse.Namespace) -> int:
         _print_totals(backend)
         del script_globals
         if flight_dir is not None:
-            # a clean end: the file goes, and its folder when nothing else is in it;
-            # an exception (an OOM, Ctrl-C, SIGTERM) leaves it for postmortem
+            # a clean end: the file goes, and its folder when nothing else is in it,
+            # leaving out/sites.json (what `diff` reads of it); an exception (an OOM,
+            # Ctrl-C, SIGTERM) leaves the file for postmortem
+            if clean and not keep_flight:
+                _write_sites(out)
             flight.stop(clean)
             try:
                 os.rmdir(flight_dir)
@@ -267,6 +272,19 @@ def main(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
     return 0
+
+
+def _write_sites(out: str) -> None:
+    """``out/sites.json``: the running flight file's bytes by line at the peak
+    and per step (trace/diff.py), for ``python -m memalloc diff``; a run
+    diff cannot read (several devices used) says why on stderr instead."""
+    recorder = flight.current()
+    if recorder is None:
+        return
+    try:
+        diff.save_summary(recorder.path, os.path.join(out, diff.SUMMARY))
+    except (diff.DiffError, OSError) as e:
+        print(f"memalloc: no {diff.SUMMARY} for `memalloc diff`: {e}", file=sys.stderr)
 
 
 def job_rank() -> tuple[int, int]:

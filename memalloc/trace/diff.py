@@ -7,7 +7,9 @@ What each run gives (:func:`load`):
   (``flight_recorder:DIR``), or the ``--out`` folder of ``python -m
   memalloc run`` holding ``flight/`` (kept after an exception, a kill, in a
   job of several ranks, or with ``--config flight_recorder_keep:True``; a
-  clean single process removes it). The device's ring is replayed
+  clean single process removes it, and ``run`` leaves instead
+  ``DIR/sites.json``, this module's reading of the file made just before:
+  :func:`save_summary`). The device's ring is replayed
   (flight_files.replay): blocks allocated and not yet freed, by call site.
 - a **snapshot** pickle (``memalloc.dump_snapshot()``, torch's
   ``torch.cuda.memory._dump_snapshot()``): the live blocks of its segments
@@ -60,6 +62,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import os
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
@@ -69,9 +72,11 @@ from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, fil
 from memalloc.trace.recording import Event
 
 SCHEMA = "memalloc.diff/1"
+SUMMARY_SCHEMA = "memalloc.diff-run/1"
+SUMMARY = "sites.json"  # what `run --out DIR` leaves of a cleanly ended run's flight file
 KINDS = (
-    "the --out folder of `python -m memalloc run` with its flight/ folder, a flight recorder folder or "
-    "*.flight file, or a snapshot pickle (memalloc.dump_snapshot)"
+    "the --out folder of `python -m memalloc run` (its flight/ folder or its sites.json), a flight recorder "
+    "folder or *.flight file, or a snapshot pickle (memalloc.dump_snapshot)"
 )
 UNKNOWN_SITE = ("<allocated before the trace>", 0, "")
 _PARAM_FUNCS = ("__init__", "reset_parameters")
@@ -109,6 +114,8 @@ def load(path: str, device: int | None = None) -> Run:
         try:
             files = files_in(path)
         except FlightFileError as e:
+            if os.path.isfile(os.path.join(path, SUMMARY)):
+                return _resolved(load_summary(os.path.join(path, SUMMARY)))
             raise DiffError(f"{path}: not a run diff can read ({e}); give {KINDS}") from None
         if len(files) > 1:
             raise DiffError(
@@ -118,6 +125,8 @@ def load(path: str, device: int | None = None) -> Run:
         run = _from_flight(files[0], device)
     elif path.endswith(SUFFIX):
         run = _from_flight(path, device)
+    elif path.endswith(".json"):
+        run = load_summary(path)
     else:
         run = _from_snapshot(path, device)
     return _resolved(run)
@@ -153,6 +162,59 @@ def _resolved(run: Run) -> Run:
         per_step=fix(run.per_step) if run.per_step is not None else None,
         categories=fix(run.categories),
     )
+
+
+def save_summary(flight_file: str, out: str) -> Run:
+    """Reads the flight file ``flight_file`` as :func:`load` does (the one
+    device it used) and writes that reading to ``out`` (JSON, schema
+    :data:`SUMMARY_SCHEMA`): ``run --out DIR`` does so before a clean end
+    removes the file, so ``diff`` still reads the run from ``DIR``.
+    DiffError as :func:`load` (e.g. several devices used)."""
+    run = _from_flight(flight_file, None)
+
+    def items(values: Mapping[tuple, object]) -> list[list]:
+        return [[*site, v] for site, v in values.items()]
+
+    data = {
+        "schema": SUMMARY_SCHEMA,
+        **{k: getattr(run, k) for k in ("kind", "backend", "device", "peak", "moment", "steps", "notes")},
+        "at_peak": items(run.at_peak),
+        "per_step": None if run.per_step is None else items(run.per_step),
+        "categories": items(run.categories),
+    }
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, out)
+    return run
+
+
+def load_summary(path: str) -> Run:
+    """A run from a file :func:`save_summary` wrote; DiffError otherwise."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
+            raise ValueError(f"not a {SUMMARY_SCHEMA} file")
+
+        def sites(rows: list) -> dict:
+            return {(str(file), int(line), str(func)): v for file, line, func, v in rows}
+
+        return Run(
+            path=path,
+            kind=str(data["kind"]),
+            backend=data["backend"],
+            device=int(data["device"]),
+            peak=int(data["peak"]),
+            moment=str(data["moment"]),
+            at_peak=sites(data["at_peak"]),
+            steps=[int(s) for s in data["steps"]],
+            per_step=None if data["per_step"] is None else sites(data["per_step"]),
+            categories=sites(data["categories"]),
+            notes=[str(n) for n in data["notes"]],
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DiffError(f"{path}: not a run summary diff can read ({e}); give {KINDS}") from None
 
 
 def _from_flight(path: str, device: int | None) -> Run:
@@ -467,4 +529,17 @@ def diff(a: str, b: str, *, device: int | None = None, min_bytes: int = 0) -> di
     return compare(load(a, device), load(b, device), min_bytes=min_bytes)
 
 
-__all__ = ["KINDS", "SCHEMA", "DiffError", "Run", "category_of", "compare", "diff", "load", "site_keys"]
+__all__ = [
+    "KINDS",
+    "SCHEMA",
+    "SUMMARY",
+    "DiffError",
+    "Run",
+    "category_of",
+    "compare",
+    "diff",
+    "load",
+    "load_summary",
+    "save_summary",
+    "site_keys",
+]

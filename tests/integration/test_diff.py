@@ -60,7 +60,8 @@ BASE_LINE, EXTRA_LINE, GROW_LINE = line_of("{base}"), line_of("{extra_line}"), l
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, fresh_python):
     """{"a"/"b": (out folder, snapshot path, script)} of the two planted runs
-    (flight files kept), and "clean": the --out folder of a run that kept none."""
+    (flight files kept), and "clean": the --out folder of A's script run
+    without keeping its flight file (a clean end leaves sites.json instead)."""
     root = tmp_path_factory.mktemp("diff")
     found = {}
     for name, base, extra, grow in (("a", BASE_A, EXTRA_A, GROW_A), ("b", BASE_A - SHRINK, EXTRA_B, GROW_B)):
@@ -140,6 +141,17 @@ def test_snapshots_give_the_planted_lines_at_the_peak(runs):
     assert_planted_peak(diff(str(runs["a"][0]), str(runs["b"][1])), runs["b"][2])
 
 
+def test_a_plain_run_out_folder_that_ended_cleanly_is_read_from_its_summary(runs):
+    # `python -m memalloc run --out DIR` with no flag: a clean end removes the
+    # flight file and leaves DIR/sites.json, the same reading of it
+    out = runs["clean"]
+    assert not (out / "flight").exists() and (out / "sites.json").is_file()
+    d = diff(str(out), str(runs["b"][0]))
+    assert_planted_peak(d, runs["b"][2])
+    assert [r["delta"] for r in d["per_step"]] == [GROW_B - GROW_A]
+    assert diff(str(out), str(runs["a"][0]))["peak"] == []  # A's script, read from its flight file
+
+
 def test_a_run_against_itself_changes_nothing(runs):
     d = diff(str(runs["a"][0]), str(runs["a"][0]))
     assert d["peak"] == [] and d["per_step"] == []
@@ -154,8 +166,11 @@ def test_bad_input_gets_a_clear_error(runs, tmp_path, memalloc_cli_here):
     (empty / "notes.txt").write_text("not a run")
     with pytest.raises(DiffError, match="not a run diff can read.*flight_recorder_keep:True"):
         diff(a, str(empty))
-    with pytest.raises(DiffError, match="not a run diff can read.*snapshot pickle"):
-        diff(str(runs["clean"]), a)  # a clean run's --out folder keeps no flight file
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sites.json").write_text('{"schema": "memalloc.diff-run/1", "peak": 1}')
+    with pytest.raises(DiffError, match="not a run summary diff can read.*snapshot pickle"):
+        diff(a, str(broken))
     with pytest.raises(DiffError, match="not a snapshot pickle"):
         diff(a, str(empty / "notes.txt"))
     # two different devices: the snapshot's memory moved to device 1; a flight file of another backend
