@@ -68,7 +68,7 @@ import pickle
 from collections.abc import Iterable, Mapping, Sequence
 
 from memalloc.core._usercode import is_internal, source_line
-from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read, replay
+from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read, replay, site_of
 from memalloc.trace.recording import Event
 
 SCHEMA = "memalloc.diff/1"
@@ -333,10 +333,8 @@ def _frame_tuples(frames: Iterable[dict]) -> list[tuple]:
 
 
 def _frames_site(frames: Sequence[dict]) -> tuple:
-    """The call site of a snapshot's frames (innermost first): the rule of
-    FlightFile.site."""
-    tuples = _frame_tuples(frames)
-    return next((t for t in tuples if not is_internal(t[0])), tuples[0] if tuples else ("<no stack>", 0, ""))
+    """The call site of a snapshot's frames (innermost first): flight_files.site_of."""
+    return site_of(_frame_tuples(frames))
 
 
 def _pick_device(path: str, used: list[int], device: int | None) -> int:

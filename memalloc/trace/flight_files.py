@@ -44,6 +44,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from typing import Union
 
 from memalloc.core._usercode import is_internal
@@ -114,12 +115,17 @@ class FlightFile:
         return next((tuple(fr) for fr in self.stacks.get(stack_id, []) if not is_internal(fr[0])), None)
 
     def site(self, stack_id: int) -> tuple:
-        """The line an event is counted at, the one rule of the postmortem
-        and the job report: the innermost user-code frame, else the
-        innermost frame of the stack (all of it library code), else
-        ("<no stack>", 0, "") for an event recorded without one."""
-        frames = self.stacks.get(stack_id, [])
-        return self.user_frame(stack_id) or (tuple(frames[0]) if frames else ("<no stack>", 0, ""))
+        """The line an event is counted at (:func:`site_of` of its stack)."""
+        return site_of(self.stacks.get(stack_id, []))
+
+
+def site_of(frames: Sequence[Sequence]) -> tuple:
+    """The line a stack (frames innermost first, each (file, line, function))
+    is counted at, the one rule of the postmortem, the job report and diff:
+    the innermost user-code frame, else the innermost frame (all of it
+    library code), else ("<no stack>", 0, "") for a record without one."""
+    tuples = [tuple(f) for f in frames]
+    return next((t for t in tuples if not is_internal(t[0])), tuples[0] if tuples else ("<no stack>", 0, ""))
 
 
 def replay(live: dict[int, Event], e: Event) -> Event | None:
