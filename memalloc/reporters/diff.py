@@ -12,11 +12,10 @@ data-delta=...>`` (bytes; per step: bytes per step), its cells ``class``
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 
 from memalloc.core._format import fmt_bytes
-from memalloc.reporters.report_html import render_page
+from memalloc.reporters.report_html import _e, render_page
 
 __all__ = ["to_html", "to_text"]
 
@@ -70,10 +69,6 @@ def to_text(d: dict) -> str:
         lines += _table_text(d["per_step"], True)
     lines += [f"note: {n}" for n in d["notes"]]
     return "\n".join(lines)
-
-
-def _e(x: object) -> str:
-    return html.escape(str(x), quote=True)
 
 
 def _table(rows: Sequence[dict], per_step: bool, table_id: str) -> str:
