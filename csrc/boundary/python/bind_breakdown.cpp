@@ -112,7 +112,8 @@ void bind_breakdown(AllocatorClass& cls) {
             for (int d = 0; d < a.device_count(); ++d) a.with_profiler(d, [&](Profiler& pr) { pr.end_step(step); });
           },
           py::arg("step") = py::none(),
-          "Step `step` (default: memalloc.iteration.steps()) ended on every device: resolves every live block, keeps the "
+          "Step `step` (default: memalloc.iteration.steps()) ended on every device: resolves every live block, keeps "
+          "the "
           "step's peak split (breakdown()['last'], 'last_step') and enters 'forward'.")
       .def(
           "mark",
