@@ -75,7 +75,7 @@ from memalloc.features.breakdown import memory_breakdown
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
 from memalloc.install import host
-from memalloc.trace import diff
+from memalloc.trace import diff, run_page
 
 from . import fit
 from ._common import check_or_exit, enable_or_exit
@@ -253,6 +253,11 @@ def main(args: argparse.Namespace) -> int:
             _write_advice(*advice, out, leak_report, plan)  # the leaks come first, not counted as activations
         _print_totals(backend)
         del script_globals
+        recorder = flight.current()
+        if recorder is not None:
+            recorder.sync()  # the stacks interned since the last step, for the readers below
+        if not probing:
+            _write_page(out, recorder.path if recorder is not None else None, "exited" if clean else "raised")
         if flight_dir is not None:
             # a clean end: the file goes, and its folder when nothing else is in it,
             # leaving out/sites.json (what `diff` reads of it); an exception (an OOM,
@@ -272,6 +277,18 @@ def main(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
     return 0
+
+
+def _write_page(out: str, flight_path: str | None, state: str) -> None:
+    """``out/index.html``: the run's page (memalloc/trace/run_page.py), from
+    the flight file and the reports written to ``out``; a page that cannot
+    be written says why on stderr and ends nothing."""
+    try:
+        path = run_page.write(out, flight_path, state=state)
+    except (OSError, ValueError) as e:
+        print(f"memalloc: no run page: {e}", file=sys.stderr)
+        return
+    print(f"memalloc: wrote {path}", file=sys.stderr)
 
 
 def _write_sites(out: str) -> None:

@@ -33,7 +33,7 @@ from memalloc import _C
 from memalloc.core import _state, iteration
 from memalloc.features.oom import top_holders
 from memalloc.trace import flight_files as ff
-from memalloc.trace import recording
+from memalloc.trace import recording, sites
 
 DEFAULT_RECORDS = 65_536  # per device: 4.5 MiB of ring with its sequence numbers
 STACKS_BYTES = 8 << 20
@@ -122,7 +122,17 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self._ring_at = (ring_offset, stride)
         self.attach()
+        self._append_live()
         self.heartbeat(0, name_lines=False)
+
+    def _append_live(self) -> None:
+        """The blocks live now, which the rings (just attached) never saw
+        allocated: a recorder started after the model was built (the
+        framework callbacks') still counts its parameters at the peak."""
+        for d in range(self.allocator.device_count):
+            blocks = [[addr, size, stack_id] for addr, size, _, stack_id, _, _ in sites.live_blocks(d, self.allocator)]
+            if blocks:
+                self._append({"live": d, "blocks": blocks})
 
     def attach(self) -> None:
         """Points every device's event ring into the file (the constructor
@@ -154,6 +164,14 @@ class FlightRecorder:
             self._append_interned()
             self._write_checkpoint(step, name_lines)
             self._write_heartbeat(step, ff.RUNNING)
+
+    def sync(self) -> None:
+        """Writes the stacks and tags interned since the last step, and the
+        heartbeat that says how far they go: a reader of the file now
+        (``run``'s sites.json and run page) names every record's stack."""
+        with self._lock:
+            self._append_interned()
+            self._write_heartbeat(_C.step(), ff.RUNNING)
 
     def _write_heartbeat(self, step: int, state: int) -> None:
         ff.HEARTBEAT.pack_into(

@@ -18,6 +18,13 @@ run, built on memalloc's public features and computing nothing of its own.
   per leak for the callback to warn with.
 - Out-of-memory reports (:func:`memalloc.set_oom_report`) go to the logger's
   folder while training runs; the previous settings come back at the end.
+- The run page: a flight recorder (memalloc/features/flight.py) runs in
+  ``memalloc-flight/`` of the logger's folder unless one already runs (``run``'s,
+  or ``flight_recorder:DIR`` in the config); at the end (or after an exception
+  the framework reports) ``index.html`` there shows the steps, the breakdown
+  over them, the flame graph of the peak, leaks, OOMs
+  (memalloc/trace/run_page.py). A clean end removes the flight file the
+  monitor started; an exception leaves it for ``python -m memalloc postmortem``.
 """
 
 from __future__ import annotations
@@ -28,14 +35,17 @@ from typing import Any
 import memalloc
 from memalloc.core import iteration
 from memalloc.core._format import fmt_bytes
+from memalloc.features import flight
 from memalloc.features.breakdown import CATEGORIES
 from memalloc.features.leaks import LeakTracker
 from memalloc.features.oom import oom_report_settings, set_oom_report
 from memalloc.features.tracker import StepTracker
 from memalloc.reporters.leak_report import LeakReport
+from memalloc.trace import run_page
 
 PREFIX = "memalloc/"
 LEAK_FILE = "memalloc-leaks.json"
+FLIGHT_DIR = "memalloc-flight"  # the flight recorder the monitor starts, in the logger's folder
 METRICS: tuple[str, ...] = (
     "memalloc/allocated_bytes",
     "memalloc/reserved_bytes",
@@ -83,6 +93,8 @@ class Monitor:
         self.report: LeakReport | None = None
         self._oom_before: dict | None = None
         self._explicit = 0
+        self._flight: flight.FlightRecorder | None = None  # the recorder this monitor started
+        self.page: str | None = None  # the run page's path, once written
 
     @property
     def running(self) -> bool:
@@ -99,6 +111,8 @@ class Monitor:
         if folder is not None and self.oom_reports:
             self._oom_before = oom_report_settings()
             set_oom_report(**{**self._oom_before, "enabled": True, "directory": folder})
+        if folder is not None and flight.current() is None:
+            self._flight = flight.start(os.path.join(folder, FLIGHT_DIR))
         self.steps = StepTracker().start()
         self.leaks = LeakTracker(warmup_steps=self.warmup_steps).start() if self.want_leaks else None
         # A boundary now: the boundaries are the code's (memalloc.step()) from
@@ -156,13 +170,37 @@ class Monitor:
             set_oom_report(**self._oom_before)
             self._oom_before = None
 
+    def abort(self) -> None:
+        """After an exception out of the training loop: stops, writes the
+        run page, and leaves the flight file it started for postmortem."""
+        self.stop()
+        self._end(clean=False)
+
+    def _end(self, clean: bool) -> None:
+        """The run page (rank zero), then the flight recorder this monitor started."""
+        recorder = flight.current()
+        if self.folder is not None and self._write:
+            if recorder is not None:
+                recorder.sync()
+            os.makedirs(self.folder, exist_ok=True)
+            state = "exited" if clean else "raised"
+            self.page = run_page.write(self.folder, recorder.path if recorder else None, title=self.who, state=state)
+        if self._flight is not None and self._flight is recorder:
+            flight.stop(clean)
+            try:  # its folder too, when a clean end left it empty
+                os.rmdir(os.path.dirname(recorder.path))
+            except OSError:
+                pass
+        self._flight = None
+
     def finish(self) -> list[str]:
         """Stops, judges the leaks (holders searched), writes the report to
-        ``memalloc-leaks.json`` in the folder; returns one line per leak
-        (empty: none found)."""
+        ``memalloc-leaks.json`` in the folder and the run page; returns one
+        line per leak (empty: none found)."""
         leaks = self.leaks
         self.stop()
         if leaks is None:
+            self._end(clean=True)
             return []
         del leaks.samples[: -self.leak_window]
         self.report = report = leaks.report()
@@ -172,6 +210,7 @@ class Monitor:
             os.makedirs(self.folder, exist_ok=True)
             path = os.path.join(self.folder, LEAK_FILE)
             report.to_json(path)
+        self._end(clean=True)
         return [
             f"memalloc: leak at {l.where()} ({l.code.strip()}): +{fmt_bytes(l.bytes_per_step)} per step, "
             f"{fmt_bytes(l.retained_bytes)} retained" + (f"; report in {path}" if path else "")

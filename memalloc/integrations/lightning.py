@@ -91,4 +91,4 @@ class MemoryMonitor(Callback):
             rank_zero_warn(line)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self.monitor.stop()
+        self.monitor.abort()

@@ -68,7 +68,16 @@ import pickle
 from collections.abc import Iterable, Mapping, Sequence
 
 from memalloc.core._usercode import is_internal, source_line
-from memalloc.trace.flight_files import SUFFIX, FlightFile, FlightFileError, files_in, read, replay, site_of
+from memalloc.trace.flight_files import (
+    SUFFIX,
+    FlightFile,
+    FlightFileError,
+    files_in,
+    peak_live,
+    read,
+    replay,
+    site_of,
+)
 from memalloc.trace.recording import Event
 
 SCHEMA = "memalloc.diff/1"
@@ -233,7 +242,7 @@ def _from_flight(path: str, device: int | None) -> Run:
     if f.missing:
         notes.append(f"the file is cut short ({f.missing} bytes missing)")
     events = [(e.action, e.addr, e.size, _flight_site(f, e)) for e in ring]
-    peak, at_peak, meta = _peak({}, events)
+    peak, at_peak, meta = peak_live({}, events)
     steps, per_step = _per_step(ring, events, f.step)
     when = f"step {ring[meta].step}" if ring and meta >= 0 else "the start"
     return Run(
@@ -311,7 +320,7 @@ def _from_snapshot(path: str, device: int | None) -> Run:
                 frames = _frame_tuples(entry.get("frames", []))
                 cats[site][category_of(frames, entry.get("tag", "") or "")] += int(entry["size"])
     before = _before_trace(live, events)
-    peak, at_peak, _ = _peak(before, events)
+    peak, at_peak, _ = peak_live(before, events)
     moment = "the trace's peak of live bytes" if events else "the moment the snapshot was taken (it has no trace)"
     return Run(
         path=path,
@@ -367,34 +376,6 @@ def _before_trace(live_end: dict[int, tuple[int, tuple]], events: list[tuple]) -
         else:
             live[addr] = (size, site or UNKNOWN_SITE)
     return live
-
-
-def _peak(start: dict[int, tuple[int, tuple]], events: list[tuple]) -> tuple[int, dict[tuple, int], int]:
-    """(live bytes at the peak, bytes by site then, index of the event that
-    made the peak, -1 for the start) replaying ``events`` over ``start``."""
-    live = dict(start)
-    total = sum(s for s, _ in live.values())
-    best, best_at = total, -1
-    for i, (action, addr, size, site) in enumerate(events):
-        if action == "alloc":
-            old = live.get(addr)
-            total += size - (old[0] if old else 0)
-            live[addr] = (size, site)
-        else:
-            old = live.pop(addr, None)
-            total -= old[0] if old else 0
-        if total > best:
-            best, best_at = total, i
-    live = dict(start)  # again, to the peak's event
-    for action, addr, size, site in events[: best_at + 1]:
-        if action == "alloc":
-            live[addr] = (size, site)
-        else:
-            live.pop(addr, None)
-    by_site: dict[tuple, int] = collections.defaultdict(int)
-    for size, site in live.values():
-        by_site[site] += size
-    return best, dict(by_site), best_at
 
 
 def _per_step(ring: Sequence[Event], events: list[tuple], last_step: int) -> tuple[list[int], dict | None]:

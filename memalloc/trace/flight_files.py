@@ -21,8 +21,10 @@ Layout (version 1, little-endian; offsets in bytes)::
           1-based position in the device's stream)
     ...   stacks: appended entries, each a 4-byte length then JSON
           ({"stack": id, "frames": [[file, line, function], ...]} or
-          {"tag": id, "name": ...}); the heartbeat's ``stacks_used`` says how
-          far they are complete
+          {"tag": id, "name": ...}, or {"live": device, "blocks": [[address,
+          bytes, stack id], ...]}: the blocks live when the recorder started,
+          which the ring never saw allocated); the heartbeat's
+          ``stacks_used`` says how far they are complete
     ...   checkpoint: two slots of ``checkpoint_bytes / 2``, each an 8-byte
           sequence number (0 while written), a 4-byte length, then JSON
           (step, counters per device, top holders, breakdown); the valid
@@ -39,13 +41,14 @@ died, has 0), and a ring's records are the committed ones in sequence order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import mmap
 import os
 import struct
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 from memalloc.core._usercode import is_internal
 from memalloc.trace.recording import RECORD_FORMAT, Event, decode_records
@@ -107,6 +110,8 @@ class FlightFile:
     tags: dict[int, str]
     checkpoint: dict | None
     history: list[dict]  # per step and device: step, time_ns, device, peak_allocated, allocated, reserved, split
+    # per device, the blocks live when the recorder started: address -> (bytes, stack id)
+    live_at_start: dict[int, dict[int, tuple[int, int]]] = dataclasses.field(default_factory=dict)
     missing: int = 0  # bytes cut off the file's end (0: whole); what lies before the cut is read
 
     def user_frame(self, stack_id: int) -> tuple | None:
@@ -148,6 +153,37 @@ def live_at_end(ring: list[Event]) -> dict[int, Event]:
     for e in ring:
         replay(live, e)
     return live
+
+
+def peak_live(start: dict[int, tuple[int, Any]], events: Sequence[tuple]) -> tuple[int, dict[Any, int], int]:
+    """(live bytes at the peak, bytes by key then, index of the event that
+    made the peak, -1 for the start) replaying ``events`` (action, address,
+    bytes, key: a call site for diff, a stack id for the run page) over
+    ``start`` (address -> (bytes, key) of the blocks live before them). The
+    one replay to a peak; :func:`replay` is the one of a ring's blocks."""
+    live = dict(start)
+    total = sum(s for s, _ in live.values())
+    best, best_at = total, -1
+    for i, (action, addr, size, site) in enumerate(events):
+        if action == "alloc":
+            old = live.get(addr)
+            total += size - (old[0] if old else 0)
+            live[addr] = (size, site)
+        else:
+            old = live.pop(addr, None)
+            total -= old[0] if old else 0
+        if total > best:
+            best, best_at = total, i
+    live = dict(start)  # again, to the peak's event
+    for action, addr, size, site in events[: best_at + 1]:
+        if action == "alloc":
+            live[addr] = (size, site)
+        else:
+            live.pop(addr, None)
+    by_site: dict[Any, int] = collections.defaultdict(int)
+    for size, site in live.values():
+        by_site[site] += size
+    return best, dict(by_site), best_at
 
 
 def read(path: PathLike) -> FlightFile:
@@ -210,7 +246,7 @@ def _parse(path: str, data) -> FlightFile:
     backend = data[BACKEND_AT : BACKEND_AT + BACKEND_BYTES].rstrip(b"\0").decode("utf-8", "replace")
     (meta_len,) = struct.unpack_from("<I", data, META_AT)
     meta = json.loads(data[META_AT + 4 : META_AT + 4 + meta_len] or b"{}")
-    stacks, tags = _interned(bytes(data[stacks_offset : stacks_offset + min(stacks_used, stacks_bytes)]))
+    stacks, tags, live = _interned(bytes(data[stacks_offset : stacks_offset + min(stacks_used, stacks_bytes)]))
     tag_names = [f"<tag {i}>" for i in range(max(tags, default=0) + 1)]
     tag_names[0] = ""
     for i, name in tags.items():
@@ -240,6 +276,7 @@ def _parse(path: str, data) -> FlightFile:
         torn=torn,
         stacks=stacks,
         tags=tags,
+        live_at_start=live,
         checkpoint=_checkpoint(data, cp_offset, cp_bytes),
         history=_history(data, history_offset, min(history_rows, history_bytes // HISTORY_ROW.size)),
         missing=missing,
@@ -269,9 +306,14 @@ def _ring(data, offset: int, capacity: int) -> tuple[bytes, list[int], int]:
     return b"".join(raw for _, raw in slots), [s for s, _ in slots], empty_written
 
 
-def _interned(region: bytes) -> tuple[dict[int, list[list]], dict[int, str]]:
+def _interned(
+    region: bytes,
+) -> tuple[dict[int, list[list]], dict[int, str], dict[int, dict[int, tuple[int, int]]]]:
+    """The stacks region's entries: stacks, tags, the blocks live at the
+    start per device (an entry of a kind this reader does not know is skipped)."""
     stacks: dict[int, list[list]] = {}
     tags: dict[int, str] = {}
+    live: dict[int, dict[int, tuple[int, int]]] = {}
     at = 0
     while at + 4 <= len(region):
         (n,) = struct.unpack_from("<I", region, at)
@@ -280,10 +322,12 @@ def _interned(region: bytes) -> tuple[dict[int, list[list]], dict[int, str]]:
         entry = json.loads(region[at + 4 : at + 4 + n])
         if "stack" in entry:
             stacks[int(entry["stack"])] = entry["frames"]
-        else:
+        elif "tag" in entry:
             tags[int(entry["tag"])] = entry["name"]
+        elif "live" in entry:
+            live.setdefault(int(entry["live"]), {}).update((a, (b, sid)) for a, b, sid in entry["blocks"])
         at += 4 + n
-    return stacks, tags
+    return stacks, tags, live
 
 
 def _checkpoint(data: bytes, offset: int, nbytes: int) -> dict | None:

@@ -23,12 +23,13 @@ KEYS = CONFIG_KEYS
 
 
 @pytest.fixture
-def memalloc_cli(fresh_python):
-    """memalloc_cli(*args, conf=None, cwd=REPO): ``python -m memalloc <args>`` in a
-    fresh interpreter (tests/conftest.py: no GPU, MEMALLOC_CONF only ``conf``,
-    the package importable from any cwd)."""
+def memalloc_cli(fresh_python, tmp_path):
+    """memalloc_cli(*args, conf=None, cwd=the test's tmp_path): ``python -m
+    memalloc <args>`` in a fresh interpreter (tests/conftest.py: no GPU,
+    MEMALLOC_CONF only ``conf``, the package importable from any cwd). Not
+    in the repository: ``run``'s default ``--out`` folder lands in the cwd."""
 
-    def run(*args: str, conf: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    def run(*args: str, conf: str | None = None, cwd: Path = tmp_path) -> subprocess.CompletedProcess:
         return fresh_python.run(["-m", "memalloc", *args], cwd=cwd, conf=conf, timeout=120)
 
     return run

@@ -48,6 +48,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "memalloc.reporters.plan",
                 "memalloc.reporters.diff",
             ),  # leak report types; renderings of plain data (features and trace delegate down to them)
+            ("memalloc.reporters.run_page",),  # the run page: the notebook's fragments and its own charts
         ],
     ),
     (
@@ -63,6 +64,7 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
             ),  # exports; the flight recorder's file
             ("memalloc.trace.flight_report",),  # a job's flight files merged
             ("memalloc.trace.diff",),  # two runs compared by line
+            ("memalloc.trace.run_page",),  # one page per run, from its flight file and reports
         ],
     ),
     (
