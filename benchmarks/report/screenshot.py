@@ -1,7 +1,10 @@
-"""Renders a leak report JSON (docs/leak-report.md) to HTML and screenshots
-it in headless Chromium:
+"""Renders a leak report JSON (docs/leak-report.md) to HTML, or takes a page
+as it is (a run's ``index.html``), and screenshots it in headless Chromium:
 
     python -m benchmarks screenshot REPORT.json OUT.png [--html OUT.html] [--size 1280,2000]
+    python -m benchmarks screenshot DIR/index.html OUT.png [--only flame] [--size 900,600]
+
+``--only ID`` shows only the page's section of that id (the others hidden).
 
 Also the browser plumbing that tests/integration/test_report_html.py uses:
 :func:`find_browser`, :func:`run_headless` (``--dump-dom``/``--screenshot``)
@@ -140,10 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("report", help="leak report JSON (memalloc.leak_report/1)")
+    parser.add_argument("report", help="leak report JSON (memalloc.leak_report/1), or an HTML page as it is")
     parser.add_argument("png", help="screenshot to write")
     parser.add_argument("--html", help="also keep the rendered HTML here")
     parser.add_argument("--size", default="1280,2000", help="window WIDTH,HEIGHT in CSS pixels (default 1280,2000)")
+    parser.add_argument("--only", default="", help="show only the section of this id (e.g. flame)")
     args = parser.parse_args(argv)
     from memalloc.reporters.report_html import render_html
 
@@ -153,8 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "no Chromium found (chromium, chromium-browser, google-chrome, Playwright's); "
             "install one, e.g. apt-get install -y --no-install-recommends chromium"
         )
-    with open(args.report) as f:
-        page = render_html(json.load(f))
+    if args.report.endswith((".html", ".htm")):
+        with open(args.report, encoding="utf-8") as f:
+            page = f.read()
+    else:
+        with open(args.report) as f:
+            page = render_html(json.load(f))
+    if args.only:  # the other sections and the footer hidden
+        hide = f"<style>main > section:not(#{args.only}), main > footer {{ display:none }}</style>"
+        page = page.replace("</head>", hide + "</head>", 1)
     with tempfile.TemporaryDirectory() as tmp:
         html_path = args.html or os.path.join(tmp, "report.html")
         with open(html_path, "w", encoding="utf-8") as f:

@@ -7,7 +7,8 @@ flight recorder file and the reports written beside it in ``DIR``.
 logger's folder. What it reads (:func:`collect`, plain data of schema
 :data:`SCHEMA`; sizes in bytes):
 
-- **steps**: the flight file's history, a row per finished step
+- **steps**: the flight file's history, a row per finished step, step N
+  ending at the N-th boundary
   (``memalloc.step()``, or ``optimizer.step()`` while nothing calls it):
   the step's peak of allocated bytes with its split by category (the
   breakdown), and the allocated and reserved bytes at its end;
@@ -122,7 +123,8 @@ def collect(
         ]
         ring = f.rings[d] if d < len(f.rings) else []
         data["flame"] = _flame(f, d, notes)
-        data["ooms"] = [{"step": e.step, "bytes": e.size, "time_ns": e.time_ns} for e in ring if e.action == "oom"]
+        # an event's step is memalloc.step()'s count when it happened: it belongs to the step ending at the next one
+        data["ooms"] = [{"step": e.step + 1, "bytes": e.size, "time_ns": e.time_ns} for e in ring if e.action == "oom"]
         if f.sequences[d] and f.sequences[d][0] > 1:
             notes.append(
                 f"the ring wrapped ({f.sequences[d][0] - 1} older records lost): the flame graph's peak is the "
@@ -242,7 +244,7 @@ def _flame(f: FlightFile, device: int, notes: list[str]) -> dict[str, Any] | Non
         )
     return {
         "total": total,
-        "step": moment.step if moment is not None else None,
+        "step": moment.step + 1 if moment is not None else None,  # numbered as the steps are (see collect)
         "tree": _finish(root, max(1, int(total * SMALL_SHARE))),
     }
 

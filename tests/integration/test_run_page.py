@@ -131,7 +131,7 @@ def test_clean_run_writes_its_page_with_the_planted_figures(runs):
     assert all(sum(s["split"].values()) == s["peak_allocated"] for s in steps)
     assert all(s["reserved"] >= s["peak_allocated"] - 5 * MiB for s in steps)
     flame = data["flame"]
-    assert flame["total"] == (6 * STEPS + 7) * MiB
+    assert flame["total"] == (6 * STEPS + 7) * MiB and flame["step"] == STEPS + 1  # after the loop
     assert sorted(flatten(flame["tree"])) == sorted(expected_frames())
     assert all(os.path.basename(f) == "planted.py" for f in _files(flame["tree"])), _files(flame["tree"])
     assert data["ooms"] == [] and data["leaks"] is None and data["advice"] is None
@@ -149,7 +149,7 @@ def test_oom_run_page_lists_the_oom_and_its_report(runs):
     data = page_data(page)
     assert data["process"]["state"] == "raised"
     assert [o["bytes"] for o in data["ooms"]] == [1 << 42]
-    assert data["ooms"][0]["step"] == STEPS  # after the last memalloc.step()
+    assert data["ooms"][0]["step"] == STEPS + 1  # after the last memalloc.step(): in the step it never ended
     reports = sorted(n for n in os.listdir(root / "report") if n.startswith("oom-") and n.endswith(".txt"))
     assert [f["file"] for f in data["oom_files"]] == reports and len(reports) == 1
     assert f'href="{reports[0]}"' in page
