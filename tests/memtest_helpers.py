@@ -7,6 +7,9 @@ on sys.path, as tests/ has no __init__.py).
 """
 
 import functools
+import json
+import os
+import re
 from pathlib import Path
 
 from memalloc import _C
@@ -169,3 +172,39 @@ def require_library(name: str) -> None:
     if os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") == "1":
         pytest.fail(f"MEMALLOC_REQUIRE_LIBRARIES=1 but {name} is not installed: pip install {name}")
     pytest.skip(f"not installed: {name}")
+
+
+# ---- the run page of the framework callbacks (tests/integration/test_callbacks.py, tests/gpu/) ----
+
+
+def check_run_page(r: dict, folder: str, script: str, state: str = "exited") -> dict:
+    """The run page a framework callback wrote in the logger's folder
+    (memalloc/trace/run_page.py), for a callback case's result ``r``
+    (tests/callback_cases/, its truths per step): its
+    steps end with the truths' allocated and peak bytes, step by step (the
+    monitor's boundary comes after the truth's reading, before the peaks'
+    reset); its flame graph's peak holds the model's parameters, allocated
+    before training started, and is at least every step's peak; the flight
+    file the monitor started is gone after a clean end, kept after an error."""
+    page = open(os.path.join(folder, "index.html")).read()
+    data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S).group(1))
+    assert data["process"]["state"] == state and data["title"] in ("MemoryMonitor", "MemoryCallback")
+    truth = [r["truth"][k] for k in sorted(r["truth"], key=int)]
+    rows = data["steps"][-len(truth) :] if truth else []
+    assert [s["peak_allocated"] for s in rows] == [t["peak_allocated"] for t in truth], (rows, truth)
+    assert [s["allocated"] for s in rows] == [t["allocated"] for t in truth], (rows, truth)
+    flame = data["flame"]
+    assert flame["total"] >= max([t["peak_allocated"] for t in truth] + [1])
+    frames = _frame_names(flame["tree"])
+    assert any(os.path.basename(f) == script for f, _ in frames), frames  # the script's own lines
+    assert any(n.rsplit(".", 1)[-1] in ("__init__", "reset_parameters") for _, n in frames), frames  # parameters
+    flight_dir = os.path.join(folder, "memalloc-flight")
+    if state == "raised":
+        assert len(os.listdir(flight_dir)) == 1  # for postmortem
+    else:
+        assert not os.path.exists(flight_dir)
+    return data
+
+
+def _frame_names(node: dict) -> set[tuple[str, str]]:
+    return {(node["file"], node["name"])} | {x for c in node["children"] for x in _frame_names(c)}

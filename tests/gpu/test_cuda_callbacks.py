@@ -3,7 +3,9 @@ Lightning (automatic and manual optimization, CSVLogger) and HF Trainer runs
 under ``memalloc.enable()`` on the GPU; the figures logged at every step
 equal ``torch.cuda``'s queries and the optimizer's state tensors that the
 cases' own callbacks read at the same moment, and the planted leak is
-warned with its line. The host-backend versions: tests/integration/test_callbacks.py.
+warned with its line; the run page in the logger's folder holds those figures
+per step and the parameters at the peak (memtest_helpers.check_run_page). The
+host-backend versions: tests/integration/test_callbacks.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 
 import pytest
 import torch
+from memtest_helpers import check_run_page
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -62,6 +65,8 @@ def test_lightning_memory_monitor_on_cuda(tmp_path, mode):
         }
     _check(logged, r["truth"])
     assert len(r["warnings"]) == 1 and f"lightning_case.py:{r['lines']['# LEAK-LINE']} " in r["warnings"][0]
+    page = check_run_page(r, r["log_dir"], "lightning_case.py")
+    assert page["process"]["backend"] == "cuda"
 
 
 def test_transformers_memory_callback_on_cuda(tmp_path):
@@ -70,3 +75,5 @@ def test_transformers_memory_callback_on_cuda(tmp_path):
     logged = {l["step"]: l for l in r["logs"] if "loss" in l}
     _check(logged, r["truth"])
     assert len(r["warnings"]) == 1 and f"hf_case.py:{r['lines']['# LEAK-LINE']} " in r["warnings"][0]
+    page = check_run_page(r, str(tmp_path / "out"), "hf_case.py")
+    assert page["process"]["backend"] == "cuda"

@@ -21,12 +21,11 @@ import glob
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 
 import pytest
-from memtest_helpers import REPO
+from memtest_helpers import REPO, check_run_page
 
 CASES = REPO / "tests" / "callback_cases"
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
@@ -109,37 +108,6 @@ def _check_leak(r: dict, folder: str, script: str) -> None:
     assert [(os.path.basename(l["site"]["filename"]), l["site"]["line"]) for l in report["leaks"]] == [(script, line)]
 
 
-def _check_page(r: dict, folder: str, script: str, state: str = "exited") -> dict:
-    """The run page in the logger's folder (memalloc/trace/run_page.py): its
-    steps end with the truths' allocated and peak bytes, step by step (the
-    monitor's boundary comes after the truth's reading, before the peaks'
-    reset); its flame graph's peak holds the model's parameters, allocated
-    before training started, and is at least every step's peak; the flight
-    file the monitor started is gone after a clean end, kept after an error."""
-    page = open(os.path.join(folder, "index.html")).read()
-    data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S).group(1))
-    assert data["process"]["state"] == state and data["title"] in ("MemoryMonitor", "MemoryCallback")
-    truth = [r["truth"][k] for k in sorted(r["truth"], key=int)]
-    rows = data["steps"][-len(truth) :] if truth else []
-    assert [s["peak_allocated"] for s in rows] == [t["peak_allocated"] for t in truth], (rows, truth)
-    assert [s["allocated"] for s in rows] == [t["allocated"] for t in truth], (rows, truth)
-    flame = data["flame"]
-    assert flame["total"] >= max([t["peak_allocated"] for t in truth] + [1])
-    frames = _frame_names(flame["tree"])
-    assert any(os.path.basename(f) == script for f, _ in frames), frames  # the script's own lines
-    assert any(n.rsplit(".", 1)[-1] in ("__init__", "reset_parameters") for _, n in frames), frames  # parameters
-    flight_dir = os.path.join(folder, "memalloc-flight")
-    if state == "raised":
-        assert len(os.listdir(flight_dir)) == 1  # for postmortem
-    else:
-        assert not os.path.exists(flight_dir)
-    return data
-
-
-def _frame_names(node: dict) -> set[tuple[str, str]]:
-    return {(node["file"], node["name"])} | {x for c in node["children"] for x in _frame_names(c)}
-
-
 def _check_clean(r: dict, folder: str) -> None:
     assert r["warnings"] == []
     assert json.load(open(os.path.join(folder, "memalloc-leaks.json")))["leaks"] == []
@@ -169,7 +137,7 @@ def test_lightning_memory_monitor(fresh_python, tmp_path, mode, logger, what):
     assert len(logged) == STEPS
     _check_figures(logged, r["truth"], exact=logger == "csv")
     last = logged[max(logged)]["memalloc/leak_bytes_per_step"]
-    page = _check_page(r, r["log_dir"], "lightning_case.py")
+    page = check_run_page(r, r["log_dir"], "lightning_case.py")
     if what == "leak":
         assert last > 0
         _check_leak(r, r["log_dir"], "lightning_case.py")
@@ -188,7 +156,7 @@ def test_lightning_oom_report_in_the_log_dir(fresh_python, tmp_path):
     text = open(reports[0]).read()  # the request that failed, then what held the memory
     assert f"{1 << 42} bytes requested" in text and "Live allocations holding the most memory" in text, text
     assert os.path.exists(reports[0][: -len(".txt")] + ".pickle")
-    page = _check_page(r, r["log_dir"], "lightning_case.py", state="raised")  # written by on_exception
+    page = check_run_page(r, r["log_dir"], "lightning_case.py", state="raised")  # written by on_exception
     assert [o["bytes"] for o in page["ooms"]] == [1 << 42]
     assert [f["file"] for f in page["oom_files"]] == [os.path.basename(reports[0])]
 
@@ -213,7 +181,7 @@ def test_transformers_memory_callback(fresh_python, tmp_path, report, what):
         logged = _tensorboard_rows(str(tmp_path / "out" / "runs"), prefix="train/")
         _check_figures(logged, r["truth"], exact=False)
     folder = str(tmp_path / "out")
-    _check_page(r, folder, "hf_case.py")
+    check_run_page(r, folder, "hf_case.py")
     if what == "leak":
         assert steps[STEPS]["memalloc/leak_bytes_per_step"] > 0
         _check_leak(r, folder, "hf_case.py")
