@@ -10,7 +10,7 @@
 #                MEMALLOC_DEVICE_CPU_TESTS=all runs the whole CPU suite instead (CI
 #                runs it on every push); not in gpu-results.json
 #   lanes        the tests that check correctness only (no timing, no
-#                reading of the device's free memory): four pytest processes
+#                reading of the device's free memory): five pytest processes
 #                at once, each a lane of files, on one GPU (no test of them
 #                fills the device or reads its free memory; those are below)
 #   cuda         test_cuda.py: fills the device, reads its free memory, times
@@ -91,7 +91,8 @@ for phase in "${phases[@]}"; do
       suite lane3 tests/gpu/test_cuda_libraries.py tests/gpu/test_cuda_breakdown.py tests/gpu/test_parity.py & p3=$!
       suite lane4 tests/gpu/test_cuda_ipc.py tests/gpu/test_cuda_distributed.py \
         tests/gpu/test_cuda_flight.py --deselect "$FLIGHT_COST" --deselect "$FLIGHT_STEP" & p4=$!
-      for p in $p1 $p2 $p3 $p4; do wait "$p" || rc=1; done ;;
+      suite lane5 tests/gpu/test_cuda_callbacks.py tests/gpu/test_cuda_run_page.py & p5=$!
+      for p in $p1 $p2 $p3 $p4 $p5; do wait "$p" || rc=1; done ;;
     cuda) suite cuda tests/gpu/test_cuda.py || rc=1 ;;
     expandable) suite expandable tests/gpu/test_cuda_expandable.py tests/gpu/test_cuda_zero_setup.py tests/contract || rc=1 ;;
     costs) suite costs "$FLIGHT_COST" "$FLIGHT_STEP" tests/gpu/test_cuda_step_time.py || rc=1 ;;
