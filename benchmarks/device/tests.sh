@@ -95,7 +95,8 @@ for phase in "${phases[@]}"; do
       for p in $p1 $p2 $p3 $p4 $p5; do wait "$p" || rc=1; done ;;
     cuda) suite cuda tests/gpu/test_cuda.py || rc=1 ;;
     expandable) suite expandable tests/gpu/test_cuda_expandable.py tests/gpu/test_cuda_zero_setup.py tests/contract || rc=1 ;;
-    costs) suite costs "$FLIGHT_COST" "$FLIGHT_STEP" tests/gpu/test_cuda_step_time.py || rc=1 ;;
+    costs) suite costs "$FLIGHT_COST" "$FLIGHT_STEP" tests/gpu/test_cuda_step_time.py \
+      tests/gpu/test_cuda_callback_cost.py || rc=1 ;;
     planner) suite planner tests/gpu/test_cuda_planner.py || rc=1 ;;
     compat_timing) suite compat_timing tests/gpu/test_compat_timing.py || rc=1 ;;
     pair) suite pair tests/gpu/test_cuda.py::test_pair_cost_subclass_against_the_c_entry_route || rc=1 ;;

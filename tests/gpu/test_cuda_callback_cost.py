@@ -1,0 +1,59 @@
+"""What the framework callback costs a training step on the GPU (pytest -m
+gpu; issue 41: "add nothing measurable to step time"): a Lightning run of a
+bf16 transformer encoder (tests/callback_cases/lightning_timing.py) with and
+without memalloc's MemoryMonitor, both under memalloc.enable(), logging at
+every step (the callback's most expensive setting: its figures and leak
+rate each step, a flight recorder, the run page at the end). Fresh
+processes in ABBA order, ROUNDS of each; each process's median step time
+after WARMUP steps; the ratio of the two modes' medians must stay within
+BOUND, the bound of memalloc's own step-time targets
+(tests/gpu/test_cuda_step_time.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CASE = os.path.join(REPO, "tests", "callback_cases", "lightning_timing.py")
+ROUNDS, STEPS, WARMUP, BOUND = 3, 60, 10, 1.02
+
+
+def _median_step(tmp_path, with_monitor: bool, i: int) -> float:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    env.pop("MEMALLOC_CONF", None)
+    out = tmp_path / f"run{i}"
+    p = subprocess.run(
+        [sys.executable, CASE, str(out), "1" if with_monitor else "0", str(STEPS), "cuda"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    assert p.returncode == 0 and len(lines) == 1, f"rc={p.returncode}\n{p.stderr[-4000:]}"
+    times = json.loads(lines[0][len("RESULT ") :])["times"]
+    assert len(times) == STEPS
+    if with_monitor:  # the callback did its work: its page is there
+        assert list(out.glob("lightning_logs/version_0/index.html")), list(out.rglob("*"))
+    return statistics.median(times[WARMUP:])
+
+
+def test_memory_monitor_adds_nothing_measurable_to_step_time(tmp_path):
+    pytest.importorskip("lightning")
+    medians: dict[bool, list[float]] = {False: [], True: []}
+    order = [False, True, True, False] * ((ROUNDS + 1) // 2)
+    for i, with_monitor in enumerate(order[: 2 * ROUNDS]):
+        medians[with_monitor].append(_median_step(tmp_path, with_monitor, i))
+    ratio = statistics.median(medians[True]) / statistics.median(medians[False])
+    print(f"MemoryMonitor step time ratio {ratio:.4f} (with {medians[True]}, without {medians[False]})")
+    assert ratio <= BOUND, (ratio, medians)
