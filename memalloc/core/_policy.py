@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 
 from memalloc.core import _state
+from memalloc.core._checks import check_int
 from memalloc.core._config import config_value
 from memalloc.core._device import DeviceLike, device_index
 
@@ -51,10 +52,8 @@ def set_empty_cache_policy(*, threshold: float | None = None, every_n_steps: int
     """
     global _every_n
     a = _state.installed_allocator()
-    if every_n_steps is not None and (
-        isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 0
-    ):
-        raise ValueError(f"every_n_steps must be an int >= 0 (0 = off), not {every_n_steps!r}")
+    if every_n_steps is not None:
+        check_int("every_n_steps", every_n_steps, 0, note="0 = off")
     if threshold is not None:
         # memalloc._C checks the type and the range before it sets anything:
         # once device 0 accepts the value, every device does.

@@ -31,6 +31,7 @@ import time
 
 from memalloc import _C
 from memalloc.core import _state, iteration
+from memalloc.core._checks import check_int
 from memalloc.features.oom import top_holders
 from memalloc.trace import flight_files as ff
 from memalloc.trace import recording, sites
@@ -277,8 +278,7 @@ def start(
     installed one) moves into the file, ``records`` 64-byte records per
     device. ``keep``: leave the file at a clean exit too. One per process."""
     global _recorder
-    if isinstance(records, bool) or not isinstance(records, int) or not 0 < records <= _C.max_trace_records():
-        raise ValueError(f"records must be an int in 1..{_C.max_trace_records()} (per device), not {records!r}")
+    check_int("records", records, 1, _C.max_trace_records(), note="per device")
     if _recorder is not None:
         raise RuntimeError(f"the flight recorder is already writing {_recorder.path}: one per process")
     a = _state.allocator_or_installed(allocator)

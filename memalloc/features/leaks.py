@@ -50,6 +50,7 @@ from typing import Any
 
 from memalloc import _C
 from memalloc.core import _state, iteration
+from memalloc.core._checks import check_int
 from memalloc.core._config import STACK_MODES
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._usercode import is_internal, source_line
@@ -108,9 +109,8 @@ class LeakTracker:
         threshold_bytes_per_step: int = 0,
         allocator: _C.Allocator | None = None,
     ) -> None:
-        for name, value in (("warmup_steps", warmup_steps), ("threshold_bytes_per_step", threshold_bytes_per_step)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, not {value!r}")
+        check_int("warmup_steps", warmup_steps, 0)
+        check_int("threshold_bytes_per_step", threshold_bytes_per_step, 0)
         self.allocator = _state.allocator_or_installed(allocator)
         self.device = existing_device_index(device, self.allocator)
         self.warmup_steps = warmup_steps

@@ -29,6 +29,7 @@ from typing import TypedDict
 
 from memalloc import _C
 from memalloc.core import _hooks, _state
+from memalloc.core._checks import check_int
 from memalloc.core._device import DeviceLike, device_index
 from memalloc.core._format import fmt_bytes
 from memalloc.core._usercode import is_source, source_line
@@ -66,9 +67,8 @@ def set_oom_report(enabled: bool = True, *, directory: str | None = None, max_re
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
-    for name, value, low in (("max_reports", max_reports, 0), ("top", top, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+    check_int("max_reports", max_reports, 0)
+    check_int("top", top, 1)
     if directory is not None:
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path or None, not {type(directory).__name__}")
@@ -112,8 +112,7 @@ def top_holders(device: DeviceLike = None, n: int = 5, *, allocator: _C.Allocato
     "tensors", "filename", "line", "function", "code", "tag"}], bytes, largest
     first. Sites are the innermost user-code frame of the allocating stack
     (None fields when stacks were not captured; then the grouping is by tag)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an int >= 1 (call sites to list), not {n!r}")
+    check_int("n", n, 1, note="call sites to list")
     a = _state.allocator_or_installed(allocator)
     d = device_index(device, a.backend_name)
     tags = _C.tag_names()

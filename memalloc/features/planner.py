@@ -122,6 +122,7 @@ import torch
 
 from memalloc import _C
 from memalloc.core import _hooks, _state
+from memalloc.core._checks import check_int
 from memalloc.core._device import DeviceLike, existing_device_index
 from memalloc.core._format import fmt_bytes
 from memalloc.features import replay
@@ -1098,8 +1099,7 @@ def smallest_device_mb(source: str, config: str = "", *, step_mb: int = 8, **opt
     than one that fits fits too, and checks both ends. ``options``
     go to :func:`replay_source` (``host_capacity_mb`` is this function's).
     Raises ValueError when the unlimited replay itself has OOMs."""
-    if isinstance(step_mb, bool) or not isinstance(step_mb, int) or step_mb < 1:
-        raise ValueError(f"step_mb must be an int >= 1, not {step_mb!r}")
+    check_int("step_mb", step_mb, 1)
     if "host_capacity_mb" in options:
         raise ValueError("smallest_device_mb chooses host_capacity_mb itself")
     step = step_mb * MiB
@@ -1176,10 +1176,8 @@ def largest_batch(
     bad = [p for p in probes if isinstance(p, bool) or not isinstance(p, int) or p < 1]
     if bad or len(set(probes)) < 2:
         raise PlannerError(f"probes must be two or more different batch sizes (ints >= 1), not {tuple(probes)!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise PlannerError(f"steps must be an int >= 1 (recorded steps per probe), not {steps!r}")
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < max(probes):
-        raise PlannerError(f"max_batch must be an int >= the largest probe ({max(probes)}), not {max_batch!r}")
+    check_int("steps", steps, 1, note="recorded steps per probe", error=PlannerError)
+    check_int("max_batch", max_batch, max(probes), note="the largest probe", error=PlannerError)
     budget = as_budget(budget)
     a = _state.allocator_or_installed(allocator)
     d = existing_device_index(device, a)

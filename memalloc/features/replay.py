@@ -51,6 +51,7 @@ from typing import Union
 import torch
 
 from memalloc import _C
+from memalloc.core._checks import check_int
 from memalloc.trace.recording import Event
 from memalloc.trace.trace_files import Trace, load_trace
 
@@ -163,9 +164,8 @@ def random_workload(n_allocs: int = 50_000, live: int = 64, seed: int = 7) -> It
     benchmark draws them from ``random.Random(seed)`` (every size first,
     then every slot), so the ops are the same on every machine.
     """
-    for name, value, least in (("n_allocs", n_allocs, 0), ("live", live, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
+    check_int("n_allocs", n_allocs, 0)
+    check_int("live", live, 1)
     return _random_ops(n_allocs, live, seed)
 
 
@@ -355,12 +355,8 @@ def _allocator(config: str, host_capacity_mb: int | None, bound: int, devices: i
         )
     if host_capacity_mb is not None and "host_capacity_mb" in keys:
         raise ValueError(f"the capacity is given twice: host_capacity_mb={host_capacity_mb} and config {config!r}")
-    if host_capacity_mb is not None and (
-        isinstance(host_capacity_mb, bool)
-        or not isinstance(host_capacity_mb, int)
-        or not 0 < host_capacity_mb <= _MAX_CAPACITY_MB
-    ):
-        raise ValueError(f"host_capacity_mb must be an int in 1..{_MAX_CAPACITY_MB}, not {host_capacity_mb!r}")
+    if host_capacity_mb is not None:
+        check_int("host_capacity_mb", host_capacity_mb, 1, _MAX_CAPACITY_MB)
     parts = [config] if config.strip() else []
     parts.append(f"host_devices:{devices}")
     if "host_capacity_mb" not in keys:
@@ -521,8 +517,7 @@ def repeat_last_step(events: Sequence[Event], times: int) -> list[Event]:
     point. ValueError when the trace is not such a loop: the last step frees
     a block of an earlier step, or allocates other sizes than the step
     before."""
-    if isinstance(times, bool) or not isinstance(times, int) or times < 0:
-        raise ValueError(f"times must be an int, 0 or more, got {times!r}")
+    check_int("times", times, 0)
     if not events:
         raise ValueError("no events to repeat")
     last = max(e.step for e in events)

@@ -30,10 +30,10 @@ run, built on memalloc's public features and computing nothing of its own.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import memalloc
 from memalloc.core import iteration
+from memalloc.core._checks import check_int
 from memalloc.core._format import fmt_bytes
 from memalloc.features import flight
 from memalloc.features.breakdown import CATEGORIES
@@ -66,11 +66,6 @@ def require_enabled(who: str) -> None:
         )
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
-
-
 class Monitor:
     """One training run's trackers (see the module docstring)."""
 
@@ -79,8 +74,8 @@ class Monitor:
     ) -> None:
         if not isinstance(leaks, bool) or not isinstance(oom_reports, bool):
             raise TypeError(f"{who}: leaks and oom_reports must be bools")
-        _check_int("leak_window", leak_window, warmup_steps + 4)
-        _check_int("warmup_steps", warmup_steps, 0)
+        check_int("leak_window", leak_window, warmup_steps + 4)
+        check_int("warmup_steps", warmup_steps, 0)
         require_enabled(who)
         self.who = who
         self.want_leaks = leaks

@@ -307,7 +307,7 @@ def small():
         ({"probes": (4,)}, "probes must be two or more different batch sizes"),
         ({"probes": (0, 2)}, "probes must be two or more different batch sizes"),
         ({"steps": 0}, "steps must be an int >= 1"),
-        ({"max_batch": 4}, r"max_batch must be an int >= the largest probe \(8\)"),
+        ({"max_batch": 4}, r"max_batch must be an int >= 8 \(the largest probe\), not 4"),
     ],
 )
 def test_bad_arguments_are_named(small, kwargs, message):

@@ -562,7 +562,7 @@ def test_repeating_a_last_step_keeps_its_requests_and_refuses_what_is_no_loop():
 
     assert step(longer, last + 1) == step(longer, last + 2) == step(events, last)
     assert repeat_last_step(events, 0) == events
-    with pytest.raises(ValueError, match="times must be an int, 0 or more, got -1"):
+    with pytest.raises(ValueError, match="times must be an int >= 0, not -1"):
         repeat_last_step(events, -1)
     with pytest.raises(ValueError, match="device 1: the trace has 1 device"):
         replay_steps(load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz"), device=1)

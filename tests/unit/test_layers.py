@@ -25,7 +25,12 @@ FOLDERS: list[tuple[str, list[tuple[str, ...]]]] = [
     (
         "core",
         [
-            ("memalloc.core", "memalloc.core._format", "memalloc.core._usercode"),  # plain helpers
+            (
+                "memalloc.core",
+                "memalloc.core._format",
+                "memalloc.core._usercode",
+                "memalloc.core._checks",
+            ),  # plain helpers
             ("memalloc.core._hooks",),  # every hook memalloc installs into torch
             ("memalloc.core._config",),  # config text
             ("memalloc.core._settings",),  # torch's allocator settings applied
