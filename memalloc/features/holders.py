@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import gc
 import inspect
 import linecache
@@ -621,12 +622,11 @@ def _adding_line(
     prefix = r"\." if name.startswith("self.") else r"(?<![\w.])"
     pattern = re.compile(prefix + re.escape(base) + r"(?:" + _ADDERS.get(kind, _ADDERS["other"]) + r")")
     lines = linecache.getlines(file) or (linecache.getlines(file) if load_zip_source(file) else [])
-    not_code = _strings_and_comments(lines)
-    hits = [
-        i + 1
-        for i, text in enumerate(lines)
-        if any(not _inside(not_code, i + 1, m.start()) for m in pattern.finditer(text))
-    ]
+    found = [(i + 1, [m.start() for m in pattern.finditer(text)]) for i, text in enumerate(lines)]
+    found = [(line, starts) for line, starts in found if starts]
+    # tokenized only when the pattern is there at all, once per file's text
+    not_code = _strings_and_comments(tuple(lines)) if found else []
+    hits = [line for line, starts in found if any(not _inside(not_code, line, c) for c in starts)]
     if not hits:
         return None
     alloc_line = leak.alloc_site["line"] if os.path.abspath(leak.alloc_site["filename"]) == os.path.abspath(file) else 0
@@ -648,7 +648,8 @@ def _adding_line(
     return line, _enclosing_function(lines, line)
 
 
-def _strings_and_comments(lines: list[str]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+@functools.lru_cache(maxsize=64)  # the holders of one report often share a file
+def _strings_and_comments(lines: tuple[str, ...]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The (start, end) positions ((line, column), lines from 1) of the
     string literals, f-strings and comments of a file's ``lines``: a line
     that only mentions ``losses.append(loss)`` inside a string or a comment
