@@ -12,15 +12,20 @@ allocated and not freed, named from the file's own stacks; with the last
 checkpoint's figures when the ring has wrapped past older blocks), the
 breakdown at the last finished step, and the last N events with their lines.
 With ``--snapshot``: each file also as a memory_viz snapshot, written beside
-it as ``<file>.pickle`` (pytorch.org/memory_viz opens it).
+it as ``<file>.pickle`` (pytorch.org/memory_viz opens it). With ``--html``:
+each file's run page (memalloc/trace/run_page.py), the page ``run`` writes at
+an end it saw: for a process killed under ``run --out DIR``, ``DIR/index.html``
+(``DIR/rank<N>/`` in a job), elsewhere ``<file>.html`` beside the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 
 from memalloc.reporters.flight import postmortem_text
+from memalloc.trace import run_page
 from memalloc.trace.flight_files import FlightFileError, files_in, read
 from memalloc.trace.flight_report import process_view, snapshot_of
 
@@ -31,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--events", type=int, default=10, help="last events to list per device")
     p.add_argument("--top", type=int, default=5, help="call sites to list per device")
     p.add_argument("--snapshot", action="store_true", help="also write <file>.pickle for memory_viz")
+    p.add_argument(
+        "--html",
+        action="store_true",
+        help="also write each process's run page (under run --out DIR: DIR/index.html; else <file>.html)",
+    )
     p.set_defaults(func=main)
 
 
@@ -54,4 +64,8 @@ def main(args: argparse.Namespace) -> int:
             with open(path + ".pickle", "wb") as out:
                 pickle.dump(snapshot_of(f), out)
             print(f"memory_viz snapshot: {path}.pickle")
+        if args.html:
+            folder, page = run_page.page_for(path, f.world_size, f.rank)
+            os.makedirs(folder, exist_ok=True)
+            print(f"run page: {run_page.write(folder, path, path=page)}")
     return status

@@ -57,17 +57,38 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # memall
 
 
 def write(
-    folder: str, flight_path: str | None, *, title: str = "", device: int | None = None, state: str | None = None
+    folder: str,
+    flight_path: str | None,
+    *,
+    title: str = "",
+    device: int | None = None,
+    state: str | None = None,
+    path: str | None = None,
 ) -> str:
-    """Writes ``folder/index.html`` (:func:`collect` rendered by
-    memalloc/reporters/run_page.py) and returns its path."""
+    """Writes the page (:func:`collect` rendered by
+    memalloc/reporters/run_page.py) to ``path`` (default
+    ``folder/index.html``) and returns where."""
     page = render(collect(folder, flight_path, title=title, device=device, state=state))
-    path = os.path.join(folder, PAGE)
+    path = path or os.path.join(folder, PAGE)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(page)
     os.replace(tmp, path)
     return path
+
+
+def page_for(flight_path: str, world_size: int, rank: int) -> tuple[str, str]:
+    """(the reports' folder, the page's path) for a flight file read after
+    its process: in ``run --out DIR``'s layout (``DIR/flight/``) the page
+    ``run`` would have written, ``DIR/index.html`` (``DIR/rank<N>/`` in a
+    job of several ranks); elsewhere ``<file>.html`` beside the file."""
+    here = os.path.dirname(os.path.abspath(flight_path))
+    if os.path.basename(here) == "flight":
+        out = os.path.dirname(here)
+        if world_size > 1:
+            out = os.path.join(out, f"rank{rank}")
+        return out, os.path.join(out, PAGE)
+    return here, flight_path + ".html"
 
 
 def collect(

@@ -121,6 +121,38 @@ def test_postmortem_reads_the_out_folder_of_run_as_report_does(killed, tmp_path)
     assert p.returncode != 0 and "flight_recorder_keep:True" in p.stderr, p.stderr
 
 
+def test_postmortem_writes_the_run_page_a_killed_run_never_wrote(killed, tmp_path):
+    """A process SIGKILLed under ``run --out OUT`` wrote no OUT/index.html;
+    ``postmortem --html`` writes it from the file: no clean exit, the 21
+    finished steps (memalloc.step() after loop iterations 0 to 20), and the
+    peak the loop's sizes give (iteration 20's new 4 KiB batch while
+    iteration 19's 20 KiB one still lives, beside 20 kept tensors of 16 KiB:
+    step 21), held at KEEP_LINE and the batch's line."""
+    import json
+    import re
+
+    from flight_checks import KEEP_LINE, LOOP
+
+    out = tmp_path / "out"
+    shutil.copytree(killed, out / "flight")
+    p = memalloc_cli("postmortem", str(out), "--html")
+    assert p.returncode == 0 and f"run page: {out / 'index.html'}" in p.stdout, (p.stdout, p.stderr)
+    page = (out / "index.html").read_text()
+    data = json.loads(re.search(r'id="run-data">(.*?)</script>', page, re.S).group(1))
+    assert data["process"]["state"] == "running"  # no clean exit seen
+    assert [s["step"] for s in data["steps"]] == list(range(1, 22))
+    flame, KiB = data["flame"], 1024
+    assert flame["total"] == (20 * 16 + 20 + 4) * KiB and flame["step"] == 21
+    lines = {}
+    for node in flame["tree"]["children"]:
+        assert os.path.basename(node["file"]) == LOOP.name, node
+        lines[node["line"]] = node["bytes"]
+    assert lines.pop(KEEP_LINE) == 20 * 16 * KiB and list(lines.values()) == [24 * KiB], lines
+    p = memalloc_cli("postmortem", str(killed), "--html")  # a flight_recorder:DIR folder: beside the file
+    (path,) = ff.files_in(killed)
+    assert p.returncode == 0 and os.path.isfile(path + ".html"), p.stdout
+
+
 # the slow tier (CI runs it, `-m slow`): four processes ending each way (~7 s), over the README's fast-tier budget of
 # 180 s on CI's 2 cores
 @pytest.mark.slow
