@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 
 import pytest
@@ -46,6 +47,7 @@ dist.barrier()
 dist.destroy_process_group()
 """
 HELD = {r: (r + 1) * 64 * 1024 for r in (0, 1)}
+HELD_LINE = next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if line.startswith("held = "))
 STEPS = {r: 3 + r for r in (0, 1)}
 
 
@@ -67,7 +69,7 @@ def job(tmp_path_factory):
 
 def test_each_rank_writes_its_own_files(job):
     out, p = job
-    for name in ("steps.csv", "steps.json", "leaks.json", "leaks.html"):
+    for name in ("steps.csv", "steps.json", "leaks.json", "leaks.html", "index.html"):
         assert not (out / name).exists(), name  # nothing shared that a rank could overwrite
         for r in (0, 1):
             assert (out / f"rank{r}" / name).is_file(), (r, name)
@@ -77,6 +79,13 @@ def test_each_rank_writes_its_own_files(job):
         assert [int(row["step"]) for row in rows] == list(range(1, STEPS[r] + 1)), (r, rows)
         assert [row["step"] for row in doc["rows"]] == list(range(1, STEPS[r] + 1))
         assert "wrote steps.csv and steps.json" in p.stderr and f"to {out / f'rank{r}'}" in p.stderr, p.stderr
+    for r in (0, 1):  # each rank's page: its own steps, its rank, its held tensor at the script's line
+        page = (out / f"rank{r}" / "index.html").read_text()
+        data = json.loads(re.search(r'id="run-data">(.*?)</script>', page, re.S).group(1))
+        assert (data["process"]["rank"], data["process"]["world_size"]) == (r, 2)
+        assert [s["step"] for s in data["steps"]] == list(range(1, STEPS[r] + 1))
+        held = [n["bytes"] for n in data["flame"]["tree"]["children"] if n["line"] == HELD_LINE]
+        assert held == [HELD[r]], data["flame"]["tree"]["children"]
     # the same loop on both ranks: what differs at the last step is the tensor each rank holds
     last = {r: int(steps_csv(out / f"rank{r}" / "steps.csv")[-1]["allocated"]) for r in (0, 1)}
     assert last[1] - last[0] == HELD[1] - HELD[0], last
