@@ -196,7 +196,8 @@ def _summary(data: dict[str, Any], steps: list[dict]) -> str:
     ]
     if p:
         rank = f" · rank {p['rank']} of {p['world_size']}" if p.get("world_size", 1) > 1 else ""
-        how = f"pid {p.get('pid')} on {p.get('host')}{rank} · {p.get('state')}"
+        ended = _ENDS.get(str(p.get("state")), str(p.get("state")))
+        how = f"pid {p.get('pid')} on {p.get('host')}{rank} · {ended}"
         cmd = " ".join(p.get("argv") or [])
         head = f'<p class="muted">{_e(how)}</p>' + (f"<pre><code>{_e(cmd)}</code></pre>" if cmd else "")
     else:
@@ -211,6 +212,12 @@ def _summary(data: dict[str, Any], steps: list[dict]) -> str:
     )
     return f'<section class="card" id="summary"><h1>{_e(_title(data))}</h1>{head}{_kv(pairs)}{links}</section>'
 
+
+_ENDS = {  # the flight file's states, in words
+    "exited": "exited cleanly",
+    "raised": "ended on an exception",
+    "running": "no end recorded: still running, or killed",
+}
 
 _NO_STEPS = (
     "<p>No step ended: steps end at every <code>memalloc.step()</code>, or at every "

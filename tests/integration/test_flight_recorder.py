@@ -140,6 +140,7 @@ def test_postmortem_writes_the_run_page_a_killed_run_never_wrote(killed, tmp_pat
     page = (out / "index.html").read_text()
     data = json.loads(re.search(r'id="run-data">(.*?)</script>', page, re.S).group(1))
     assert data["process"]["state"] == "running"  # no clean exit seen
+    assert "no end recorded: still running, or killed" in page
     assert [s["step"] for s in data["steps"]] == list(range(1, 22))
     flame, KiB = data["flame"], 1024
     assert flame["total"] == (20 * 16 + 20 + 4) * KiB and flame["step"] == 21
