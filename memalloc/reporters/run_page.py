@@ -52,6 +52,7 @@ COLOURS = {  # the breakdown's colours, as the notebook's fragments show them
     "other": "#8c959f",
 }
 _W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 760, 250, 72, 16, 14, 44
+_MAX_BANDS = 300  # the breakdown chart's bands: past this many steps, one band per run of steps
 
 _CSS = """
 .chart .live { stroke:var(--accent); }
@@ -245,8 +246,21 @@ def _memory(steps: list[dict]) -> str:
     )
 
 
+def _buckets(steps: list[dict], most: int) -> list[tuple[float, float, dict]]:
+    """(left, right, row) bands over the steps: one per step, or, for more
+    than ``most`` steps, one per run of consecutive steps showing the run's
+    highest peak (its row), so the chart stays small at any length."""
+    size = max(1, -(-len(steps) // most))
+    out = []
+    for k in range(0, len(steps), size):
+        run = steps[k : k + size]
+        out.append((run[0]["step"] - 0.5, run[-1]["step"] + 0.5, max(run, key=lambda r: r["peak_allocated"])))
+    return out
+
+
 def _breakdown(steps: list[dict]) -> str:
-    """The peak's split by category per step, stacked (parameters at the bottom)."""
+    """The peak's split by category per step, stacked (parameters at the
+    bottom): a band per step (per run of steps past :data:`_MAX_BANDS`)."""
     head = (
         '<section class="card" id="breakdown"><h2>What the peak held, per step</h2>'
         '<p class="muted">the allocated bytes at each step\'s peak by category '
@@ -254,11 +268,11 @@ def _breakdown(steps: list[dict]) -> str:
     )
     if not steps:
         return head + _NO_STEPS + "</section>"
-    xs = [int(s["step"]) for s in steps]
-    totals = [sum(s["split"].get(c, 0) for c in CATEGORIES) for s in steps]
+    bands = _buckets(steps, _MAX_BANDS)
+    totals = [sum(r["split"].get(c, 0) for c in CATEGORIES) for _, _, r in bands]
     unit, scale = _unit_for(max(totals + [0]))
     tick, ymax = _nice_axis(max(totals + [0]) / scale)
-    x0, x1 = (xs[0] - 0.5, xs[-1] + 0.5)
+    x0, x1 = bands[0][0], bands[-1][1]
     pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
 
     def px(s: float) -> float:
@@ -274,30 +288,27 @@ def _breakdown(steps: list[dict]) -> str:
             f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
             f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{k * tick:g}</text>'
         )
-    base = [0.0] * len(steps)
+    base = [0.0] * len(bands)
     for c in CATEGORIES:
-        top = [b + s["split"].get(c, 0) for b, s in zip(base, steps)]
+        top = [b + r["split"].get(c, 0) for b, (_, _, r) in zip(base, bands)]
         if any(t > b for t, b in zip(top, base)):
-            # a band per step, as wide as the step: its top edge then its bottom edge back
-            edge = []
-            for x, t in zip(xs, top):
-                edge += [f"{px(x - 0.5):.1f},{py(t):.1f}", f"{px(x + 0.5):.1f},{py(t):.1f}"]
-            back = []
-            for x, b in zip(reversed(xs), reversed(base)):
-                back += [f"{px(x + 0.5):.1f},{py(b):.1f}", f"{px(x - 0.5):.1f},{py(b):.1f}"]
+            # one path per category: along the bands' tops, then back along their bottoms
+            edge = [f"{px(lo):.1f},{py(t):.1f} {px(hi):.1f},{py(t):.1f}" for (lo, hi, _), t in zip(bands, top)]
+            back = [
+                f"{px(hi):.1f},{py(b):.1f} {px(lo):.1f},{py(b):.1f}" for (lo, hi, _), b in zip(bands[::-1], base[::-1])
+            ]
             out.append(f'<path class="stack c-{c}" data-category="{c}" d="M{" L".join(edge + back)} Z"/>')
         base = top
-    stride = max(1, len(xs) // 200)
-    for i in range(0, len(xs), stride):  # hover: a step's split
-        split = "; ".join(f"{c} {fmt_bytes(steps[i]['split'].get(c, 0))}" for c in CATEGORIES)
+    for lo, hi, r in bands:  # hover: the band's step and split
+        split = "; ".join(f"{c} {fmt_bytes(r['split'].get(c, 0))}" for c in CATEGORIES)
         out.append(
-            f'<rect class="band" x="{px(xs[i] - 0.5 * stride):.1f}" y="{_TOP}" width="{pw / (x1 - x0) * stride:.1f}" '
-            f'height="{ph}"><title>step {xs[i]}: {_e(split)}</title></rect>'
+            f'<rect class="band" x="{px(lo):.1f}" y="{_TOP}" width="{px(hi) - px(lo):.1f}" height="{ph}">'
+            f"<title>step {r['step']}: {_e(split)}</title></rect>"
         )
     out.append(
         f'<line class="axis" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{_TOP + ph}" y2="{_TOP + ph}"/>'
         f'<text class="axis-title" x="{_LEFT + pw / 2:.0f}" y="{_H - 6}" text-anchor="middle">step '
-        f"{xs[0]}–{xs[-1]}</text>"
+        f"{steps[0]['step']}–{steps[-1]['step']}</text>"
         f'<text class="axis-title" transform="translate(14 {_TOP + ph / 2:.0f}) rotate(-90)" '
         f'text-anchor="middle">bytes ({unit})</text></svg>'
     )

@@ -320,3 +320,22 @@ def test_screenshot_of_the_page_is_rendered(runs, browser, tmp_path):
 def test_write_keeps_no_temporary_file(runs):
     names = os.listdir(runs["clean"][0] / "report")
     assert not [n for n in names if n.endswith(".tmp")], names
+
+
+def test_a_long_run_keeps_the_breakdown_chart_small_and_its_highest_step():
+    """40,000 steps (the flight file's history holds up to 43,690 rows): the
+    breakdown draws at most 300 bands, one per run of steps showing the run's
+    highest peak, so a spike at one step stays on the chart, named."""
+    MiB_ = 1 << 20
+    steps = [
+        {"step": k, "peak_allocated": (9 if k == 23_456 else 1) * MiB_, "allocated": MiB_, "reserved": 2 * MiB_}
+        for k in range(1, 40_001)
+    ]
+    for s in steps:
+        s["split"] = {"parameters": s["peak_allocated"]}
+    page = render({"schema": "memalloc.run_page/1", "steps": steps, "flame": None, "notes": []})
+    chart = page[page.index('id="chart-breakdown"') : page.index("</svg>", page.index('id="chart-breakdown"'))]
+    titles = re.findall(r"<title>step (\d+): parameters ([\d.]+ MiB)", chart)
+    assert 250 <= len(titles) <= 300, len(titles)
+    assert ("23456", "9.00 MiB") in titles and sum(t[1] == "9.00 MiB" for t in titles) == 1
+    assert len(chart) < 200_000, len(chart)
