@@ -19,7 +19,8 @@ and tools:
   ``#flame-graph`` whose width is its bytes' share of the frame in focus
   (``data-name``, ``data-file``, ``data-line``, ``data-bytes``); clicking a
   frame zooms to it (its ancestors stay above, full width; clicking one
-  zooms out to it), hovering shows its bytes and line in ``#flame-detail``;
+  zooms out to it), hovering shows its bytes, line and, for the user's
+  code, the line's text in ``#flame-detail``;
 - ``#leaks``, ``#ooms``, ``#advice``: the leak report, the OOMs and the
   advice (memalloc/reporters/notebook.py's fragments), or what gives them.
 
@@ -98,7 +99,7 @@ _FLAME_JS = """
   function where(n) { return n.file ? n.file + ":" + n.line : ""; }
   function describe(n) {
     return n.name + (where(n) ? "  " + where(n) : "") + "  " + size(n.bytes) + " (" + n.bytes.toLocaleString("en") +
-      " bytes, " + (100 * n.bytes / total).toFixed(1) + "% of the peak)";
+      " bytes, " + (100 * n.bytes / total).toFixed(1) + "% of the peak)" + (n.code ? "  \u2014  " + n.code : "");
   }
   function place(n, depth, left, width, cls, focus) {
     var d = document.createElement("div");

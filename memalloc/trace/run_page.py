@@ -39,7 +39,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from memalloc.core._usercode import is_internal
+from memalloc.core._usercode import is_internal, source_line
 from memalloc.reporters.run_page import render
 from memalloc.trace.flight_files import FlightFile, FlightFileError, peak_live, read
 
@@ -272,7 +272,8 @@ def _flame(f: FlightFile, device: int, notes: list[str]) -> dict[str, Any] | Non
 
 def _finish(node: dict[str, Any], floor: int) -> dict[str, Any]:
     """The node with its children as a list, largest first, those under
-    ``floor`` bytes merged into one ``kind: "other"`` node."""
+    ``floor`` bytes merged into one ``kind: "other"`` node; a frame of the
+    user's code gets its line's text (``code``, "" where the file is gone)."""
     kids = sorted(node["children"].values(), key=lambda c: (-c["bytes"], c["file"], c["line"], c["name"]))
     big = [_finish(c, floor) for c in kids if c["bytes"] >= floor]
     small = [c for c in kids if c["bytes"] < floor]
@@ -284,7 +285,9 @@ def _finish(node: dict[str, Any], floor: int) -> dict[str, Any]:
                 "line": 0,
                 "kind": "other",
                 "bytes": sum(c["bytes"] for c in small),
+                "code": "",
                 "children": [],
             }
         )
-    return {**node, "children": big}
+    code = source_line(node["file"], node["line"]) if node["kind"] == "user" else ""
+    return {**node, "code": "" if code.startswith("(") else code, "children": big}

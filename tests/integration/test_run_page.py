@@ -294,6 +294,7 @@ def test_flame_graph_zooms_to_a_frame_and_hovers_its_bytes(probed):
     expected = [e for e in expected_frames() if e[1] in ("branch", "leaf") or e[1:3] == ("<module>", branch_line)]
     _assert_widths(in_focus, probed["width"], expected, 4 * S * MiB)
     assert f"{3 * S * MiB:,} bytes" in probed["hover"] and f":{line_of('# LEAF')}" in probed["hover"], probed["hover"]
+    assert probed["hover"].endswith("keep.append(torch.empty(n * MiB, dtype=torch.uint8))  # LEAF"), probed["hover"]
 
 
 def test_legend_colours_are_their_lines_and_bands_colours(probed):
