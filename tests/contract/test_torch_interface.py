@@ -43,3 +43,27 @@ def test_the_inherited_list_is_not_stale_and_every_override_overrides(report):
     assert not report.strays, f"declared override but match no method of this torch's interface: {report.strays}"
     for key, reason in report.inherited.items():
         assert len(reason.split("[answered by")[0].strip()) > 20, f"{key}: give the reason it is right: {reason!r}"
+
+
+# torch.accelerator's memory API, each answered under memalloc as torch.cuda's
+# is (tests/gpu/test_cuda_interface.py calls every one of these on a GPU;
+# empty_host_cache is torch's pinned host allocator, which memalloc leaves).
+ACCELERATOR_MEMORY = {
+    "empty_cache",
+    "empty_host_cache",
+    "get_memory_info",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+}
+
+
+def test_every_accelerator_memory_query_of_this_torch_is_checked_on_the_gpu():
+    import torch.accelerator.memory as am
+
+    new = set(am.__all__) - ACCELERATOR_MEMORY
+    assert not new, f"torch {torch.__version__} has accelerator memory functions no GPU test checks: {sorted(new)}"
