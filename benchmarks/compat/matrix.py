@@ -94,7 +94,8 @@ def install(version: str, venv: Path, logs: Path, with_torch: bool = True) -> di
 
 
 def copy_tree(dest: Path) -> None:
-    """The tree's tracked and untracked-but-not-ignored files, copied to dest (anew)."""
+    """The tree's tracked and untracked-but-not-ignored files, copied to dest
+    (anew) and indexed in a git repository there."""
     if dest.exists():
         shutil.rmtree(dest)
     files = subprocess.run(
@@ -106,6 +107,10 @@ def copy_tree(dest: Path) -> None:
             target = dest / name.decode()
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
+    # A repository of its own (files indexed, nothing committed): tests that
+    # list the tree's files ask git (git ls-files).
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
 
 
 def junit_counts(path: Path) -> dict[str, int]:
