@@ -42,7 +42,8 @@ VERSIONS = ("2.11", "2.12", "2.13", "2.14", "2.15")
 # The release of each line that is installed (pip), and how: a CUDA build
 # from PyPI, except 2.13, CI's torch, whose CPU wheel CI installs.
 RELEASES = {"2.11": "2.11.0", "2.12": "2.12.0", "2.13": "2.13.0", "2.14": "2.14.1", "2.15": "2.15.0"}
-TEST_DEPS = ("pybind11", "ninja", "pytest", "pytest-xdist", "numpy", "hypothesis", "setuptools", "wheel")
+# setuptools >= 77 reads pyproject.toml's SPDX license string; older venvs (torch 2.11, 2.12) come with less.
+TEST_DEPS = ("pybind11", "ninja", "pytest", "pytest-xdist", "numpy", "hypothesis", "setuptools>=77", "wheel")
 FAST_TIER = (
     "-m",
     "pytest",
