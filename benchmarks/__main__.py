@@ -44,6 +44,8 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
     },
     "compat (torch's tests)": {
         "conformance": ("compat.conformance", "torch's own allocator tests, natively and under memalloc"),
+        "matrix": ("compat.matrix", "memalloc built and its fast tier run per torch release, 2.11 to 2.15 (no GPU)"),
+        "interface": ("compat.interface", "torch's CUDA allocator interface against memalloc's subclass"),
     },
     "cpu (the C++ core, no GPU)": {
         "cpu": ("cpu.suite", "the core on the host backend: ns and instructions per op; --check is CI's gate"),

@@ -63,8 +63,8 @@ OUTCOMES_PASSED = ("passed",)
 
 def _env(upstream: Path, suite: str, mode: str, config: str, log: Path, skip: Path) -> dict:
     env = dict(os.environ)
-    env.pop("MEMALLOC_CONF", None)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    for name in ("MEMALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):  # torch reads the second first
+        env.pop(name, None)
     env.update(
         PYTHONUNBUFFERED="1",
         MEMALLOC_CONFORMANCE_MODE=mode,

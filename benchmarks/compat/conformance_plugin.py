@@ -103,7 +103,8 @@ def _shim_testing_package() -> None:
             torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync"
         )
     if not hasattr(common_utils, "EXPANDABLE_SEGMENTS"):
-        common_utils.EXPANDABLE_SEGMENTS = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        conf = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")  # torch's order
+        common_utils.EXPANDABLE_SEGMENTS = "expandable_segments:True" in conf
     try:
         from torch.testing._internal import inductor_utils
 
@@ -214,6 +215,7 @@ else:
     _write(
         {
             "allocator_config": {
+                "PYTORCH_ALLOC_CONF": os.environ.get("PYTORCH_ALLOC_CONF", ""),
                 "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
                 "_set_allocator_settings": NATIVE_SETTINGS,
             }

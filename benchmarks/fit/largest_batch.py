@@ -156,7 +156,7 @@ def trial(
 def run_trial(mode: str, batch: int, steps: int, fraction: float, max_len: int = MAX_LEN, timeout: int = 300) -> dict:
     """One trial in a fresh process (the allocator's environment set)."""
     env = dict(os.environ)
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "MEMALLOC_CONF"):
+    for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "MEMALLOC_CONF"):
         env.pop(k, None)
     env.update(ENV.get(mode, {}))
     cmd = [

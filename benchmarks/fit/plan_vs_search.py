@@ -239,7 +239,11 @@ def run_worker(args: list[str], timeout: int = 600) -> dict:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={k: v for k, v in os.environ.items() if k not in ("MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")},
+        env={
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("MEMALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+        },
     )
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:

@@ -40,6 +40,7 @@ void* Backend::vm_reserve(int, size_t, size_t) { no_vm(*this); }
 bool Backend::vm_map(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_unmap(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_free(int, void*) { no_vm(*this); }
+void Backend::vm_add_peer(int, int) {}
 
 bool Backend::capture_frontier(int, Stream, uint64_t*, std::vector<GraphNode>* frontier) {
   frontier->clear();

@@ -121,6 +121,11 @@ class Backend {
   virtual void vm_unmap(int device, void* addr, size_t bytes);
   // Ends the reservation at `base` (every page unmapped).
   virtual void vm_free(int device, void* base);
+  // Lets device `peer` read and write `device`'s virtual memory: every page
+  // mapped now and every page vm_map maps later (torch's enablePeerAccess;
+  // memory from allocate() needs only the driver's peer access). A backend
+  // without virtual memory has nothing to do.
+  virtual void vm_add_peer(int device, int peer);
 
   // ---- graph capture topology (see the invariants above) ---------------------
   // True when `stream` is being captured into a graph: *capture_id is the

@@ -22,7 +22,9 @@
 //     cuMemMap, ...) are optional the same way. A mapped page is one
 //     cuMemCreate handle of its reservation's page size (a multiple of
 //     vm_page_size(), the device's recommended granularity), mapped
-//     read-write for its device; vm_unmap unmaps and releases the handles;
+//     read-write for its device and the peers vm_add_peer named (torch's
+//     enablePeerAccess; peers_, guarded by vm_mu_, only grow); vm_unmap
+//     unmaps and releases the handles;
 //     the reservations (vm_reservations.h: their page size and their
 //     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
@@ -123,7 +125,11 @@ const DriverApi* driver(std::string* why) {
   std::call_once(once, [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
-      error = "no CUDA driver: dlopen(libcuda.so.1) failed";
+      const char* why = dlerror();
+      error = std::string("no CUDA driver: dlopen(libcuda.so.1) failed (") + (why ? why : "no reason given") +
+              "). This machine has no NVIDIA driver on the loader path (a CUDA build of torch then runs on the CPU "
+              "only): install the NVIDIA driver, or put the folder holding libcuda.so.1 on LD_LIBRARY_PATH, to use "
+              "a GPU; memalloc.enable() meanwhile uses the host backend (backend='host')";
       return;
     }
     bool ok = load(lib, "cuInit", api.cuInit) && load(lib, "cuDeviceGetCount", api.cuDeviceGetCount) &&
@@ -368,13 +374,29 @@ class CudaBackend final : public Backend {
       }
       pages[done] = h;
     }
-    CUmemAccessDesc access{{kMemLocationTypeDevice, device}, kMemAccessProtReadWrite};
-    CUresult res = api_->cuMemSetAccess(base, bytes, &access, 1);
+    const std::vector<CUmemAccessDesc> access = access_locked(device);
+    CUresult res = api_->cuMemSetAccess(base, bytes, access.data(), access.size());
     if (res != kSuccess) {
       undo();
       check(res, "cuMemSetAccess");
     }
     return true;
+  }
+
+  // torch's enablePeerAccess(peer, device): the pages mapped so far, and
+  // (access_locked) every later vm_map, become read-write for `peer` too.
+  void vm_add_peer(int device, int peer) override {
+    if (peer == device || api_->cuMemSetAccess == nullptr) return;
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    if (static_cast<size_t>(device) >= peers_.size()) peers_.resize(static_cast<size_t>(device) + 1);
+    std::vector<int>& peers = peers_[static_cast<size_t>(device)];
+    if (std::find(peers.begin(), peers.end(), peer) != peers.end()) return;
+    const CUmemAccessDesc access{{kMemLocationTypeDevice, peer}, kMemAccessProtReadWrite};
+    vm_.for_each_mapped(device, [&](std::uintptr_t addr, size_t bytes) {
+      check(api_->cuMemSetAccess(static_cast<CUdeviceptr>(addr), bytes, &access, 1), "cuMemSetAccess (peer)");
+    });
+    peers.push_back(peer);
   }
 
   void vm_unmap(int device, void* addr, size_t bytes) override {
@@ -633,6 +655,16 @@ class CudaBackend final : public Backend {
     return m + "Send from a process with MEMALLOC_CONF=expandable_segments:False";
   }
 
+  // Who may use `device`'s mapped pages: the device, then its peers
+  // (vm_add_peer). Under vm_mu_.
+  std::vector<CUmemAccessDesc> access_locked(int device) const {
+    std::vector<CUmemAccessDesc> out{{{kMemLocationTypeDevice, device}, kMemAccessProtReadWrite}};
+    if (static_cast<size_t>(device) < peers_.size())
+      for (int p : peers_[static_cast<size_t>(device)])
+        out.push_back({{kMemLocationTypeDevice, p}, kMemAccessProtReadWrite});
+    return out;
+  }
+
   static CUmemAllocationProp page_prop(int device) {
     CUmemAllocationProp prop{};
     prop.type = kMemAllocationTypePinned;
@@ -668,6 +700,7 @@ class CudaBackend final : public Backend {
   std::mutex vm_mu_;                                 // guards vm_ and vm_pages_
   VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
   std::vector<size_t> vm_pages_;                     // page size per device, 0 = not read yet
+  std::vector<std::vector<int>> peers_;              // per device: the peers given access (vm_add_peer), vm_mu_
   // Sharing (guarded by vm_mu_): why pages are not exportable ("" = they
   // are), the descriptor exported for each shared page, and the ranges
   // mapped from other processes' pages.

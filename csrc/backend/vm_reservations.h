@@ -80,6 +80,16 @@ class VmReservations {
   }
   void erase(int device, void* base) { by_base_.erase({device, reinterpret_cast<std::uintptr_t>(base)}); }
 
+  // f(address, page bytes) for every mapped page of `device`'s reservations.
+  template <typename F>
+  void for_each_mapped(int device, F&& f) const {
+    for (const auto& [key, r] : by_base_) {
+      if (key.first != device) continue;
+      for (size_t k = 0; k < r.pages.size(); ++k)
+        if (r.pages[k] != Page{}) f(key.second + k * r.page, r.page);
+    }
+  }
+
  private:
   struct Reservation {
     size_t bytes = 0;

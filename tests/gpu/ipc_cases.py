@@ -47,8 +47,8 @@ def handle_form(numel: int) -> str:
 
 
 def configure(mode: str, config: str) -> None:
-    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    os.environ.pop("MEMALLOC_CONF", None)
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "MEMALLOC_CONF"):  # torch reads the first
+        os.environ.pop(name, None)
     flag = "True" if config == "expandable" else "False"
     if mode == "native":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{flag}"

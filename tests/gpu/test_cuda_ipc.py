@@ -32,7 +32,11 @@ MODES = ("native", "memalloc")
 
 
 def run_pair(parent: str, config: str, child: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("MEMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MEMALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+    }
     p = subprocess.run(
         [sys.executable, os.path.join(HERE, "ipc_cases.py"), parent, config, child],
         cwd=REPO,

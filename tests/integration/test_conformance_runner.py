@@ -186,10 +186,11 @@ def test_expandable_unsaid_sets_expandable_segments_where_torchs_tests_do_not_lo
     result = json.loads((out / "conformance.json").read_text())
     assert result["meta"]["allocator_config"] == {
         "cuda-native-expandable_unsaid": {
+            "PYTORCH_ALLOC_CONF": "",
             "PYTORCH_CUDA_ALLOC_CONF": "",
             "_set_allocator_settings": "expandable_segments:True",
         },
-        "cuda-native-default": {"PYTORCH_CUDA_ALLOC_CONF": "", "_set_allocator_settings": ""},
+        "cuda-native-default": {"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "", "_set_allocator_settings": ""},
     }
     outcomes = _outcomes(result, "expandable_unsaid")
     assert outcomes["test_memory_passes"] == "passed" and outcomes["test_memory_fails"] == "failed"

@@ -81,6 +81,19 @@ def test_pytorch_cuda_alloc_conf_applies_its_shared_keys_at_enable(fresh_python)
     assert "pinned_num_register_threads" not in r["warnings"][0]  # torch's host allocator applies those
 
 
+def test_pytorch_alloc_conf_is_honoured_and_read_first(fresh_python):
+    """torch's new name for the variable (PYTORCH_ALLOC_CONF) applies as the
+    old one does, and wins when both are set, as torch reads them (issue 42)."""
+    env = fresh_python.env(
+        PYTORCH_ALLOC_CONF="garbage_collection_threshold:0.5,max_split_size_mb:256",
+        PYTORCH_CUDA_ALLOC_CONF="garbage_collection_threshold:0.7",
+    )
+    _, r, _ = fresh_python.code(
+        "memalloc.enable(backend='host')\n", "R['s'] = memalloc.installed_allocator().settings()", env=env
+    )
+    assert "garbage_collection_threshold:0.5" in r["s"] and "max_split_size_mb:256" in r["s"], r["s"]
+
+
 def test_memalloc_conf_overrides_torchs_variable_key_by_key(fresh_python):
     env = fresh_python.env(
         conf="max_split_size_mb:64", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:256,garbage_collection_threshold:0.6"

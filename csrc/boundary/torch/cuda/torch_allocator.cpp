@@ -3,6 +3,7 @@
 // torch_allocator.h. Semantics follow torch's native caching allocator
 // (c10/cuda/CUDACachingAllocator.cpp), read, not copied.
 #include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -25,6 +26,7 @@
 #include "boundary/torch/cuda/torch_allocator.h"
 #include "boundary/torch/cuda/torch_history.h"
 #include "boundary/torch/cuda/torch_snapshot.h"
+#include "boundary/torch/cuda/torch_version.h"
 
 namespace memalloc {
 namespace {
@@ -365,12 +367,51 @@ class TorchCudaAllocator final : public Pluggable {
     return false;
   }
   // torch.compile's regions and _set_memory_metadata, on each trace entry.
-  // (No `override`: not every supported torch declares all of them.)
-  void pushCompileContext(std::string& md) { history_.push_compile_context(md); }
-  void popCompileContext() { history_.pop_compile_context(); }
-  bool supportsUserMetadata() { return true; }
-  void setUserMetadata(const std::string& metadata) { history_.set_user_metadata(metadata); }
-  std::string getUserMetadata() { return history_.user_metadata(); }
+  void pushCompileContext(std::string& md) override { history_.push_compile_context(md); }
+  void popCompileContext() override { history_.pop_compile_context(); }
+#if MEMALLOC_TORCH_AT_LEAST(2, 14)
+  bool supportsUserMetadata() override { return true; }
+#endif
+  void setUserMetadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
+  std::string getUserMetadata() override { return history_.user_metadata(); }
+
+  // The allocation context of the live block starting at `ptr` (nullptr:
+  // none, or history below STATE), as native looks it up.
+#if MEMALLOC_TORCH_AT_LEAST(2, 12)
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    for (int d = 0; d < core_->device_count(); ++d)
+      if (auto context = history_.block_context(d, addr)) return context;
+    return nullptr;
+  }
+#endif
+  // record_function's marks while _record_memory_history runs with
+  // global_record_annotations: the snapshot's external_annotations.
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    history_.record_annotation(c10::cuda::current_device(), md);
+  }
+#if MEMALLOC_TORCH_AT_LEAST(2, 14)
+  // torch.cuda.memory._annotate_tensor: an "annotate" trace entry for the
+  // live block at `ptr` (its storage's base), with the annotation site's
+  // frames; nothing when history is off or no live block starts there.
+  void annotateMemory(const void* ptr, const std::string& metadata) override {
+    TorchHistory::Context frames = history_.gather(cda::RecordContext::ALLOC);
+    auto* p = const_cast<void*>(ptr);
+    for (int d = 0; d < core_->device_count(); ++d) {
+      std::uintptr_t base = 0;
+      size_t segment = 0, block = 0, page = 0;
+      bool expandable = false;
+      if (!core_->device(d).segment_of(p, &base, &segment, &expandable, &block, &page)) continue;
+      history_.annotate(d, reinterpret_cast<std::uintptr_t>(ptr), block, metadata, std::move(frames));
+      return;
+    }
+  }
+#endif
+  // NCCL's buffer registration (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK)
+  // and other trackers: every trace entry, under the device lock.
+  void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override {
+    history_.attach_tracker(std::move(tracker));
+  }
 
   // torch.cuda.memory._snapshot() (torch_snapshot.h)
   cca::SnapshotInfo snapshot(c10::MempoolId_t pool, bool include_traces) override {
@@ -381,6 +422,44 @@ class TorchCudaAllocator final : public Pluggable {
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> lock(observers_mu_);
     observers_.push_back(std::move(observer));
+  }
+
+#if MEMALLOC_TORCH_AT_LEAST(2, 12)
+  // Observers of allocations refused before reaching the device (native's
+  // throw_on_cudamalloc_oom policy). memalloc has no such policy (enable()
+  // names the key as unsupported): it never refuses that way, so these are
+  // kept and never called, and num_oom_rejections stays 0, as natively with
+  // the policy off (its default).
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) override {
+    std::lock_guard<std::mutex> lock(observers_mu_);
+    rejection_observers_.push_back(std::move(observer));
+  }
+#endif
+
+  // ---- peers ---------------------------------------------------------------------
+  // `dev` may use `dev_to_access`'s memory: the driver's peer access (enough
+  // for cuMemAlloc segments), and the pages of expandable segments, now and
+  // later, made accessible to `dev` (cuMemSetAccess), as native does.
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    {
+      c10::cuda::CUDAGuard device_guard(dev);
+      const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();  // already on: clear the sticky error, as native
+      } else {
+        C10_CUDA_CHECK(err);
+      }
+    }
+    guard([&] { core_->backend().vm_add_peer(dev_to_access, dev); });
+  }
+  // A copy between devices: memalloc's expandable segments are not
+  // cudaMalloc memory, so without peer access it must go through the peer
+  // copy (cudaMemcpyAsync would fail there); native decides the same way.
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count, cudaStream_t stream,
+                          bool p2p_enabled) override {
+    if (p2p_enabled || dstDevice == srcDevice)
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
 
   // ---- the one allocation path ---------------------------------------------------
@@ -514,6 +593,9 @@ class TorchCudaAllocator final : public Pluggable {
   std::vector<SourceEntry> sources_;  // source_for's table
   std::mutex observers_mu_;
   std::vector<cca::OutOfMemoryObserver> observers_;
+#if MEMALLOC_TORCH_AT_LEAST(2, 12)
+  std::vector<cca::OomRejectionObserver> rejection_observers_;  // never called (attachOomRejectionObserver)
+#endif
   std::mutex ipc_mu_;
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;
 };

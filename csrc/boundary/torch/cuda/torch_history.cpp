@@ -35,6 +35,10 @@ const char* action_name(TorchAction a) {
       return "segment_unmap";
     case TorchAction::OOM:
       return "oom";
+#if MEMALLOC_TORCH_AT_LEAST(2, 14)
+    case TorchAction::ANNOTATE:
+      return "annotate";
+#endif
     default:
       return "snapshot";
   }
@@ -64,6 +68,7 @@ void TorchHistory::configure(bool enabled, c10::CachingDeviceAllocator::CreateCo
   max_entries_ = std::max<size_t>(max_entries, 1);
   skip_ = skip_actions;
   if (!enabled || clear_history) {
+    annotations_.clear();
     for (Device& d : devices_) {
       d.entries.clear();
       if (!enabled) {
@@ -88,26 +93,31 @@ TorchHistory::Context TorchHistory::gather(RecordContext level) const {
   return recorder();
 }
 
-void TorchHistory::add_locked(Device& d, int device, TorchAction action, std::uintptr_t addr, size_t size,
-                              const Event& e, Context context) {
+void TorchHistory::add_locked(Device& d, int device, TorchAction action, std::uintptr_t addr, size_t size, void* stream,
+                              c10::MempoolId_t pool, Context context, const std::string* metadata) {
   const char* name = action_name(action);
   if (std::find(skip_.begin(), skip_.end(), name) != skip_.end()) return;
   if (static_cast<int>(when_) < static_cast<int>(RecordContext::ALLOC)) context = nullptr;  // STATE: blocks only
-  c10::MempoolId_t pool{0, 0};
-  if (e.block != nullptr && e.block->owner != nullptr) pool = e.block->owner->id;
-  TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<cudaStream_t>(e.stream),
-                pool, 0, std::move(context), compile_contexts_.empty() ? std::string("N/A") : compile_contexts_.back(),
-                user_metadata_);
+  TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<cudaStream_t>(stream), pool,
+                0, std::move(context), compile_contexts_.empty() ? std::string("N/A") : compile_contexts_.back(),
+                metadata != nullptr ? *metadata : user_metadata_);
   te.time_.t_ = static_cast<time_t>(unix_us());
+  for (const auto& tracker : trackers_) tracker(te);
+  if (!enabled_.load(std::memory_order_relaxed)) return;
   d.entries.push_back(std::move(te));
   if (d.entries.size() > max_entries_) d.entries.pop_front();
 }
 
 void TorchHistory::on_event(int device, const Event& e) {
-  if (!enabled()) return;
+  if (!enabled() && !has_trackers_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!enabled_.load(std::memory_order_relaxed) || device < 0 || static_cast<size_t>(device) >= devices_.size()) return;
+  if (device < 0 || static_cast<size_t>(device) >= devices_.size()) return;
   Device& d = devices_[static_cast<size_t>(device)];
+  c10::MempoolId_t pool{0, 0};
+  if (e.block != nullptr && e.block->owner != nullptr) pool = e.block->owner->id;
+  auto add = [&](TorchAction action, size_t size, Context context) {
+    add_locked(d, device, action, e.addr, size, reinterpret_cast<void*>(e.stream), pool, std::move(context));
+  };
   const bool keep_state = static_cast<int>(when_) >= static_cast<int>(RecordContext::STATE);
   // A free's own frames (level ALL), else the frames of the allocation.
   auto own_or = [&](const std::unordered_map<std::uintptr_t, Context>& from) -> Context {
@@ -118,36 +128,68 @@ void TorchHistory::on_event(int device, const Event& e) {
   switch (e.action) {
     case memalloc::Action::kAlloc:
       if (keep_state && t_context) d.blocks[e.addr] = t_context;
-      add_locked(d, device, TorchAction::ALLOC, e.addr, e.requested, e, t_context);
+      add(TorchAction::ALLOC, e.requested, t_context);
       break;
     case memalloc::Action::kFreeRequested:
-      add_locked(d, device, TorchAction::FREE_REQUESTED, e.addr, e.requested, e, own_or(d.blocks));
+      add(TorchAction::FREE_REQUESTED, e.requested, own_or(d.blocks));
       break;
     case memalloc::Action::kFreeCompleted:
-      add_locked(d, device, TorchAction::FREE_COMPLETED, e.addr, e.requested, e, own_or(d.blocks));
+      add(TorchAction::FREE_COMPLETED, e.requested, own_or(d.blocks));
       d.blocks.erase(e.addr);
       break;
     case memalloc::Action::kSegmentAlloc:
       if (t_context) d.segments[e.addr] = t_context;
-      add_locked(d, device, TorchAction::SEGMENT_ALLOC, e.addr, e.size, e, t_context);
+      add(TorchAction::SEGMENT_ALLOC, e.size, t_context);
       break;
     case memalloc::Action::kSegmentFree:
-      add_locked(d, device, TorchAction::SEGMENT_FREE, e.addr, e.size, e, own_or(d.segments));
+      add(TorchAction::SEGMENT_FREE, e.size, own_or(d.segments));
       d.segments.erase(e.addr);
       break;
     case memalloc::Action::kSegmentMap:
-      add_locked(d, device, TorchAction::SEGMENT_MAP, e.addr, e.size, e, t_context);
+      add(TorchAction::SEGMENT_MAP, e.size, t_context);
       break;
     case memalloc::Action::kSegmentUnmap:
-      add_locked(d, device, TorchAction::SEGMENT_UNMAP, e.addr, e.size, e, t_context);
+      add(TorchAction::SEGMENT_UNMAP, e.size, t_context);
       break;
     case memalloc::Action::kOom:  // addr: the device's free bytes then
-      add_locked(d, device, TorchAction::OOM, e.addr, e.requested, e, t_context);
+      add(TorchAction::OOM, e.requested, t_context);
       break;
     default:
       break;  // memalloc's own actions (retries, policies) have no torch entry
   }
 }
+
+void TorchHistory::attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trackers_.push_back(std::move(tracker));
+  has_trackers_.store(true, std::memory_order_relaxed);
+}
+
+void TorchHistory::record_annotation(int device, const std::vector<std::pair<std::string, std::string>>& metadata) {
+  if (!enabled()) return;
+  c10::CachingDeviceAllocator::AnnotationEntry entry(static_cast<c10::DeviceIndex>(device), 0);
+  entry.time_.t_ = static_cast<time_t>(unix_us());
+  for (const auto& [name, value] : metadata) entry.recordUserMetadata(name, value);
+  std::lock_guard<std::mutex> lock(mu_);
+  annotations_.push_back(std::move(entry));
+  if (annotations_.size() > max_entries_) annotations_.pop_front();
+}
+
+std::vector<c10::CachingDeviceAllocator::AnnotationEntry> TorchHistory::annotations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {annotations_.begin(), annotations_.end()};
+}
+
+#if MEMALLOC_TORCH_AT_LEAST(2, 14)
+void TorchHistory::annotate(int device, std::uintptr_t addr, size_t size, const std::string& metadata,
+                            Context context) {
+  if (!enabled()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!enabled_.load(std::memory_order_relaxed) || device < 0 || static_cast<size_t>(device) >= devices_.size()) return;
+  add_locked(devices_[static_cast<size_t>(device)], device, TorchAction::ANNOTATE, addr, size, nullptr, {0, 0},
+             std::move(context), &metadata);
+}
+#endif
 
 std::vector<TorchHistory::TraceEntry> TorchHistory::entries(int device) const {
   std::lock_guard<std::mutex> lock(mu_);

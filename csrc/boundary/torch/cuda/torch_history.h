@@ -25,9 +25,17 @@
 //     first; disabling or clear_history empties them (native).
 //   * A live block's allocation context is kept while level >= STATE, and
 //     dropped when the block is freed or history is disabled.
+//   * Trace trackers (attachAllocatorTraceTracker) see every entry made,
+//     history on or off, under the device lock and this object's mutex, as
+//     natively (torch asks them to take no lock of the allocator's).
+//   * External annotations (recordAnnotation, the profiler's record_function
+//     marks) and post-facto annotations (annotateMemory, torch >= 2.14) are
+//     kept only while history is on, the last max_entries of them.
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
+
+#include "boundary/torch/cuda/torch_version.h"
 
 #include <atomic>
 #include <cstdint>
@@ -80,6 +88,17 @@ class TorchHistory {
   // The allocation context of the live block at `addr` (nullptr: none).
   Context block_context(int device, std::uintptr_t addr) const;
 
+  // torch's trace trackers: called with every trace entry made.
+  void attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker);
+  // recordAnnotation: one external annotation on `device` (history on only).
+  void record_annotation(int device, const std::vector<std::pair<std::string, std::string>>& metadata);
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations() const;
+#if MEMALLOC_TORCH_AT_LEAST(2, 14)
+  // annotateMemory: an "annotate" entry for the live block at `addr` of
+  // `size` bytes, carrying `metadata` and `context` (history on only).
+  void annotate(int device, std::uintptr_t addr, size_t size, const std::string& metadata, Context context);
+#endif
+
   void push_compile_context(const std::string& context);
   void pop_compile_context();
   void set_user_metadata(const std::string& metadata);
@@ -91,8 +110,9 @@ class TorchHistory {
     std::unordered_map<std::uintptr_t, Context> blocks;    // live block -> its allocation's frames
     std::unordered_map<std::uintptr_t, Context> segments;  // segment -> the frames that made it
   };
-  void add_locked(Device& d, int device, TraceEntry::Action action, std::uintptr_t addr, size_t size, const Event& e,
-                  Context context);
+  // Makes the entry, shows it to the trackers, keeps it while history is on.
+  void add_locked(Device& d, int device, TraceEntry::Action action, std::uintptr_t addr, size_t size, void* stream,
+                  c10::MempoolId_t pool, Context context, const std::string* metadata = nullptr);
 
   mutable std::mutex mu_;
   std::atomic<bool> enabled_{false};
@@ -101,6 +121,9 @@ class TorchHistory {
   size_t max_entries_ = 0;
   std::vector<std::string> skip_;  // action names not recorded
   std::vector<Device> devices_;
+  std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
+  std::atomic<bool> has_trackers_{false};
+  std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
   std::vector<std::string> compile_contexts_;  // a stack; "N/A" when empty
   std::string user_metadata_;
 };

@@ -109,6 +109,7 @@ cca::SnapshotInfo torch_snapshot(CachingAllocator& core, const TorchHistory& his
       add_traces(core, d, &out.device_traces.back(), &contexts);
     }
   }
+  if (include_traces) out.external_annotations = history.annotations();  // record_function's marks (recordAnnotation)
   const Config settings = core.device(0).settings();
   out.config_metadata.garbage_collection_threshold = settings.garbage_collection_threshold;
   out.config_metadata.max_split_size = settings.max_split_size;
