@@ -1,8 +1,8 @@
 """``python -m memalloc diff A B [--html PATH] [--json] [--min-bytes N]``:
 two runs compared call site by call site, which lines hold more or less at
 the peak and per step, largest change first, with each line's category and
-text. A and B: a ``run --out`` folder with its flight recorder file, a
-flight recorder folder or file, or a snapshot pickle (memalloc/trace/diff.py
+text. A and B: a ``run --out`` folder with its flight recorder file (of a
+job of several ranks: ``--rank N``'s), a flight recorder folder or file, or a snapshot pickle (memalloc/trace/diff.py
 says what each gives and what "the peak" and "per step" are); rendered by
 memalloc/reporters/diff.py."""
 
@@ -21,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", help="run A: a `run --out` folder with flight/, a flight folder or file, or a snapshot pickle")
     p.add_argument("b", help="run B, the same kinds (the deltas are B - A)")
     p.add_argument("--device", type=int, default=None, help="the device to compare (default: the one used)")
+    p.add_argument("--rank", type=int, default=None, help="in a job's folder (torchrun), the rank to compare")
     p.add_argument(
         "--min-bytes", type=int, default=0, help="leave out lines that changed by at most this (bytes; per step)"
     )
@@ -34,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
     if args.min_bytes < 0 or (args.top is not None and args.top < 1):
         raise SystemExit("memalloc: --min-bytes must be >= 0 and --top >= 1")
     try:
-        d = diff(args.a, args.b, device=args.device, min_bytes=args.min_bytes)
+        d = diff(args.a, args.b, device=args.device, min_bytes=args.min_bytes, rank=args.rank)
     except DiffError as e:
         raise SystemExit(f"memalloc: {e}") from None
     if args.top is not None:

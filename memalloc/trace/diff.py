@@ -115,8 +115,10 @@ class Run:
 # ------------------------------------------------------------------ input ----
 
 
-def load(path: str, device: int | None = None) -> Run:
-    """One run from ``path`` (a kind of :data:`KINDS`); DiffError otherwise."""
+def load(path: str, device: int | None = None, rank: int | None = None) -> Run:
+    """One run from ``path`` (a kind of :data:`KINDS`); DiffError otherwise.
+    A folder of a job's flight files (torchrun under ``run --out``): the
+    file of ``rank``, which must then be given."""
     if not os.path.exists(path):
         raise DiffError(f"{path}: no such file or folder (give {KINDS})")
     if os.path.isdir(path):
@@ -127,10 +129,7 @@ def load(path: str, device: int | None = None) -> Run:
                 return _resolved(load_summary(os.path.join(path, SUMMARY)))
             raise DiffError(f"{path}: not a run diff can read ({e}); give {KINDS}") from None
         if len(files) > 1:
-            raise DiffError(
-                f"{path}: {len(files)} processes' flight files (a job of several ranks); give one of them: "
-                + ", ".join(files[:8])
-            )
+            files = _of_rank(path, files, rank)
         run = _from_flight(files[0], device)
     elif path.endswith(SUFFIX):
         run = _from_flight(path, device)
@@ -139,6 +138,24 @@ def load(path: str, device: int | None = None) -> Run:
     else:
         run = _from_snapshot(path, device)
     return _resolved(run)
+
+
+def _of_rank(path: str, files: list[str], rank: int | None) -> list[str]:
+    """The one file of ``rank`` among a job's ``files``; DiffError naming
+    the ranks there when ``rank`` is None or not one of them."""
+    ranks: dict[int, list[str]] = collections.defaultdict(list)
+    for file in files:
+        try:
+            ranks[read(file).rank].append(file)
+        except FlightFileError:
+            continue
+    found = ranks.get(rank, []) if rank is not None else []
+    if len(found) == 1:
+        return found
+    there = ", ".join(f"rank {r}" for r in sorted(ranks))
+    if rank is None:
+        raise DiffError(f"{path}: the flight files of a job ({there}); say which rank to compare with --rank N")
+    raise DiffError(f"{path}: {len(found)} flight files of rank {rank} (there: {there}); give one file")
 
 
 def _resolved(run: Run) -> Run:
@@ -503,9 +520,10 @@ def _run_dict(r: Run) -> dict:
     }
 
 
-def diff(a: str, b: str, *, device: int | None = None, min_bytes: int = 0) -> dict:
-    """:func:`compare` of the runs at paths ``a`` and ``b`` (:func:`load`)."""
-    return compare(load(a, device), load(b, device), min_bytes=min_bytes)
+def diff(a: str, b: str, *, device: int | None = None, min_bytes: int = 0, rank: int | None = None) -> dict:
+    """:func:`compare` of the runs at paths ``a`` and ``b`` (:func:`load`;
+    ``rank``: the rank to take from a job's folder)."""
+    return compare(load(a, device, rank), load(b, device, rank), min_bytes=min_bytes)
 
 
 __all__ = [

@@ -101,6 +101,22 @@ def test_report_merges_the_ranks_of_a_clean_job(job):
     assert "2 rank(s)" in r.stdout and "rank 0 (pid" in r.stdout and "rank 1 (pid" in r.stdout, r.stdout
 
 
+def test_diff_takes_a_rank_of_a_job(job):
+    """diff of a job's folder needs --rank; rank 0's file against the job's
+    rank 1 names the one planted difference: the tensor each rank holds at
+    HELD_LINE, 64 KiB more on rank 1."""
+    out, _ = job
+    p = memalloc_cli("diff", str(out), str(out))
+    assert p.returncode != 0 and "--rank N" in p.stderr and "rank 0, rank 1" in p.stderr, p.stderr
+    (rank0,) = [f for f in ff.files_in(out / "flight") if ff.read(f).rank == 0]
+    p = memalloc_cli("diff", rank0, str(out), "--rank", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    peak = json.loads(p.stdout)["peak"]
+    assert [(r["site"]["line"], r["delta"]) for r in peak] == [(HELD_LINE, HELD[1] - HELD[0])], peak
+    p = memalloc_cli("diff", str(out), str(out), "--rank", "2")
+    assert p.returncode != 0 and "0 flight files of rank 2" in p.stderr, p.stderr
+
+
 def test_a_single_clean_process_keeps_its_paths_and_report_says_why_no_flight_files(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
