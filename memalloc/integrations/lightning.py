@@ -41,7 +41,9 @@ def _should_log(trainer: Trainer) -> bool:
 
 class MemoryMonitor(Callback):
     """Logs memalloc's figures through the trainer's loggers; reports leaks
-    at the end of fit; puts OOM reports in the trainer's log folder.
+    at the end of fit; puts OOM reports and the run page (``index.html``:
+    steps, breakdown, the flame graph of the peak) in the trainer's log
+    folder.
 
     Args:
         leaks: track leaks (a :class:`memalloc.LeakTracker`: one sample of

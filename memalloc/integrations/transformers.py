@@ -37,7 +37,8 @@ from memalloc.integrations._monitor import Monitor
 
 class MemoryCallback(TrainerCallback):
     """Adds memalloc's figures to the Trainer's logs; reports leaks at the
-    end of training; puts OOM reports in ``args.output_dir``.
+    end of training; puts OOM reports and the run page (``index.html``) in
+    ``args.output_dir``.
 
     Args as :class:`memalloc.integrations.lightning.MemoryMonitor`
     (``leaks``, ``leak_window``, ``warmup_steps``, ``oom_reports``).
