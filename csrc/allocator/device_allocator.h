@@ -149,14 +149,12 @@ class DeviceAllocator {
   // True when `ptr` is the start of a live block of this device.
   bool owns(void* ptr);
 
-  // Waits for pending cross-stream frees, then returns every fully free
-  // segment of the default pool and of freeable private pools to the
-  // backend. Returns the bytes released; 0 while capturing().
-  size_t empty_cache(Caller caller = nullptr);
-  // The same for one private pool's fully free segments, when the pool is
-  // freeable (use count 0, as native); empty_cache() for kDefaultPool; 0
-  // for an unknown pool.
-  size_t empty_pool_cache(PoolId pool, Caller caller = nullptr);
+  // Waits for pending cross-stream frees, then returns to the backend every
+  // fully free segment of `pool`: for kDefaultPool (torch.cuda.empty_cache)
+  // the default pool's and every freeable private pool's; for a private
+  // pool its own, when it is freeable (use count 0, as native); none for an
+  // unknown pool. Returns the bytes released; 0 while capturing().
+  size_t empty_cache(Caller caller = nullptr, PoolId pool = kDefaultPool);
 
   // ---- the parts the boundary drives directly, under the device lock ------
   // Each runs f(part) with the lock held and returns what f returns; f must

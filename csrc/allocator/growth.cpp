@@ -159,9 +159,7 @@ size_t DeviceAllocator::release_cached_locked(PrivatePool* only) {
   return released;
 }
 
-size_t DeviceAllocator::empty_cache(Caller caller) { return empty_pool_cache(kDefaultPool, caller); }
-
-size_t DeviceAllocator::empty_pool_cache(PoolId id, Caller caller) {
+size_t DeviceAllocator::empty_cache(Caller caller, PoolId id) {
   std::lock_guard<std::mutex> lock(mu_);
   const EventSink::CallerScope scope(sink_, caller);
   if (pools_.any_route()) return 0;  // a capture may be under way: no free, no sync

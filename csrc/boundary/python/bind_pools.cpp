@@ -187,7 +187,7 @@ void bind_pools(py::module_& t) {
             const PoolId id = pool_id(pool);
             py::gil_scoped_release nogil;
             const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
-            return a->device(device).empty_pool_cache(id, &caller);
+            return a->device(device).empty_cache(&caller, id);
           },
           py::arg("allocator"), py::arg("pool"), py::arg("device") = 0,
           "Releases the pool's fully free segments; returns the bytes.")

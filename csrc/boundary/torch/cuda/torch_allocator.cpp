@@ -152,7 +152,7 @@ class TorchCudaAllocator final : public Pluggable {
     TorchHistory::Scope frames(history_.gather(cda::RecordContext::ALL));  // segment frees carry empty_cache's frames
     guard([&] {
       const CallContext ctx = AllocatorRegistry::instance().thread_context();
-      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_pool_cache(pool, &ctx);
+      for (int d = 0; d < core_->device_count(); ++d) core_->device(d).empty_cache(&ctx, pool);
     });
   }
   // cuDNN's workspace guess: *largest == 0 asks for the device's free bytes
