@@ -40,6 +40,12 @@ DeviceAllocator* CachingAllocator::find_owner(void* ptr) {
   return nullptr;
 }
 
+bool CachingAllocator::free_owned(void* ptr, Caller caller) {
+  for (auto& d : devices_)
+    if (d->free_if_owned(ptr, caller)) return true;
+  return false;
+}
+
 std::shared_ptr<CachingAllocator> make_allocator(const std::string& backend, const Config& config,
                                                  const std::string& settings_text) {
   if (backend == "cuda") return std::make_shared<CachingAllocator>(make_cuda_backend(), config, settings_text);

@@ -56,6 +56,10 @@ class CachingAllocator {
   DeviceAllocator& device(int index);
   // The device whose live block starts at ptr; nullptr when none.
   DeviceAllocator* find_owner(void* ptr);
+  // Frees ptr on the device whose live block starts there: one lookup under
+  // each device's lock tried (find_owner then free would take two); false,
+  // and nothing changed, when no device owns it.
+  bool free_owned(void* ptr, Caller caller = nullptr);
 
   // f(profiler) of device `index` under that device's lock; returns what f
   // returns. f must not call into the allocator.

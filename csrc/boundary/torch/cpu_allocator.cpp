@@ -51,13 +51,9 @@ void free_cpu(void* ptr) {
   if (ptr == nullptr) return;
   try {
     CachingAllocator* a = AllocatorRegistry::instance().installed();
-    DeviceAllocator* owner = a == nullptr ? nullptr : a->find_owner(ptr);
-    if (owner == nullptr) {
-      std::fprintf(stderr, "memalloc: CPU free of %p ignored: not a live memalloc allocation\n", ptr);
-      return;
-    }
     const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
-    owner->free(ptr, &caller);
+    if (a == nullptr || !a->free_owned(ptr, &caller))
+      std::fprintf(stderr, "memalloc: CPU free of %p ignored: not a live memalloc allocation\n", ptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memalloc: CPU free ignored: %s\n", e.what());
   }
@@ -122,11 +118,9 @@ class RoutedAllocators {
   bool free(void* ptr) {
     std::shared_ptr<CachingAllocator> last;  // released after the lock
     std::lock_guard<std::mutex> g(mu_);
+    const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      DeviceAllocator* owner = it->allocator->find_owner(ptr);
-      if (owner == nullptr) continue;
-      const memalloc::CallContext caller = AllocatorRegistry::instance().thread_context();
-      owner->free(ptr, &caller);
+      if (!it->allocator->free_owned(ptr, &caller)) continue;
       --it->live;
       drop_if_unused(it, last);
       return true;
