@@ -26,7 +26,7 @@ import struct
 from memalloc.core._format import fmt_bytes
 from memalloc.reporters import flight
 from memalloc.reporters.leak_report import LeakReport
-from memalloc.trace import flight_report
+from memalloc.trace import flight_report, run_page
 from memalloc.trace.flight_files import FlightFileError, files_in, read
 from memalloc.trace.trace_files import load_trace
 
@@ -77,8 +77,16 @@ def _job_report(args: argparse.Namespace) -> int:
     merged = flight_report.merge(files)
     print(flight.job_text(merged))
     if args.html:
-        with open(args.html, "w") as f:
-            f.write(flight.job_html(merged))
+        here = os.path.dirname(os.path.abspath(args.html))
+        pages = {}  # each rank's run page, when its process wrote one (run --out DIR: DIR/rank<N>/index.html)
+        for f in files:
+            _, page = run_page.page_for(f.path, f.world_size, f.rank)
+            if os.path.isfile(page):
+                pages[f.rank] = os.path.relpath(page, here)
+        for r in merged["ranks"]:
+            r["page"] = pages.get(r["rank"])
+        with open(args.html, "w") as out:
+            out.write(flight.job_html(merged))
         print(f"wrote {args.html}")
     return 0
 

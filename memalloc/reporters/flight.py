@@ -60,7 +60,8 @@ _PALETTE = ("#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#
 
 def job_html(m: dict) -> str:
     """The merged report as one self-contained page: ``id="ranks"`` (a row
-    per rank, ``data-rank``, ``data-peak``), ``id="chart-ranks"`` (one
+    per rank, ``data-rank``, ``data-peak``, a link to the rank's run page
+    where ``page`` gives its path), ``id="chart-ranks"`` (one
     ``polyline.series.rank-N`` per rank), ``id="outliers"`` and ``id="leaks"``."""
     e = html.escape
     steps = sorted({s for r in m["ranks"] for s in r["steps"]})
@@ -70,7 +71,9 @@ def job_html(m: dict) -> str:
         series.append((f"rank-{r['rank']}", f"rank {r['rank']}", [at.get(s, 0) for s in steps]))
     rows = "".join(
         f'<tr data-rank="{r["rank"]}" data-peak="{r["peak"]}"><td>{r["rank"]}</td><td>{r["pid"]}</td>'
-        f"<td>{e(r['host'])}</td><td>{e(r['state'])}</td><td>{e(fmt_bytes(r['peak']))}</td></tr>"
+        f"<td>{e(r['host'])}</td><td>{e(r['state'])}</td><td>{e(fmt_bytes(r['peak']))}</td>"
+        + (f'<td><a href="{e(r["page"])}">its page</a></td>' if r.get("page") else "<td></td>")
+        + "</tr>"
         for r in m["ranks"]
     )
     outliers = (
@@ -100,7 +103,8 @@ def job_html(m: dict) -> str:
     )
     sections = [
         f'<section class="card" id="summary"><h1>memalloc job report: {len(m["ranks"])} ranks</h1>'
-        f'<table id="ranks"><tr><th>rank</th><th>pid</th><th>host</th><th>end</th><th>peak allocated</th></tr>'
+        '<table id="ranks"><tr><th>rank</th><th>pid</th><th>host</th><th>end</th><th>peak allocated</th>'
+        "<th>run page</th></tr>"
         f"{rows}</table></section>",
         '<section class="card" id="memory"><h2>Peak allocated per step, by rank</h2>'
         + chart("chart-ranks", steps, series)

@@ -99,6 +99,16 @@ def test_report_merges_the_ranks_of_a_clean_job(job):
     r = memalloc_cli("report", str(out))  # the --out folder itself: its flight folder is found
     assert r.returncode == 0, r.stderr
     assert "2 rank(s)" in r.stdout and "rank 0 (pid" in r.stdout and "rank 1 (pid" in r.stdout, r.stdout
+    # the job's page links each rank's run page, relative to where the job page is written
+    page = out / "pages" / "job.html"
+    page.parent.mkdir(exist_ok=True)
+    r = memalloc_cli("report", str(out), "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    links = dict(re.findall(r'<tr data-rank="(\d)".*?<a href="([^"]+)">its page</a>', page.read_text()))
+    assert links == {str(k): f"../rank{k}/index.html" for k in (0, 1)}, links
+    assert all(
+        (page.parent / link).resolve() == (out / f"rank{k}" / "index.html").resolve() for k, link in links.items()
+    )
 
 
 def test_diff_takes_a_rank_of_a_job(job):
