@@ -18,8 +18,9 @@ What each run gives (:func:`load`):
 
 **At the peak**: the bytes live at each call site at the moment the run's
 live bytes were highest, as far as the data sees them: over the ring's
-records (a flight file; a ring that wrapped has lost the blocks allocated
-before its oldest record, said in the notes) or over the snapshot's trace,
+records (a flight file, from the blocks live when its recorder started; a
+ring that wrapped has lost the blocks allocated before its oldest record,
+said in the notes) or over the snapshot's trace,
 starting from the blocks live before it (those of its segments not
 allocated in the trace, and those the trace frees without having allocated
 them, the latter at an unknown line); a snapshot without a trace gives the
@@ -259,7 +260,9 @@ def _from_flight(path: str, device: int | None) -> Run:
     if f.missing:
         notes.append(f"the file is cut short ({f.missing} bytes missing)")
     events = [(e.action, e.addr, e.size, _flight_site(f, e)) for e in ring]
-    peak, at_peak, meta = peak_live({}, events)
+    # from the blocks live when the recorder started (a recorder started after the model was built)
+    start = {addr: (size, f.site(stack_id)) for addr, (size, stack_id) in f.live_at_start.get(d, {}).items()}
+    peak, at_peak, meta = peak_live(start, events)
     steps, per_step = _per_step(ring, events, f.step)
     when = f"step {ring[meta].step}" if ring and meta >= 0 else "the start"
     return Run(

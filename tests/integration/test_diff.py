@@ -27,7 +27,7 @@ import textwrap
 import pytest
 
 from memalloc.trace import flight_files
-from memalloc.trace.diff import DiffError, category_of, diff
+from memalloc.trace.diff import DiffError, category_of, diff, load
 
 MiB = 1 << 20
 BASE_A, SHRINK, EXTRA, GROW_A, GROW_B, STEPS = 8 * MiB, 3 * MiB, 5 * MiB, 1 * MiB, 2 * MiB, 6
@@ -286,3 +286,31 @@ def test_a_wider_model_shows_its_parameters_gradients_and_optimizer_state(tmp_pa
     assert step["delta"] >= 2 * more and step["category"] == "optimizer_state"
     assert model["code"].startswith("model = torch.nn.Sequential(torch.nn.Linear(256, 512)")
     assert step["code"] == "opt.step()"
+
+
+def test_a_recorder_started_late_counts_the_blocks_live_before_it(fresh_python, tmp_path):
+    """A flight recorder started after a tensor was made (as the framework
+    callbacks start theirs after the model is built) still counts that
+    tensor at its line at the peak: the file keeps the blocks live at its
+    start. Truth: 3 MiB made before the recorder, 1 MiB after, both kept."""
+    script = tmp_path / "late.py"
+    script.write_text(
+        textwrap.dedent(f"""\
+            import torch
+            import memalloc
+            from memalloc.features import flight
+            memalloc.enable(backend="host")
+            memalloc.host.use_for_cpu_tensors()
+            early = torch.empty(3 * {MiB}, dtype=torch.uint8)  # EARLY
+            flight.start({str(tmp_path / "flight")!r}, keep=True)
+            late = torch.empty({MiB}, dtype=torch.uint8)  # LATE
+            flight.stop(True)
+        """)
+    )
+    p = fresh_python.run([str(script)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = {m: i for i, l in enumerate(script.read_text().splitlines(), 1) for m in ("EARLY", "LATE") if m in l}
+    run = load(str(tmp_path / "flight"))
+    at = {(os.path.basename(f), line): b for (f, line, _), b in run.at_peak.items()}
+    assert at == {("late.py", lines["EARLY"]): 3 * MiB, ("late.py", lines["LATE"]): MiB}, at
+    assert run.peak == 4 * MiB
