@@ -149,7 +149,9 @@ def postmortem_text(v: dict) -> str:
             if split:
                 lines.append("  breakdown at the last finished step: " + describe_split(split))
         if dev["live"]:
-            lines.append("  live memory at the end by line (blocks the ring saw allocated and not freed):")
+            lines.append(
+                "  live memory at the end by line (blocks live at the recorder's start or allocated since, not freed):"
+            )
             for (file, line, func), nbytes, blocks in dev["live"]:
                 lines.append(f"    {fmt_bytes(nbytes):>10} in {blocks} blocks  {file}:{line} in {func}")
         if dev["last"]:

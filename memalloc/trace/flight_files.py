@@ -146,10 +146,19 @@ def replay(live: dict[int, Event], e: Event) -> Event | None:
     return None
 
 
-def live_at_end(ring: list[Event]) -> dict[int, Event]:
-    """The blocks a ring saw allocated and not freed by its last record
-    (address -> their alloc events); blocks older than the ring are unknown."""
-    live: dict[int, Event] = {}
+def live_at_end(
+    ring: list[Event], start: dict[int, tuple[int, int]] | None = None, device: int = 0
+) -> dict[int, Event]:
+    """The blocks live after a ring's last record (address -> their alloc
+    events): those it saw allocated and not freed, and of ``start`` (the
+    blocks live when the recorder started, address -> (bytes, stack id):
+    :attr:`FlightFile.live_at_start`) those it did not free, as alloc events
+    of step 0 on ``device``. Blocks older than the ring and not in ``start``
+    are unknown."""
+    live: dict[int, Event] = {
+        addr: Event(0, "alloc", device, 0, addr, size, size, stack_id, "", 0, 0, "")
+        for addr, (size, stack_id) in (start or {}).items()
+    }
     for e in ring:
         replay(live, e)
     return live

@@ -212,11 +212,12 @@ def _alive(pid: int) -> bool:
 
 
 def live_sites(f: FlightFile, device: int) -> list[tuple[tuple, int, int]]:
-    """((file, line, function), bytes, blocks) of the blocks the ring of
-    ``device`` saw allocated and not freed, by :meth:`FlightFile.site`, most
+    """((file, line, function), bytes, blocks) of the blocks live at the end
+    of the ring of ``device`` (those it saw allocated, and those live when
+    the recorder started, not freed since), by :meth:`FlightFile.site`, most
     bytes first."""
     sites: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for e in live_at_end(f.rings[device]).values():
+    for e in live_at_end(f.rings[device], f.live_at_start.get(device), device).values():
         key = f.site(e.stack_id)
         sites[key][0] += e.size
         sites[key][1] += 1

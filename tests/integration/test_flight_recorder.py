@@ -395,3 +395,37 @@ def test_a_file_cut_short_keeps_what_lies_before_the_cut(killed, tmp_path):
     assert f.sequences[0] == [whole.sequences[0][i] for i in kept] and len(kept) == min(slots, len(whole.rings[0]))
     assert records_of(f) == [records_of(whole)[i] for i in kept]
     assert f.stacks == {} and f.checkpoint is None and f.history == []  # they lay after the cut
+
+
+def test_postmortem_counts_the_blocks_live_before_a_late_recorder(tmp_path):
+    """A recorder started after a tensor was made (the framework callbacks
+    start theirs after the model is built), then the process SIGKILLed:
+    postmortem's live memory at the end names the early tensor's line too
+    (3 MiB, first), from the blocks the file keeps from its start."""
+    import textwrap
+
+    script = tmp_path / "late.py"
+    script.write_text(
+        textwrap.dedent(f"""\
+            import os, signal
+            import torch
+            import memalloc
+            from memalloc.features import flight
+            memalloc.enable(backend="host")
+            memalloc.host.use_for_cpu_tensors()
+            early = torch.empty(3 << 20, dtype=torch.uint8)  # EARLY
+            flight.start({str(tmp_path / "flight")!r})
+            late = torch.empty(1 << 20, dtype=torch.uint8)  # LATE
+            memalloc.step()  # a step names the stacks made since the last (a loop's do)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    )
+    p = subprocess.run([sys.executable, str(script)], env=env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    p = memalloc_cli("postmortem", str(tmp_path / "flight"))
+    assert p.returncode == 0, p.stderr
+    lines = [l for l in p.stdout.split("live memory at the end by line")[1].splitlines()[1:3]]
+    early = next(i for i, l in enumerate(script.read_text().splitlines(), 1) if "# EARLY" in l)
+    late = early + 2
+    assert f"late.py:{early} " in lines[0] and "3.00 MiB in 1 block" in lines[0], p.stdout
+    assert f"late.py:{late} " in lines[1] and "1.00 MiB in 1 block" in lines[1], p.stdout
