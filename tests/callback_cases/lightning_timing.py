@@ -4,8 +4,8 @@ WITH (1: MemoryMonitor in the callbacks; 0: not), STEPS, DEVICE (host |
 cuda). Both modes run under memalloc.enable(), so the difference is the
 callback's alone (its trackers, its step boundaries, the flight recorder and
 run page it adds). A transformer encoder in bf16 autocast with AdamW; a
-callback of the script's own times each step (device synchronised at its
-end). Prints RESULT <json>: the steps' seconds."""
+callback of the script's own times each step, from one batch's start to the
+next's (device synchronised there). Prints RESULT <json>: the steps' seconds."""
 
 import json
 import sys
@@ -26,20 +26,26 @@ WIDTH, LAYERS, BATCH, LENGTH = (1024, 8, 16, 512) if DEVICE == "cuda" else (64, 
 
 
 class Timer(L.Callback):
-    def __init__(self):
-        self.times, self._t = [], 0.0
+    """A step's time: from its batch's start to the next batch's start (the
+    device synchronised at each), so every callback's work at the step's end,
+    MemoryMonitor's included, is inside it whatever the callbacks' order."""
 
-    def _sync(self):
+    def __init__(self):
+        self.times, self._t = [], None
+
+    def _mark(self):
         if DEVICE == "cuda":
             torch.cuda.synchronize()
+        now = time.perf_counter()
+        if self._t is not None:
+            self.times.append(now - self._t)
+        self._t = now
 
     def on_train_batch_start(self, trainer, module, batch, i):
-        self._sync()
-        self._t = time.perf_counter()
+        self._mark()
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, i):
-        self._sync()
-        self.times.append(time.perf_counter() - self._t)
+    def on_train_end(self, trainer, module):
+        self._mark()
 
 
 class Module(L.LightningModule):
