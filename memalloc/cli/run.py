@@ -282,11 +282,12 @@ def main(args: argparse.Namespace) -> int:
 def _write_page(out: str, flight_path: str | None, state: str) -> None:
     """``out/index.html``: the run's page (memalloc/trace/run_page.py), from
     the flight file and the reports written to ``out``; a page that cannot
-    be written says why on stderr and ends nothing."""
+    be written says why on stderr and ends nothing (it runs in the end's
+    cleanup, before the flight recorder stops)."""
     try:
         path = run_page.write(out, flight_path, state=state)
-    except (OSError, ValueError) as e:
-        print(f"memalloc: no run page: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - a page that fails must not cut the cleanup short
+        print(f"memalloc: no run page: {type(e).__name__}: {e}", file=sys.stderr)
         return
     print(f"memalloc: wrote {path}", file=sys.stderr)
 

@@ -30,6 +30,7 @@ run, built on memalloc's public features and computing nothing of its own.
 from __future__ import annotations
 
 import os
+import warnings
 
 import memalloc
 from memalloc.core import iteration
@@ -179,7 +180,12 @@ class Monitor:
                 recorder.sync()
             os.makedirs(self.folder, exist_ok=True)
             state = "exited" if clean else "raised"
-            self.page = run_page.write(self.folder, recorder.path if recorder else None, title=self.who, state=state)
+            try:
+                self.page = run_page.write(
+                    self.folder, recorder.path if recorder else None, title=self.who, state=state
+                )
+            except Exception as e:  # noqa: BLE001 - a page that fails must not end training's end
+                warnings.warn(f"memalloc: no run page: {type(e).__name__}: {e}", stacklevel=2)
         if self._flight is not None and self._flight is recorder:
             flight.stop(clean)
             try:  # its folder too, when a clean end left it empty
