@@ -67,5 +67,5 @@ def main(args: argparse.Namespace) -> int:
         if args.html:
             folder, page = run_page.page_for(path, f.world_size, f.rank)
             os.makedirs(folder, exist_ok=True)
-            print(f"run page: {run_page.write(folder, path, path=page)}")
+            print(f"run page: {run_page.write(folder, f, path=page)}")
     return status

@@ -76,6 +76,7 @@ from memalloc.features.leaks import LeakTracker
 from memalloc.features.tracker import StepTracker
 from memalloc.install import host
 from memalloc.trace import diff, run_page
+from memalloc.trace.flight_files import FlightFile, FlightFileError, read
 
 from . import fit
 from ._common import check_or_exit, enable_or_exit
@@ -253,17 +254,15 @@ def main(args: argparse.Namespace) -> int:
             _write_advice(*advice, out, leak_report, plan)  # the leaks come first, not counted as activations
         _print_totals(backend)
         del script_globals
-        recorder = flight.current()
-        if recorder is not None:
-            recorder.sync()  # the stacks interned since the last step, for the readers below
+        own = _own_flight_file()  # read once, for the page and sites.json
         if not probing:
-            _write_page(out, recorder.path if recorder is not None else None, "exited" if clean else "raised")
+            _write_page(out, own, "exited" if clean else "raised")
         if flight_dir is not None:
             # a clean end: the file goes, and its folder when nothing else is in it,
             # leaving out/sites.json (what `diff` reads of it); an exception (an OOM,
             # Ctrl-C, SIGTERM) leaves the file for postmortem
-            if clean and not keep_flight:
-                _write_sites(out)
+            if clean and not keep_flight and own is not None:
+                _write_sites(out, own)
             flight.stop(clean)
             try:
                 os.rmdir(flight_dir)
@@ -279,28 +278,39 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_page(out: str, flight_path: str | None, state: str) -> None:
+def _own_flight_file() -> FlightFile | str | None:
+    """This process's flight recorder file, its stacks interned since the
+    last step written first (FlightRecorder.sync): read, or its path when it
+    cannot be read (the readers then say why); None when none runs."""
+    recorder = flight.current()
+    if recorder is None:
+        return None
+    recorder.sync()
+    try:
+        return read(recorder.path)
+    except FlightFileError:
+        return recorder.path
+
+
+def _write_page(out: str, own: FlightFile | str | None, state: str) -> None:
     """``out/index.html``: the run's page (memalloc/trace/run_page.py), from
     the flight file and the reports written to ``out``; a page that cannot
     be written says why on stderr and ends nothing (it runs in the end's
     cleanup, before the flight recorder stops)."""
     try:
-        path = run_page.write(out, flight_path, state=state)
+        path = run_page.write(out, own, state=state)
     except Exception as e:  # noqa: BLE001 - a page that fails must not cut the cleanup short
         print(f"memalloc: no run page: {type(e).__name__}: {e}", file=sys.stderr)
         return
     print(f"memalloc: wrote {path}", file=sys.stderr)
 
 
-def _write_sites(out: str) -> None:
+def _write_sites(out: str, own: FlightFile | str) -> None:
     """``out/sites.json``: the running flight file's bytes by line at the peak
     and per step (trace/diff.py), for ``python -m memalloc diff``; a run
     diff cannot read (several devices used) says why on stderr instead."""
-    recorder = flight.current()
-    if recorder is None:
-        return
     try:
-        diff.save_summary(recorder.path, os.path.join(out, diff.SUMMARY))
+        diff.save_summary(own, os.path.join(out, diff.SUMMARY))
     except (diff.DiffError, OSError) as e:
         print(f"memalloc: no {diff.SUMMARY} for `memalloc diff`: {e}", file=sys.stderr)
 

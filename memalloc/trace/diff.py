@@ -191,9 +191,10 @@ def _resolved(run: Run) -> Run:
     )
 
 
-def save_summary(flight_file: str, out: str) -> Run:
-    """Reads the flight file ``flight_file`` as :func:`load` does (the one
-    device it used) and writes that reading to ``out`` (JSON, schema
+def save_summary(flight_file: str | FlightFile, out: str) -> Run:
+    """Reads the flight file ``flight_file`` (its path, or the file already
+    read) as :func:`load` does (the one device it used) and writes that
+    reading to ``out`` (JSON, schema
     :data:`SUMMARY_SCHEMA`): ``run --out DIR`` does so before a clean end
     removes the file, so ``diff`` still reads the run from ``DIR``.
     DiffError as :func:`load` (e.g. several devices used)."""
@@ -244,11 +245,16 @@ def load_summary(path: str) -> Run:
         raise DiffError(f"{path}: not a run summary diff can read ({e}); give {KINDS}") from None
 
 
-def _from_flight(path: str, device: int | None) -> Run:
-    try:
-        f = read(path)
-    except FlightFileError as e:
-        raise DiffError(f"{e}; give {KINDS}") from None
+def _from_flight(source: str | FlightFile, device: int | None) -> Run:
+    """A run from a flight file, given by its path or already read."""
+    if isinstance(source, FlightFile):
+        f = source
+    else:
+        try:
+            f = read(source)
+        except FlightFileError as e:
+            raise DiffError(f"{e}; give {KINDS}") from None
+    path = f.path
     d = _pick_device(path, [i for i, ring in enumerate(f.rings) if any(e.action == "alloc" for e in ring)], device)
     ring = f.rings[d] if d < len(f.rings) else []
     notes = []

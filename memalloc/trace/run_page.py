@@ -58,7 +58,7 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # memall
 
 def write(
     folder: str,
-    flight_path: str | None,
+    flight: str | FlightFile | None,
     *,
     title: str = "",
     device: int | None = None,
@@ -68,7 +68,7 @@ def write(
     """Writes the page (:func:`collect` rendered by
     memalloc/reporters/run_page.py) to ``path`` (default
     ``folder/index.html``) and returns where."""
-    page = render(collect(folder, flight_path, title=title, device=device, state=state))
+    page = render(collect(folder, flight, title=title, device=device, state=state))
     path = path or os.path.join(folder, PAGE)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -92,10 +92,16 @@ def page_for(flight_path: str, world_size: int, rank: int) -> tuple[str, str]:
 
 
 def collect(
-    folder: str, flight_path: str | None, *, title: str = "", device: int | None = None, state: str | None = None
+    folder: str,
+    flight: str | FlightFile | None,
+    *,
+    title: str = "",
+    device: int | None = None,
+    state: str | None = None,
 ) -> dict[str, Any]:
-    """The run's figures as plain data (see the module docstring):
-    ``flight_path`` None (no flight recorder ran) leaves steps, the flame
+    """The run's figures as plain data (see the module docstring), from the
+    flight file (its path, or the file already read): ``flight`` None (no
+    flight recorder ran) leaves steps, the flame
     graph and the ring's OOMs out, with a note saying why. ``device``: the
     one to show (default: the one the ring saw allocate most). ``state``:
     how the process ended, when the process writing the page knows it
@@ -118,11 +124,13 @@ def collect(
         "notes": notes,
     }
     f = None
-    if flight_path is None:
+    if flight is None:
         notes.append("no flight recorder ran (--no-flight-recorder): no steps, stacks or OOM events to show")
+    elif isinstance(flight, FlightFile):
+        f = flight
     else:
         try:
-            f = read(flight_path)
+            f = read(flight)
         except FlightFileError as e:
             notes.append(f"the flight recorder file could not be read: {e}")
     if f is not None:
