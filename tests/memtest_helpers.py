@@ -10,6 +10,8 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from memalloc import _C
@@ -172,6 +174,24 @@ def require_library(name: str) -> None:
     if os.environ.get("MEMALLOC_REQUIRE_LIBRARIES") == "1":
         pytest.fail(f"MEMALLOC_REQUIRE_LIBRARIES=1 but {name} is not installed: pip install {name}")
     pytest.skip(f"not installed: {name}")
+
+
+# ---- case scripts in a child process (the GPU tests: FreshPython hides the GPU) ----
+
+
+def run_case(script: str | Path, *args: str, cwd: str | Path, timeout: float = 600) -> dict:
+    """``python SCRIPT ARGS...`` in ``cwd``, with this checkout importable and
+    no MEMALLOC_CONF of the caller's, the GPU visible: the dict of the one
+    ``RESULT <json>`` line it prints. Asserts it exited 0 and printed that
+    line once (the output's tail otherwise)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MEMALLOC_CONF", None)
+    p = subprocess.run(
+        [sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    assert p.returncode == 0 and len(lines) == 1, f"rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return json.loads(lines[0][len("RESULT ") :])
 
 
 # ---- the run page of the framework callbacks (tests/integration/test_callbacks.py, tests/gpu/) ----

@@ -11,14 +11,12 @@ BOUND, the bound of memalloc's own step-time targets
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 import torch
+from memtest_helpers import run_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,20 +26,8 @@ ROUNDS, STEPS, WARMUP, BOUND = 3, 60, 10, 1.02
 
 
 def _median_step(tmp_path, with_monitor: bool, i: int) -> float:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    env.pop("MEMALLOC_CONF", None)
     out = tmp_path / f"run{i}"
-    p = subprocess.run(
-        [sys.executable, CASE, str(out), "1" if with_monitor else "0", str(STEPS), "cuda"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and len(lines) == 1, f"rc={p.returncode}\n{p.stderr[-4000:]}"
-    times = json.loads(lines[0][len("RESULT ") :])["times"]
+    times = run_case(CASE, str(out), "1" if with_monitor else "0", str(STEPS), "cuda", cwd=tmp_path)["times"]
     assert len(times) == STEPS
     if with_monitor:  # the callback did its work: its page is there
         assert list(out.glob("lightning_logs/version_0/index.html")), list(out.rglob("*"))

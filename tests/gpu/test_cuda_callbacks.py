@@ -11,14 +11,11 @@ host-backend versions: tests/integration/test_callbacks.py.
 from __future__ import annotations
 
 import csv
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from memtest_helpers import check_run_page
+from memtest_helpers import check_run_page, run_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,19 +25,7 @@ FIGURES = ("allocated", "reserved", "peak_allocated", "peak_reserved")
 
 
 def _run(tmp_path, script: str, *args: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run(
-        [sys.executable, os.path.join(CASES, script), str(tmp_path / "out"), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and len(lines) == 1, f"rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    return json.loads(lines[0][len("RESULT ") :])
+    return run_case(os.path.join(CASES, script), str(tmp_path / "out"), *args, cwd=tmp_path)
 
 
 def _check(logged: dict, truth: dict) -> None:
