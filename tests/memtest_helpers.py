@@ -204,7 +204,8 @@ def check_run_page(r: dict, folder: str, script: str, state: str = "exited") -> 
     steps end with the truths' allocated and peak bytes, step by step (the
     monitor's boundary comes after the truth's reading, before the peaks'
     reset); its flame graph's peak holds the model's parameters, allocated
-    before training started, and is at least every step's peak; the flight
+    before training started (in the module's constructor, or in Module.to
+    where the model was built on the CPU), and is at least every step's peak; the flight
     file the monitor started is gone after a clean end, kept after an error."""
     page = open(os.path.join(folder, "index.html")).read()
     data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S).group(1))
@@ -217,7 +218,8 @@ def check_run_page(r: dict, folder: str, script: str, state: str = "exited") -> 
     assert flame["total"] >= max([t["peak_allocated"] for t in truth] + [1])
     frames = _frame_names(flame["tree"])
     assert any(os.path.basename(f) == script for f, _ in frames), frames  # the script's own lines
-    assert any(n.rsplit(".", 1)[-1] in ("__init__", "reset_parameters") for _, n in frames), frames  # parameters
+    # the parameters: made on the device (host backend) or moved there by Module.to (CUDA; its `convert`)
+    assert any(n.rsplit(".", 1)[-1] in ("__init__", "reset_parameters", "convert") for _, n in frames), frames
     flight_dir = os.path.join(folder, "memalloc-flight")
     if state == "raised":
         assert len(os.listdir(flight_dir)) == 1  # for postmortem
