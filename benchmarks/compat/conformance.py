@@ -102,7 +102,7 @@ def _read_log(log: Path) -> tuple[dict, list]:
             e = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash
-        if "shims" in e or "allocator_config" in e:
+        if "shims" in e or "allocator_config" in e or "after" in e:  # "after": MEMALLOC_CONFORMANCE_LIVE's
             continue
         if "start" in e:
             started.append(e["start"])

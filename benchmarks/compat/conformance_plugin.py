@@ -21,6 +21,14 @@ Environment (set by the runner):
 - ``MEMALLOC_CONFORMANCE_LOG``: a JSON-lines file: {"start": id} when a test
   starts and {"id", "outcome", "message"} when it ends, flushed at once so
   that a crash leaves the last started test behind.
+- ``MEMALLOC_CONFORMANCE_LIVE``: ``1``: after each test's isolation (below)
+  the log gets {"after": id, "allocated": bytes, "blocks": [...]}: what is
+  still allocated between tests, with the largest live blocks of
+  ``torch.cuda.memory_snapshot()`` (bytes, and their frames when history is
+  on), so that a run natively and one under memalloc can be compared test by
+  test. ``history``: the same, with torch's memory history recorded from the
+  plugin's load (``_record_memory_history``; it changes what history tests
+  see, so only for runs that look for the owner of a difference).
 - ``MEMALLOC_CONFORMANCE_TEST_TIMEOUT``: seconds one test may run (0 = no
   limit): past it every thread's Python stack goes to stderr and the process
   exits (faulthandler), so the runner records the test as crashed, with
@@ -276,6 +284,32 @@ def pytest_runtest_teardown(item, nextitem) -> None:
         for d in range(torch.cuda.device_count()):
             torch.cuda.set_per_process_memory_fraction(1.0, d)
         torch.cuda.empty_cache()
+        if LIVE:
+            _write({"after": item.nodeid, "allocated": torch.cuda.memory_allocated(), "blocks": _live_blocks(torch)})
+
+
+LIVE = os.environ.get("MEMALLOC_CONFORMANCE_LIVE", "")
+
+
+def _live_blocks(torch, most: int = 40) -> list:
+    """The largest blocks still allocated (bytes, and the frames of their
+    allocation where history is recorded), for MEMALLOC_CONFORMANCE_LIVE."""
+    if torch.cuda.memory_allocated() == 0:
+        return []
+    blocks = []
+    for seg in torch.cuda.memory_snapshot():
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                frames = [f"{f['filename']}:{f['line']} {f['name']}" for f in (b.get("frames") or [])[:8]]
+                blocks.append({"bytes": b["size"], "pool": str(seg.get("segment_pool_id")), "frames": frames})
+    blocks.sort(key=lambda b: -b["bytes"])
+    return blocks[:most]
+
+
+if LIVE == "history":
+    import torch as _torch
+
+    _torch.cuda.memory._record_memory_history(max_entries=200000)
 
 
 def pytest_runtest_logreport(report) -> None:

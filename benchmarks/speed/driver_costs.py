@@ -147,6 +147,59 @@ def round_of(d: Driver, size: int, exportable: bool) -> dict:
     }
 
 
+def pieces_round(d: Driver, piece: int) -> dict:
+    """One round: ONE exportable handle of 1 GiB mapped as 1 GiB / `piece`
+    separate mappings at offsets 0, piece, 2 x piece, ... (cuMemMap's
+    offset: older drivers took only 0), access granted per mapping, then
+    one piece moved to another reservation (unmapped and mapped there at
+    its offset) and everything unmapped per piece. Whether the driver's
+    per-handle costs (create, set-access) are per handle or per mapping
+    decides whether large physical allocations can be mapped and moved in
+    small pages (issue 38)."""
+    n = GiB // piece
+    base, other = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    for b, size in ((base, GiB), (other, piece)):
+        d.call("cuMemAddressReserve", ctypes.byref(b), ctypes.c_size_t(size), ctypes.c_size_t(0),
+               ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))  # fmt: skip
+    access = Access(Location(LOCATION_DEVICE, d.device), PROT_READWRITE)
+    t0 = time.perf_counter()
+    (h,) = d.create(1, GiB, True)
+    t1 = time.perf_counter()
+    for i in range(n):
+        d.call("cuMemMap", ctypes.c_ulonglong(base.value + i * piece), ctypes.c_size_t(piece),
+               ctypes.c_size_t(i * piece), ctypes.c_ulonglong(h), ctypes.c_ulonglong(0))  # fmt: skip
+    t2 = time.perf_counter()
+    for i in range(n):
+        d.call("cuMemSetAccess", ctypes.c_ulonglong(base.value + i * piece), ctypes.c_size_t(piece),
+               ctypes.byref(access), ctypes.c_size_t(1))  # fmt: skip
+    t3 = time.perf_counter()
+    last = base.value + (n - 1) * piece  # the last piece moves to `other`
+    d.call("cuMemUnmap", ctypes.c_ulonglong(last), ctypes.c_size_t(piece))
+    d.call("cuMemMap", ctypes.c_ulonglong(other.value), ctypes.c_size_t(piece), ctypes.c_size_t((n - 1) * piece),
+           ctypes.c_ulonglong(h), ctypes.c_ulonglong(0))  # fmt: skip
+    d.call("cuMemSetAccess", ctypes.c_ulonglong(other.value), ctypes.c_size_t(piece), ctypes.byref(access),
+           ctypes.c_size_t(1))  # fmt: skip
+    t4 = time.perf_counter()
+    for i in range(n - 1):
+        d.call("cuMemUnmap", ctypes.c_ulonglong(base.value + i * piece), ctypes.c_size_t(piece))
+    d.call("cuMemUnmap", ctypes.c_ulonglong(other.value), ctypes.c_size_t(piece))
+    t5 = time.perf_counter()
+    d.call("cuMemRelease", ctypes.c_ulonglong(h))
+    t6 = time.perf_counter()
+    for b, size in ((base, GiB), (other, piece)):
+        d.call("cuMemAddressFree", ctypes.c_ulonglong(b.value), ctypes.c_size_t(size))
+    us = 1e6 / n
+    return {
+        "create_ms": (t1 - t0) * 1e3,
+        "map_us": (t2 - t1) * us,
+        "set_access_us": (t3 - t2) * us,
+        "move_one_us": (t4 - t3) * 1e6,
+        "unmap_us": (t5 - t4) * us,
+        "release_ms": (t6 - t5) * 1e3,
+        "grow_ms": (t3 - t0) * 1e3,
+    }
+
+
 def threaded_create(d: Driver, size: int, threads: int) -> float:
     """Wall time (ms) to create 1 GiB of exportable handles of `size`
     bytes from `threads` threads at once; the handles are released after."""
@@ -204,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
             except RuntimeError as e:
                 doc["threaded_create_ms"][key] = {"error": str(e)}
+    for piece in (2 * MiB, 20 * MiB):
+        key = f"1GiB_handle_in_{piece // MiB}MiB_mappings"
+        try:
+            rounds = [pieces_round(d, piece) for _ in range(args.repeats + 1)][1:]
+            doc.setdefault("one_handle_many_mappings", {})[key] = {
+                k: statistics.median(r[k] for r in rounds) for k in rounds[0]
+            }
+        except RuntimeError as e:
+            doc.setdefault("one_handle_many_mappings", {})[key] = {"error": str(e)}
     import torch
 
     doc["machine"] = {
