@@ -146,8 +146,6 @@ class DeviceAllocator {
   // Marks a live block as used on `stream`; its memory is reused only after
   // the work queued on `stream` when it is freed has completed.
   void record_stream(void* ptr, Stream stream);
-  // True when `ptr` is the start of a live block of this device.
-  bool owns(void* ptr);
 
   // Waits for pending cross-stream frees, then returns to the backend every
   // fully free segment of `pool`: for kDefaultPool (torch.cuda.empty_cache)
@@ -223,8 +221,9 @@ class DeviceAllocator {
   // expandable segment: its mapped run, which starts on a page of it,
   // *expandable = true and its page size in *page), and the block's own
   // size in *block_bytes when asked; false when no live block of this
-  // device starts at ptr.
-  bool segment_of(void* ptr, std::uintptr_t* base, size_t* bytes, bool* expandable = nullptr,
+  // device starts at ptr. segment_of(ptr) alone asks only that (whether
+  // this device owns ptr; one lookup, no walk of the run).
+  bool segment_of(void* ptr, std::uintptr_t* base = nullptr, size_t* bytes = nullptr, bool* expandable = nullptr,
                   size_t* block_bytes = nullptr, size_t* page = nullptr);
 
   // torch.cuda.memory._set_allocator_settings at run time: the settings of

@@ -206,11 +206,6 @@ MemInfo DeviceAllocator::mem_get_info() {
   return backend_.mem_get_info(device_);
 }
 
-bool DeviceAllocator::owns(void* ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
-}
-
 std::vector<SegmentInfo> DeviceAllocator::segments() {
   std::lock_guard<std::mutex> lock(mu_);
   const std::map<std::uintptr_t, Block*> blocks = mapped_blocks(live_, events_, all_free_lists_locked());

@@ -25,6 +25,7 @@ bool DeviceAllocator::segment_of(void* ptr, std::uintptr_t* base, size_t* bytes,
   auto live = live_.find(addr);
   if (live == live_.end()) return false;
   const Block* b = live->second;
+  if (base == nullptr) return true;  // segment_of(ptr): only whether ptr is ours
   if (expandable != nullptr) *expandable = b->vm != nullptr;
   if (block_bytes != nullptr) *block_bytes = b->size;
   if (b->vm != nullptr) {  // its mapped run

@@ -36,7 +36,7 @@ DeviceAllocator& CachingAllocator::device(int index) {
 
 DeviceAllocator* CachingAllocator::find_owner(void* ptr) {
   for (auto& d : devices_)
-    if (d->owns(ptr)) return d.get();
+    if (d->segment_of(ptr)) return d.get();
   return nullptr;
 }
 
