@@ -5,7 +5,10 @@ cuMemSetAccess, cuMemUnmap and cuMemRelease, per handle, for 1 GiB in 2 MiB
 handles (memalloc's page below 256 MiB) and in 20 MiB handles (native's
 large-pool page), with handles exportable as POSIX descriptors (as both
 create them, for CUDA IPC) and not, and cuMemCreate from 1, 4 and 8 threads
-at once (whether the driver creates handles in parallel).
+at once (whether the driver creates handles in parallel); one 1 GiB handle
+mapped as many small mappings at offsets (whether create and set-access
+cost per handle or per mapping); kernel launches on one thread while
+another maps pages (whether mapping could run off the training thread).
 
 The driver is called through ctypes on torch's primary context, so this
 measures the driver alone: no allocator is involved. Each figure is the
@@ -200,6 +203,62 @@ def pieces_round(d: Driver, piece: int) -> dict:
     }
 
 
+def launches_beside_mapping(d: Driver, seconds: float = 0.5) -> dict:
+    """Whether mapping on one thread holds up kernel launches on another
+    (issue 38: could a helper thread map pages ahead of the frontier off
+    the training thread's path?). The launching thread queues small torch
+    kernels for `seconds`, alone and while a second thread creates, maps
+    and grants access to 2 MiB pages one after another; launches per
+    second both times, and the pages the mapper made meanwhile. Both are
+    Python threads: ctypes lets the GIL go during each driver call, but the
+    loops between calls share it, so the figure is pessimistic for a C++
+    helper thread."""
+    import torch
+
+    x = torch.zeros(1024, device=f"cuda:{d.device}")
+
+    def launch_rate() -> float:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(100):
+                x.add_(1.0)
+            n += 100
+        rate = n / (time.perf_counter() - t0)
+        torch.cuda.synchronize(d.device)
+        return rate
+
+    launch_rate()  # warm-up
+    alone = launch_rate()
+    stop, made = threading.Event(), []
+    page, limit = 2 * MiB, 4 * GiB
+    base = ctypes.c_ulonglong()
+    d.call("cuMemAddressReserve", ctypes.byref(base), ctypes.c_size_t(limit), ctypes.c_size_t(0),
+           ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))  # fmt: skip
+    access = Access(Location(LOCATION_DEVICE, d.device), PROT_READWRITE)
+
+    def mapper() -> None:
+        d.call("cuCtxSetCurrent", d.ctx)
+        while not stop.is_set() and len(made) * page < limit:
+            (h,) = d.create(1, page, True)
+            at = base.value + len(made) * page
+            d.call("cuMemMap", ctypes.c_ulonglong(at), ctypes.c_size_t(page), ctypes.c_size_t(0),
+                   ctypes.c_ulonglong(h), ctypes.c_ulonglong(0))  # fmt: skip
+            d.call("cuMemSetAccess", ctypes.c_ulonglong(at), ctypes.c_size_t(page), ctypes.byref(access),
+                   ctypes.c_size_t(1))  # fmt: skip
+            made.append(h)
+
+    t = threading.Thread(target=mapper)
+    t.start()
+    beside = launch_rate()
+    stop.set()
+    t.join()
+    for i, h in enumerate(made):
+        d.call("cuMemUnmap", ctypes.c_ulonglong(base.value + i * page), ctypes.c_size_t(page))
+        d.call("cuMemRelease", ctypes.c_ulonglong(h))
+    d.call("cuMemAddressFree", ctypes.c_ulonglong(base.value), ctypes.c_size_t(limit))
+    return {"launches_per_s_alone": alone, "launches_per_s_beside_mapping": beside, "pages_mapped_meanwhile": len(made)}
+
+
 def threaded_create(d: Driver, size: int, threads: int) -> float:
     """Wall time (ms) to create 1 GiB of exportable handles of `size`
     bytes from `threads` threads at once; the handles are released after."""
@@ -266,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             }
         except RuntimeError as e:
             doc.setdefault("one_handle_many_mappings", {})[key] = {"error": str(e)}
+    try:
+        doc["launches_beside_mapping"] = launches_beside_mapping(d)
+    except RuntimeError as e:
+        doc["launches_beside_mapping"] = {"error": str(e)}
     import torch
 
     doc["machine"] = {
