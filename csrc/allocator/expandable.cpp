@@ -61,9 +61,9 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
   // A large request on a large device grows in large pages (vm_arena.h); a
   // capacity that cannot be read is left to the reservation to report.
   bool large = false;
-  if (pool == PoolKind::kLarge && rounded >= VmArena::kLargeRequest) {
+  if (pool == PoolKind::kLarge) {
     try {
-      large = VmArena::large_pages(pool, rounded, capacity());
+      large = VmArena::large_pages(pool, rounded, capacity(), sink_.reserved_bytes());
     } catch (const DriverError&) {}
   }
   // The "threshold" empty-cache policy, as for plain segments (it may unmap

@@ -158,6 +158,7 @@ class VmArena {
   static constexpr size_t kLargePage = size_t{20} << 20;
   static constexpr size_t kLargeRequest = size_t{256} << 20;
   static constexpr size_t kLargePagesFrom = size_t{8} << 30;
+  static constexpr size_t kLargePagesOnceReserved = size_t{8} << 30;
   static constexpr size_t kTriggerMemory = 16;
   static constexpr uint64_t kLoopPeriods = 8;
 
@@ -174,8 +175,9 @@ class VmArena {
 
   // Whether a request of `rounded` bytes of `pool` grows in large pages on
   // a device of `capacity` bytes.
-  static bool large_pages(PoolKind pool, size_t rounded, size_t capacity) {
-    return pool == PoolKind::kLarge && rounded >= kLargeRequest && capacity >= kLargePagesFrom;
+  static bool large_pages(PoolKind pool, size_t rounded, size_t capacity, size_t reserved = 0) {
+    return pool == PoolKind::kLarge && capacity >= kLargePagesFrom &&
+           (rounded >= kLargeRequest || reserved >= kLargePagesOnceReserved);
   }
   // The large page: kLargePage rounded up to the granularity.
   static size_t large_page(size_t granularity) {

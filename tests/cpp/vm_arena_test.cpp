@@ -465,6 +465,13 @@ void large_requests_on_a_large_device_use_natives_large_page() {
   EXPECT(!VmArena::large_pages(PoolKind::kLarge, req - 1, from));  // a smaller request: fine pages
   EXPECT(!VmArena::large_pages(PoolKind::kLarge, req, from - 1));  // a smaller device: fine pages
   EXPECT(!VmArena::large_pages(PoolKind::kSmall, req, from));      // the small pool: fine pages
+  // Once the device holds kLargePagesOnceReserved, every large-pool request
+  // grows in large pages (a 20 MiB page is then at most 1/400 of the pool)
+  const size_t big = VmArena::kLargePagesOnceReserved;
+  EXPECT(VmArena::large_pages(PoolKind::kLarge, 2 * MiB, from, big));
+  EXPECT(!VmArena::large_pages(PoolKind::kLarge, 2 * MiB, from, big - 1));
+  EXPECT(!VmArena::large_pages(PoolKind::kLarge, 2 * MiB, from - 1, big));  // a small device: fine pages
+  EXPECT(!VmArena::large_pages(PoolKind::kSmall, 2 * MiB, from, big));      // the small pool: fine pages
   EXPECT(VmArena::large_page(2 * MiB) == 20 * MiB && VmArena::large_page(8 * MiB) == 24 * MiB);
 }
 

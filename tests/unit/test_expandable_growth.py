@@ -170,3 +170,23 @@ def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
     assert peak_reserved <= 1.05 * peak_allocated, (peak_reserved, peak_allocated)
     for p in ptrs.values():
         a.free(p, 0)
+
+
+def test_a_pool_of_8_gib_grows_in_natives_large_pages(h200):
+    """Once the device holds 8 GiB (VmArena::kLargePagesOnceReserved), the
+    large pool's requests of any size grow in 20 MiB pages, as native's
+    (a page is then at most 1/400 of the pool); below it, requests under
+    256 MiB grow in 2 MiB pages. 64 requests of 200 MiB, none freed: the
+    pages each one maps follow from the bytes reserved before it."""
+    a, size, ptrs = h200, 200 * MiB, []
+    want = 0
+    for _ in range(64):
+        reserved = a.stats(0)["reserved_bytes"]["all"]["current"]
+        want += size // (NATIVE_HANDLE if reserved >= 8 * GiB else 2 * MiB)
+        ptrs.append(a.malloc(size, 0, 0))
+    calls = T.vm_calls(a)
+    assert calls["create"] == calls["map"] == want, (calls, want)
+    assert want < 64 * size // (2 * MiB)  # the case crosses 8 GiB: some requests took large pages
+    assert a.stats(0)["reserved_bytes"]["all"]["current"] == 64 * size  # 200 MiB is whole pages of both sizes
+    for p in ptrs:
+        a.free(p, 0)
