@@ -5,26 +5,31 @@
 // request needs room and gives back the free pages inside it instead of
 // whole segments.
 //
-// A page is one physical allocation of the driver (cuMemCreate + cuMemMap:
-// tens of microseconds each, whatever the size), so its size sets what
+// A page is one physical allocation of the driver (cuMemCreate + cuMemMap
+// + its share of cuMemSetAccess: about 30 microseconds each, whatever the
+// size, the set-access most of it; the driver serialises them, so threads
+// do not help: benchmarks/speed/driver_costs.py), so its size sets what
 // growing costs, and what can be given back (a free run gives back only its
 // whole pages). Reservations come in two page sizes: the backend's
 // granularity (2 MiB), and, on a device of kLargePagesFrom (8 GiB) or more,
 // kLargePage (20 MiB: native's large-pool page, torch's kLargeBuffer) for
-// the large pool's requests of kLargeRequest (256 MiB) or more, which grow
-// in reservations of their own (large_pages()). A fresh 16 GiB tensor takes
-// 820 physical allocations then, as native's, where 2 MiB pages took 8,192.
-// Why not more large pages, and what else was tried (issue 38; every rule
-// replayed on the host: benchmarks/results/2026-12-05-host-page-rules.json):
-// a ~1B Llama trained on the H200 at lengths of 256 to 2048 (its trace
-// benchmarks/traces/llama1b_growth.mtrace.gz) makes 22,461 physical
-// allocations under this rule, its activations being tens to hundreds of
-// MiB, and its first step took 1.5 s against native expandable's 0.85-0.93
-// s. Native's rule (20 MiB pages for the whole large pool) makes 3,058, but
-// the reuse ceiling gives back only whole pages, and under coarse pages the
-// free memory rarely is (at the varlen replay's peak: 177 MiB free, no whole
-// 20 MiB page), so its varlen replay reserves 1.0527 per allocated byte,
-// over issue 14's 1.05 (tests/integration/test_replay.py); no uniform rule
+// the large pool's requests of kLargeRequest (256 MiB) or more, and for all
+// of them once the device holds kLargePagesOnceReserved (8 GiB), where a
+// page is at most 1/400 of what is reserved; they grow in reservations of
+// their own (large_pages()). A fresh 16 GiB tensor takes 820 physical
+// allocations, as native's, where 2 MiB pages took 8,192; the H200's ~1B
+// Llama trained at lengths of 256 to 2048 (its trace
+// benchmarks/traces/llama1b_growth.mtrace.gz) takes 6,754, where 2 MiB
+// pages below 256 MiB took 22,461 (its first step: 1.5 s against native
+// expandable's 0.85-0.93 s) and native's rule 3,058.
+// Why not large pages below 8 GiB (issue 38; every rule replayed on the
+// host: benchmarks/results/2026-12-05-host-page-rules.json and
+// 2026-12-06-host-page-rules.json): the reuse ceiling gives back only
+// whole pages, and under coarse pages the free memory rarely is (at the
+// varlen replay's peak under native's rule: 177 MiB free, no whole 20 MiB
+// page), so its varlen replay reserves 1.0527 per allocated byte, over
+// issue 14's 1.05 (tests/integration/test_replay.py), and large pages from
+// 4 GiB reserved take the transformer replay to 1.068; no uniform rule
 // tried (8-20 MiB pages, mid-size pages beside 20 MiB ones, other slacks,
 // page-aware placement) keeps every replay within 1.05 at native's page
 // count. Physical allocations sized to the growth keep both in a host
@@ -154,7 +159,8 @@ class VmArena {
   // count) is not another time.
   static constexpr size_t kReuseSlackDivisor = 20;
   // Large pages: kLargePage, for large-pool requests of kLargeRequest bytes
-  // or more, on devices of kLargePagesFrom bytes or more.
+  // or more, and for every large-pool request once kLargePagesOnceReserved
+  // bytes are reserved, on devices of kLargePagesFrom bytes or more.
   static constexpr size_t kLargePage = size_t{20} << 20;
   static constexpr size_t kLargeRequest = size_t{256} << 20;
   static constexpr size_t kLargePagesFrom = size_t{8} << 30;
@@ -174,7 +180,7 @@ class VmArena {
   }
 
   // Whether a request of `rounded` bytes of `pool` grows in large pages on
-  // a device of `capacity` bytes.
+  // a device of `capacity` bytes that has `reserved` bytes reserved.
   static bool large_pages(PoolKind pool, size_t rounded, size_t capacity, size_t reserved = 0) {
     return pool == PoolKind::kLarge && capacity >= kLargePagesFrom &&
            (rounded >= kLargeRequest || reserved >= kLargePagesOnceReserved);

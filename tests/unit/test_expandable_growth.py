@@ -120,7 +120,10 @@ def test_growing_makes_no_more_driver_calls_than_native_expandable(h200, sizes):
 # per allocated byte on the varlen trace's replay, over issue 14's 1.05
 # (tests/integration/test_replay.py), and large pages from 20 MiB reserve
 # 1.088 on the random workload's (2026-12-03): not landed.
-OPEN = "issue 38, open: the large pool's requests under 256 MiB grow in 2 MiB pages (pool/vm_arena.h says why)"
+OPEN = (
+    "issue 38, open: below 8 GiB reserved, the large pool's requests under 256 MiB grow in 2 MiB pages "
+    "(pool/vm_arena.h says why)"
+)
 
 
 @pytest.mark.xfail(strict=True, reason=OPEN + "; at length 256, 96 MiB grown: 99 driver calls where native makes 11")
@@ -142,7 +145,7 @@ def test_a_training_loop_growing_step_by_step_stays_within_natives_calls(h200):
 
 @pytest.mark.xfail(
     strict=True,
-    reason=OPEN + "; the 1B trace creates 22,461 pages where its peak holds 3,026 "
+    reason=OPEN + "; the 1B trace creates 6,754 pages (22,461 before 2026-12-06) where its peak holds 3,026 "
     "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)",
 )
 def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
