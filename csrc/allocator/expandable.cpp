@@ -58,12 +58,15 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
                         const std::function<void(size_t)>& collect, bool* no_vm) {
   *no_vm = false;
   const PoolKind pool = pool_kind_for(rounded);
-  // A large request on a large device grows in large pages (vm_arena.h); a
-  // capacity that cannot be read is left to the reservation to report.
+  // A large request on a large device grows in large pages (vm_arena.h), as
+  // does every large-pool request of a process that has held 8 GiB (reserved
+  // now, or allocated at its high-water mark: growing again after
+  // empty_cache() is as fast as the first time); a capacity that cannot be
+  // read is left to the reservation to report.
   bool large = false;
   if (pool == PoolKind::kLarge) {
     try {
-      large = VmArena::large_pages(pool, rounded, capacity(), sink_.reserved_bytes());
+      large = VmArena::large_pages(pool, rounded, capacity(), std::max(sink_.reserved_bytes(), vm_.allocated_hwm()));
     } catch (const DriverError&) {}
   }
   // The "threshold" empty-cache policy, as for plain segments (it may unmap

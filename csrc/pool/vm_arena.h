@@ -14,8 +14,9 @@
 // granularity (2 MiB), and, on a device of kLargePagesFrom (8 GiB) or more,
 // kLargePage (20 MiB: native's large-pool page, torch's kLargeBuffer) for
 // the large pool's requests of kLargeRequest (256 MiB) or more, and for all
-// of them once the device holds kLargePagesOnceReserved (8 GiB), where a
-// page is at most 1/400 of what is reserved; they grow in reservations of
+// of them once the device holds kLargePagesOnceReserved (8 GiB) or has
+// allocated that much (the arena's high-water mark: after empty_cache()
+// too), where a page is at most 1/400 of the pool; they grow in reservations of
 // their own (large_pages()). A fresh 16 GiB tensor takes 820 physical
 // allocations, as native's, where 2 MiB pages took 8,192; the H200's ~1B
 // Llama trained at lengths of 256 to 2048 (its trace

@@ -193,3 +193,21 @@ def test_a_pool_of_8_gib_grows_in_natives_large_pages(h200):
     assert a.stats(0)["reserved_bytes"]["all"]["current"] == 64 * size  # 200 MiB is whole pages of both sizes
     for p in ptrs:
         a.free(p, 0)
+
+
+def test_growing_again_after_empty_cache_takes_large_pages_at_once(h200):
+    """A process that has held 8 GiB grows in 20 MiB pages from its first
+    request after empty_cache() gave every page back (the arena remembers
+    its high-water mark of allocated bytes), not in 2 MiB pages until
+    8 GiB again: re-growing costs what the first growth past 8 GiB did."""
+    a, size = h200, 200 * MiB
+    ptrs = [a.malloc(size, 0, 0) for _ in range(48)]  # 9.4 GiB
+    for p in ptrs:
+        a.free(p, 0)
+    a.empty_cache()
+    assert a.stats(0)["reserved_bytes"]["all"]["current"] == 0
+    before = T.vm_calls(a)["create"]
+    ptrs = [a.malloc(size, 0, 0) for _ in range(5)]  # 1,000 MiB, far below 8 GiB
+    assert T.vm_calls(a)["create"] - before == 5 * size // NATIVE_HANDLE
+    for p in ptrs:
+        a.free(p, 0)
