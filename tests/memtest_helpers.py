@@ -205,8 +205,9 @@ def check_run_page(r: dict, folder: str, script: str, state: str = "exited") -> 
     monitor's boundary comes after the truth's reading, before the peaks'
     reset); its flame graph's peak holds the model's parameters, allocated
     before training started (in the module's constructor, or in Module.to
-    where the model was built on the CPU), and is at least every step's peak; the flight
-    file the monitor started is gone after a clean end, kept after an error."""
+    where the model was built on the CPU), and is at least every step's
+    peak; the flight file the monitor started is gone after a clean end,
+    kept after an error."""
     page = open(os.path.join(folder, "index.html")).read()
     data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S).group(1))
     assert data["process"]["state"] == state and data["title"] in ("MemoryMonitor", "MemoryCallback")

@@ -16,8 +16,8 @@
 // the large pool's requests of kLargeRequest (256 MiB) or more, and for all
 // of them once the device holds kLargePagesOnceReserved (8 GiB) or has
 // allocated that much (the arena's high-water mark: after empty_cache()
-// too), where a page is at most 1/400 of the pool; they grow in reservations of
-// their own (large_pages()). A fresh 16 GiB tensor takes 820 physical
+// too), where a page is at most 1/400 of the pool; they grow in
+// reservations of their own (large_pages()). A fresh 16 GiB tensor takes 820 physical
 // allocations, as native's, where 2 MiB pages took 8,192; the H200's ~1B
 // Llama trained at lengths of 256 to 2048 (its trace
 // benchmarks/traces/llama1b_growth.mtrace.gz) takes 6,754, where 2 MiB
@@ -181,10 +181,11 @@ class VmArena {
   }
 
   // Whether a request of `rounded` bytes of `pool` grows in large pages on
-  // a device of `capacity` bytes that has `reserved` bytes reserved.
-  static bool large_pages(PoolKind pool, size_t rounded, size_t capacity, size_t reserved = 0) {
+  // a device of `capacity` bytes whose allocator holds `held` bytes (the
+  // more of its reserved bytes now and its allocated high-water mark).
+  static bool large_pages(PoolKind pool, size_t rounded, size_t capacity, size_t held = 0) {
     return pool == PoolKind::kLarge && capacity >= kLargePagesFrom &&
-           (rounded >= kLargeRequest || reserved >= kLargePagesOnceReserved);
+           (rounded >= kLargeRequest || held >= kLargePagesOnceReserved);
   }
   // The large page: kLargePage rounded up to the granularity.
   static size_t large_page(size_t granularity) {
