@@ -143,36 +143,44 @@ def test_a_training_loop_growing_step_by_step_stays_within_natives_calls(h200):
             a.free(p)
 
 
+def replay_1b(a) -> tuple[dict, dict]:
+    """The H200's trace of benchmarks/speed/growth.py's train case (a ~1B
+    Llama, lengths 256 to 2048: benchmarks/traces/llama1b_growth.mtrace.gz)
+    replayed into allocator ``a`` request by request, what it left live then
+    freed: (the backend's driver calls, device 0's stats before the frees)."""
+    from memtest_helpers import REPO
+
+    from memalloc.trace.trace_files import load_trace
+
+    events = load_trace(REPO / "benchmarks" / "traces" / "llama1b_growth.mtrace.gz").events[0]
+    ptrs = {}
+    for e in events:
+        if e.action == "alloc":
+            ptrs[e.addr] = a.malloc(e.requested, 0, e.stream)
+        elif e.action == "free_requested":
+            a.free(ptrs.pop(e.addr), 0)
+    calls, stats = T.vm_calls(a), a.stats(0)
+    for p in ptrs.values():
+        a.free(p, 0)
+    return calls, stats
+
+
 @pytest.mark.xfail(
     strict=True,
     reason=OPEN + "; the 1B trace creates 6,754 pages (22,461 before 2026-12-06) where its peak holds 3,026 "
     "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)",
 )
 def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
-    """The H200's trace of benchmarks/speed/growth.py's train case (a ~1B Llama,
-    lengths 256 to 2048: benchmarks/traces/llama1b_growth.mtrace.gz),
-    replayed on a host device of the H200's size: the pages it creates are
+    """The 1B trace (replay_1b) on a host device of the H200's size: the
+    pages it creates are
     no more than 2% above the 20 MiB pages of its peak reserved bytes (no
     churn, native's page), one access call per mapping, and the peak
     reserved stays within the reuse ceiling (5% over the peak allocated)."""
-    from memtest_helpers import REPO
-
-    from memalloc.trace.trace_files import load_trace
-
-    events = load_trace(REPO / "benchmarks" / "traces" / "llama1b_growth.mtrace.gz").events[0]
-    a, ptrs = h200, {}
-    for e in events:
-        if e.action == "alloc":
-            ptrs[e.addr] = a.malloc(e.requested, 0, e.stream)
-        elif e.action == "free_requested":
-            a.free(ptrs.pop(e.addr), 0)
-    calls, s = T.vm_calls(a), a.stats(0)
+    calls, s = replay_1b(h200)
     peak_reserved, peak_allocated = s["reserved_bytes"]["all"]["peak"], s["allocated_bytes"]["all"]["peak"]
     assert calls["create"] == calls["map"] <= 1.02 * -(-peak_reserved // NATIVE_HANDLE), calls
     assert calls["set_access"] == s["num_device_alloc"]
     assert peak_reserved <= 1.05 * peak_allocated, (peak_reserved, peak_allocated)
-    for p in ptrs.values():
-        a.free(p, 0)
 
 
 def test_a_pool_of_8_gib_grows_in_natives_large_pages(h200):
@@ -211,3 +219,18 @@ def test_growing_again_after_empty_cache_takes_large_pages_at_once(h200):
     assert T.vm_calls(a)["create"] - before == 5 * size // NATIVE_HANDLE
     for p in ptrs:
         a.free(p, 0)
+
+
+def test_the_1b_trace_grows_in_no_more_pages_than_it_does_now(h200):
+    """A ratchet under the expected failure above: the 1B trace (replay_1b)
+    on a host device of the H200's size creates at most RATCHET_1B physical
+    allocations (22,461 before the 8 GiB rule of 2026-12-06; lower it when
+    a rule lowers it), one set-access per mapping, and reserves at most
+    1.05 per allocated byte at its peak."""
+    calls, s = replay_1b(h200)
+    assert calls["create"] == calls["map"] <= RATCHET_1B, calls
+    assert calls["set_access"] == s["num_device_alloc"]
+    assert s["reserved_bytes"]["all"]["peak"] <= 1.05 * s["allocated_bytes"]["all"]["peak"]
+
+
+RATCHET_1B = 6_754
