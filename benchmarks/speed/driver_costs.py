@@ -208,8 +208,10 @@ def launches_beside_mapping(d: Driver, seconds: float = 0.5) -> dict:
     (issue 38: could a helper thread map pages ahead of the frontier off
     the training thread's path?). The launching thread queues small torch
     kernels for `seconds`, alone and while a second thread creates, maps
-    and grants access to 2 MiB pages one after another; launches per
-    second both times, and the pages the mapper made meanwhile. Both are
+    and grants access to 2 MiB pages one after another (in a ring of 1
+    GiB, unmapping a slot before mapping it again, so the driver is busy
+    the whole time); launches per second both times, and the pages the
+    mapper mapped meanwhile. Both are
     Python threads: ctypes lets the GIL go during each driver call, but the
     loops between calls share it, so the figure is pessimistic for a C++
     helper thread."""
@@ -229,34 +231,54 @@ def launches_beside_mapping(d: Driver, seconds: float = 0.5) -> dict:
 
     launch_rate()  # warm-up
     alone = launch_rate()
-    stop, made = threading.Event(), []
-    page, limit = 2 * MiB, 4 * GiB
+    stop = threading.Event()
+    page, n = 2 * MiB, 512  # a ring of 1 GiB: a slot mapped again is unmapped and released first
+    held: list[int] = [0] * n
+    made = [0]
     base = ctypes.c_ulonglong()
-    d.call("cuMemAddressReserve", ctypes.byref(base), ctypes.c_size_t(limit), ctypes.c_size_t(0),
+    d.call("cuMemAddressReserve", ctypes.byref(base), ctypes.c_size_t(n * page), ctypes.c_size_t(0),
            ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))  # fmt: skip
     access = Access(Location(LOCATION_DEVICE, d.device), PROT_READWRITE)
 
-    def mapper() -> None:
+    def unmap(i: int) -> None:
+        d.call("cuMemUnmap", ctypes.c_ulonglong(base.value + i * page), ctypes.c_size_t(page))
+        d.call("cuMemRelease", ctypes.c_ulonglong(held[i]))
+        held[i] = 0
+
+    errors: list[str] = []
+
+    def mapper() -> None:  # keeps the driver mapping for the whole measurement
+        try:
+            map_until_stopped()
+        except RuntimeError as e:  # reported with the figures: they then say nothing
+            errors.append(str(e))
+
+    def map_until_stopped() -> None:
         d.call("cuCtxSetCurrent", d.ctx)
-        while not stop.is_set() and len(made) * page < limit:
-            (h,) = d.create(1, page, True)
-            at = base.value + len(made) * page
+        while not stop.is_set():
+            i = made[0] % n
+            if held[i]:
+                unmap(i)
+            (held[i],) = d.create(1, page, True)
+            at = base.value + i * page
             d.call("cuMemMap", ctypes.c_ulonglong(at), ctypes.c_size_t(page), ctypes.c_size_t(0),
-                   ctypes.c_ulonglong(h), ctypes.c_ulonglong(0))  # fmt: skip
+                   ctypes.c_ulonglong(held[i]), ctypes.c_ulonglong(0))  # fmt: skip
             d.call("cuMemSetAccess", ctypes.c_ulonglong(at), ctypes.c_size_t(page), ctypes.byref(access),
                    ctypes.c_size_t(1))  # fmt: skip
-            made.append(h)
+            made[0] += 1
 
     t = threading.Thread(target=mapper)
     t.start()
     beside = launch_rate()
     stop.set()
     t.join()
-    for i, h in enumerate(made):
-        d.call("cuMemUnmap", ctypes.c_ulonglong(base.value + i * page), ctypes.c_size_t(page))
-        d.call("cuMemRelease", ctypes.c_ulonglong(h))
-    d.call("cuMemAddressFree", ctypes.c_ulonglong(base.value), ctypes.c_size_t(limit))
-    return {"launches_per_s_alone": alone, "launches_per_s_beside_mapping": beside, "pages_mapped_meanwhile": len(made)}
+    for i in range(n):
+        if held[i]:
+            unmap(i)
+    d.call("cuMemAddressFree", ctypes.c_ulonglong(base.value), ctypes.c_size_t(n * page))
+    if errors:
+        raise RuntimeError("the mapping thread failed: " + errors[0])
+    return {"launches_per_s_alone": alone, "launches_per_s_beside_mapping": beside, "pages_mapped_meanwhile": made[0]}
 
 
 def threaded_create(d: Driver, size: int, threads: int) -> float:
