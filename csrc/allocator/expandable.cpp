@@ -31,8 +31,8 @@ void add_split(Event& e, const Block* b, int sign) {
 // A reservation of the device's whole capacity (as native) in the arena,
 // entered in the segment table. nullptr (and plain segments from then on)
 // when the backend has no virtual memory or no address space left.
-VmSegment* Expandable::new_segment(Stream stream, PoolKind pool, bool large, const std::function<size_t()>& capacity) {
-  VmSegment* seg = vm_.reserve(stream, pool, large, capacity, [this] { return blocks_.make(); });
+VmSegment* Expandable::new_segment(Stream stream, PoolKind pool, size_t page, const std::function<size_t()>& capacity) {
+  VmSegment* seg = vm_.reserve(stream, pool, page, capacity, [this] { return blocks_.make(); });
   if (seg != nullptr && !segments_.insert(seg->base, Segment{seg->size, nullptr, seg}))
     throw Error("memalloc internal error: the backend reserved address space that overlaps a segment");
   return seg;
@@ -58,24 +58,34 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
                         const std::function<void(size_t)>& collect, bool* no_vm) {
   *no_vm = false;
   const PoolKind pool = pool_kind_for(rounded);
-  // A large request on a large device grows in large pages (vm_arena.h), as
-  // does every large-pool request of a process that has held 8 GiB (reserved
-  // now, or allocated at its high-water mark: growing again after
-  // empty_cache() is as fast as the first time); a capacity that cannot be
-  // read is left to the reservation to report.
-  bool large = false;
+  // The request's page (VmArena::page_for(), vm_arena.h): a large request
+  // on a large device grows in large pages, as does every large-pool request
+  // of a process that has held 8 GiB, and in mid pages one that has held
+  // 2 GiB (reserved now, or allocated at its high-water mark: growing again
+  // after empty_cache() is as fast as the first time). A capacity that
+  // cannot be read (fine pages) and a granularity that cannot be read (page
+  // 0: no room anywhere) are left to the reservation to report. The capacity
+  // is read before the granularity (the order the backend sees), and only
+  // for the large pool, whose page depends on it.
+  size_t cap = 0;
   if (pool == PoolKind::kLarge) {
     try {
-      large = VmArena::large_pages(pool, rounded, capacity(), std::max(sink_.reserved_bytes(), vm_.allocated_hwm()));
+      cap = capacity();
     } catch (const DriverError&) {}
   }
+  size_t page = 0;
+  try {
+    page =
+        VmArena::page_for(pool, rounded, cap, std::max(sink_.reserved_bytes(), vm_.allocated_hwm()), vm_.granularity());
+  } catch (const DriverError&) {}
   // The "threshold" empty-cache policy, as for plain segments (it may unmap
-  // the free pages a room would have joined: rooms are looked for after it).
-  if (!vm_.empty()) collect(round_up(rounded, large ? VmArena::large_page(vm_.granularity()) : vm_.granularity()));
+  // the free pages a room would have joined: rooms are looked for after it;
+  // an arena with a segment has read the granularity, so page > 0).
+  if (!vm_.empty()) collect(round_up(rounded, page));
   VmRoom room;
-  VmSegment* seg = vm_.find_room(stream, pool, large, rounded, &room);
+  VmSegment* seg = vm_.find_room(stream, pool, page, rounded, &room);
   if (seg == nullptr) {
-    seg = new_segment(stream, pool, large, capacity);
+    seg = new_segment(stream, pool, page, capacity);
     if (seg == nullptr) {
       *no_vm = true;
       return nullptr;
@@ -90,7 +100,7 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
     // part of this mapping above it (below it, pages are mapped without a
     // stream synchronisation, so a steady loop stops moving pages).
     if (unmap_free_pages(stream, over, room.hole->prev, room.hole->next) > 0)
-      seg = vm_.find_room(stream, pool, large, rounded, &room);
+      seg = vm_.find_room(stream, pool, page, rounded, &room);
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
   }
   return map_room(*seg, room);

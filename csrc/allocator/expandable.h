@@ -64,7 +64,7 @@ class Expandable {
  private:
   // A new reservation in the arena, entered in the segment table (nullptr:
   // none).
-  VmSegment* new_segment(Stream stream, PoolKind pool, bool large, const std::function<size_t()>& capacity);
+  VmSegment* new_segment(Stream stream, PoolKind pool, size_t page, const std::function<size_t()>& capacity);
   // Maps the room the arena found (within the memory fraction), merges it
   // with its free neighbours into the free list; nullptr when refused.
   Block* map_room(VmSegment& seg, const VmRoom& room);

@@ -69,12 +69,12 @@ VmRoom VmArena::find_room(const VmSegment& seg, size_t rounded) {
   return best;
 }
 
-VmSegment* VmArena::find_room(Stream stream, PoolKind pool, bool large, size_t rounded, VmRoom* room) {
+VmSegment* VmArena::find_room(Stream stream, PoolKind pool, size_t page, size_t rounded, VmRoom* room) {
   VmSegment* seg = nullptr;
   *room = VmRoom{};
   size_t best = std::numeric_limits<size_t>::max();
   for (auto& s : segments_) {
-    if (s->stream != stream || s->pool != pool || s->large_pages != large) continue;
+    if (s->stream != stream || s->pool != pool || s->page != page) continue;
     VmRoom r = find_room(*s, rounded);
     if (r.hole != nullptr && r.bytes < best) {
       seg = s.get();

@@ -10,15 +10,18 @@
 // size, the set-access most of it; the driver serialises them, so threads
 // do not help: benchmarks/speed/driver_costs.py), so its size sets what
 // growing costs, and what can be given back (a free run gives back only its
-// whole pages). Reservations come in two page sizes: the backend's
-// granularity (2 MiB), and, on a device of kLargePagesFrom (8 GiB) or more,
-// kLargePage (20 MiB: native's large-pool page, torch's kLargeBuffer) for
-// the large pool's requests of kLargeRequest (256 MiB) or more, and for all
-// of them once the device holds kLargePagesOnceReserved (8 GiB) or has
-// allocated that much (the arena's high-water mark: after empty_cache()
-// too), where a page is at most 1/400 of the pool; they grow in
-// reservations of their own (large_pages()). A fresh 16 GiB tensor takes 820 physical
-// allocations, as native's, where 2 MiB pages took 8,192; the H200's ~1B
+// whole pages). Reservations come in three page sizes (page_for()): the
+// backend's granularity (2 MiB), and, on a device of kLargePagesFrom (8 GiB)
+// or more, kLargePage (20 MiB: native's large-pool page, torch's
+// kLargeBuffer) for the large pool's requests of kLargeRequest (256 MiB) or
+// more, and for all of them once the device holds kLargePagesOnceReserved
+// (8 GiB) or has allocated that much (the arena's high-water mark: after
+// empty_cache() too), where a page is at most 1/400 of the pool; between
+// them, kMidPage (8 MiB) for the large pool's other requests once the device
+// holds kMidPagesOnceReserved (2 GiB) (issue 38's experiment: a page at most
+// 1/256 of the pool). Each page size grows in reservations of its own. A
+// fresh 16 GiB tensor takes 820 physical allocations, as native's, where
+// 2 MiB pages took 8,192; the H200's ~1B
 // Llama trained at lengths of 256 to 2048 (its trace
 // benchmarks/traces/llama1b_growth.mtrace.gz) takes 6,754, where 2 MiB
 // pages below 256 MiB took 22,461 (its first step: 1.5 s against native
@@ -54,10 +57,11 @@
 //   * The blocks of a VmSegment tile [base, base + size) in address order
 //     (block.h's tiling rule, over the whole reservation): every block is
 //     mapped (live, pending or free, as in a plain segment) or unmapped.
-//   * base and size are whole pages of the segment's own page size (a
-//     multiple of the backend's granularity; large_page() for the large
-//     pool). Unmapped blocks start and end on page
-//     boundaries inside [base, base + size), have vm == their segment, are
+//   * base and size are whole pages of the segment's own page size: the
+//     backend's granularity, or for the large pool also mid_page() or
+//     large_page() (each a multiple of the granularity). Unmapped blocks
+//     start and end on page boundaries inside [base, base + size), have
+//     vm == their segment, are
 //     never live, pending or in a free list, are exactly the members of
 //     `unmapped`, and are coalesced: no unmapped block has an unmapped
 //     prev/next. (A free mapped block and an unmapped neighbour stay apart.)
@@ -107,16 +111,15 @@ struct BlockByAddr {
 
 struct VmSegment {
   VmSegment(std::uintptr_t base_, size_t size_, size_t page_, Stream stream_, PoolKind pool_,
-            std::pmr::memory_resource* mr, bool large_pages_ = false)
-      : base(base_), size(size_), page(page_), stream(stream_), pool(pool_), unmapped(mr), large_pages(large_pages_) {}
+            std::pmr::memory_resource* mr)
+      : base(base_), size(size_), page(page_), stream(stream_), pool(pool_), unmapped(mr) {}
   std::uintptr_t base;  // start of the reservation
   size_t size;          // bytes of address space reserved
-  size_t page;          // bytes mapped and unmapped at a time (one physical allocation each)
+  size_t page;          // bytes mapped and unmapped at a time (one physical allocation each): page_for()'s
   Stream stream;
   PoolKind pool;
   size_t mapped = 0;  // bytes backed by device memory
   std::pmr::set<Block*, BlockByAddr> unmapped;
-  bool large_pages;  // the reservation of large requests (large_pages()): pages of large_page()
 };
 
 // Where a request can be given room in a segment: pages [lo, lo + bytes)
@@ -161,11 +164,15 @@ class VmArena {
   static constexpr size_t kReuseSlackDivisor = 20;
   // Large pages: kLargePage, for large-pool requests of kLargeRequest bytes
   // or more, and for every large-pool request once kLargePagesOnceReserved
-  // bytes are reserved, on devices of kLargePagesFrom bytes or more.
+  // bytes are held, on devices of kLargePagesFrom bytes or more. Mid pages:
+  // kMidPage, for the other large-pool requests once kMidPagesOnceReserved
+  // bytes are held, on the same devices.
   static constexpr size_t kLargePage = size_t{20} << 20;
   static constexpr size_t kLargeRequest = size_t{256} << 20;
   static constexpr size_t kLargePagesFrom = size_t{8} << 30;
   static constexpr size_t kLargePagesOnceReserved = size_t{8} << 30;
+  static constexpr size_t kMidPage = size_t{8} << 20;
+  static constexpr size_t kMidPagesOnceReserved = size_t{2} << 30;
   static constexpr size_t kTriggerMemory = 16;
   static constexpr uint64_t kLoopPeriods = 8;
 
@@ -180,16 +187,26 @@ class VmArena {
     return expandable_segments && owner == nullptr;
   }
 
-  // Whether a request of `rounded` bytes of `pool` grows in large pages on
-  // a device of `capacity` bytes whose allocator holds `held` bytes (the
-  // more of its reserved bytes now and its allocated high-water mark).
-  static bool large_pages(PoolKind pool, size_t rounded, size_t capacity, size_t held = 0) {
-    return pool == PoolKind::kLarge && capacity >= kLargePagesFrom &&
-           (rounded >= kLargeRequest || held >= kLargePagesOnceReserved);
+  // The page a request of `rounded` bytes of `pool` grows in, on a device of
+  // `capacity` bytes whose allocator holds `held` bytes (the more of its
+  // reserved bytes now and its allocated high-water mark), for a backend of
+  // `granularity`: the granularity for the small pool and on devices under
+  // kLargePagesFrom; large_page() for large requests or once
+  // kLargePagesOnceReserved is held; mid_page() once kMidPagesOnceReserved
+  // is held; the granularity otherwise. Always a multiple of the granularity.
+  static size_t page_for(PoolKind pool, size_t rounded, size_t capacity, size_t held, size_t granularity) {
+    if (pool != PoolKind::kLarge || capacity < kLargePagesFrom) return granularity;
+    if (rounded >= kLargeRequest || held >= kLargePagesOnceReserved) return large_page(granularity);
+    if (held >= kMidPagesOnceReserved) return mid_page(granularity);
+    return granularity;
   }
   // The large page: kLargePage rounded up to the granularity.
   static size_t large_page(size_t granularity) {
     return static_cast<size_t>(round_up(std::max(kLargePage, granularity), granularity));
+  }
+  // The mid page: kMidPage rounded up to the granularity.
+  static size_t mid_page(size_t granularity) {
+    return static_cast<size_t>(round_up(std::max(kMidPage, granularity), granularity));
   }
 
   bool empty() const { return segments_.empty(); }
@@ -202,22 +219,23 @@ class VmArena {
   size_t slack_divisor() const { return slack_divisor_; }
 
   // A reservation of capacity() bytes (rounded up to whole pages) for
-  // (stream, pool) in large pages or not, oldest last, spanned by one unmapped block from
-  // make_block(). nullptr when the address space is exhausted (a plain
-  // segment this time), or when the backend has no virtual memory (a
+  // (stream, pool) in pages of `page` bytes (page_for()'s; 0 only when the
+  // granularity could not be read), oldest last, spanned by one unmapped
+  // block from make_block(). nullptr when the address space is exhausted (a
+  // plain segment this time), or when the backend has no virtual memory (a
   // message on stderr; unavailable() from then on; capacity() runs inside
   // that guard, so its DriverError counts as none too).
   template <class Capacity, class MakeBlock>
-  VmSegment* reserve(Stream stream, PoolKind pool, bool large, Capacity&& capacity, MakeBlock&& make_block);
+  VmSegment* reserve(Stream stream, PoolKind pool, size_t page, Capacity&& capacity, MakeBlock&& make_block);
 
   // The cheapest room for `rounded` bytes in `seg`: an unmapped block
   // extended from its start (growing its free prev) or from its end
   // (growing its free next), or mapped whole (joining both); fewest pages
   // first, then lowest address. room.hole == nullptr: none.
   VmRoom find_room(const VmSegment& seg, size_t rounded);
-  // The same over every segment of (stream, pool) in large pages or not,
+  // The same over every segment of (stream, pool) in pages of `page` bytes,
   // the oldest first on a tie; nullptr (and *room empty) when none has room.
-  VmSegment* find_room(Stream stream, PoolKind pool, bool large, size_t rounded, VmRoom* room);
+  VmSegment* find_room(Stream stream, PoolKind pool, size_t page, size_t rounded, VmRoom* room);
 
   // The reuse-free-pages rule: records allocated + rounded in the
   // high-water mark, then returns how many of the room_bytes about to be
@@ -301,14 +319,16 @@ class VmArena {
 };
 
 template <class Capacity, class MakeBlock>
-VmSegment* VmArena::reserve(Stream stream, PoolKind pool, bool large, Capacity&& capacity, MakeBlock&& make_block) {
+VmSegment* VmArena::reserve(Stream stream, PoolKind pool, size_t page, Capacity&& capacity, MakeBlock&& make_block) {
   if (unavailable_) return nullptr;
   size_t bytes = 0;
   std::uintptr_t base = 0;
-  size_t pg = 0;
+  const size_t pg = page;
   try {
     const size_t cap = capacity();  // before granularity(): the order the backend sees
-    pg = large ? large_page(granularity()) : granularity();
+    const size_t g = granularity();
+    MEMALLOC_EXPECTS(pg > 0 && pg % g == 0 && (pool == PoolKind::kLarge || pg == g),
+                     "memalloc internal error: an expandable segment's page is not one of its pool's");
     bytes = round_up(cap, pg);
     base = reinterpret_cast<std::uintptr_t>(backend_.vm_reserve(device_, bytes, pg));
   } catch (const DriverError& e) {
@@ -316,7 +336,7 @@ VmSegment* VmArena::reserve(Stream stream, PoolKind pool, bool large, Capacity&&
     return nullptr;
   }
   if (base == 0) return nullptr;  // address space exhausted: a plain segment this time
-  segments_.push_back(std::make_unique<VmSegment>(base, bytes, pg, stream, pool, mr_, large));
+  segments_.push_back(std::make_unique<VmSegment>(base, bytes, pg, stream, pool, mr_));
   VmSegment* seg = segments_.back().get();
   Block* hole = make_block();
   hole->addr = base;
@@ -413,9 +433,9 @@ void VmArena::validate(Check&& check) const {
   for (const auto& s : segments_) {
     const VmSegment& seg = *s;
     const size_t pg = seg.page;
-    check(pg == (seg.large_pages ? large_page(granularity_) : granularity_) &&
-              (!seg.large_pages || seg.pool == PoolKind::kLarge),
-          "an expandable segment's page is not its kind's");
+    check(pg == granularity_ ||
+              (seg.pool == PoolKind::kLarge && (pg == mid_page(granularity_) || pg == large_page(granularity_))),
+          "an expandable segment's page is not one of its pool's");
     check(pg > 0 && pg % granularity_ == 0 && seg.base % granularity_ == 0 && seg.size % pg == 0 && seg.size > 0,
           "an expandable segment is not whole pages");
     size_t unmapped = 0;

@@ -73,8 +73,9 @@ struct Fixture {
       ++absorbed;
     };
   }
-  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity, bool large = false) {
-    VmSegment* seg = arena.reserve(stream, pool, large, [capacity] { return capacity; }, make());
+  // page 0: the granularity (2 MiB on the host backend)
+  VmSegment* reserve(Stream stream, PoolKind pool = PoolKind::kLarge, size_t capacity = kCapacity, size_t pg = 0) {
+    VmSegment* seg = arena.reserve(stream, pool, pg != 0 ? pg : 2 * MiB, [capacity] { return capacity; }, make());
     if (seg != nullptr) page = seg->page;
     return seg;
   }
@@ -356,13 +357,13 @@ void rooms_are_searched_per_stream_and_pool() {
   Block* s = f.map(*other_stream, 4 * MiB);  // the same on stream 2
   if (m == nullptr || s == nullptr) return EXPECT(false);
   VmRoom room;
-  EXPECT(f.arena.find_room(1, PoolKind::kLarge, false, 5 * MiB, &room) == b && room.bytes == f.page);
-  EXPECT(f.arena.find_room(2, PoolKind::kLarge, false, 5 * MiB, &room) == other_stream && room.bytes == f.page);
-  EXPECT(f.arena.find_room(1, PoolKind::kSmall, false, 5 * MiB, &room) == small && room.bytes == 3 * f.page);
-  EXPECT(f.arena.find_room(3, PoolKind::kLarge, false, 5 * MiB, &room) == nullptr && room.hole == nullptr);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 2 * MiB, 5 * MiB, &room) == b && room.bytes == f.page);
+  EXPECT(f.arena.find_room(2, PoolKind::kLarge, 2 * MiB, 5 * MiB, &room) == other_stream && room.bytes == f.page);
+  EXPECT(f.arena.find_room(1, PoolKind::kSmall, 2 * MiB, 5 * MiB, &room) == small && room.bytes == 3 * f.page);
+  EXPECT(f.arena.find_room(3, PoolKind::kLarge, 2 * MiB, 5 * MiB, &room) == nullptr && room.hole == nullptr);
   // Tie (both fresh for stream 1 after m is live): the oldest.
   m->allocated = true;
-  EXPECT(f.arena.find_room(1, PoolKind::kLarge, false, 5 * MiB, &room) == a && room.bytes == 3 * f.page);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 2 * MiB, 5 * MiB, &room) == a && room.bytes == 3 * f.page);
   f.validate();
 }
 
@@ -414,7 +415,7 @@ void the_arena_gives_everything_back_when_destroyed() {
   std::uintptr_t base = 0;
   {
     VmArena arena{backend, 0, &mr};
-    VmSegment* seg = arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make);
+    VmSegment* seg = arena.reserve(1, PoolKind::kLarge, 2 * MiB, [] { return kCapacity; }, make);
     if (seg == nullptr) return EXPECT(false);
     base = seg->base;
     // Two mapped runs around a hole, and an unmapped tail.
@@ -428,7 +429,7 @@ void the_arena_gives_everything_back_when_destroyed() {
   EXPECT(backend.mem_get_info(0).free == kCapacity);
   // The reservation ended too: the same address space is handed out again.
   VmArena arena{backend, 0, &mr};
-  VmSegment* seg = arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make);
+  VmSegment* seg = arena.reserve(1, PoolKind::kLarge, 2 * MiB, [] { return kCapacity; }, make);
   EXPECT(seg != nullptr && seg->base == base);
 }
 
@@ -439,14 +440,14 @@ void a_backend_without_virtual_memory_is_asked_once() {
     ++made;
     return f.make()();
   };
-  EXPECT(f.arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make) == nullptr);
+  EXPECT(f.arena.reserve(1, PoolKind::kLarge, 2 * MiB, [] { return kCapacity; }, make) == nullptr);
   EXPECT(f.arena.unavailable() && f.arena.empty() && made == 0 && f.backend.asked == 1);
-  EXPECT(f.arena.reserve(1, PoolKind::kLarge, false, [] { return kCapacity; }, make) == nullptr);
+  EXPECT(f.arena.reserve(1, PoolKind::kLarge, 2 * MiB, [] { return kCapacity; }, make) == nullptr);
   EXPECT(f.backend.asked == 1 && made == 0);  // not asked again
   // A capacity that cannot be read counts as no virtual memory too.
   Fixture<> g;
   auto broken = []() -> size_t { throw DriverError("mem_get_info failed"); };
-  EXPECT(g.arena.reserve(1, PoolKind::kLarge, false, broken, g.make()) == nullptr && g.arena.unavailable());
+  EXPECT(g.arena.reserve(1, PoolKind::kLarge, 2 * MiB, broken, g.make()) == nullptr && g.arena.unavailable());
   f.validate();
 }
 
@@ -460,33 +461,47 @@ void exhausted_address_space_is_refused_but_not_for_good() {
 }
 
 void large_requests_on_a_large_device_use_natives_large_page() {
-  const size_t from = VmArena::kLargePagesFrom, req = VmArena::kLargeRequest;
-  EXPECT(VmArena::large_pages(PoolKind::kLarge, req, from));
-  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req - 1, from));  // a smaller request: fine pages
-  EXPECT(!VmArena::large_pages(PoolKind::kLarge, req, from - 1));  // a smaller device: fine pages
-  EXPECT(!VmArena::large_pages(PoolKind::kSmall, req, from));      // the small pool: fine pages
+  const size_t from = VmArena::kLargePagesFrom, req = VmArena::kLargeRequest, g = 2 * MiB;
+  const size_t large = VmArena::large_page(g), mid = VmArena::mid_page(g);
+  EXPECT(VmArena::page_for(PoolKind::kLarge, req, from, 0, g) == large);
+  EXPECT(VmArena::page_for(PoolKind::kLarge, req - 1, from, 0, g) == g);  // a smaller request: fine pages
+  EXPECT(VmArena::page_for(PoolKind::kLarge, req, from - 1, 0, g) == g);  // a smaller device: fine pages
+  EXPECT(VmArena::page_for(PoolKind::kSmall, req, from, 0, g) == g);      // the small pool: fine pages
   // Once the device holds kLargePagesOnceReserved, every large-pool request
   // grows in large pages (a 20 MiB page is then at most 1/400 of the pool)
   const size_t big = VmArena::kLargePagesOnceReserved;
-  EXPECT(VmArena::large_pages(PoolKind::kLarge, 2 * MiB, from, big));
-  EXPECT(!VmArena::large_pages(PoolKind::kLarge, 2 * MiB, from, big - 1));
-  EXPECT(!VmArena::large_pages(PoolKind::kLarge, 2 * MiB, from - 1, big));  // a small device: fine pages
-  EXPECT(!VmArena::large_pages(PoolKind::kSmall, 2 * MiB, from, big));      // the small pool: fine pages
+  EXPECT(VmArena::page_for(PoolKind::kLarge, 2 * MiB, from, big, g) == large);
+  EXPECT(VmArena::page_for(PoolKind::kLarge, 2 * MiB, from, big - 1, g) != large);
+  EXPECT(VmArena::page_for(PoolKind::kLarge, 2 * MiB, from - 1, big, g) == g);  // a small device: fine pages
+  EXPECT(VmArena::page_for(PoolKind::kSmall, 2 * MiB, from, big, g) == g);      // the small pool: fine pages
+  // From kMidPagesOnceReserved, the large pool's other requests grow in mid pages
+  const size_t some = VmArena::kMidPagesOnceReserved;
+  EXPECT(VmArena::page_for(PoolKind::kLarge, 2 * MiB, from, some, g) == mid);
+  EXPECT(VmArena::page_for(PoolKind::kLarge, 2 * MiB, from, some - 1, g) == g);
+  EXPECT(VmArena::page_for(PoolKind::kLarge, req, from, some, g) == large);      // a large request: large pages
+  EXPECT(VmArena::page_for(PoolKind::kLarge, 2 * MiB, from - 1, some, g) == g);  // a small device: fine pages
+  EXPECT(VmArena::page_for(PoolKind::kSmall, 2 * MiB, from, some, g) == g);      // the small pool: fine pages
   EXPECT(VmArena::large_page(2 * MiB) == 20 * MiB && VmArena::large_page(8 * MiB) == 24 * MiB);
+  EXPECT(mid % g == 0 && mid > g && mid < large && VmArena::mid_page(16 * MiB) == 16 * MiB);
 }
 
 void a_large_pages_reservation_maps_and_gives_back_whole_large_pages() {
   Fixture<> f("host_capacity_mb:16384");
   const size_t big = size_t{16} << 30, p = 20 * MiB;
   VmSegment* fine = f.reserve(1, PoolKind::kLarge, big);
-  VmSegment* seg = f.reserve(1, PoolKind::kLarge, big, true);
+  VmSegment* seg = f.reserve(1, PoolKind::kLarge, big, p);
   if (seg == nullptr || fine == nullptr) return EXPECT(false);
-  EXPECT(fine->page == 2 * MiB && !fine->large_pages && seg->page == p && seg->large_pages);
+  EXPECT(fine->page == 2 * MiB && seg->page == p);
   EXPECT(seg->size >= big && seg->size % p == 0 && seg->size - big < p);
   // rooms are searched among the reservations of the request's kind
   VmRoom room;
-  EXPECT(f.arena.find_room(1, PoolKind::kLarge, true, 25 * MiB, &room) == seg && room.bytes == 2 * p);
-  EXPECT(f.arena.find_room(1, PoolKind::kLarge, false, 25 * MiB, &room) == fine && room.bytes == 26 * MiB);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, p, 25 * MiB, &room) == seg && room.bytes == 2 * p);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 2 * MiB, 25 * MiB, &room) == fine && room.bytes == 26 * MiB);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 8 * MiB, 25 * MiB, &room) == nullptr);  // no mid-page reservation
+  VmSegment* mid = f.reserve(1, PoolKind::kLarge, big, 8 * MiB);
+  EXPECT(mid != nullptr && mid->page == 8 * MiB && mid->size % (8 * MiB) == 0);
+  EXPECT(f.arena.find_room(1, PoolKind::kLarge, 8 * MiB, 25 * MiB, &room) == mid && room.bytes == 32 * MiB);
+  f.validate();
   // 25 MiB rounds up to two 20 MiB pages, each one physical allocation.
   const auto before = f.backend.vm_calls(0);
   Block* m = f.map(*seg, 25 * MiB);
