@@ -394,9 +394,9 @@ def test_replay_step_by_step_of_a_loop_run_longer(tmp_path, memalloc_cli_here):
     want = replay.replay_steps(replay.repeat_last_step(load_trace(trace).events[0], 3), "expandable_segments:True")
     data = json.loads(out.read_text())
     assert data["per_step"] == {str(trace): {"expandable_segments:True": {"0": [r.to_dict() for r in want]}}}
-    assert len(want) == 11 and want[8].maps == 1  # the loop rule's one mapping (test_replay.py)
+    assert len(want) == 11 and any(r.maps for r in want)  # 8 steps and 3 more; some step maps pages
     lines = [l for l in p.stdout.splitlines() if l.startswith("step ")]
-    assert len(lines) == 11 and lines[8].split()[2:4] == ["1", "mapped"]
+    assert [(int(l.split()[2]), l.split()[3]) for l in lines] == [(r.maps, "mapped") for r in want]
     assert data["command"].endswith("--per-step --repeat-last-step 3 --json " + str(out))
     # the whole replay's peaks are those of the longer trace too
     assert data["results"][0]["devices"][0]["peak_reserved"] == want[-1].peak_reserved
