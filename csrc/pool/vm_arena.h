@@ -11,32 +11,31 @@
 // do not help: benchmarks/speed/driver_costs.py), so its size sets what
 // growing costs, and what can be given back (a free run gives back only its
 // whole pages). Reservations come in three page sizes (page_for()): the
-// backend's granularity (2 MiB), and, on a device of kLargePagesFrom (8 GiB)
-// or more, kLargePage (20 MiB: native's large-pool page, torch's
-// kLargeBuffer) for the large pool's requests of kLargeRequest (256 MiB) or
-// more, and for all of them once the device holds kLargePagesOnceReserved
-// (8 GiB) or has allocated that much (the arena's high-water mark: after
-// empty_cache() too), where a page is at most 1/400 of the pool; between
-// them, kMidPage (8 MiB) for the large pool's other requests once the device
-// holds kMidPagesOnceReserved (2 GiB) (issue 38's experiment: a page at most
-// 1/256 of the pool). Each page size grows in reservations of its own. A
-// fresh 16 GiB tensor takes 820 physical allocations, as native's, where
-// 2 MiB pages took 8,192; the H200's ~1B
-// Llama trained at lengths of 256 to 2048 (its trace
-// benchmarks/traces/llama1b_growth.mtrace.gz) takes 6,754, where 2 MiB
-// pages below 256 MiB took 22,461 (its first step: 1.5 s against native
-// expandable's 0.85-0.93 s) and native's rule 3,058.
-// Why not large pages below 8 GiB (issue 38; every rule replayed on the
-// host: benchmarks/results/2026-12-05-host-page-rules.json and
+// backend's granularity (2 MiB); on a device of kLargePagesFrom (8 GiB) or
+// more, kLargePage (20 MiB: native's large-pool page, torch's kLargeBuffer)
+// for the large pool's requests of kLargeRequest (256 MiB) or more, and for
+// all of them once the allocator holds kLargePagesOnceReserved (8 GiB:
+// reserved now, or allocated at the arena's high-water mark, so after
+// empty_cache() too), a page then being at most 1/400 of the pool; and
+// kMidPage (8 MiB) for the large pool's other requests once it holds
+// kMidPagesOnceReserved (2 GiB), at most 1/256 of the pool. Each page size
+// grows in reservations of its own. A fresh 16 GiB tensor takes 820
+// physical allocations, as native's, where 2 MiB pages took 8,192; the
+// H200's ~1B Llama trained at lengths of 256 to 2048 (its trace
+// benchmarks/traces/llama1b_growth.mtrace.gz) takes 4,443 (native's rule:
+// 3,058), where 2 MiB pages below 256 MiB took 22,461 (its first step:
+// 1.5 s against native expandable's 0.85-0.93 s).
+// Why not coarser pages sooner (issue 38; every rule replayed on the host:
+// benchmarks/results/2026-12-05-host-page-rules.json and
 // 2026-12-06-host-page-rules.json): the reuse ceiling gives back only
 // whole pages, and under coarse pages the free memory rarely is (at the
 // varlen replay's peak under native's rule: 177 MiB free, no whole 20 MiB
 // page), so its varlen replay reserves 1.0527 per allocated byte, over
-// issue 14's 1.05 (tests/integration/test_replay.py), and large pages from
-// 4 GiB reserved take the transformer replay to 1.068; no uniform rule
-// tried (8-20 MiB pages, mid-size pages beside 20 MiB ones, other slacks,
-// page-aware placement) keeps every replay within 1.05 at native's page
-// count. Physical allocations sized to the growth keep both in a host
+// issue 14's 1.05 (tests/integration/test_replay.py); 20 MiB pages from
+// 4 GiB take the transformer replay to 1.068, 8 MiB pages from the start
+// the random one to 1.070; no uniform rule tried (8-20 MiB pages, other
+// slacks, page-aware placement) keeps every replay within 1.05 at native's
+// page count. Physical allocations sized to the growth keep both in a host
 // prototype, but a CUDA tensor shared with another process goes as the
 // physical allocations it spans, in torch's 'e' handle of one page size
 // (native's receiver maps handle i at i x page): a span of mixed sizes

@@ -8,7 +8,8 @@ and took 372-444 ms for a fresh 16 GiB tensor where native's expandable
 segments, mapping 20 MiB handles (torch's kLargeBuffer, its large pool's
 segment size), took 49 ms. memalloc now maps pages of that size for the
 large pool's requests of 256 MiB or more on devices of 8 GiB or more, and
-for all of them once 8 GiB is held (pool/vm_arena.h says why not below).
+for all of them once 8 GiB is held; 8 MiB pages once 2 GiB is held
+(pool/vm_arena.h says why not sooner).
 The guard: on a device of an H200's size, every way memory grows (one
 16 GiB tensor, 64 tensors of 256 MiB, the same again after empty_cache)
 makes no more driver calls than native's expandable segments make for it,
