@@ -74,6 +74,7 @@ from memalloc.trace.flight_files import (
     FlightFile,
     FlightFileError,
     files_in,
+    opened,
     peak_live,
     read,
     replay,
@@ -247,13 +248,10 @@ def load_summary(path: str) -> Run:
 
 def _from_flight(source: str | FlightFile, device: int | None) -> Run:
     """A run from a flight file, given by its path or already read."""
-    if isinstance(source, FlightFile):
-        f = source
-    else:
-        try:
-            f = read(source)
-        except FlightFileError as e:
-            raise DiffError(f"{e}; give {KINDS}") from None
+    try:
+        f = opened(source)
+    except FlightFileError as e:
+        raise DiffError(f"{e}; give {KINDS}") from None
     path = f.path
     d = _pick_device(path, [i for i, ring in enumerate(f.rings) if any(e.action == "alloc" for e in ring)], device)
     ring = f.rings[d] if d < len(f.rings) else []

@@ -214,6 +214,13 @@ def read(path: PathLike) -> FlightFile:
         raise FlightFileError(f"{path}: cannot read it: {e.strerror}") from None
 
 
+def opened(source: PathLike | FlightFile) -> FlightFile:
+    """``source`` itself when it is a flight file already read, else
+    read(source): for readers that take either (the run page, diff), so a
+    file read once is not read again."""
+    return source if isinstance(source, FlightFile) else read(source)
+
+
 def _parse(path: str, data) -> FlightFile:
     if data[:8] != MAGIC:
         raise FlightFileError(f"{path}: not a memalloc flight recorder file (no {MAGIC[:7].decode()} header)")

@@ -41,7 +41,7 @@ from typing import Any
 
 from memalloc.core._usercode import is_internal, source_line
 from memalloc.reporters.run_page import render
-from memalloc.trace.flight_files import FlightFile, FlightFileError, peak_live, read
+from memalloc.trace.flight_files import FlightFile, FlightFileError, opened, peak_live
 
 SCHEMA = "memalloc.run_page/1"
 PAGE = "index.html"
@@ -126,11 +126,9 @@ def collect(
     f = None
     if flight is None:
         notes.append("no flight recorder ran (--no-flight-recorder): no steps, stacks or OOM events to show")
-    elif isinstance(flight, FlightFile):
-        f = flight
     else:
         try:
-            f = read(flight)
+            f = opened(flight)
         except FlightFileError as e:
             notes.append(f"the flight recorder file could not be read: {e}")
     if f is not None:
