@@ -53,7 +53,7 @@ void* DeviceAllocator::alloc_found_locked(Block* b, bool from_cache, size_t size
     split_count_delta -= split_count(b);
   }
   const bool no_split = b->owner != nullptr && b->owner->no_split;
-  if (!no_split && should_split(*b, size, config_.max_split_size)) {
+  if (!no_split && should_split(*b, size, config_.max_split_size, config_.expandable_segments)) {
     Block* rest = blocks_.split(b, size);
     blocks_.list_of(rest).insert(rest);
     split_bytes_delta += split_bytes(rest);

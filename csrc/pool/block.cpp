@@ -36,13 +36,15 @@ size_t segment_size_for(size_t rounded) {
   return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
-bool should_split(const Block& block, size_t size, size_t max_split) {
+bool should_split(const Block& block, size_t size, size_t max_split, bool expandable_segments) {
   size_t remaining = block.size - size;
-  if (block.pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
-  // A large block of an expandable segment splits off any remainder: it
-  // coalesces with the pages mapped next to it, or is unmapped, so it is
-  // not the stranded sliver native avoids (remaining > 1 MiB).
-  return size < max_split && (block.vm != nullptr ? remaining >= kMinBlockSize : remaining > kSmallSize);
+  // Native's rule: with expandable segments on, every block (a private
+  // pool's plain segment too) splits off any remainder of kMinBlockSize or
+  // more, whatever max_split_size says; an expandable segment's remainder
+  // coalesces with the pages mapped next to it, or is unmapped. Otherwise a
+  // large block splits only below max_split_size and past a 1 MiB sliver.
+  if (block.pool == PoolKind::kSmall || expandable_segments) return remaining >= kMinBlockSize;
+  return size < max_split && remaining > kSmallSize;
 }
 
 }  // namespace memalloc

@@ -138,7 +138,8 @@ class FreeList {
 size_t round_size(size_t size, size_t roundup_power2_divisions);
 inline PoolKind pool_kind_for(size_t rounded) { return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge; }
 size_t segment_size_for(size_t rounded);
-// Whether taking `size` bytes from `block` leaves a remainder worth splitting.
-bool should_split(const Block& block, size_t size, size_t max_split);
+// Whether taking `size` bytes from `block` leaves a remainder worth splitting
+// (native's rule, which depends on whether expandable segments are on).
+bool should_split(const Block& block, size_t size, size_t max_split, bool expandable_segments);
 
 }  // namespace memalloc

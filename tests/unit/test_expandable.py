@@ -366,3 +366,51 @@ def test_the_oom_message_suggests_expandable_segments_unless_they_are_on():
             a.malloc(100 * MiB)
         assert fragment in str(e.value)
         a.validate()
+
+
+@pytest.mark.parametrize("held_gib,page_mib", [(2, 8), (8, 20)])
+def test_max_split_size_does_not_keep_a_page_tail_in_the_block(held_gib, page_mib):
+    """Native's should_split with expandable segments on: any remainder of
+    512 B or more splits off, whatever max_split_size says. torch's
+    test_allocator_settings sets max_split_size_mb:40 and then reads 84 MiB of
+    active bytes for an 84 MiB tensor; once 2 (8) GiB is held the request
+    maps whole 8 (20) MiB pages, and the tail must stay a free block, not
+    part of the tensor's."""
+    a = make(EXPANDABLE + ",max_split_size_mb:40", capacity_mb=16 * 1024)
+    hold = a.malloc(-(-(held_gib << 30) // (40 * MiB)) * 40 * MiB)  # whole 8 and 20 MiB pages: no tail
+    keys = ("active_bytes", "reserved_bytes", "requested_bytes", "inactive_split_bytes")
+    before = {k: stat(a, k) for k in keys}
+    assert before["inactive_split_bytes"] == 0
+    size = 84 * MiB
+    p = a.malloc(size)
+    check(a)
+    mapped = -(-size // (page_mib * MiB)) * page_mib * MiB
+    assert mapped > size  # the page leaves a tail: the case under test
+    assert stat(a, "reserved_bytes") - before["reserved_bytes"] == mapped
+    assert stat(a, "active_bytes") - before["active_bytes"] == size
+    assert stat(a, "requested_bytes") - before["requested_bytes"] == size
+    assert stat(a, "inactive_split_bytes") - before["inactive_split_bytes"] == mapped - size
+    a.free(p)
+    a.free(hold)
+    a.empty_cache()
+    assert check(a) == []
+
+
+def test_a_private_pools_plain_block_splits_as_natives_does_with_expandable_segments_on():
+    """The rule follows the setting, not the segment: a private pool keeps a
+    plain segment (2 MiB-rounded), and with expandable segments on native
+    splits its sub-MiB tail off even above max_split_size."""
+    size = 41 * MiB + 512 * 1024  # its segment: 42 MiB; the tail 512 KiB
+    for config, splits in ((EXPANDABLE + ",max_split_size_mb:40", True), ("max_split_size_mb:40", False)):
+        a = make(config)
+        pool, stream = (1, 0), 5
+        _testing.begin_allocate_to_pool(a, pool, [stream])
+        p = a.malloc(size, 0, stream)
+        _testing.end_allocate_to_pool(a, pool)
+        check(a)
+        assert stat(a, "reserved_bytes") == 42 * MiB
+        assert stat(a, "active_bytes") == (size if splits else 42 * MiB), config
+        a.free(p)
+        _testing.release_pool(a, pool)
+        a.empty_cache()
+        assert check(a) == []
