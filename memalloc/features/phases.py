@@ -89,9 +89,11 @@ class _Landmarks:
         self.first: weakref.ref | None = None  # the optimizer whose steps end steps
         self.ended = 0  # steps ended by the optimizer hook (no boundaries marked)
         self.depth = 0  # backward calls in progress (one inside another: reentrant checkpointing)
-        # optimizer.step() calls in progress, innermost last: [optimizer,
-        # whether it was given a closure, whether its optimizer phase waits
-        # for a backward in its closure].
+        # optimizer.step() calls in progress, innermost last: [a weak
+        # reference to the optimizer, whether it was given a closure, whether
+        # its optimizer phase waits for a backward in its closure]. Weak: a
+        # step that raised leaves its frame here until the step ends, and
+        # that must not keep the user's optimizer (and its state) alive.
         self.stepping: list[list[Any]] = []
         self.backward_in_step = False  # a backward returned since the last step ended
 
@@ -196,7 +198,7 @@ def _backward_ends(a: _C.Allocator | None) -> None:
         done = _marks.depth == 0
         if done:
             _marks.backward_in_step = True
-        closure_of = _marks.stepping[-1][0] if done and _marks.stepping and _marks.stepping[-1][2] else None
+        closure_of = _marks.stepping[-1][0]() if done and _marks.stepping and _marks.stepping[-1][2] else None
     if closure_of is not None:
         _enter_optimizer(a, closure_of)  # the backward of a step's closure: the update comes next
     elif done:
@@ -241,8 +243,8 @@ def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         waits = closure and not _marks.backward_in_step
         # An optimizer does not step inside its own step: a frame of it still
         # here is one whose step raised (its post-step hook never ran).
-        _marks.stepping = [f for f in _marks.stepping if f[0] is not optimizer]
-        _marks.stepping.append([optimizer, closure, waits])
+        _marks.stepping = [f for f in _marks.stepping if f[0]() is not None and f[0]() is not optimizer]
+        _marks.stepping.append([_weak(optimizer), closure, waits])
     if closure and not waits:
         # Its closure may run a forward and backward after all (see
         # _backward_begins), whose blocks would then leave the optimizer
@@ -250,6 +252,15 @@ def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         a.resolve("optimizer", "optimizer_state")
     if not waits:
         _enter_optimizer(a, optimizer)
+
+
+def _weak(obj: Any) -> Any:
+    """A weak reference to ``obj``; a callable returning it for the rare
+    object that takes none (a class with ``__slots__``)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _enter_optimizer(a: _C.Allocator, optimizer: Any) -> None:
@@ -271,7 +282,7 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     with _lock:
         for i in range(len(_marks.stepping) - 1, -1, -1):  # innermost first
-            if _marks.stepping[i][0] is optimizer:
+            if _marks.stepping[i][0]() is optimizer:
                 del _marks.stepping[i]
                 break
         if _marks.first is None or _marks.first() is None:
