@@ -1,26 +1,64 @@
 """Step time of a Lightning run with and without memalloc's MemoryMonitor
 (tests/gpu/test_cuda_callback_cost.py). Arguments: OUT (the logger's root),
 WITH (1: MemoryMonitor in the callbacks; 0: not), STEPS, DEVICE (host |
-cuda). Both modes run under memalloc.enable(), so the difference is the
-callback's alone (its trackers, its step boundaries, the flight recorder and
-run page it adds). A transformer encoder in bf16 autocast with AdamW; a
+cuda) [parts]. Both modes run under memalloc.enable(), so the difference is
+the callback's alone (its trackers, its step boundaries, the flight recorder
+and run page it adds). With ``parts``, the callback's own pieces are timed
+too (the median milliseconds of each per call), so a cost that fails its
+bound names where it goes. A transformer encoder in bf16 autocast with AdamW; a
 callback of the script's own times each step, from one batch's start to the
-next's (device synchronised there). Prints RESULT <json>: the steps' seconds."""
+next's (device synchronised there). Prints RESULT <json>: the steps' seconds; the allocator's device
+allocations, frees and all-stream synchronisations over the run; with
+``parts``, each piece's median per call."""
 
+import collections
 import json
+import statistics
 import sys
 import time
 
 import case_common
 
 OUT, WITH, STEPS, DEVICE = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
-case_common.enable(DEVICE)
+PARTS = sys.argv[5:] == ["parts"]
+queries = case_common.enable(DEVICE)
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
+from memalloc.features import flight, leaks, tracker  # noqa: E402
+from memalloc.integrations import _monitor  # noqa: E402
 from memalloc.integrations.lightning import MemoryMonitor  # noqa: E402
+
+part_times: dict[str, list[float]] = collections.defaultdict(list)
+
+
+def timed(owner, name: str, label: str) -> None:
+    """Wraps owner.name so each call's seconds go to part_times[label]."""
+    fn = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            part_times[label].append(time.perf_counter() - t)
+
+    setattr(owner, name, wrapper)
+
+
+if PARTS:
+    for owner, name in (
+        (MemoryMonitor, "on_train_batch_end"),
+        (_monitor.Monitor, "batch_end"),
+        (_monitor.Monitor, "metrics"),
+        (flight.FlightRecorder, "heartbeat"),
+        (leaks.LeakTracker, "sample"),
+        (leaks.LeakTracker, "report"),
+        (tracker.StepTracker, "_on_step"),
+    ):
+        timed(owner, name, f"{getattr(owner, '__name__', owner)}.{name}")
 
 WIDTH, LAYERS, BATCH, LENGTH = (1024, 8, 16, 512) if DEVICE == "cuda" else (64, 2, 4, 32)
 
@@ -78,4 +116,11 @@ trainer = L.Trainer(
 )
 data = torch.utils.data.TensorDataset(torch.randn(BATCH * STEPS, LENGTH, WIDTH))
 trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=BATCH))
-print("RESULT", json.dumps({"times": timer.times}))
+stats = queries.memory_stats()
+result = {
+    "times": timer.times,
+    "counters": {k: stats.get(k, 0) for k in ("num_device_alloc", "num_device_free", "num_sync_all_streams")},
+}
+if PARTS:
+    result["parts_ms"] = {k: [len(v), round(statistics.median(v) * 1e3, 4)] for k, v in part_times.items()}
+print("RESULT", json.dumps(result))

@@ -7,7 +7,10 @@ rate each step, a flight recorder, the run page at the end). Fresh
 processes in ABBA order, ROUNDS of each; each process's median step time
 after WARMUP steps; the ratio of the two modes' medians must stay within
 BOUND, the bound of memalloc's own step-time targets
-(tests/gpu/test_cuda_step_time.py)."""
+(tests/gpu/test_cuda_step_time.py). One more process with the monitor times
+its pieces (the case's ``parts``) and every process reports the allocator's
+device allocations, frees and synchronisations, so a failure names where the
+time goes."""
 
 from __future__ import annotations
 
@@ -25,21 +28,28 @@ CASE = os.path.join(REPO, "tests", "callback_cases", "lightning_timing.py")
 ROUNDS, STEPS, WARMUP, BOUND = 3, 60, 10, 1.02
 
 
-def _median_step(tmp_path, with_monitor: bool, i: int) -> float:
+def _run(tmp_path, with_monitor: bool, i: int, *extra: str) -> dict:
     out = tmp_path / f"run{i}"
-    times = run_case(CASE, str(out), "1" if with_monitor else "0", str(STEPS), "cuda", cwd=tmp_path)["times"]
-    assert len(times) == STEPS
+    r = run_case(CASE, str(out), "1" if with_monitor else "0", str(STEPS), "cuda", *extra, cwd=tmp_path)
+    assert len(r["times"]) == STEPS
     if with_monitor:  # the callback did its work: its page is there
         assert list(out.glob("lightning_logs/version_0/index.html")), list(out.rglob("*"))
-    return statistics.median(times[WARMUP:])
+    r["median"] = statistics.median(r["times"][WARMUP:])
+    return r
 
 
 def test_memory_monitor_adds_nothing_measurable_to_step_time(tmp_path):
     pytest.importorskip("lightning")
     medians: dict[bool, list[float]] = {False: [], True: []}
+    counters: dict[bool, list[dict]] = {False: [], True: []}
     order = [False, True, True, False] * ((ROUNDS + 1) // 2)
     for i, with_monitor in enumerate(order[: 2 * ROUNDS]):
-        medians[with_monitor].append(_median_step(tmp_path, with_monitor, i))
+        r = _run(tmp_path, with_monitor, i)
+        medians[with_monitor].append(r["median"])
+        counters[with_monitor].append(r["counters"])
     ratio = statistics.median(medians[True]) / statistics.median(medians[False])
+    parts = _run(tmp_path, True, 2 * ROUNDS, "parts")
     print(f"MemoryMonitor step time ratio {ratio:.4f} (with {medians[True]}, without {medians[False]})")
-    assert ratio <= BOUND, (ratio, medians)
+    print(f"counters: with {counters[True]}, without {counters[False]}")
+    print(f"the monitor's parts (calls, median ms; step median {parts['median'] * 1e3:.2f} ms): {parts['parts_ms']}")
+    assert ratio <= BOUND, (ratio, medians, parts["parts_ms"], counters)
