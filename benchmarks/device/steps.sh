@@ -11,6 +11,11 @@
 #   fit          the fit benchmark in every mode, memalloc's default included
 #   planner      tests/gpu/test_cuda_planner.py (PLANNER_K narrows it: -k text)
 #   steptime     tests/gpu/test_cuda_step_time.py (STEP_TIME_K narrows it)
+#   callbackparts  the Lightning timing case (tests/callback_cases/lightning_timing.py, the
+#                callback cost test's) once per piece of MemoryMonitor, CALLBACK_PROCS (2)
+#                processes each in turn: without it, with it, with it but no batch-end work,
+#                its trackers alone, its flight recorder alone, memalloc.step() alone; the
+#                median step time of each process ($OUT/callbackparts.log)
 #   stepab       two allocators in lockstep on STEPAB_GROUP (bf16_lockstep), STEPAB_PAIRS (8)
 #                process pairs, for each "A:B" of STEPAB (default memalloc_plain:memalloc_expandable,
 #                expandable's own cost; e.g. native:expandable, memalloc_expandable:memalloc_expandable_noipc,
@@ -96,6 +101,18 @@ for what in "$@"; do
       python3 -m pytest -m gpu -v -rfs tests/gpu/test_cuda_step_time.py ${STEP_TIME_K:+-k "$STEP_TIME_K"} 2>&1 \
         | tee "$OUT/steptime.log" | tail -15
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    callbackparts)
+      for i in $(seq "${CALLBACK_PROCS:-2}"); do
+        for v in "0:" "1:" "1:noend" "0:trackers" "0:flight" "0:steps"; do
+          rm -rf /tmp/callbackparts
+          PYTHONPATH=$PWD:$PWD/tests/callback_cases timeout 120 python3 tests/callback_cases/lightning_timing.py \
+            /tmp/callbackparts "${v%%:*}" 60 cuda ${v#*:} 2> "$OUT/callbackparts.err" | grep RESULT | python3 -c "
+import json, statistics, sys
+r = json.loads(sys.stdin.read().split('RESULT ', 1)[1])
+print('with=$v', f\"median step {statistics.median(r['times'][10:]) * 1e3:.2f} ms\", r['counters'])" \
+            || tail -3 "$OUT/callbackparts.err"
+        done
+      done 2>&1 | tee "$OUT/callbackparts.log" ;;
     stepab)
       python3 - <<'PY' 2>&1 | tee "$OUT/stepab.log" | tail -5
 import os, sys

@@ -20,13 +20,22 @@ import time
 import case_common
 
 OUT, WITH, STEPS, DEVICE = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
-PARTS = sys.argv[5:] == ["parts"]
+# The optional fifth argument: "parts" (time the monitor's pieces), or one
+# piece of the monitor to run alone for a cost that must be split up
+# (benchmarks/device/steps.sh callbackparts): "noend" (the monitor without
+# its batch-end work), "trackers" (its StepTracker and LeakTracker, no
+# callback), "flight" (its flight recorder alone), "steps" (memalloc.step()
+# at each batch's end alone).
+VARIANT = sys.argv[5] if len(sys.argv) > 5 else ""
+assert VARIANT in ("", "parts", "noend", "trackers", "flight", "steps"), VARIANT
+PARTS = VARIANT == "parts"
 queries = case_common.enable(DEVICE)
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
+import memalloc  # noqa: E402
 from memalloc.features import flight, leaks, tracker  # noqa: E402
 from memalloc.integrations import _monitor  # noqa: E402
 from memalloc.integrations.lightning import MemoryMonitor  # noqa: E402
@@ -48,6 +57,20 @@ def timed(owner, name: str, label: str) -> None:
     setattr(owner, name, wrapper)
 
 
+extra: list = []  # the variant's own callback
+if VARIANT == "noend":
+    MemoryMonitor.on_train_batch_end = lambda *args, **kwargs: None  # type: ignore[method-assign]
+elif VARIANT == "trackers":
+    trackers = (tracker.StepTracker().start(), leaks.LeakTracker().start())
+elif VARIANT == "flight":
+    flight.start(f"{OUT}/flight-alone")
+elif VARIANT == "steps":
+
+    class Stepper(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, i):
+            memalloc.step()
+
+    extra.append(Stepper())
 if PARTS:
     for owner, name in (
         (MemoryMonitor, "on_train_batch_end"),
@@ -112,7 +135,7 @@ trainer = L.Trainer(
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
-    callbacks=[timer, *([MemoryMonitor()] if WITH else [])],
+    callbacks=[timer, *([MemoryMonitor()] if WITH else []), *extra],
 )
 data = torch.utils.data.TensorDataset(torch.randn(BATCH * STEPS, LENGTH, WIDTH))
 trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=BATCH))
