@@ -214,7 +214,6 @@ class LeakTracker:
             )
             return report
         sites = self._site_series(samples)
-        live = live_blocks(self.device, self.allocator)
         half = len(window) // 2
         # A block allocated in the iteration that ended at boundary n carries step n - 1.
         first_half_steps = {s.step - 1 for s in window[:half]}
@@ -273,7 +272,7 @@ class LeakTracker:
                 )
             )
         if find_holders and leaks:
-            leaks = attribute_holders(leaks, live, self._groups_at_start)
+            leaks = attribute_holders(leaks, live_blocks(self.device, self.allocator), self._groups_at_start)
         for leak in leaks:
             leak.cause, leak.hint = _cause(leak)
         report.leaks = sorted(leaks, key=lambda l: -l.bytes_per_step)
