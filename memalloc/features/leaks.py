@@ -57,7 +57,7 @@ from memalloc.core._usercode import is_internal, source_line
 from memalloc.features.holders import attribute_holders, optimizer_groups
 from memalloc.reporters.leak_report import Leak, LeakError, LeakReport
 from memalloc.trace.recording import stack
-from memalloc.trace.sites import SiteKey, live_blocks, site_of
+from memalloc.trace.sites import SiteKey, live_blocks, live_size_stack_step, site_of
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:
@@ -163,15 +163,23 @@ class LeakTracker:
 
     def sample(self, step: int | None = None) -> None:
         """Takes one sample now (called at every step while running)."""
+        # One pass keyed by (stack, step allocated), a few hundred keys for
+        # thousands of blocks; the per-stack totals are summed from those.
+        cells: dict[tuple[int, int], list[int]] = {}
+        for size, stack_id, step_allocated in live_size_stack_step(self.device, self.allocator):
+            cell = cells.get((stack_id, step_allocated))
+            if cell is None:
+                cells[stack_id, step_allocated] = [1, size]
+            else:
+                cell[0] += 1
+                cell[1] += size
         by_stack: dict[int, list[int]] = {}
         ages: dict[int, dict[int, list[int]]] = {}
-        for _addr, size, _req, stack_id, _tag, step_allocated in live_blocks(self.device, self.allocator):
+        for (stack_id, step_allocated), cell in cells.items():
             entry = by_stack.setdefault(stack_id, [0, 0])
-            entry[0] += 1
-            entry[1] += size
-            age = ages.setdefault(stack_id, {}).setdefault(step_allocated, [0, 0])
-            age[0] += 1
-            age[1] += size
+            entry[0] += cell[0]
+            entry[1] += cell[1]
+            ages.setdefault(stack_id, {})[step_allocated] = cell
         s = self.allocator.stats(self.device)
         with self._lock:
             self.samples.append(

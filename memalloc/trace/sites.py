@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Iterator
 
 from memalloc import _C
 from memalloc.core import _state
@@ -29,6 +30,20 @@ def site_of(stack_id: int) -> SiteKey | None:
     interned stack; None for stack id 0 (no stack captured)."""
     f = user_frame(stack(stack_id)) if stack_id else None
     return (f.filename, f.line, f.name) if f else None
+
+
+# (size, stack_id, step) alone, the rest read as padding: what a leak sample needs.
+SIZE_STACK_STEP_FORMAT = struct_format(
+    [f for f in _C.LIVE_FIELDS if f[0] in ("size", "stack_id", "step")], _C.LIVE_BYTES
+)
+
+
+def live_size_stack_step(device: int, allocator: _C.Allocator | None = None) -> Iterator[tuple[int, int, int]]:
+    """(size, stack_id, step) of every live block of ``device``, as
+    :func:`live_blocks` reads them, without the fields a leak sample does
+    not use."""
+    a = _state.allocator_or_installed(allocator)
+    return struct.iter_unpack(SIZE_STACK_STEP_FORMAT, a.live_blocks(device))
 
 
 def live_blocks(device: int, allocator: _C.Allocator | None = None) -> list[LiveBlock]:

@@ -1478,5 +1478,12 @@ def test_wire_formats_come_from_the_core_and_decode_what_it_packs(host_allocator
     try:
         ((addr, size, requested, *_),) = sites.live_blocks(0, allocator=host_allocator)
         assert (addr, size, requested) == (p, 1024, 1000)
+        # the leak sample's reading: the same blocks, three of the fields
+        q = host_allocator.malloc(3 << 20)
+        full = sites.live_blocks(0, allocator=host_allocator)
+        assert struct.calcsize(sites.SIZE_STACK_STEP_FORMAT) == _C.LIVE_BYTES
+        assert list(sites.live_size_stack_step(0, allocator=host_allocator)) == [(b[1], b[3], b[5]) for b in full]
+        assert sorted(b[1] for b in full) == [1024, 3 << 20]
+        host_allocator.free(q)
     finally:
         host_allocator.free(p)
