@@ -1,11 +1,11 @@
 """Step time of a Lightning run with and without memalloc's MemoryMonitor
 (tests/gpu/test_cuda_callback_cost.py). Arguments: OUT (the logger's root),
 WITH (1: MemoryMonitor in the callbacks; 0: not), STEPS, DEVICE (host |
-cuda) [parts]. Both modes run under memalloc.enable(), so the difference is
-the callback's alone (its trackers, its step boundaries, the flight recorder
-and run page it adds). With ``parts``, the callback's own pieces are timed
-too (the median milliseconds of each per call), so a cost that fails its
-bound names where it goes. A transformer encoder in bf16 autocast with AdamW; a
+cuda) [VARIANT, below]. Both modes run under memalloc.enable(), so the
+difference is the callback's alone (its trackers, its step boundaries, the
+flight recorder and run page it adds). With ``parts``, the callback's own
+pieces are timed too (the median milliseconds of each per call), so a cost
+that fails its bound names where it goes. A transformer encoder in bf16 autocast with AdamW; a
 callback of the script's own times each step, from one batch's start to the
 next's (device synchronised there). Prints RESULT <json>: the steps' seconds; the allocator's device
 allocations, frees and all-stream synchronisations over the run; with
