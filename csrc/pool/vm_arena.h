@@ -207,6 +207,13 @@ class VmArena {
   static size_t mid_page(size_t granularity) {
     return static_cast<size_t>(round_up(std::max(kMidPage, granularity), granularity));
   }
+  // Whether `page` is one that page_for() gives `pool` (the granularity, or
+  // for the large pool also the mid or large page): what reserve() accepts
+  // and validate() checks.
+  static bool page_of_pool(PoolKind pool, size_t page, size_t granularity) {
+    return page > 0 && (page == granularity || (pool == PoolKind::kLarge &&
+                                                (page == mid_page(granularity) || page == large_page(granularity))));
+  }
 
   bool empty() const { return segments_.empty(); }
   // The backend refused virtual memory once: plain segments from then on.
@@ -326,7 +333,7 @@ VmSegment* VmArena::reserve(Stream stream, PoolKind pool, size_t page, Capacity&
   try {
     const size_t cap = capacity();  // before granularity(): the order the backend sees
     const size_t g = granularity();
-    MEMALLOC_EXPECTS(pg > 0 && pg % g == 0 && (pool == PoolKind::kLarge || pg == g),
+    MEMALLOC_EXPECTS(page_of_pool(pool, pg, g),
                      "memalloc internal error: an expandable segment's page is not one of its pool's");
     bytes = round_up(cap, pg);
     base = reinterpret_cast<std::uintptr_t>(backend_.vm_reserve(device_, bytes, pg));
@@ -432,9 +439,7 @@ void VmArena::validate(Check&& check) const {
   for (const auto& s : segments_) {
     const VmSegment& seg = *s;
     const size_t pg = seg.page;
-    check(pg == granularity_ ||
-              (seg.pool == PoolKind::kLarge && (pg == mid_page(granularity_) || pg == large_page(granularity_))),
-          "an expandable segment's page is not one of its pool's");
+    check(page_of_pool(seg.pool, pg, granularity_), "an expandable segment's page is not one of its pool's");
     check(pg > 0 && pg % granularity_ == 0 && seg.base % granularity_ == 0 && seg.size % pg == 0 && seg.size > 0,
           "an expandable segment is not whole pages");
     size_t unmapped = 0;
