@@ -91,7 +91,8 @@ for phase in "${phases[@]}"; do
       suite lane3 tests/gpu/test_cuda_libraries.py tests/gpu/test_cuda_breakdown.py tests/gpu/test_parity.py & p3=$!
       suite lane4 tests/gpu/test_cuda_ipc.py tests/gpu/test_cuda_distributed.py \
         tests/gpu/test_cuda_flight.py --deselect "$FLIGHT_COST" --deselect "$FLIGHT_STEP" & p4=$!
-      suite lane5 tests/gpu/test_cuda_callbacks.py tests/gpu/test_cuda_run_page.py tests/gpu/test_cuda_interface.py & p5=$!
+      suite lane5 tests/gpu/test_cuda_callbacks.py tests/gpu/test_cuda_run_page.py tests/gpu/test_cuda_diff_notebook.py \
+        tests/gpu/test_cuda_interface.py & p5=$!
       for p in $p1 $p2 $p3 $p4 $p5; do wait "$p" || rc=1; done ;;
     cuda) suite cuda tests/gpu/test_cuda.py || rc=1 ;;
     expandable) suite expandable tests/gpu/test_cuda_expandable.py tests/gpu/test_cuda_zero_setup.py tests/contract || rc=1 ;;
