@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 
 namespace memalloc {
@@ -89,7 +90,7 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
                              size_t pg) {
   allocated_hwm_ = std::max(allocated_hwm_, allocated + rounded);
   const auto over = [&] {
-    const size_t ceiling = allocated_hwm_ + allocated_hwm_ / slack_divisor_;
+    const size_t ceiling = allocated_hwm_ + std::min(allocated_hwm_ / slack_divisor_, slack_cap_);
     return room_bytes == 0 || reserved + room_bytes <= ceiling ? size_t{0}
                                                                : std::min(room_bytes, reserved + room_bytes - ceiling);
   };
@@ -118,6 +119,7 @@ size_t VmArena::over_ceiling(size_t allocated, size_t reserved, size_t rounded, 
   // a loop's third time: twice the slack (as a loop would come back to
   // it, it is found again only if that is not yet enough)
   if (loop && slack_divisor_ > 1) slack_divisor_ /= 2;
+  if (loop && slack_cap_ <= std::numeric_limits<size_t>::max() / 2) slack_cap_ *= 2;
   return over();
 }
 

@@ -144,9 +144,14 @@ struct VmUnmapped {
 class VmArena {
  public:
   // reuse_free_pages: free pages are given back before growing only above
-  // a ceiling of hwm + hwm / slack_divisor() reserved bytes (hwm: the most
-  // bytes allocated at once that growth has served); the divisor starts at
-  // kReuseSlackDivisor (5%). A loop: one request (its rounded size, and
+  // a ceiling of hwm + min(hwm / slack_divisor(), slack_cap()) reserved
+  // bytes (hwm: the most bytes allocated at once that growth has served);
+  // the divisor starts at kReuseSlackDivisor (5%), the cap at
+  // kReuseSlackCap (512 MiB: the slack of a pool of more than 10 GiB, where
+  // 5% would be GiBs lying free; the H200's ~1B Llama at lengths of 256 to
+  // 2048 reserved 1.044 per allocated byte under the 5% alone, 1.010 with
+  // the cap: 44 page moves, each a stream synchronisation, over 13 steps).
+  // A loop: one request (its rounded size, and
   // bytes allocated and high-water mark within a page of its last time)
   // over the ceiling three times, the two gaps between them (in
   // allocations) whole multiples, kLoopPeriods at most, of one period (a
@@ -155,12 +160,13 @@ class VmArena {
   // transformer whose 132 MiB request went over after 1, 5, 3, 1, 2 steps),
   // would give pages back at every step or every few (a
   // stream synchronisation and the driver's unmap and map calls each
-  // time); its third time halves the divisor (twice the slack: 10%, then
-  // 20%... while loops are still found), so that the loop's pages stay
-  // mapped. kTriggerMemory such requests are remembered, the oldest
+  // time); its third time halves the divisor and doubles the cap (twice
+  // the slack: 10% up to 1 GiB, then 20% up to 2 GiB... while loops are
+  // still found), so that the loop's pages stay mapped. kTriggerMemory such requests are remembered, the oldest
   // forgotten first; a retry of the same request (the same allocation
   // count) is not another time.
   static constexpr size_t kReuseSlackDivisor = 20;
+  static constexpr size_t kReuseSlackCap = size_t{512} << 20;
   // Large pages: kLargePage, for large-pool requests of kLargeRequest bytes
   // or more, and for every large-pool request once kLargePagesOnceReserved
   // bytes are held, on devices of kLargePagesFrom bytes or more. Mid pages:
@@ -223,6 +229,7 @@ class VmArena {
   size_t granularity();
   size_t allocated_hwm() const { return allocated_hwm_; }
   size_t slack_divisor() const { return slack_divisor_; }
+  size_t slack_cap() const { return slack_cap_; }
 
   // A reservation of capacity() bytes (rounded up to whole pages) for
   // (stream, pool) in pages of `page` bytes (page_for()'s; 0 only when the
@@ -309,6 +316,7 @@ class VmArena {
   bool unavailable_ = false;                          // the backend has no virtual memory: plain segments
   size_t allocated_hwm_ = 0;                          // not reset by reset_peak_stats
   size_t slack_divisor_ = kReuseSlackDivisor;         // halved by each loop found
+  size_t slack_cap_ = kReuseSlackCap;                 // doubled by each loop found
   // The last requests that went over the ceiling (a ring at next_trigger_;
   // rounded 0: an empty entry): the bytes allocated and high-water mark
   // they went over at, the allocation count at their last time and its

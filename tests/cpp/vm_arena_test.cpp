@@ -276,6 +276,29 @@ void the_reuse_ceiling_follows_the_high_water_mark() {
   EXPECT(f.arena.slack_divisor() == d);  // no request went over twice
 }
 
+// Above 10 GiB allocated the slack is capped: the ceiling is the high-water
+// mark plus kReuseSlackCap (512 MiB), not plus 5%; below it, 5% as before.
+// A loop found doubles the cap as it halves the divisor.
+void the_reuse_ceiling_is_capped_for_large_pools() {
+  Fixture<> f;
+  const size_t d = VmArena::kReuseSlackDivisor, cap = VmArena::kReuseSlackCap, GiB = size_t{1} << 30;
+  EXPECT(cap == 512 * MiB && f.arena.slack_cap() == cap);
+  // 8 GiB allocated at most: 5% (409.6 MiB) is under the cap
+  EXPECT(f.arena.over_ceiling(0, 0, 8 * GiB, 0, 0, 20 * MiB) == 0);
+  EXPECT(f.arena.over_ceiling(0, 8 * GiB, 20 * MiB, 500 * MiB, 1, 20 * MiB) ==
+         8 * GiB + 500 * MiB - (8 * GiB + 8 * GiB / d));
+  // 40 GiB: 5% would be 2 GiB; the ceiling is 40.5 GiB
+  const size_t hwm = 40 * GiB, allocated = 36 * GiB, rounded = 2 * GiB;
+  EXPECT(f.arena.over_ceiling(hwm - rounded, 0, rounded, 0, 2, 20 * MiB) == 0 && f.arena.allocated_hwm() == hwm);
+  EXPECT(f.arena.over_ceiling(allocated, hwm, rounded, 500 * MiB, 3, 20 * MiB) == 0);  // 40 GiB + 500 MiB: under
+  EXPECT(f.arena.over_ceiling(allocated, hwm, rounded, 600 * MiB, 4, 20 * MiB) == 600 * MiB - cap);
+  // the same request over it three times, evenly spaced: a loop; twice the slack, up to 1 GiB
+  EXPECT(f.arena.over_ceiling(allocated, hwm, rounded, 600 * MiB, 1004, 20 * MiB) == 600 * MiB - cap);
+  EXPECT(f.arena.over_ceiling(allocated, hwm, rounded, 600 * MiB, 2004, 20 * MiB) == 0);
+  EXPECT(f.arena.slack_divisor() == d / 2 && f.arena.slack_cap() == 2 * cap);
+  EXPECT(f.arena.over_ceiling(allocated, hwm, rounded, 1100 * MiB, 3004, 20 * MiB) == 1100 * MiB - 2 * cap);
+}
+
 // A loop that would give pages back at every step: the same request (size,
 // allocated bytes, high-water mark) over the ceiling three times, evenly
 // spaced, doubles the slack on its third time; gaps that share no period
@@ -530,6 +553,7 @@ int main() {
   unmapping_splits_and_coalesces();
   free_pages_go_largest_run_first_after_a_synchronisation();
   the_reuse_ceiling_follows_the_high_water_mark();
+  the_reuse_ceiling_is_capped_for_large_pools();
   a_loop_giving_pages_back_every_step_doubles_the_slack();
   a_loop_keeping_a_little_more_each_step_is_still_a_loop();
   a_loop_going_over_every_few_steps_is_a_loop();

@@ -552,6 +552,23 @@ def test_a_loop_that_goes_over_the_ceiling_every_few_steps_stops_moving_pages():
     assert ratio(rows[-1]) <= 1.07 < ratio(replay_steps(longer, "")[-1])
 
 
+def test_a_loop_in_a_pool_of_27_gib_stops_moving_pages_under_the_capped_ceiling():
+    """The bf16 transformer's trace at six times its sizes (a 26.97 GiB peak, in
+    20 MiB pages) with its last step run 12 more times: above 10 GiB the
+    reuse ceiling is 512 MiB over the most allocated, not 5%
+    (VmArena::kReuseSlackCap), and the loop rule doubles the cap as it
+    halves the divisor. Its pages move in the first steps and once in step
+    7, then never (under the 5% alone they moved in step 14 too); it reserves
+    at most 1.05 per allocated byte, less than plain segments."""
+    events = load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz").events[0]
+    big = repeat_last_step([dataclasses.replace(e, size=e.size * 6, requested=e.requested * 6) for e in events], 12)
+    rows = replay_steps(big, "expandable_segments:True", host_capacity_mb=200_000)
+    assert len(rows) == 20 and rows[-1].peak_allocated > 26 << 30
+    assert [(r.maps, r.unmaps) for r in rows[8:]] == [(0, 0)] * 12
+    ratio = lambda r: r.peak_reserved / r.peak_allocated  # noqa: E731
+    assert ratio(rows[-1]) <= 1.05 < ratio(replay_steps(big, "", host_capacity_mb=200_000)[-1])
+
+
 def test_repeating_a_last_step_keeps_its_requests_and_refuses_what_is_no_loop():
     events = load_trace(REPO / "benchmarks" / "traces" / "transformer.mtrace.gz").events[0]
     longer = repeat_last_step(events, 2)

@@ -135,6 +135,34 @@ def test_reuse_keeps_reserved_near_the_most_allocated_where_native_like_growth_a
     assert run(EXPANDABLE) == 168 * MiB
 
 
+def test_above_10_gib_the_reuse_ceiling_is_512_mib_over_the_most_allocated():
+    """The same moves at 100x the size: the most allocated at once is 16 GiB,
+    where 5% would let 819 MiB lie free; the ceiling is capped at 512 MiB
+    above it (VmArena::kReuseSlackCap), so reserved peaks within one 20 MiB
+    page (the page of a pool of 8 GiB or more) under 16 GiB + 512 MiB. The
+    hole's pages make up the rest; without reuse they stay mapped."""
+    GiB, large_page, cap = 1 << 30, 20 * MiB, 512 * MiB
+
+    def run(config):
+        a = make(config, capacity_mb=64 * 1024)
+        big = a.malloc(10 * GiB)
+        keep = a.malloc(1 * GiB)
+        a.free(big)
+        c = a.malloc(15 * GiB)  # does not fit the 10 GiB hole
+        check(a)
+        s = a.stats(0)
+        a.free(keep)
+        a.free(c)
+        check(a)
+        return s["reserved_bytes"]["all"]["peak"], s["allocated_bytes"]["all"]["peak"]
+
+    reserved, allocated = run(EXPANDABLE)
+    assert allocated == 16 * GiB
+    assert allocated + cap - large_page < reserved <= allocated + cap < allocated * 1.05
+    reserved_native_like, _ = run(NATIVE_LIKE)
+    assert reserved_native_like >= 26 * GiB  # the hole, keep's page and c's pages
+
+
 def test_a_batch_that_plain_segments_cannot_fit():
     """Live 5 MiB blocks with 5 MiB holes between them: 50 MiB free, but in
     plain segments no segment is wholly free, so 40 MiB more does not fit in a

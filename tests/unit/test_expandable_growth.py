@@ -227,12 +227,16 @@ def test_the_1b_trace_grows_in_no_more_pages_than_it_does_now(h200):
     """A ratchet under the expected failure above: the 1B trace (replay_1b)
     on a host device of the H200's size creates at most RATCHET_1B physical
     allocations (22,461 before the 8 GiB rule of 2026-12-06, 6,754 before
-    its 8 MiB pages from 2 GiB; lower it when a rule lowers it), one set-access per mapping, and reserves at most
-    1.05 per allocated byte at its peak."""
+    its 8 MiB pages from 2 GiB, 4,443 before the reuse ceiling's 512 MiB cap,
+    whose 44 page moves create pages again; lower it when a rule lowers it),
+    one set-access per mapping, and reserves at most 1.01 per allocated byte
+    at its peak (issue 38's target: 1.0438 under the 5% ceiling alone, with
+    2.4 GiB free at the peak in blocks too small for the longest sequence's
+    requests; 1.0098 with the cap, on the H100 too)."""
     calls, s = replay_1b(h200)
     assert calls["create"] == calls["map"] <= RATCHET_1B, calls
     assert calls["set_access"] == s["num_device_alloc"]
-    assert s["reserved_bytes"]["all"]["peak"] <= 1.05 * s["allocated_bytes"]["all"]["peak"]
+    assert s["reserved_bytes"]["all"]["peak"] <= 1.01 * s["allocated_bytes"]["all"]["peak"]
 
 
-RATCHET_1B = 4_443
+RATCHET_1B = 4_570
