@@ -5,7 +5,10 @@
     python -m benchmarks growth --procs 3 --out growth.json [--cases fresh16,fresh64x256,train]
 
 Cases (one worker process per mode, case and round; the modes' order turns
-every round):
+every round; first, ``--warmup`` (1) untimed processes per case of the first
+mode, kept apart in the results: on a fresh machine the first process read
+1.6-1.7 s per growing step where the rest read 0.67-0.77 s, its libraries
+and kernels not yet in the caches):
 - ``fresh16``: one 16 GiB tensor, then the same again after freeing it;
 - ``fresh64x256``: 64 tensors of 256 MiB, then the same again after freeing them;
 - ``train``: a ~1B-parameter Llama-style transformers model built from its
@@ -181,12 +184,27 @@ def summarize(runs: Sequence[dict]) -> dict:
     return out
 
 
+def _spawn(mode: str, case: str) -> dict | None:
+    """One worker process's figures (None, its error on stderr, when it failed)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.speed.growth", "--worker", mode, case],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if r.returncode != 0:
+        print(f"{mode} {case}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", nargs=2, metavar=("MODE", "CASE"))
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--procs", type=int, default=3, help="processes per mode and case")
+    p.add_argument("--warmup", type=int, default=1, help="untimed processes per case first (the first mode's)")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.worker:
@@ -194,30 +212,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     cases, modes = args.cases.split(","), args.modes.split(",")
     bad = [c for c in cases if c not in CASES] + [m for m in modes if m not in MODES]
-    if bad or args.procs < 1:
-        p.error(f"unknown cases or modes {bad} (cases: {CASES}, modes: {MODES}), or --procs < 1")
+    if bad or args.procs < 1 or args.warmup < 0:
+        p.error(f"unknown cases or modes {bad} (cases: {CASES}, modes: {MODES}), or --procs < 1, or --warmup < 0")
+    warmup = []
+    for case in cases:  # untimed: the first process of a machine pays its cold caches (libraries, kernels)
+        for _ in range(args.warmup):
+            r = _spawn(modes[0], case)
+            if r is None:
+                return 1
+            warmup.append(r)
     runs = []
     for rnd in range(args.procs):
         for case in cases:
             for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:  # the order turns each round
-                r = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.speed.growth", "--worker", mode, case],
-                    capture_output=True,
-                    text=True,
-                    timeout=900,
-                )
-                if r.returncode != 0:
-                    print(f"{mode} {case}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
+                r = _spawn(mode, case)
+                if r is None:
                     return 1
-                runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+                runs.append(r)
                 print(
-                    json.dumps({k: v for k, v in runs[-1].items() if k not in ("step_ms", "reserved", "lengths")}),
-                    flush=True,
+                    json.dumps({k: v for k, v in r.items() if k not in ("step_ms", "reserved", "lengths")}), flush=True
                 )
     result = {
         "command": "python -m benchmarks growth " + " ".join(argv if argv is not None else sys.argv[1:]),
         "summary": summarize(runs),
         "runs": runs,
+        "warmup": warmup,
     }
     print(json.dumps(result["summary"], indent=1))
     if args.out:

@@ -6,6 +6,7 @@ figures: benchmarks/results/*growth*.json."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -56,3 +57,34 @@ def test_unknown_cases_and_modes_are_refused(capsys):
     assert "unknown cases or modes ['nope']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         growth.main(["--procs", "0"])
+
+
+def test_warmup_processes_come_first_and_stay_out_of_the_summary(monkeypatch, tmp_path, capsys):
+    """On a fresh machine the first process pays the cold caches (1.6-1.7 s
+    per growing step against 0.67-0.77 s, 2026-12-06's H100 runs): each case
+    gets --warmup untimed processes of the first mode before the timed rounds,
+    whose order turns each round."""
+    calls = []
+
+    def spawn(mode, case):
+        calls.append((mode, case))
+        first = len(calls) <= 2  # the warm-up processes: a cold machine's figures
+        return {"mode": mode, "case": case, "fresh_ms": 1000.0 if first else 10.0, "again_ms": 1.0}
+
+    monkeypatch.setattr(growth, "_spawn", spawn)
+    out = tmp_path / "g.json"
+    argv = ["--cases", "fresh16,fresh64x256", "--modes", "native,memalloc", "--procs", "2", "--out", str(out)]
+    assert growth.main(argv) == 0
+    assert calls == [
+        ("native", "fresh16"), ("native", "fresh64x256"),  # warm-up
+        ("native", "fresh16"), ("memalloc", "fresh16"), ("native", "fresh64x256"), ("memalloc", "fresh64x256"),
+        ("memalloc", "fresh16"), ("native", "fresh16"), ("memalloc", "fresh64x256"), ("native", "fresh64x256"),
+    ]  # fmt: skip
+    result = json.loads(out.read_text())
+    assert [(w["mode"], w["case"]) for w in result["warmup"]] == calls[:2] and len(result["runs"]) == 8
+    assert result["summary"]["fresh16"]["native"] == {"fresh_ms": 10.0, "again_ms": 1.0, "processes": 2}
+    calls.clear()
+    assert growth.main(argv + ["--warmup", "0"]) == 0 and len(calls) == 8
+    with pytest.raises(SystemExit):
+        growth.main(["--warmup", "-1"])
+    assert "--warmup < 0" in capsys.readouterr().err
