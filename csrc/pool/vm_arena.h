@@ -148,10 +148,11 @@ class VmArena {
   // bytes (hwm: the most bytes allocated at once that growth has served);
   // the divisor starts at kReuseSlackDivisor (5%), the cap at
   // kReuseSlackCap (512 MiB: the slack of a pool of more than 10 GiB, where
-  // 5% would be GiBs lying free; the H200's ~1B Llama at lengths of 256 to
-  // 2048 reserved 1.044 per allocated byte under the 5% alone, 1.010 with
-  // the cap: 44 page moves, each a stream synchronisation, over 13 steps).
-  // A loop: one request (its rounded size, and
+  // 5% would be GiBs lying free; a ~1B Llama at lengths of 256 to 2048,
+  // benchmarks/traces/llama1b_growth.mtrace.gz, reserves 1.044 per
+  // allocated byte at its peak under the 5% alone, 1.0098 with the cap, on
+  // the host and on an H100, with 44 page moves over 13 steps, each a
+  // stream synchronisation). A loop: one request (its rounded size, and
   // bytes allocated and high-water mark within a page of its last time)
   // over the ceiling three times, the two gaps between them (in
   // allocations) whole multiples, kLoopPeriods at most, of one period (a
@@ -162,9 +163,9 @@ class VmArena {
   // stream synchronisation and the driver's unmap and map calls each
   // time); its third time halves the divisor and doubles the cap (twice
   // the slack: 10% up to 1 GiB, then 20% up to 2 GiB... while loops are
-  // still found), so that the loop's pages stay mapped. kTriggerMemory such requests are remembered, the oldest
-  // forgotten first; a retry of the same request (the same allocation
-  // count) is not another time.
+  // still found), so that the loop's pages stay mapped. kTriggerMemory
+  // such requests are remembered, the oldest forgotten first; a retry of
+  // the same request (the same allocation count) is not another time.
   static constexpr size_t kReuseSlackDivisor = 20;
   static constexpr size_t kReuseSlackCap = size_t{512} << 20;
   // Large pages: kLargePage, for large-pool requests of kLargeRequest bytes
