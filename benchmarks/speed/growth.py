@@ -7,8 +7,10 @@
 Cases (one worker process per mode, case and round; the modes' order turns
 every round; first, ``--warmup`` (1) untimed processes per case of the first
 mode, kept apart in the results: on a fresh machine the first process read
-1.6-1.7 s per growing step where the rest read 0.67-0.77 s, its libraries
-and kernels not yet in the caches):
+1.2-1.7 s per growing step where the rest read 0.67-0.77 s, its libraries
+and kernels not yet in the caches). ``--out`` is rewritten after every
+process, ``"complete": false`` until the last, so a run cut short by a time
+limit keeps what it measured:
 - ``fresh16``: one 16 GiB tensor, then the same again after freeing it;
 - ``fresh64x256``: 64 tensors of 256 MiB, then the same again after freeing them;
 - ``train``: a ~1B-parameter Llama-style transformers model built from its
@@ -214,34 +216,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [c for c in cases if c not in CASES] + [m for m in modes if m not in MODES]
     if bad or args.procs < 1 or args.warmup < 0:
         p.error(f"unknown cases or modes {bad} (cases: {CASES}, modes: {MODES}), or --procs < 1, or --warmup < 0")
-    warmup = []
+    command = "python -m benchmarks growth " + " ".join(argv if argv is not None else sys.argv[1:])
+    warmup: list[dict] = []
+    runs: list[dict] = []
+
+    def save(complete: bool) -> None:
+        if args.out:
+            result = {"command": command, "complete": complete, "summary": summarize(runs), "runs": runs}
+            with open(args.out, "w") as f:
+                json.dump({**result, "warmup": warmup}, f, indent=1)
+
     for case in cases:  # untimed: the first process of a machine pays its cold caches (libraries, kernels)
         for _ in range(args.warmup):
             r = _spawn(modes[0], case)
             if r is None:
+                save(False)
                 return 1
             warmup.append(r)
-    runs = []
+            save(False)
     for rnd in range(args.procs):
         for case in cases:
             for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:  # the order turns each round
                 r = _spawn(mode, case)
                 if r is None:
+                    save(False)
                     return 1
                 runs.append(r)
+                save(False)
                 print(
                     json.dumps({k: v for k, v in r.items() if k not in ("step_ms", "reserved", "lengths")}), flush=True
                 )
-    result = {
-        "command": "python -m benchmarks growth " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "summary": summarize(runs),
-        "runs": runs,
-        "warmup": warmup,
-    }
-    print(json.dumps(result["summary"], indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    save(True)
+    print(json.dumps(summarize(runs), indent=1))
     return 0
 
 

@@ -60,7 +60,7 @@ def test_unknown_cases_and_modes_are_refused(capsys):
 
 
 def test_warmup_processes_come_first_and_stay_out_of_the_summary(monkeypatch, tmp_path, capsys):
-    """On a fresh machine the first process pays the cold caches (1.6-1.7 s
+    """On a fresh machine the first process pays the cold caches (1.2-1.7 s
     per growing step against 0.67-0.77 s, 2026-12-06's H100 runs): each case
     gets --warmup untimed processes of the first mode before the timed rounds,
     whose order turns each round."""
@@ -81,6 +81,7 @@ def test_warmup_processes_come_first_and_stay_out_of_the_summary(monkeypatch, tm
         ("memalloc", "fresh16"), ("native", "fresh16"), ("memalloc", "fresh64x256"), ("native", "fresh64x256"),
     ]  # fmt: skip
     result = json.loads(out.read_text())
+    assert result["complete"] is True
     assert [(w["mode"], w["case"]) for w in result["warmup"]] == calls[:2] and len(result["runs"]) == 8
     assert result["summary"]["fresh16"]["native"] == {"fresh_ms": 10.0, "again_ms": 1.0, "processes": 2}
     calls.clear()
@@ -88,3 +89,26 @@ def test_warmup_processes_come_first_and_stay_out_of_the_summary(monkeypatch, tm
     with pytest.raises(SystemExit):
         growth.main(["--warmup", "-1"])
     assert "--warmup < 0" in capsys.readouterr().err
+
+
+def test_a_run_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
+    """A device call's time limit can end the benchmark mid-run (2026-12-06:
+    nothing came back after 345 s): --out is rewritten after every process,
+    so a run stopped after its fourth timed process leaves those four and
+    their summary, marked incomplete. Here the fifth fails instead."""
+    done = []
+
+    def spawn(mode, case):
+        if len(done) == 5:
+            return None
+        done.append((mode, case))
+        return {"mode": mode, "case": case, "fresh_ms": float(len(done) ** 2), "again_ms": 1.0}
+
+    monkeypatch.setattr(growth, "_spawn", spawn)
+    out = tmp_path / "g.json"
+    assert growth.main(["--cases", "fresh16", "--modes", "native,memalloc", "--procs", "3", "--out", str(out)]) == 1
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and len(result["warmup"]) == 1 and len(result["runs"]) == 4
+    # warm-up 1; timed: native 4, memalloc 9, then memalloc 16, native 25 (the order turns)
+    assert result["summary"]["fresh16"]["native"]["fresh_ms"] == statistics.median([4.0, 25.0])
+    assert result["summary"]["fresh16"]["memalloc_over_native"]["fresh_ms"] == pytest.approx(12.5 / 14.5)
