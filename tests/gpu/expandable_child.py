@@ -155,11 +155,34 @@ def trace_names_mappings():
     return {"actions": sorted({e["action"] for e in snap["device_traces"][0]})}
 
 
+def capped_ceiling():
+    """The reuse ceiling above 10 GiB (VmArena::kReuseSlackCap): 10 GiB
+    freed below a live 1 GiB, then 15 GiB that cannot fit the hole; its
+    pages are unmapped until reserved is at most 512 MiB over the most
+    allocated. The data of both tensors survives the moves."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    big = torch.empty(10 << 30, dtype=torch.uint8, device="cuda")
+    keep = torch.full((1 << 30,), 3, dtype=torch.uint8, device="cuda")
+    del big
+    c = torch.full((15 << 30,), 5, dtype=torch.uint8, device="cuda")
+    out = {
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+        "data_ok": int(keep.sum(dtype=torch.int64)) == 3 << 30 and int(c.sum(dtype=torch.int64)) == 5 * (15 << 30),
+        "books": books(),
+    }
+    del keep, c
+    torch.cuda.empty_cache()
+    return out
+
+
 step("training", training)
 step("empty_cache", empty_cache_gives_pages_back)
 step("fit", fits_where_holes_are)
 step("ipc", ipc)
 step("graph", graph)
 step("trace", trace_names_mappings)
+step("capped", capped_ceiling)
 step("final", books)
 print(json.dumps(R))
