@@ -179,19 +179,31 @@ def require_library(name: str) -> None:
 # ---- case scripts in a child process (the GPU tests: FreshPython hides the GPU) ----
 
 
-def run_case(script: str | Path, *args: str, cwd: str | Path, timeout: float = 600) -> dict:
-    """``python SCRIPT ARGS...`` in ``cwd``, with this checkout importable and
-    no MEMALLOC_CONF of the caller's, the GPU visible: the dict of the one
-    ``RESULT <json>`` line it prints. Asserts it exited 0 and printed that
-    line once (the output's tail otherwise)."""
+def _run_child(argv: list[str], cwd: str | Path, timeout: float) -> subprocess.CompletedProcess:
+    """``python ARGV...`` in ``cwd``, with this checkout importable and no
+    MEMALLOC_CONF of the caller's, the GPU visible."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run(
-        [sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_case(script: str | Path, *args: str, cwd: str | Path, timeout: float = 600) -> dict:
+    """``python SCRIPT ARGS...`` in ``cwd`` (as _run_child): the dict of the
+    one ``RESULT <json>`` line it prints. Asserts it exited 0 and printed that
+    line once (the output's tail otherwise)."""
+    p = _run_child([str(script), *args], cwd, timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     assert p.returncode == 0 and len(lines) == 1, f"rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     return json.loads(lines[0][len("RESULT ") :])
+
+
+def run_memalloc(*args: str, cwd: str | Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m memalloc ARGS...`` in ``cwd`` (as _run_child), for the
+    commands that run a script on the GPU. Asserts it exited 0 (the output's
+    tail otherwise)."""
+    p = _run_child(["-m", "memalloc", *args], cwd, timeout)
+    assert p.returncode == 0, (args, p.stdout[-3000:], p.stderr[-5000:])
+    return p
 
 
 # ---- the run page of the framework callbacks (tests/integration/test_callbacks.py, tests/gpu/) ----

@@ -17,16 +17,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from memtest_helpers import run_memalloc
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = (128, 512, 256, 1024, 384, 640)
 EXTRA = 6 << 20  # a multiple of 2 MiB: its block holds exactly these bytes
 
@@ -65,16 +63,6 @@ PLANTED_B = f'held.append(torch.empty({EXTRA}, dtype=torch.uint8, device="cuda")
 PLANTED_LINE = next(i for i, l in enumerate(SCRIPT.splitlines(), 1) if "{planted}" in l)
 
 
-def _memalloc(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run(
-        [sys.executable, "-m", "memalloc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert p.returncode == 0, (args, p.stdout[-3000:], p.stderr[-5000:])
-    return p
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{"a"/"b": (run folder, the script's own JSON)} of the two planted runs."""
@@ -85,7 +73,7 @@ def runs(tmp_path_factory):
         folder = root / name
         folder.mkdir()
         (folder / "train.py").write_text(SCRIPT.format(lengths=LENGTHS, planted=planted))
-        _memalloc("run", "--out", "out", "train.py", "result.json", cwd=folder)
+        run_memalloc("run", "--out", "out", "train.py", "result.json", cwd=folder)
         found[name] = (folder, json.loads((folder / "result.json").read_text()))
     return found
 
@@ -98,7 +86,7 @@ def test_diff_of_two_real_runs_names_the_planted_line_on_cuda(runs):
     at_peak = (peak_step + 1) * EXTRA  # appended at each step's start, the peak's step included
     assert rb["peaks"][peak_step] - ra["peaks"][peak_step] == at_peak  # torch's own figure agrees
     page = fb / "diff.html"
-    d = json.loads(_memalloc("diff", str(fa / "out"), str(fb / "out"), "--json", "--html", str(page), cwd=fb).stdout)
+    d = json.loads(run_memalloc("diff", str(fa / "out"), str(fb / "out"), "--json", "--html", str(page), cwd=fb).stdout)
     key = f"train.py:{PLANTED_LINE}"
     first = d["peak"][0]
     assert (first["key"], first["a"], first["b"], first["delta"]) == (key, 0, at_peak, at_peak), d["peak"][:5]
@@ -112,7 +100,7 @@ def test_diff_of_two_real_runs_names_the_planted_line_on_cuda(runs):
     assert b["peak"] - a["peak"] == at_peak + sum(r["delta"] for r in d["peak"][1:])
     html = page.read_text()
     assert "B keeps EXTRA bytes here" in html and key in html
-    text = _memalloc("diff", str(fa / "out"), str(fb / "out"), cwd=fb).stdout
+    text = run_memalloc("diff", str(fa / "out"), str(fb / "out"), cwd=fb).stdout
     assert f"+{EXTRA >> 20}.00 MiB/step" in text and key in text
 
 

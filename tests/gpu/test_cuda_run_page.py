@@ -13,16 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from memtest_helpers import run_memalloc
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = (128, 512, 256, 1024, 384)
 
 SCRIPT = textwrap.dedent("""\
@@ -57,17 +55,7 @@ def _frames(node: dict) -> set[str]:
 def test_run_page_of_a_real_model_on_cuda(tmp_path):
     pytest.importorskip("transformers")
     (tmp_path / "train.py").write_text(SCRIPT.format(lengths=LENGTHS))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    env.pop("MEMALLOC_CONF", None)
-    p = subprocess.run(
-        [sys.executable, "-m", "memalloc", "run", "--out", "out", "train.py", "truth.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-5000:]
+    run_memalloc("run", "--out", "out", "train.py", "truth.json", cwd=tmp_path)
     truth = json.loads((tmp_path / "truth.json").read_text())
     page = (tmp_path / "out" / "index.html").read_text()
     data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S).group(1))
