@@ -220,34 +220,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup: list[dict] = []
     runs: list[dict] = []
 
-    def save(complete: bool) -> None:
+    def save(complete: bool) -> dict:
+        summary = summarize(runs)
         if args.out:
-            result = {"command": command, "complete": complete, "summary": summarize(runs), "runs": runs}
             with open(args.out, "w") as f:
+                result = {"command": command, "complete": complete, "summary": summary, "runs": runs}
                 json.dump({**result, "warmup": warmup}, f, indent=1)
+        return summary
 
-    for case in cases:  # untimed: the first process of a machine pays its cold caches (libraries, kernels)
-        for _ in range(args.warmup):
-            r = _spawn(modes[0], case)
-            if r is None:
-                save(False)
-                return 1
-            warmup.append(r)
-            save(False)
+    # untimed first: the first process of a machine pays its cold caches (libraries, kernels)
+    schedule = [(modes[0], case, warmup) for case in cases for _ in range(args.warmup)]
     for rnd in range(args.procs):
-        for case in cases:
-            for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:  # the order turns each round
-                r = _spawn(mode, case)
-                if r is None:
-                    save(False)
-                    return 1
-                runs.append(r)
-                save(False)
-                print(
-                    json.dumps({k: v for k, v in r.items() if k not in ("step_ms", "reserved", "lengths")}), flush=True
-                )
-    save(True)
-    print(json.dumps(summarize(runs), indent=1))
+        turned = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]  # the order turns each round
+        schedule += [(mode, case, runs) for case in cases for mode in turned]
+    for mode, case, into in schedule:
+        r = _spawn(mode, case)
+        if r is None:
+            save(False)
+            return 1
+        into.append(r)
+        save(False)
+        if into is runs:
+            print(json.dumps({k: v for k, v in r.items() if k not in ("step_ms", "reserved", "lengths")}), flush=True)
+    print(json.dumps(save(True), indent=1))
     return 0
 
 
