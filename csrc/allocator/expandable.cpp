@@ -1,13 +1,11 @@
 // expandable.cpp — the Expandable part (expandable.h): the allocator's side
-// of expandable segments (the VmArena part, vm_arena.h): growth by mapping pages where the arena finds
-// room, and unmapping of free whole pages (before growing above the arena's
-// reuse ceiling, when reuse_free_pages; on empty_cache; before an OOM; by
-// the threshold policy). The arena decides where and how much; this file
-// keeps what it may not touch: the free lists, the segment table, the
-// memory fraction, the open routes and the Events that feed the counters.
-// All of it is the slow path: the fast path (allocator.cpp) handles mapped
-// blocks of expandable segments exactly like blocks of plain ones.
-// Invariants: expandable.h, vm_arena.h, block.h.
+// of expandable segments (the VmArena part, vm_arena.h): growth by mapping
+// pages where the arena finds room, moving free whole pages there (before
+// growing above the arena's reuse ceiling, when reuse_free_pages), and
+// unmapping them (on empty_cache; before an OOM; by the threshold policy). The arena decides where and how much; this
+// file keeps what it may not touch: the free lists, the segment table, the memory fraction, the open routes and the
+// Events that feed the counters. All of it is the slow path: the fast path (allocator.cpp) handles mapped blocks of
+// expandable segments exactly like blocks of plain ones. Invariants: expandable.h, vm_arena.h, block.h.
 #include <algorithm>
 #include <limits>
 
@@ -96,17 +94,25 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
   const size_t over =
       vm_.over_ceiling(sink_.allocated_bytes(), sink_.reserved_bytes(), rounded, room.bytes, policy.clock, seg->page);
   if (policy.reuse_free_pages && !pools_.any_route() && over > 0) {
-    // Keep reserved bytes under the ceiling: give back free pages for the
-    // part of this mapping above it (below it, pages are mapped without a
-    // stream synchronisation, so a steady loop stops moving pages).
-    if (unmap_free_pages(stream, over, room.hole->prev, room.hole->next) > 0)
+    // Keep reserved bytes under the ceiling: move free pages to this
+    // mapping for the part of it above the ceiling. They are unmapped
+    // without a stream synchronisation (the backend keeps their memory for
+    // the map below, ordered after the stream's work as a reused block is),
+    // and those the map does not take are given back on the way out. A
+    // steady loop stops moving pages (the loop rule, vm_arena.h).
+    struct DropSpares {
+      VmArena& vm;
+      ~DropSpares() { vm.drop_spares(); }
+    } drop{vm_};
+    if (unmap_free_pages(stream, over, room.hole->prev, room.hole->next, Unmapping::kKeep) > 0)
       seg = vm_.find_room(stream, pool, page, rounded, &room);
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
+    return map_room(*seg, room);
   }
   return map_room(*seg, room);
 }
 
-void Expandable::unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
+void Expandable::unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi, Unmapping how) {
   FreeList& list = blocks_.list_of(f);
   list.erase(f);
   Event e = block_event(Action::kSegmentUnmap, *f);
@@ -114,7 +120,7 @@ void Expandable::unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
   e.size = hi - lo;
   add_split(e, f, -1);
   const VmUnmapped u = vm_.unmap(
-      f, lo, hi, [this](Block* b, size_t at) { return blocks_.split(b, at); },
+      f, lo, hi, how, [this](Block* b, size_t at) { return blocks_.split(b, at); },
       [this](Block* b, Block* n) { blocks_.absorb(b, n); });
   e.segment_delta = u.runs_delta;
   for (Block* piece : {u.below, u.above}) {
@@ -125,17 +131,20 @@ void Expandable::unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi) {
   sink_.record(e);
 }
 
-size_t Expandable::unmap_free_pages(Stream stream, size_t want, const Block* keep_a, const Block* keep_b) {
+size_t Expandable::unmap_free_pages(Stream stream, size_t want, const Block* keep_a, const Block* keep_b,
+                                    Unmapping how) {
   if (pools_.any_route()) return 0;
   FreeLists& lists = blocks_.lists(nullptr);
-  return vm_.unmap_free_pages({&lists.small, &lists.large}, stream, want, keep_a, keep_b,
-                              [this](Block* f, std::uintptr_t lo, std::uintptr_t hi) { unmap_range(f, lo, hi); });
+  return vm_.unmap_free_pages(
+      {&lists.small, &lists.large}, stream, want, keep_a, keep_b, how,
+      [this, how](Block* f, std::uintptr_t lo, std::uintptr_t hi) { unmap_range(f, lo, hi, how); });
 }
 
 size_t Expandable::release() {
   if (vm_.empty() || pools_.any_route()) return 0;
   size_t released = 0;
-  for (Stream s : vm_.streams()) released += unmap_free_pages(s, std::numeric_limits<size_t>::max(), nullptr, nullptr);
+  for (Stream s : vm_.streams())
+    released += unmap_free_pages(s, std::numeric_limits<size_t>::max(), nullptr, nullptr, Unmapping::kRelease);
   // End the reservations with nothing mapped: one unmapped block each.
   vm_.release_unmapped([this](const VmSegment& seg, Block* hole) {
     blocks_.destroy(hole);

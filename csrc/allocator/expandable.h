@@ -19,6 +19,10 @@
 //   * While a route is open (a capture, use_mem_pool) nothing is unmapped.
 //   * Every page mapped or unmapped is one kSegmentMap / kSegmentUnmap
 //     Event, with the inactive-split change of the free blocks it touched.
+//   * Pages unmapped to keep reserved bytes under the reuse ceiling move:
+//     they are kept (Unmapping::kKeep) for the mapping that follows, and
+//     grow() drops the ones it did not take before it returns; release()
+//     gives pages back to the device.
 #pragma once
 
 #include <cstddef>
@@ -70,10 +74,10 @@ class Expandable {
   Block* map_room(VmSegment& seg, const VmRoom& room);
   // VmArena::unmap_free_pages over the default pool's free lists (nothing
   // while a route is open). Returns bytes unmapped.
-  size_t unmap_free_pages(Stream stream, size_t want, const Block* keep_a, const Block* keep_b);
+  size_t unmap_free_pages(Stream stream, size_t want, const Block* keep_a, const Block* keep_b, Unmapping how);
   // Unmaps [lo, hi) (whole pages) of the free block f: VmArena::unmap
   // between leaving and re-entering the free list, as one Event.
-  void unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi);
+  void unmap_range(Block* f, std::uintptr_t lo, std::uintptr_t hi, Unmapping how);
 
   VmArena& vm_;
   SegmentTable& segments_;

@@ -39,6 +39,11 @@ size_t Backend::vm_page_size(int) { no_vm(*this); }
 void* Backend::vm_reserve(int, size_t, size_t) { no_vm(*this); }
 bool Backend::vm_map(int, void*, size_t) { no_vm(*this); }
 void Backend::vm_unmap(int, void*, size_t) { no_vm(*this); }
+void Backend::vm_detach(int device, void* addr, size_t bytes, Stream stream) {
+  synchronize_stream(device, stream);
+  vm_unmap(device, addr, bytes);
+}
+void Backend::vm_drop_spares(int) noexcept {}
 void Backend::vm_free(int, void*) { no_vm(*this); }
 void Backend::vm_add_peer(int, int) {}
 

@@ -27,8 +27,12 @@
 //     per page (the driver's calls per byte mapped fall as the page grows),
 //     and returns false exactly when the device is out of memory; vm_unmap()
 //     gives them back; vm_free() ends a reservation whose pages are all
-//     unmapped. Mapped bytes count as device memory in use
-//     (mem_get_info), reserved address space does not. A backend without
+//     unmapped. vm_detach() unmaps pages but keeps their device memory as
+//     spare pages, which vm_map() maps before it creates any (moving pages
+//     costs no device memory and no stream synchronisation) until
+//     vm_drop_spares() gives the rest back. Mapped bytes and spare pages
+//     count as device memory in use (mem_get_info), reserved address space
+//     does not. A backend without
 //     virtual memory (or a driver without its entry points) throws
 //     DriverError from all of them.
 //   * Graph capture topology (capture_reuse.h): capture_frontier() and
@@ -117,8 +121,19 @@ class Backend {
   // with device memory, one physical allocation per page; false when the
   // device is out of memory.
   virtual bool vm_map(int device, void* addr, size_t bytes);
-  // Unmaps [addr, addr + bytes) (mapped pages of one reservation).
+  // Unmaps [addr, addr + bytes) (mapped pages of one reservation) and gives
+  // their device memory back; the caller has waited for the work on them.
   virtual void vm_unmap(int device, void* addr, size_t bytes);
+  // Unmaps [addr, addr + bytes) (mapped pages of one reservation) without
+  // waiting for the work queued on `stream` so far, which may still use
+  // them: their device memory stays, as spare pages that the next vm_map()
+  // of the same page size maps at its range (so that work and the pages'
+  // next user are ordered as they are when a free block is reused on its
+  // stream). The range reads as unmapped at once. This base version
+  // synchronises the stream and calls vm_unmap() (no spares).
+  virtual void vm_detach(int device, void* addr, size_t bytes, Stream stream);
+  // Gives back the device memory of the spare pages no vm_map() took.
+  virtual void vm_drop_spares(int device) noexcept;
   // Ends the reservation at `base` (every page unmapped).
   virtual void vm_free(int device, void* base);
   // Lets device `peer` read and write `device`'s virtual memory: every page
@@ -162,6 +177,8 @@ class HostBackend : public Backend {
   void* vm_reserve(int device, size_t bytes, size_t page) override;
   bool vm_map(int device, void* addr, size_t bytes) override;
   void vm_unmap(int device, void* addr, size_t bytes) override;
+  void vm_detach(int device, void* addr, size_t bytes, Stream stream) override;
+  void vm_drop_spares(int device) noexcept override;
   void vm_free(int device, void* base) override;
 
   // A simulated graph capture (tests): a capture holds nodes, each with the
@@ -194,11 +211,15 @@ class HostBackend : public Backend {
   std::pair<size_t, size_t> faults_injected(int device);
 
   // The CUDA driver calls the virtual memory of `device` would have made
-  // so far (backend_cuda.cpp's, call for call): cuMemCreate and cuMemMap
-  // per page mapped, cuMemSetAccess per vm_map, cuMemUnmap per vm_unmap,
-  // cuMemRelease per page unmapped.
+  // so far (backend_cuda.cpp's, call for call): cuMemCreate per page mapped
+  // that no spare page served, cuMemMap per page mapped, cuMemSetAccess per
+  // vm_map, cuMemUnmap per vm_unmap and vm_detach, cuMemRelease per page
+  // unmapped or spare page dropped; the stream synchronisations
+  // (synchronize_stream) made so far, and the waits for a stream's work
+  // before a vm_map or vm_free of a range vm_detach took while that work
+  // was queued (CUDA's cuEventSynchronize before the range's pending unmap).
   struct VmCalls {
-    uint64_t create = 0, map = 0, set_access = 0, unmap = 0, release = 0;
+    uint64_t create = 0, map = 0, set_access = 0, unmap = 0, release = 0, stream_syncs = 0, waits = 0;
   };
   VmCalls vm_calls(int device);
 

@@ -24,7 +24,14 @@
 //     vm_page_size(), the device's recommended granularity), mapped
 //     read-write for its device and the peers vm_add_peer named (torch's
 //     enablePeerAccess; peers_, guarded by vm_mu_, only grow); vm_unmap
-//     unmaps and releases the handles;
+//     unmaps and releases the handles; vm_detach keeps them as spare
+//     handles (spares_, per device and page size) that vm_map maps before it
+//     creates any, and leaves the range's driver unmap pending (pending_)
+//     until an event recorded on the range's stream has completed: a
+//     range's pending unmap is done before vm_map maps it again or vm_free
+//     ends its reservation, and any that are done at other calls; a
+//     handle vm_drop_spares releases frees its memory at its pending unmap.
+//     A failed cuMemCreate waits for every pending unmap, then tries once more;
 //     the reservations (vm_reservations.h: their page size and their
 //     pages' handles, 0 = unmapped) are guarded by vm_mu_. The driver structs used
 //     (CUmemAllocationProp, CUmemAccessDesc) are declared in
@@ -49,6 +56,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <unordered_map>
 
@@ -348,25 +356,42 @@ class CudaBackend final : public Backend {
     pages.expect(false, "vm_map: a page of the range is already mapped");
     CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
-    CaptureModeRelaxed relaxed(this);  // a pool may grow during a capture
-    size_t done = 0;                   // pages created and mapped so far; undone on failure
+    settle_locked(device, base, base + bytes);  // a move's source range: unmapped in the driver first
+    std::vector<CUmemGenericAllocationHandle>& spare = spares_locked(device, page);
+    const size_t reused = std::min(spare.size(), pages.n);  // pages [0, reused) are spare handles
+    CaptureModeRelaxed relaxed(this);                       // a pool may grow during a capture
+    size_t done = 0;                                        // pages mapped so far; undone on failure
     auto undo = [&] {
       for (size_t k = 0; k < done; ++k) {
         api_->cuMemUnmap(base + k * page, page);
-        api_->cuMemRelease(pages[k]);
+        if (k < reused)
+          spare.push_back(pages[k]);  // still spare
+        else
+          api_->cuMemRelease(pages[k]);
         pages[k] = 0;
       }
     };
     for (; done < pages.n; ++done) {
       CUmemGenericAllocationHandle h = 0;
-      CUresult res = create_page(&h, page, prop);
+      CUresult res = kSuccess;
+      if (done < reused) {
+        h = spare.back();
+        spare.pop_back();
+      } else {
+        res = create_page(&h, page, prop);
+        if (res == kErrorOutOfMemory && !pending_.empty()) {
+          settle_locked(device, 0, std::numeric_limits<CUdeviceptr>::max());  // dropped spares free their memory
+          res = create_page(&h, page, prop);
+        }
+      }
       if (res == kErrorOutOfMemory) {
         undo();
         return false;
       }
       if (res == kSuccess) {
         res = api_->cuMemMap(base + done * page, page, 0, h, 0);
-        if (res != kSuccess) api_->cuMemRelease(h);
+        if (res != kSuccess && done < reused) spare.push_back(h);
+        if (res != kSuccess && done >= reused) api_->cuMemRelease(h);
       }
       if (res != kSuccess) {
         undo();
@@ -410,6 +435,40 @@ class CudaBackend final : public Backend {
       forget_export(pages[k]);
       api_->cuMemRelease(pages[k]);
       pages[k] = 0;
+    }
+    settle_locked(device, 0, 0);  // the pending unmaps that are done
+  }
+
+  void vm_detach(int device, void* addr, size_t bytes, Stream stream) override {
+    require_vm();
+    ScopedContext ctx(this, device);
+    std::lock_guard<std::mutex> g(vm_mu_);
+    const auto pages = vm_.run(device, addr, bytes);
+    pages.expect(true, "vm_detach: a page of the range is not mapped");
+    CUevent done = nullptr;
+    check(api_->cuEventCreate(&done, kEventDisableTiming), "cuEventCreate");
+    const CUresult r = api_->cuEventRecord(done, reinterpret_cast<CUstream>(stream));
+    if (r != kSuccess) {
+      api_->cuEventDestroy(done);
+      check(r, "cuEventRecord");
+    }
+    pending_.push_back(PendingUnmap{device, reinterpret_cast<CUdeviceptr>(addr), bytes, done});
+    std::vector<CUmemGenericAllocationHandle>& spare = spares_locked(device, pages.page);
+    for (size_t k = pages.n; k-- > 0;) {  // the lowest page on top: mapped again in address order
+      spare.push_back(pages[k]);
+      pages[k] = 0;
+    }
+  }
+
+  void vm_drop_spares(int device) noexcept override {
+    std::lock_guard<std::mutex> g(vm_mu_);
+    if (device < 0 || static_cast<size_t>(device) >= spares_.size()) return;
+    for (auto& [page, handles] : spares_[static_cast<size_t>(device)]) {
+      for (CUmemGenericAllocationHandle h : handles) {
+        forget_export(h);
+        api_->cuMemRelease(h);  // its memory is freed once its pending unmap is done
+      }
+      handles.clear();
     }
   }
 
@@ -544,7 +603,9 @@ class CudaBackend final : public Backend {
     ScopedContext ctx(this, device);
     std::lock_guard<std::mutex> g(vm_mu_);
     const size_t bytes = vm_.removable(device, base);
-    check(api_->cuMemAddressFree(reinterpret_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree");
+    const auto b = reinterpret_cast<CUdeviceptr>(base);
+    settle_locked(device, b, b + bytes);
+    check(api_->cuMemAddressFree(b, bytes), "cuMemAddressFree");
     vm_.erase(device, base);
   }
 
@@ -626,6 +687,36 @@ class CudaBackend final : public Backend {
     return api_->cuMemCreate(h, page, &prop, 0);
   }
 
+  // The spare handles of `device` for pages of `page` bytes. Under vm_mu_.
+  std::vector<CUmemGenericAllocationHandle>& spares_locked(int device, size_t page) {
+    if (static_cast<size_t>(device) >= spares_.size()) spares_.resize(static_cast<size_t>(device) + 1);
+    return spares_[static_cast<size_t>(device)][page];
+  }
+
+  // Does the pending unmaps of `device` whose stream's work is done, after
+  // waiting for those that overlap [lo, hi). Under vm_mu_, the device's
+  // context current.
+  void settle_locked(int device, CUdeviceptr lo, CUdeviceptr hi) {
+    for (size_t i = 0; i < pending_.size();) {
+      const PendingUnmap& u = pending_[i];
+      if (u.device != device) {
+        ++i;
+        continue;
+      }
+      const bool overlaps = u.addr < hi && lo < u.addr + u.bytes;
+      const CUresult r = overlaps ? api_->cuEventSynchronize(u.done) : api_->cuEventQuery(u.done);
+      if (r == kErrorNotReady) {
+        ++i;
+        continue;
+      }
+      check(r, overlaps ? "cuEventSynchronize" : "cuEventQuery");
+      check(api_->cuMemUnmap(u.addr, u.bytes), "cuMemUnmap");
+      api_->cuEventDestroy(u.done);
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+    }
+  }
+
   // Closes the descriptor vm_share exported for page h, if any. Under vm_mu_.
   void forget_export(CUmemGenericAllocationHandle h) {
     auto it = exported_.find(h);
@@ -701,6 +792,17 @@ class CudaBackend final : public Backend {
   VmReservations<CUmemGenericAllocationHandle> vm_;  // a page's handle while mapped
   std::vector<size_t> vm_pages_;                     // page size per device, 0 = not read yet
   std::vector<std::vector<int>> peers_;              // per device: the peers given access (vm_add_peer), vm_mu_
+  // Per device and page size, the handles vm_detach kept (vm_mu_).
+  std::vector<std::map<size_t, std::vector<CUmemGenericAllocationHandle>>> spares_;
+  // Ranges vm_detach took out of their reservations, still mapped in the
+  // driver until `done` (recorded on their stream) completes (vm_mu_).
+  struct PendingUnmap {
+    int device;
+    CUdeviceptr addr;
+    size_t bytes;
+    CUevent done;
+  };
+  std::vector<PendingUnmap> pending_;
   // Sharing (guarded by vm_mu_): why pages are not exportable ("" = they
   // are), the descriptor exported for each shared page, and the ranges
   // mapped from other processes' pages.

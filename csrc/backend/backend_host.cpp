@@ -26,8 +26,13 @@
 //   device (kVmFactor x capacity, so reservations never take the segments'
 //   address space); its pages are committed (mprotect) and counted in
 //   used[d] only while mapped:
-//   used[d] == live segment bytes + the bytes of the mapped vm pages.
-//   vm_calls[d] counts the driver calls backend_cuda.cpp would have made.
+//   used[d] == live segment bytes + the bytes of the mapped vm pages + the
+//   bytes of the spare pages (vm_detach kept them; spares[d]: their count
+//   per page size; vm_map takes them before it commits any more).
+//   vm_calls[d] counts the driver calls backend_cuda.cpp would have made,
+//   the stream synchronisations, and the waits for a range vm_detach took
+//   (pending[d], until its stream's work completes) before it is mapped or
+//   freed again.
 //   Simulated graph capture (tests): node k (k >= 1, its handle the integer
 //   k) depends only on nodes < k; a stream is in at most one capture, and
 //   its frontier names nodes of that capture only.
@@ -168,6 +173,36 @@ struct HostBackend::State {
   std::vector<std::map<Stream, StreamClock>> streams;
   std::vector<Faults> faults;
   std::vector<HostBackend::VmCalls> vm_calls;
+  std::vector<std::map<size_t, size_t>> spares;  // per device: page size -> spare pages
+  // Per device, the ranges vm_detach took while work was queued on their
+  // stream: CUDA unmaps them once that work is done (the ticket completed),
+  // and waits for it before mapping or freeing them again.
+  struct Pending {
+    std::uintptr_t addr;
+    size_t bytes;
+    Stream stream;
+    uint64_t ticket;
+  };
+  std::vector<std::vector<Pending>> pending;
+
+  // Forgets device d's pending ranges whose work is done, after completing
+  // (a wait, counted) the work of those overlapping [lo, hi). Under mu.
+  void settle(int d, std::uintptr_t lo, std::uintptr_t hi) {
+    auto& list = pending[d];
+    for (size_t i = 0; i < list.size();) {
+      StreamClock& clock = streams[d][list[i].stream];
+      if (clock.completed < list[i].ticket && list[i].addr < hi && lo < list[i].addr + list[i].bytes) {
+        clock.completed = list[i].ticket;
+        vm_calls[d].waits += 1;
+      }
+      if (clock.completed >= list[i].ticket) {
+        list[i] = list.back();
+        list.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
   std::vector<Captures> captures;
 
   void check_device(int device) const {
@@ -188,6 +223,8 @@ HostBackend::HostBackend(const Config& config) : state_(new State) {
   state_->streams.resize(config.host_devices);
   state_->faults.resize(config.host_devices);
   state_->vm_calls.resize(config.host_devices);
+  state_->spares.resize(config.host_devices);
+  state_->pending.resize(config.host_devices);
   state_->captures.resize(config.host_devices);
 }
 
@@ -266,21 +303,27 @@ bool HostBackend::vm_map(int device, void* addr, size_t bytes) {
     if (f.alloc_driver_error) throw DriverError("host backend: injected device error on vm_map");
     return false;
   }
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  state_->settle(device, lo, lo + bytes);
   VmCalls& calls = state_->vm_calls[device];
-  if (bytes > state_->capacity - state_->used[device]) {
-    // CUDA creates and maps page after page until one does not fit, then undoes them
+  size_t& spare = state_->spares[device][pages.page];
+  const size_t reused = std::min(spare, pages.n), fresh = (pages.n - reused) * pages.page;
+  if (fresh > state_->capacity - state_->used[device]) {
+    // CUDA maps the spare pages, then creates and maps page after page until
+    // one does not fit, then undoes them (the spare pages stay spare)
     const size_t fit = (state_->capacity - state_->used[device]) / pages.page;
     calls.create += fit + 1;
-    calls.map += fit;
-    calls.unmap += fit;
+    calls.map += reused + fit;
+    calls.unmap += reused + fit;
     calls.release += fit;
     return false;
   }
   if (::mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0)
     throw DriverError("host backend: the host itself is out of memory");
   for (size_t k = 0; k < pages.n; ++k) pages[k] = 1;
-  state_->used[device] += bytes;
-  calls.create += pages.n;
+  spare -= reused;
+  state_->used[device] += fresh;
+  calls.create += pages.n - reused;
   calls.map += pages.n;
   calls.set_access += 1;
   return true;
@@ -299,10 +342,36 @@ void HostBackend::vm_unmap(int device, void* addr, size_t bytes) {
   state_->vm_calls[device].release += pages.n;
 }
 
+void HostBackend::vm_detach(int device, void* addr, size_t bytes, Stream stream) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->check_device(device);
+  const auto pages = state_->reservations.run(device, addr, bytes);
+  pages.expect(true, "vm_detach: a page of the range is not mapped");
+  const uint64_t ticket = ++state_->streams[device][stream].submitted;  // CUDA's event
+  state_->pending[device].push_back({reinterpret_cast<std::uintptr_t>(addr), bytes, stream, ticket});
+  ::madvise(addr, bytes, MADV_DONTNEED);
+  ::mprotect(addr, bytes, PROT_NONE);
+  for (size_t k = 0; k < pages.n; ++k) pages[k] = 0;
+  state_->spares[device][pages.page] += pages.n;  // their memory stays in use
+  state_->vm_calls[device].unmap += 1;            // CUDA's, once the stream's work is done
+}
+
+void HostBackend::vm_drop_spares(int device) noexcept {
+  std::lock_guard<std::mutex> g(state_->mu);
+  if (device < 0 || static_cast<size_t>(device) >= state_->spares.size()) return;
+  for (auto& [page, n] : state_->spares[device]) {
+    state_->used[device] -= n * page;
+    state_->vm_calls[device].release += n;
+    n = 0;
+  }
+}
+
 void HostBackend::vm_free(int device, void* base) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
   const size_t bytes = state_->reservations.removable(device, base);
+  const auto lo = reinterpret_cast<std::uintptr_t>(base);
+  state_->settle(device, lo, lo + bytes);
   state_->vm_spaces[device].give_back(static_cast<char*>(base), bytes);
   state_->reservations.erase(device, base);
 }
@@ -346,6 +415,7 @@ void HostBackend::synchronize_stream(int device, Stream stream) {
   state_->check_device(device);
   auto& clock = state_->streams[device][stream];
   clock.completed = clock.submitted;
+  state_->vm_calls[device].stream_syncs += 1;
 }
 
 bool HostBackend::capture_frontier(int device, Stream stream, uint64_t* capture_id, std::vector<GraphNode>* frontier) {

@@ -76,8 +76,15 @@
 //     a plain segment; a backend without virtual memory is asked once
 //     (unavailable() from then on).
 //   * Pages are unmapped only while no route is open (no capture: the
-//     caller checks), after the segment's stream has been synchronised:
-//     work queued before the free may still touch them.
+//     caller checks). Work queued before the free may still touch them:
+//     pages given back to the device (Unmapping::kRelease) are unmapped
+//     after the segment's stream has been synchronised; pages kept
+//     (kKeep: a page move, before growing above the reuse ceiling) are
+//     unmapped without it, their device memory kept by the backend as spare
+//     pages (Backend::vm_detach) for the map() that follows on the same
+//     stream, ordered after that work as a reused free block is; the
+//     caller drops the spares no map() took (drop_spares()) before it
+//     returns.
 //   * No lock of its own: DeviceAllocator calls it under the device lock.
 //     Its sets use the allocator's node resource. All of it is the slow
 //     path: the fast path (allocator.cpp) handles mapped blocks of
@@ -130,6 +137,11 @@ struct VmRoom {
   std::uintptr_t lo = 0;
   size_t bytes = 0;
 };
+
+// What becomes of the pages unmap() takes: given back to the device (the
+// stream synchronised first), or kept as the backend's spare pages for the
+// next map() (a page move: no synchronisation, no new device memory).
+enum class Unmapping { kRelease, kKeep };
 
 // What unmap() made of a free block: the unmapped run `hole` (coalesced with
 // its unmapped neighbours), and the free mapped pieces left below and above
@@ -265,21 +277,25 @@ class VmArena {
   template <class Split>
   Block* map(VmSegment& seg, const VmRoom& room, Split&& split, int* runs_delta);
 
-  // Unmaps [lo, hi) (whole pages) of the free block f (in no list): split
-  // carves it out, absorb(b, n) merges the unmapped neighbour n into b (and
-  // deletes n).
+  // Unmaps [lo, hi) (whole pages) of the free block f (in no list), its
+  // pages given back or kept (`how`): split carves it out, absorb(b, n)
+  // merges the unmapped neighbour n into b (and deletes n).
   template <class Split, class Absorb>
-  VmUnmapped unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Split&& split, Absorb&& absorb);
+  VmUnmapped unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Unmapping how, Split&& split, Absorb&& absorb);
 
   // Unmaps free whole pages of the expandable blocks on `stream` in `lists`,
   // at least `want` bytes when there are that many (SIZE_MAX: all), never
   // from keep_a/keep_b: the largest runs first (fewest blocks cut; ties by
   // address, so replays repeat), the top pages of each (the block keeps its
-  // start). Synchronises the stream first; unmap_range(f, lo, hi) does each
-  // (the caller's free-list bookkeeping around unmap()). Returns the bytes.
+  // start). kRelease synchronises the stream first; unmap_range(f, lo, hi)
+  // does each (the caller's free-list bookkeeping around unmap(), with the
+  // same `how`). Returns the bytes.
   template <class UnmapRange>
   size_t unmap_free_pages(std::initializer_list<const FreeList*> lists, Stream stream, size_t want, const Block* keep_a,
-                          const Block* keep_b, UnmapRange&& unmap_range);
+                          const Block* keep_b, Unmapping how, UnmapRange&& unmap_range);
+  // Gives back the device memory of the pages kept (Unmapping::kKeep) that
+  // no map() took since.
+  void drop_spares() noexcept { backend_.vm_drop_spares(device_); }
 
   // The streams that have segments, each once, in segment order.
   std::vector<Stream> streams() const;
@@ -383,7 +399,8 @@ Block* VmArena::map(VmSegment& seg, const VmRoom& room, Split&& split, int* runs
 }
 
 template <class Split, class Absorb>
-VmUnmapped VmArena::unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Split&& split, Absorb&& absorb) {
+VmUnmapped VmArena::unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Unmapping how, Split&& split,
+                          Absorb&& absorb) {
   VmSegment& seg = *f->vm;
   VmUnmapped out;
   Block* u = f;
@@ -392,7 +409,10 @@ VmUnmapped VmArena::unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Split&
     out.below = f;
   }
   if (hi < u->addr + u->size) out.above = split(u, hi - u->addr);
-  backend_.vm_unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
+  if (how == Unmapping::kKeep)
+    backend_.vm_detach(device_, reinterpret_cast<void*>(lo), hi - lo, seg.stream);
+  else
+    backend_.vm_unmap(device_, reinterpret_cast<void*>(lo), hi - lo);
   u->mapped = false;
   seg.mapped -= hi - lo;
   // Counted before the coalescing below, which would hide an unmapped
@@ -410,11 +430,11 @@ VmUnmapped VmArena::unmap(Block* f, std::uintptr_t lo, std::uintptr_t hi, Split&
 
 template <class UnmapRange>
 size_t VmArena::unmap_free_pages(std::initializer_list<const FreeList*> lists, Stream stream, size_t want,
-                                 const Block* keep_a, const Block* keep_b, UnmapRange&& unmap_range) {
+                                 const Block* keep_a, const Block* keep_b, Unmapping how, UnmapRange&& unmap_range) {
   if (want == 0) return 0;
   const std::vector<Run> runs = free_runs(lists, stream, keep_a, keep_b);
   if (runs.empty()) return 0;
-  backend_.synchronize_stream(device_, stream);  // queued work may still use these pages
+  if (how == Unmapping::kRelease) backend_.synchronize_stream(device_, stream);  // queued work may use these pages
   size_t done = 0;
   for (const Run& r : runs) {
     if (done >= want) break;

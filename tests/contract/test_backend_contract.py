@@ -193,6 +193,49 @@ def test_a_reservation_maps_and_unmaps_in_its_own_pages(backend):
     T.vm_free(a, base)
 
 
+def _cuda_bytes(addr: int, nbytes: int) -> list[int]:
+    t = torch.as_tensor(_CudaArray(addr, nbytes), device="cuda")
+    out = [int(t[0]), int(t[-1])]
+    del t
+    return out
+
+
+def test_a_page_move_takes_no_new_memory(backend):
+    """vm_detach (a page move, Expandable::grow above the reuse ceiling):
+    the range reads as unmapped at once, its memory stays taken, and the
+    next vm_map of the same page size maps those pages: no memory is
+    obtained (on CUDA the pages' bytes arrive with them: the same physical
+    pages). The detached range maps again at once (on CUDA after its
+    pending unmap), with new memory; spare pages no map took are given
+    back by vm_drop_spares."""
+    a, page = backend.allocator, backend.page
+    base = T.vm_reserve(a, 4 * page, page=page)
+    start = backend.free()
+    assert T.vm_map(a, base, 2 * page)
+    assert backend.fill(base, 2 * page, 7) == [7, 7]
+    before = backend.free()
+    T.vm_detach(a, base, 2 * page)
+    assert backend.dropped_by(before, 0) if backend.exact else backend.free() < before + page  # kept
+    with pytest.raises(memalloc.errors.InvalidArgumentError, match="not mapped"):
+        T.vm_unmap(a, base, page)  # unmapped as far as the books go
+    assert T.vm_map(a, base + 2 * page, 2 * page)
+    assert backend.dropped_by(before, 0) if backend.exact else backend.free() > before - page  # none obtained
+    if backend.name == "cuda":
+        assert _cuda_bytes(base + 2 * page, 2 * page) == [7, 7]  # the same physical pages
+    assert backend.fill(base + 2 * page, 2 * page, 8) == [8, 8]
+    assert T.vm_map(a, base, 2 * page)  # the moved range again: new memory
+    assert backend.dropped_by(before, 2 * page)
+    assert backend.fill(base, 2 * page, 9) == [9, 9]
+    assert backend.fill(base + 2 * page, 2 * page, 8) == [8, 8]
+    T.vm_drop_spares(a)  # none left: nothing changes
+    assert backend.dropped_by(before, 2 * page) if backend.exact else backend.free() <= before - page
+    T.vm_detach(a, base + 2 * page, 2 * page)
+    T.vm_drop_spares(a)
+    T.vm_unmap(a, base, 2 * page)
+    T.vm_free(a, base)  # ends the reservation once the pending unmap is done
+    assert backend.dropped_by(start, 0) if backend.exact else backend.free() > start - page
+
+
 # ---- host backend only -------------------------------------------------------
 def test_host_counts_the_driver_calls_cuda_would_make():
     """The host backend's count of CUDA's virtual-memory calls
@@ -202,16 +245,56 @@ def test_host_counts_the_driver_calls_cuda_would_make():
     then undoes each."""
     a = memalloc.Allocator("host", "host_capacity_mb:16")
     base = T.vm_reserve(a, 32 * MiB, page=4 * MiB)
-    assert T.vm_calls(a) == dict(create=0, map=0, set_access=0, unmap=0, release=0)
+    assert T.vm_calls(a) == dict(create=0, map=0, set_access=0, unmap=0, release=0, stream_syncs=0, waits=0)
     assert T.vm_map(a, base, 8 * MiB)
-    assert T.vm_calls(a) == dict(create=2, map=2, set_access=1, unmap=0, release=0)
+    assert T.vm_calls(a) == dict(create=2, map=2, set_access=1, unmap=0, release=0, stream_syncs=0, waits=0)
     T.vm_unmap(a, base, 8 * MiB)
-    assert T.vm_calls(a) == dict(create=2, map=2, set_access=1, unmap=1, release=2)
+    assert T.vm_calls(a) == dict(create=2, map=2, set_access=1, unmap=1, release=2, stream_syncs=0, waits=0)
     assert T.vm_map(a, base, 4 * MiB)
     assert T.vm_map(a, base + 4 * MiB, 16 * MiB) is False  # 12 MiB free: three pages fit, the fourth does not
-    assert T.vm_calls(a) == dict(create=3 + 4, map=3 + 3, set_access=2, unmap=1 + 3, release=2 + 3)
+    assert T.vm_calls(a) == dict(
+        create=3 + 4, map=3 + 3, set_access=2, unmap=1 + 3, release=2 + 3, stream_syncs=0, waits=0
+    )
     T.vm_unmap(a, base, 4 * MiB)
     T.vm_free(a, base)
+    a.validate()
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
+
+
+def test_host_counts_a_page_move_as_cuda_makes_it():
+    """vm_detach is one cuMemUnmap (CUDA's, once the stream's work is done)
+    and no stream synchronisation; a vm_map that takes its pages maps them
+    (cuMemMap each, one cuMemSetAccess) and creates none; spare pages
+    dropped are released (cuMemRelease each). Mapping the detached range
+    before its stream's work is done waits for that work (CUDA's
+    cuEventSynchronize), once; after a synchronisation it does not."""
+    a = memalloc.Allocator("host", "host_capacity_mb:16")
+    base = T.vm_reserve(a, 16 * MiB, page=2 * MiB)
+    assert T.vm_map(a, base, 8 * MiB)
+    c0 = T.vm_calls(a)
+    T.vm_detach(a, base, 6 * MiB, stream=5)
+    c1 = T.vm_calls(a)
+    assert _delta(c1, c0) == dict(create=0, map=0, set_access=0, unmap=1, release=0, stream_syncs=0, waits=0)
+    assert T.vm_map(a, base + 8 * MiB, 4 * MiB)  # 2 of the 3 spare pages
+    c2 = T.vm_calls(a)
+    assert _delta(c2, c1) == dict(create=0, map=2, set_access=1, unmap=0, release=0, stream_syncs=0, waits=0)
+    assert T.vm_map(a, base, 4 * MiB)  # inside the detached range, its work not done: a wait; 1 spare, 1 new
+    c3 = T.vm_calls(a)
+    assert _delta(c3, c2) == dict(create=1, map=2, set_access=1, unmap=0, release=0, stream_syncs=0, waits=1)
+    T.vm_detach(a, base + 12 * MiB - 4 * MiB, 4 * MiB, stream=5)  # [8, 12) MiB: two spare pages
+    a.host_synchronize_stream(5)
+    T.vm_drop_spares(a)
+    assert T.vm_map(a, base + 8 * MiB, 2 * MiB)  # its work done: no wait
+    c4 = T.vm_calls(a)
+    assert _delta(c4, c3) == dict(create=1, map=1, set_access=1, unmap=1, release=2, stream_syncs=1, waits=0)
+    assert a.mem_get_info(0)[0] == 16 * MiB - (2 + 4 + 2) * MiB  # [0, 4), [6, 8), [8, 10) MiB mapped
+    T.vm_unmap(a, base, 4 * MiB)
+    T.vm_unmap(a, base + 6 * MiB, 4 * MiB)
+    T.vm_free(a, base)
+    assert a.mem_get_info(0)[0] == 16 * MiB
     a.validate()
 
 

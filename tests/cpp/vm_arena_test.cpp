@@ -88,11 +88,12 @@ struct Fixture {
     return m;
   }
   // The caller's side of an unmap: out of the free list, unmapped, pieces back.
-  auto unmap_in(FreeList& list, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>* done) {
-    return [this, &list, done](Block* f, std::uintptr_t lo, std::uintptr_t hi) {
+  auto unmap_in(FreeList& list, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>* done,
+                Unmapping how = Unmapping::kRelease) {
+    return [this, &list, done, how](Block* f, std::uintptr_t lo, std::uintptr_t hi) {
       done->emplace_back(lo, hi);
       list.erase(f);
-      VmUnmapped u = arena.unmap(f, lo, hi, split(), absorb());
+      VmUnmapped u = arena.unmap(f, lo, hi, how, split(), absorb());
       for (Block* piece : {u.below, u.above})
         if (piece != nullptr) list.insert(piece);
     };
@@ -187,7 +188,7 @@ void unmapping_splits_and_coalesces() {
   if (b == nullptr) return EXPECT(false);
   const std::uintptr_t base = seg->base;
   const size_t p = f.page;
-  VmUnmapped u = f.arena.unmap(b, base + p, base + 3 * p, f.split(), f.absorb());
+  VmUnmapped u = f.arena.unmap(b, base + p, base + 3 * p, Unmapping::kRelease, f.split(), f.absorb());
   EXPECT(u.below == b && b->addr == base && b->size == p && b->mapped);
   EXPECT(u.hole != nullptr && u.hole->addr == base + p && u.hole->size == 2 * p && !u.hole->mapped);
   EXPECT(u.above != nullptr && u.above->addr == base + 3 * p && u.above->size == p && u.above->mapped);
@@ -196,7 +197,7 @@ void unmapping_splits_and_coalesces() {
   f.validate();
   // Unmapping the top piece whole joins both holes around it into one.
   Block* top = u.above;
-  u = f.arena.unmap(top, top->addr, top->addr + top->size, f.split(), f.absorb());
+  u = f.arena.unmap(top, top->addr, top->addr + top->size, Unmapping::kRelease, f.split(), f.absorb());
   EXPECT(u.below == nullptr && u.above == nullptr && u.hole == top && u.runs_delta == -1);
   EXPECT(f.absorbed == 2 && seg->unmapped.size() == 1 && top->addr == base + p && top->size == seg->size - p);
   EXPECT(seg->mapped == p && f.device_free() == kCapacity - p);
@@ -235,26 +236,93 @@ void free_pages_go_largest_run_first_after_a_synchronisation() {
   f.backend.record_event(0, ev, 1);  // work queued on the segment's stream
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> done;
   // Nothing free on stream 2: no synchronisation, nothing unmapped.
-  EXPECT(f.arena.unmap_free_pages({&list, &other}, 2, SIZE_MAX, nullptr, nullptr, f.unmap_in(list, &done)) == 0);
+  EXPECT(f.arena.unmap_free_pages({&list, &other}, 2, SIZE_MAX, nullptr, nullptr, Unmapping::kRelease,
+                                  f.unmap_in(list, &done)) == 0);
   EXPECT(!f.backend.query_event(0, ev) && done.empty());
   // 3 pages wanted, never from keep: the 3-page run of free_low whole (the
   // largest first), before high's 2 pages.
-  size_t got = f.arena.unmap_free_pages({&list, &other}, 1, 3 * p, keep, nullptr, f.unmap_in(list, &done));
+  size_t got =
+      f.arena.unmap_free_pages({&list, &other}, 1, 3 * p, keep, nullptr, Unmapping::kRelease, f.unmap_in(list, &done));
   EXPECT(got == 3 * p && f.backend.query_event(0, ev));  // synchronised first
   EXPECT(done.size() == 1 && done[0].first == base + p && done[0].second == base + 4 * p);
   EXPECT(free_low->size == MiB && free_low->mapped && seg->mapped == 5 * p);
   f.validate();
   // One byte more: one page, the top page of the largest run left (high).
   done.clear();
-  got = f.arena.unmap_free_pages({&list, &other}, 1, 1, keep, nullptr, f.unmap_in(list, &done));
+  got = f.arena.unmap_free_pages({&list, &other}, 1, 1, keep, nullptr, Unmapping::kRelease, f.unmap_in(list, &done));
   EXPECT(got == p && done.size() == 1 && done[0].first == base + 7 * p && done[0].second == base + 8 * p);
   EXPECT(high->addr == base + 6 * p && high->size == p && high->mapped);
   // Everything: high's last page and keep's (keep no longer kept); free_low has no whole page.
   done.clear();
-  got = f.arena.unmap_free_pages({&list, &other}, 1, SIZE_MAX, nullptr, nullptr, f.unmap_in(list, &done));
+  got = f.arena.unmap_free_pages({&list, &other}, 1, SIZE_MAX, nullptr, nullptr, Unmapping::kRelease,
+                                 f.unmap_in(list, &done));
   EXPECT(got == 2 * p && done.size() == 2 && done[0].first == base + 4 * p && done[1].first == base + 6 * p);
   EXPECT(seg->mapped == 2 * p && f.device_free() == kCapacity - 2 * p);
-  EXPECT(f.arena.unmap_free_pages({&list}, 1, 0, nullptr, nullptr, f.unmap_in(list, &done)) == 0);
+  EXPECT(f.arena.unmap_free_pages({&list}, 1, 0, nullptr, nullptr, Unmapping::kRelease, f.unmap_in(list, &done)) == 0);
+  f.validate();
+  f.backend.destroy_event(0, ev);
+}
+
+// A page move (Unmapping::kKeep): free pages unmapped without waiting for
+// their stream, their device memory kept as the backend's spare pages; the
+// next mapping of the same page size takes them (no page created, no
+// memory obtained), and drop_spares() gives back the ones left.
+void pages_kept_by_a_move_are_mapped_again_without_a_synchronisation() {
+  Fixture<> f;
+  VmSegment* seg = f.reserve(1);
+  if (seg == nullptr) return EXPECT(false);
+  const size_t p = f.page;
+  Block* low = f.map(*seg, 4 * p);  // [0, 4p), freed below
+  if (low == nullptr) return EXPECT(false);
+  low->allocated = true;
+  Block* live = f.map(*seg, p);  // [4p, 5p), live
+  if (live == nullptr) return EXPECT(false);
+  live->allocated = true;
+  low->allocated = false;
+  FreeList list(&f.mr);
+  list.insert(low);
+  EventHandle ev = f.backend.create_event(0);
+  f.backend.record_event(0, ev, 1);  // work queued on the segment's stream, which may still use low
+  const auto before = f.backend.vm_calls(0);
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> done;
+  const size_t got = f.arena.unmap_free_pages({&list}, 1, 3 * p, nullptr, nullptr, Unmapping::kKeep,
+                                              f.unmap_in(list, &done, Unmapping::kKeep));
+  EXPECT(got == 3 * p && done.size() == 1 && done[0].first == seg->base + p && done[0].second == seg->base + 4 * p);
+  EXPECT(!f.backend.query_event(0, ev));  // no synchronisation
+  const auto moved = f.backend.vm_calls(0);
+  EXPECT(moved.stream_syncs == before.stream_syncs && moved.unmap == before.unmap + 1 &&
+         moved.release == before.release);
+  EXPECT(seg->mapped == 2 * p && f.device_free() == kCapacity - 5 * p);  // unmapped, its memory kept
+  f.validate();
+  // Two pages (low's first page live again): the lowest room, both pages
+  // from the spare pages.
+  low->allocated = true;
+  Block* up = f.map(*seg, 2 * p);
+  if (up == nullptr) return EXPECT(false);
+  const auto mapped = f.backend.vm_calls(0);
+  EXPECT(up->addr == seg->base + p && seg->mapped == 4 * p && f.device_free() == kCapacity - 5 * p);
+  EXPECT(mapped.create == moved.create && mapped.map == moved.map + 2 && mapped.set_access == moved.set_access + 1);
+  // The room lies in the moved range, whose stream's work is still queued:
+  // the backend waits for it (CUDA: the range's pending unmap first).
+  EXPECT(mapped.waits == moved.waits + 1 && f.backend.query_event(0, ev));
+  // Two more (above live: [3p, 4p) is one page): one spare page left, one created.
+  up->allocated = true;
+  Block* more = f.map(*seg, 2 * p);
+  if (more == nullptr) return EXPECT(false);
+  const auto grown = f.backend.vm_calls(0);
+  EXPECT(more->addr == seg->base + 5 * p && grown.create == mapped.create + 1 && grown.map == mapped.map + 2);
+  EXPECT(f.device_free() == kCapacity - 6 * p);
+  // Dropping with none left changes nothing; a spare left is given back.
+  f.arena.drop_spares();
+  EXPECT(f.device_free() == kCapacity - 6 * p && f.backend.vm_calls(0).release == grown.release);
+  more->allocated = true;
+  low->allocated = false;
+  list.erase(low);
+  f.arena.unmap(low, low->addr, low->addr + p, Unmapping::kKeep, f.split(), f.absorb());
+  EXPECT(f.device_free() == kCapacity - 6 * p);
+  f.arena.drop_spares();
+  EXPECT(f.device_free() == kCapacity - 5 * p && f.backend.vm_calls(0).release == grown.release + 1);
+  EXPECT(f.backend.vm_calls(0).stream_syncs == before.stream_syncs);
   f.validate();
   f.backend.destroy_event(0, ev);
 }
@@ -446,7 +514,7 @@ void the_arena_gives_everything_back_when_destroyed() {
     int runs = 0;
     Block* m = arena.map(*seg, arena.find_room(*seg, 8 * MiB), split, &runs);
     if (m == nullptr) return EXPECT(false);
-    arena.unmap(m, m->addr + 2 * MiB, m->addr + 4 * MiB, split, [](Block*, Block*) {});
+    arena.unmap(m, m->addr + 2 * MiB, m->addr + 4 * MiB, Unmapping::kRelease, split, [](Block*, Block*) {});
     EXPECT(backend.mem_get_info(0).free == kCapacity - 6 * MiB);
   }
   EXPECT(backend.mem_get_info(0).free == kCapacity);
@@ -539,7 +607,8 @@ void a_large_pages_reservation_maps_and_gives_back_whole_large_pages() {
   FreeList list(&f.mr);
   list.insert(low);
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> done;
-  const size_t got = f.arena.unmap_free_pages({&list}, 1, SIZE_MAX, nullptr, nullptr, f.unmap_in(list, &done));
+  const size_t got =
+      f.arena.unmap_free_pages({&list}, 1, SIZE_MAX, nullptr, nullptr, Unmapping::kRelease, f.unmap_in(list, &done));
   EXPECT(got == p && done.size() == 1 && done[0].first == seg->base + p && done[0].second == seg->base + 2 * p);
   EXPECT(seg->mapped == p && f.device_free() == big - p);
   f.validate();
@@ -552,6 +621,7 @@ int main() {
   a_hole_between_free_blocks_is_mapped_whole();
   unmapping_splits_and_coalesces();
   free_pages_go_largest_run_first_after_a_synchronisation();
+  pages_kept_by_a_move_are_mapped_again_without_a_synchronisation();
   the_reuse_ceiling_follows_the_high_water_mark();
   the_reuse_ceiling_is_capped_for_large_pools();
   a_loop_giving_pages_back_every_step_doubles_the_slack();

@@ -117,9 +117,10 @@ def test_the_trace_names_mappings(exp):
 
 def test_above_10_gib_reserved_stays_within_512_mib_of_the_most_allocated(exp, plain):
     """On the device, as tests/unit/test_expandable.py's 16 GiB case on the
-    host: the 10 GiB hole's 20 MiB pages are unmapped and mapped again under
-    the 15 GiB tensor until reserved is within one page under 512 MiB over
-    the most allocated; plain segments keep the hole (26 GiB and more)."""
+    host: the 10 GiB hole's 20 MiB pages move under the 15 GiB tensor (the
+    same physical pages, no stream synchronisation, the hole's fill still
+    queued) until reserved is within one page under 512 MiB over the most
+    allocated; plain segments keep the hole (26 GiB and more)."""
     e, p = ok(exp, "capped"), ok(plain, "capped")
     cap, page = 512 * MiB, 20 * MiB
     assert e["data_ok"] and p["data_ok"]

@@ -593,6 +593,15 @@ add(
 )
 add(
     A,
+    "memalloc._C._testing.vm_detach(a, memalloc._C._testing.vm_reserve(a, 8 << 20), 2 << 20)",
+    "range not mapped",
+    "InvalidArgumentError",
+    "vm_detach: a page of the range is not mapped",
+)
+add(A, "memalloc._C._testing.vm_detach(a, 0, 2 << 20, stream=-1)", "negative stream", "ValueError", "-1")
+add(A, "memalloc._C._testing.vm_drop_spares(a, 99)", "device 99", "InvalidArgumentError", "device 99 does not exist")
+add(
+    A,
     "memalloc._C._testing.vm_free(a, 4096)",
     "no reservation there",
     "InvalidArgumentError",

@@ -168,7 +168,7 @@ def replay_1b(a) -> tuple[dict, dict]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason=OPEN + "; the 1B trace creates 4,443 pages (22,461 before 2026-12-06) where its peak holds 3,026 "
+    reason=OPEN + "; the 1B trace creates 4,362 pages (22,461 before 2026-12-06) where its peak holds 3,026 "
     "of 20 MiB (its first step: 1.5 s on the H200 against native expandable's 0.85-0.93 s)",
 )
 def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
@@ -179,7 +179,7 @@ def test_the_1b_model_trained_on_the_h200_grows_in_natives_pages(h200):
     reserved stays within the reuse ceiling (5% over the peak allocated)."""
     calls, s = replay_1b(h200)
     peak_reserved, peak_allocated = s["reserved_bytes"]["all"]["peak"], s["allocated_bytes"]["all"]["peak"]
-    assert calls["create"] == calls["map"] <= 1.02 * -(-peak_reserved // NATIVE_HANDLE), calls
+    assert calls["create"] <= 1.02 * -(-peak_reserved // NATIVE_HANDLE), calls
     assert calls["set_access"] == s["num_device_alloc"]
     assert peak_reserved <= 1.05 * peak_allocated, (peak_reserved, peak_allocated)
 
@@ -228,15 +228,22 @@ def test_the_1b_trace_grows_in_no_more_pages_than_it_does_now(h200):
     on a host device of the H200's size creates at most RATCHET_1B physical
     allocations (22,461 before the 8 GiB rule of 2026-12-06, 6,754 before
     its 8 MiB pages from 2 GiB, 4,443 before the reuse ceiling's 512 MiB cap,
-    whose 44 page moves create pages again; lower it when a rule lowers it),
-    one set-access per mapping, and reserves at most 1.01 per allocated byte
-    at its peak (issue 38's target: 1.0438 under the 5% ceiling alone, with
+    whose 44 page moves created their pages again, 4,570 until the moves
+    took the pages they unmap; lower it when a rule lowers it), one
+    set-access per mapping, and reserves at most 1.01 per allocated byte at
+    its peak (issue 38's target: 1.0438 under the 5% ceiling alone, with
     2.4 GiB free at the peak in blocks too small for the longest sequence's
-    requests; 1.0098 with the cap, on the H100 too)."""
+    requests; 1.0098 with the cap, on the H100 too). Its page moves
+    synchronise no stream (44 synchronisations before 2026-12-06's moves,
+    each a drained GPU on the device: 1.03x native's run time on the H100);
+    a mapping waits for a moved range's stream at most MOVE_WAITS_1B times."""
     calls, s = replay_1b(h200)
-    assert calls["create"] == calls["map"] <= RATCHET_1B, calls
+    assert calls["create"] <= RATCHET_1B, calls
+    assert calls["map"] > calls["create"], calls  # page moves map pages they did not create
     assert calls["set_access"] == s["num_device_alloc"]
+    assert calls["stream_syncs"] == 0 and calls["waits"] <= MOVE_WAITS_1B, calls
     assert s["reserved_bytes"]["all"]["peak"] <= 1.01 * s["allocated_bytes"]["all"]["peak"]
 
 
-RATCHET_1B = 4_570
+RATCHET_1B = 4_362
+MOVE_WAITS_1B = 2

@@ -92,11 +92,15 @@ void bind_testing(py::module_& m) {
         out["set_access"] = c.set_access;
         out["unmap"] = c.unmap;
         out["release"] = c.release;
+        out["stream_syncs"] = c.stream_syncs;
+        out["waits"] = c.waits;
         return out;
       },
       py::arg("allocator"), py::arg("device") = 0,
       "The CUDA driver calls of virtual memory the host backend's device would have made so far: "
-      "{create, map, set_access, unmap, release}.");
+      "{create, map, set_access, unmap, release}, its stream synchronisations (stream_syncs) and its waits for a "
+      "stream before mapping a range a page move "
+      "left (waits).");
   t.def(
       "vm_map",
       [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
@@ -110,6 +114,23 @@ void bind_testing(py::module_& m) {
         a->backend().vm_unmap(device, at(addr), bytes);
       },
       py::arg("allocator"), py::arg("addr"), py::arg("nbytes"), py::arg("device") = 0);
+  t.def(
+      "vm_detach",
+      [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, StreamArg stream, Device device) {
+        a->backend().vm_detach(device, at(addr), bytes, stream);
+      },
+      py::arg("allocator"), py::arg("addr"), py::arg("nbytes"), py::arg("stream") = 0, py::arg("device") = 0,
+      "Unmaps pages of a reservation without waiting for `stream`, keeping their memory as spare pages that the "
+      "next vm_map of the same page size maps (a page move).");
+  t.def(
+      "vm_drop_spares",
+      [](AllocatorArg a, Device device) {
+        const int n = a->backend().device_count();
+        MEMALLOC_EXPECTS(device < n, "device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                                         " visible to this allocator's backend)");
+        a->backend().vm_drop_spares(device);
+      },
+      py::arg("allocator"), py::arg("device") = 0, "Gives back the memory of the spare pages no vm_map took.");
   t.def(
       "vm_free", [at](AllocatorArg a, PtrArg base, Device device) { a->backend().vm_free(device, at(base)); },
       py::arg("allocator"), py::arg("base"), py::arg("device") = 0, "Ends a reservation whose pages are all unmapped.");
