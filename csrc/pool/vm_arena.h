@@ -22,7 +22,7 @@
 // grows in reservations of its own. A fresh 16 GiB tensor takes 820
 // physical allocations, as native's, where 2 MiB pages took 8,192; the
 // H200's ~1B Llama trained at lengths of 256 to 2048 (its trace
-// benchmarks/traces/llama1b_growth.mtrace.gz) takes 4,443 (native's rule:
+// benchmarks/traces/llama1b_growth.mtrace.gz) takes 4,362 (native's rule:
 // 3,058), where 2 MiB pages below 256 MiB took 22,461 (its first step:
 // 1.5 s against native expandable's 0.85-0.93 s).
 // Why not coarser pages sooner (issue 38; every rule replayed on the host:
@@ -155,7 +155,7 @@ struct VmUnmapped {
 
 class VmArena {
  public:
-  // reuse_free_pages: free pages are given back before growing only above
+  // reuse_free_pages: free pages move (Unmapping::kKeep) before growing only above
   // a ceiling of hwm + min(hwm / slack_divisor(), slack_cap()) reserved
   // bytes (hwm: the most bytes allocated at once that growth has served);
   // the divisor starts at kReuseSlackDivisor (5%), the cap at
@@ -163,17 +163,17 @@ class VmArena {
   // 5% would be GiBs lying free; a ~1B Llama at lengths of 256 to 2048,
   // benchmarks/traces/llama1b_growth.mtrace.gz, reserves 1.044 per
   // allocated byte at its peak under the 5% alone, 1.0098 with the cap, on
-  // the host and on an H100, with 44 page moves over 13 steps, each a
-  // stream synchronisation). A loop: one request (its rounded size, and
+  // the host and on an H100, with 44 page moves over 13 steps: with a
+  // stream synchronisation each, the run took 1.03x native's on an H100;
+  // moved without one, 1.00-1.03x). A loop: one request (its rounded size, and
   // bytes allocated and high-water mark within a page of its last time)
   // over the ceiling three times, the two gaps between them (in
   // allocations) whole multiples, kLoopPeriods at most, of one period (a
   // training step's worth: a loop's pages may lie otherwise from step to
   // step, so it may go over only every few steps; found in a bf16
   // transformer whose 132 MiB request went over after 1, 5, 3, 1, 2 steps),
-  // would give pages back at every step or every few (a
-  // stream synchronisation and the driver's unmap and map calls each
-  // time); its third time halves the divisor and doubles the cap (twice
+  // would move pages at every step or every few (the driver's unmap and
+  // map calls each time); its third time halves the divisor and doubles the cap (twice
   // the slack: 10% up to 1 GiB, then 20% up to 2 GiB... while loops are
   // still found), so that the loop's pages stay mapped. kTriggerMemory
   // such requests are remembered, the oldest forgotten first; a retry of
