@@ -356,10 +356,10 @@ class CudaBackend final : public Backend {
     pages.expect(false, "vm_map: a page of the range is already mapped");
     CUmemAllocationProp prop = page_prop(device);
     const auto base = reinterpret_cast<CUdeviceptr>(addr);
+    CaptureModeRelaxed relaxed(this);           // a pool may grow during a capture
     settle_locked(device, base, base + bytes);  // a move's source range: unmapped in the driver first
     std::vector<CUmemGenericAllocationHandle>& spare = spares_locked(device, page);
     const size_t reused = std::min(spare.size(), pages.n);  // pages [0, reused) are spare handles
-    CaptureModeRelaxed relaxed(this);                       // a pool may grow during a capture
     size_t done = 0;                                        // pages mapped so far; undone on failure
     auto undo = [&] {
       for (size_t k = 0; k < done; ++k) {
