@@ -150,7 +150,7 @@ def summarize(runs: Sequence[dict]) -> dict:
     """Medians per (case, mode) over processes, and memalloc's ratios to the
     other modes. Fresh cases: fresh_ms and again_ms; train: the median of
     growing steps' and other steps' times per process (then over processes),
-    and the whole run's time."""
+    the whole run's time, and each step's median over processes."""
     by: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         by.setdefault((r["case"], r["mode"]), []).append(r)
@@ -166,6 +166,8 @@ def summarize(runs: Sequence[dict]) -> dict:
                     statistics.median(ms for ms, g in zip(r["step_ms"], grows) if not g) for r in rs
                 ),
                 "run_ms": statistics.median(sum(r["step_ms"]) for r in rs),
+                # each step's median over processes: which steps a difference lies in
+                "step_ms": [statistics.median(ms) for ms in zip(*(r["step_ms"] for r in rs))],
                 "peak_reserved": statistics.median(r["peak_reserved"] for r in rs),
                 "peak_allocated": statistics.median(r["peak_allocated"] for r in rs),
             }
@@ -181,7 +183,7 @@ def summarize(runs: Sequence[dict]) -> dict:
             modes[f"memalloc_over_{other}"] = {
                 k: modes["memalloc"][k] / modes[other][k]
                 for k in modes["memalloc"]
-                if k != "processes" and modes[other].get(k)
+                if k not in ("processes", "step_ms") and modes[other].get(k)
             }
     return out
 

@@ -45,6 +45,8 @@ def test_summary_is_medians_over_processes_and_memallocs_ratios():
     assert native["growing_step_ms"] == statistics.median([3.0, 9.0, 6.0]) == 6.0
     assert native["other_step_ms"] == statistics.median([3 * 1.0, 3 * 3.0, 3 * 2.0])  # steps 2 and 4: (2 + 4) / 2
     assert native["run_ms"] == 15 * 2.0 and memalloc["run_ms"] == 15 * 4.0
+    assert native["step_ms"] == [2.0 * (i + 1) for i in range(5)]  # step i's median: (i + 1) x the median scale
+    assert "step_ms" not in s["train"]["memalloc_over_native"]
     assert s["train"]["memalloc_over_native"]["growing_step_ms"] == pytest.approx(12.0 / 6.0)
     assert s["train"]["memalloc_over_native"]["peak_reserved"] == pytest.approx(400 / 200)
     assert s["fresh16"]["memalloc_over_expandable"] == {"fresh_ms": 390.0 / 49.0, "again_ms": 1.0}
