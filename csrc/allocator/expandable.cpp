@@ -2,10 +2,13 @@
 // of expandable segments (the VmArena part, vm_arena.h): growth by mapping
 // pages where the arena finds room, moving free whole pages there (before
 // growing above the arena's reuse ceiling, when reuse_free_pages), and
-// unmapping them (on empty_cache; before an OOM; by the threshold policy). The arena decides where and how much; this
-// file keeps what it may not touch: the free lists, the segment table, the memory fraction, the open routes and the
-// Events that feed the counters. All of it is the slow path: the fast path (allocator.cpp) handles mapped blocks of
-// expandable segments exactly like blocks of plain ones. Invariants: expandable.h, vm_arena.h, block.h.
+// unmapping them (on empty_cache; before an OOM; by the threshold policy).
+// The arena decides where and how much; this file keeps what it may not
+// touch: the free lists, the segment table, the memory fraction, the open
+// routes and the Events that feed the counters. All of it is the slow path:
+// the fast path (allocator.cpp) handles mapped blocks of expandable
+// segments exactly like blocks of plain ones.
+// Invariants: expandable.h, vm_arena.h, block.h.
 #include <algorithm>
 #include <limits>
 

@@ -44,7 +44,8 @@
 //     TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 (torch's switch) or the driver
 //     refuses the handle type (then pages are plain from then on and
 //     vm_share says why). vm_share exports a page once and keeps the
-//     descriptor (exported_) until vm_unmap releases the page.
+//     descriptor (exported_) until the page is released (vm_unmap,
+//     vm_drop_spares).
 //     vm_open_shared takes its own copy of the sender's descriptors
 //     (pidfd_getfd), imports and maps them in a reservation of its own
 //     (imported_), and closes its copies; vm_close_shared waits for the
@@ -461,15 +462,18 @@ class CudaBackend final : public Backend {
   }
 
   void vm_drop_spares(int device) noexcept override {
-    std::lock_guard<std::mutex> g(vm_mu_);
-    if (device < 0 || static_cast<size_t>(device) >= spares_.size()) return;
-    for (auto& [page, handles] : spares_[static_cast<size_t>(device)]) {
-      for (CUmemGenericAllocationHandle h : handles) {
-        forget_export(h);
-        api_->cuMemRelease(h);  // its memory is freed once its pending unmap is done
+    try {
+      ScopedContext ctx(this, device);
+      std::lock_guard<std::mutex> g(vm_mu_);
+      if (static_cast<size_t>(device) >= spares_.size()) return;  // none were kept
+      for (auto& [page, handles] : spares_[static_cast<size_t>(device)]) {
+        for (CUmemGenericAllocationHandle h : handles) {
+          forget_export(h);
+          api_->cuMemRelease(h);  // its memory is freed once its pending unmap is done
+        }
+        handles.clear();
       }
-      handles.clear();
-    }
+    } catch (...) {}  // no context: the handles stay spare (memory in use) until the next drop
   }
 
   // ---- sharing pages between processes (CUDA IPC of expandable segments) ----
