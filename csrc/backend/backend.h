@@ -132,7 +132,9 @@ class Backend {
   // stream). The range reads as unmapped at once. This base version
   // synchronises the stream and calls vm_unmap() (no spares).
   virtual void vm_detach(int device, void* addr, size_t bytes, Stream stream);
-  // Gives back the device memory of the spare pages no vm_map() took.
+  // Gives back the device memory of the spare pages no vm_map() took (on
+  // CUDA once their stream's work is done: at a later virtual-memory call of
+  // the device, which finishes the pending unmaps that are done).
   virtual void vm_drop_spares(int device) noexcept;
   // Ends the reservation at `base` (every page unmapped).
   virtual void vm_free(int device, void* base);
