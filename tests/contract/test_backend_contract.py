@@ -284,7 +284,7 @@ def test_host_counts_a_page_move_as_cuda_makes_it():
     assert T.vm_map(a, base, 4 * MiB)  # inside the detached range, its work not done: a wait; 1 spare, 1 new
     c3 = T.vm_calls(a)
     assert _delta(c3, c2) == dict(create=1, map=2, set_access=1, unmap=0, release=0, stream_syncs=0, waits=1)
-    T.vm_detach(a, base + 12 * MiB - 4 * MiB, 4 * MiB, stream=5)  # [8, 12) MiB: two spare pages
+    T.vm_detach(a, base + 8 * MiB, 4 * MiB, stream=5)  # [8, 12) MiB: two spare pages
     a.host_synchronize_stream(5)
     T.vm_drop_spares(a)
     assert T.vm_map(a, base + 8 * MiB, 2 * MiB)  # its work done: no wait
