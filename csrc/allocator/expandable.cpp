@@ -110,7 +110,7 @@ Block* Expandable::grow(size_t rounded, Stream stream, const Policy& policy, con
     if (unmap_free_pages(stream, over, room.hole->prev, room.hole->next, Unmapping::kKeep) > 0)
       seg = vm_.find_room(stream, pool, page, rounded, &room);
     MEMALLOC_EXPECTS(seg != nullptr, "memalloc internal error: an expandable segment lost its room");
-    return map_room(*seg, room);
+    return map_room(*seg, room);  // while `drop` lives: the map takes the spare pages first
   }
   return map_room(*seg, room);
 }

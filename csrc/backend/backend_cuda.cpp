@@ -391,8 +391,12 @@ class CudaBackend final : public Backend {
       }
       if (res == kSuccess) {
         res = api_->cuMemMap(base + done * page, page, 0, h, 0);
-        if (res != kSuccess && done < reused) spare.push_back(h);
-        if (res != kSuccess && done >= reused) api_->cuMemRelease(h);
+        if (res != kSuccess) {
+          if (done < reused)
+            spare.push_back(h);  // still spare
+          else
+            api_->cuMemRelease(h);
+        }
       }
       if (res != kSuccess) {
         undo();

@@ -185,6 +185,20 @@ struct HostBackend::State {
   };
   std::vector<std::vector<Pending>> pending;
 
+  // Takes [addr, addr + bytes) (mapped pages of one of device d's
+  // reservations, else InvalidArgument(not_mapped)) out of the books and
+  // decommits it: one cuMemUnmap. The caller accounts for the memory.
+  // Under mu.
+  VmReservations<unsigned char>::Run unmap_pages(int d, void* addr, size_t bytes, const char* not_mapped) {
+    const auto pages = reservations.run(d, addr, bytes);
+    pages.expect(true, not_mapped);
+    ::madvise(addr, bytes, MADV_DONTNEED);
+    ::mprotect(addr, bytes, PROT_NONE);
+    for (size_t k = 0; k < pages.n; ++k) pages[k] = 0;
+    vm_calls[d].unmap += 1;
+    return pages;
+  }
+
   // Forgets device d's pending ranges whose work is done, after completing
   // (a wait, counted) the work of those overlapping [lo, hi). Under mu.
   void settle(int d, std::uintptr_t lo, std::uintptr_t hi) {
@@ -332,28 +346,19 @@ bool HostBackend::vm_map(int device, void* addr, size_t bytes) {
 void HostBackend::vm_unmap(int device, void* addr, size_t bytes) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
-  const auto pages = state_->reservations.run(device, addr, bytes);
-  pages.expect(true, "vm_unmap: a page of the range is not mapped");
-  ::madvise(addr, bytes, MADV_DONTNEED);
-  ::mprotect(addr, bytes, PROT_NONE);
-  for (size_t k = 0; k < pages.n; ++k) pages[k] = 0;
+  const auto pages = state_->unmap_pages(device, addr, bytes, "vm_unmap: a page of the range is not mapped");
   state_->used[device] -= bytes;
-  state_->vm_calls[device].unmap += 1;
   state_->vm_calls[device].release += pages.n;
 }
 
 void HostBackend::vm_detach(int device, void* addr, size_t bytes, Stream stream) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->check_device(device);
-  const auto pages = state_->reservations.run(device, addr, bytes);
-  pages.expect(true, "vm_detach: a page of the range is not mapped");
-  const uint64_t ticket = ++state_->streams[device][stream].submitted;  // CUDA's event
+  // CUDA's cuMemUnmap runs once the stream's work is done (its event: the ticket)
+  const auto pages = state_->unmap_pages(device, addr, bytes, "vm_detach: a page of the range is not mapped");
+  const uint64_t ticket = ++state_->streams[device][stream].submitted;
   state_->pending[device].push_back({reinterpret_cast<std::uintptr_t>(addr), bytes, stream, ticket});
-  ::madvise(addr, bytes, MADV_DONTNEED);
-  ::mprotect(addr, bytes, PROT_NONE);
-  for (size_t k = 0; k < pages.n; ++k) pages[k] = 0;
   state_->spares[device][pages.page] += pages.n;  // their memory stays in use
-  state_->vm_calls[device].unmap += 1;            // CUDA's, once the stream's work is done
 }
 
 void HostBackend::vm_drop_spares(int device) noexcept {

@@ -98,9 +98,8 @@ void bind_testing(py::module_& m) {
       },
       py::arg("allocator"), py::arg("device") = 0,
       "The CUDA driver calls of virtual memory the host backend's device would have made so far: "
-      "{create, map, set_access, unmap, release}, its stream synchronisations (stream_syncs) and its waits for a "
-      "stream before mapping a range a page move "
-      "left (waits).");
+      "{create, map, set_access, unmap, release}, its stream synchronisations (stream_syncs), and its waits for "
+      "a stream before mapping or freeing a range a page move left (waits).");
   t.def(
       "vm_map",
       [at](AllocatorArg a, PtrArg addr, NBytesArg bytes, Device device) {
