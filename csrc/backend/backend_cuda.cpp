@@ -362,13 +362,17 @@ class CudaBackend final : public Backend {
     std::vector<CUmemGenericAllocationHandle>& spare = spares_locked(device, page);
     const size_t reused = std::min(spare.size(), pages.n);  // pages [0, reused) are spare handles
     size_t done = 0;                                        // pages mapped so far; undone on failure
+    // Page k's handle h, not (or no longer) mapped: a spare stays spare, a created one is released.
+    auto let_go = [&](size_t k, CUmemGenericAllocationHandle h) {
+      if (k < reused)
+        spare.push_back(h);
+      else
+        api_->cuMemRelease(h);
+    };
     auto undo = [&] {
       for (size_t k = 0; k < done; ++k) {
         api_->cuMemUnmap(base + k * page, page);
-        if (k < reused)
-          spare.push_back(pages[k]);  // still spare
-        else
-          api_->cuMemRelease(pages[k]);
+        let_go(k, pages[k]);
         pages[k] = 0;
       }
     };
@@ -391,12 +395,7 @@ class CudaBackend final : public Backend {
       }
       if (res == kSuccess) {
         res = api_->cuMemMap(base + done * page, page, 0, h, 0);
-        if (res != kSuccess) {
-          if (done < reused)
-            spare.push_back(h);  // still spare
-          else
-            api_->cuMemRelease(h);
-        }
+        if (res != kSuccess) let_go(done, h);
       }
       if (res != kSuccess) {
         undo();
